@@ -1,0 +1,218 @@
+// CPU expert GEMV bandwidth. Every benchmark streams weights from a rotating window of experts
+// several times larger than the last-level cache, so it measures DRAM, and reports GB/s of
+// weight bytes next to the STREAM-style read bandwidth of the same worker pool
+// (ratio_to_read). Flags (removed before Google Benchmark sees argv):
+//   --short            small windows (also FT_BENCH_SHORT=1), for CI-sized machines
+//   --threads=N        pool size (default: one per physical core; also FT_BENCH_THREADS)
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool g_short = false;
+int g_threads = 0;
+
+size_t window_bytes() { return g_short ? (size_t(256) << 20) : (size_t(2) << 30); }
+
+ft::cpu::ThreadPool &pool() {
+    static ft::cpu::ThreadPool p(g_threads, true);
+    return p;
+}
+
+// Page-aligned buffer filled (in parallel, which also places pages near the workers) with
+// finite bf16 values of moderate magnitude.
+struct Buffer {
+    uint16_t *data = nullptr;
+    size_t elems = 0;
+    explicit Buffer(size_t n) : elems(n) {
+        data = static_cast<uint16_t *>(std::aligned_alloc(4096, (n * 2 + 4095) / 4096 * 4096));
+        if (!data) throw std::bad_alloc();
+        pool().run([&](int w, int nw) {
+            size_t a = n * w / nw, b = n * (w + 1) / nw;
+            uint64_t s = 0x9e3779b97f4a7c15ull * (w + 1);
+            for (size_t i = a; i < b; ++i) {
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                data[i] = uint16_t((s & 0x807f) | 0x3c00);  // +-[2^-7, 2^-6)
+            }
+        });
+    }
+    ~Buffer() { std::free(data); }
+};
+
+double stream_read_once(const uint8_t *p, size_t bytes) { return ft::cpu::read_pass(pool(), p, bytes) / 1e9; }
+
+// STREAM-style read bandwidth of the pool: best of several passes over the window.
+double read_bandwidth() {
+    static const double bw = [] {
+        Buffer buf(window_bytes() / 2);
+        double best = 0;
+        for (int i = 0; i < 5; ++i)
+            best = std::max(best, stream_read_once(reinterpret_cast<uint8_t *>(buf.data), buf.elems * 2));
+        return best;
+    }();
+    return bw;
+}
+
+void BM_stream_read(benchmark::State &state) {
+    Buffer buf(window_bytes() / 2);
+    double bytes = 0, secs = 0;
+    for (auto _ : state) {
+        auto t0 = Clock::now();
+        stream_read_once(reinterpret_cast<uint8_t *>(buf.data), buf.elems * 2);
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        state.SetIterationTime(s);
+        secs += s;
+        bytes += buf.elems * 2;
+    }
+    state.counters["GBps"] = bytes / secs / 1e9;
+    state.counters["threads"] = pool().size();
+}
+
+// One MoE layer per iteration through MoeExecutor (K=8). Each token picks 8 distinct experts out
+// of the next 16 of the window, as a router spreads a batch over a few dozen experts; the cursor
+// then moves on, so weights never come from cache. GB/s counts bytes of distinct experts read.
+// Args: H, I, tokens, onednn (0: SIMD kernels only, 1: oneDNN from 16 routes per expert).
+void BM_moe_layer(benchmark::State &state) {
+    const int32_t H = int32_t(state.range(0)), I = int32_t(state.range(1)), T = int32_t(state.range(2));
+    const bool onednn = state.range(3) != 0;
+    const int32_t K = 8, P = 16;
+    const size_t expert_elems = size_t(3) * H * I;
+    const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / (expert_elems * 2)));
+    Buffer gate_up(size_t(E) * 2 * H * I), down(size_t(E) * H * I);
+    ft::cpu::ExpertSource src{reinterpret_cast<uint8_t *>(gate_up.data), size_t(2) * H * I * 2,
+                              reinterpret_cast<uint8_t *>(down.data), size_t(H) * I * 2, E};
+    ft::cpu::MoeTuning tuning;
+    tuning.onednn_min_tokens = onednn ? 16 : 0;
+    ft::cpu::MoeExecutor ex(pool(), H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
+    Buffer x(size_t(T) * H);
+    std::vector<uint16_t> y(size_t(T) * H);
+    std::vector<int32_t> ids(size_t(T) * K);
+    std::vector<float> w(size_t(T) * K, 0.125f);
+    std::mt19937 rng(1);
+    int32_t cursor = 0;
+    double bytes = 0, secs = 0;
+    for (auto _ : state) {
+        for (int32_t t = 0; t < T; ++t) {
+            std::vector<int32_t> pick(P);
+            for (int32_t i = 0; i < P; ++i) pick[i] = (cursor + i) % E;
+            std::shuffle(pick.begin(), pick.end(), rng);
+            std::copy(pick.begin(), pick.begin() + K, ids.begin() + size_t(t) * K);
+        }
+        cursor = (cursor + P) % E;
+        auto t0 = Clock::now();
+        ft::cpu::MoeStats st = ex.run(src, nullptr, T, x.data, ids.data(), w.data(), y.data());
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        state.SetIterationTime(s);
+        secs += s;
+        bytes += double(st.bytes_read);
+    }
+    const double gbps = bytes / secs / 1e9;
+    state.counters["GBps"] = gbps;
+    state.counters["read_GBps"] = read_bandwidth();
+    state.counters["ratio_to_read"] = gbps / read_bandwidth();
+    state.counters["us_per_layer"] = secs / state.iterations() * 1e6;
+    state.SetLabel(std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (onednn ? "+onednn" : ""));
+}
+
+// M=1 GEMV of one expert's gate_up matrix [2I, H] over a rotating window: the SIMD kernel on the
+// pool (rows split evenly) against oneDNN matmul on its OpenMP threads. Args: H, I, 0 = SIMD / 1 = oneDNN.
+void BM_gemv_m1(benchmark::State &state) {
+    const int32_t H = int32_t(state.range(0)), N = int32_t(2 * state.range(1));
+    const bool onednn = state.range(2) != 0;
+    const size_t mat = size_t(N) * H;
+    const int32_t count = int32_t(std::max<size_t>(4, window_bytes() / (mat * 2)));
+    Buffer wbuf(mat * count), x(H);
+    std::vector<float> out(N);
+    ft::cpu::GemvFn gemv = ft::cpu::gemv_kernel(ft::cpu::default_isa());
+    const uint16_t *xp = x.data;
+    int32_t cur = 0;
+    double bytes = 0, secs = 0;
+    for (auto _ : state) {
+        const uint16_t *W = wbuf.data + mat * cur;
+        cur = (cur + 1) % count;
+        auto t0 = Clock::now();
+        if (onednn) {
+            ft::cpu::onednn_matmul_bf16(1, N, H, xp, H, W, H, out.data(), N);
+        } else {
+            pool().run([&](int wk, int nw) {
+                // 32-row blocks handed out round-robin, as the executor's items are.
+                for (int32_t r0 = wk * 32; r0 < N; r0 += nw * 32)
+                    gemv(W + size_t(r0) * H, H, std::min(32, N - r0), H, &xp, 1, out.data() + r0, 1);
+            });
+        }
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        state.SetIterationTime(s);
+        secs += s;
+        bytes += mat * 2;
+    }
+    const double gbps = bytes / secs / 1e9;
+    state.counters["GBps"] = gbps;
+    state.counters["ratio_to_read"] = gbps / read_bandwidth();
+    state.counters["threads"] = onednn ? ft::cpu::onednn_threads() : pool().size();
+    state.SetLabel(onednn ? "onednn" : ft::cpu::isa_name(ft::cpu::default_isa()));
+}
+
+const int64_t kShapes[][2] = {{2048, 768}, {4096, 1536}, {7168, 2048}};
+
+void register_all() {
+    benchmark::RegisterBenchmark("stream_read", BM_stream_read)->UseManualTime()->Unit(benchmark::kMillisecond);
+    for (auto &s : kShapes)
+        for (int64_t bs : {1, 8}) {
+            benchmark::RegisterBenchmark("moe_layer", BM_moe_layer)
+                ->Args({s[0], s[1], bs, 0})
+                ->ArgNames({"H", "I", "bs", "onednn"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+        }
+    // Batched path: many tokens per expert, SIMD kernels against oneDNN (decides the threshold).
+    for (int64_t bs : {16, 32, 64, 128})
+        for (int64_t od : {0, 1})
+            benchmark::RegisterBenchmark("moe_layer_batched", BM_moe_layer)
+                ->Args({2048, 768, bs, od})
+                ->ArgNames({"H", "I", "bs", "onednn"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+    for (auto &s : kShapes)
+        for (int64_t od : {0, 1})
+            benchmark::RegisterBenchmark("gemv_m1", BM_gemv_m1)
+                ->Args({s[0], s[1], od})
+                ->ArgNames({"H", "I", "onednn"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    g_short = !ft::env_string("FT_BENCH_SHORT").empty() && ft::env_string("FT_BENCH_SHORT") != "0";
+    if (!ft::env_string("FT_BENCH_THREADS").empty()) g_threads = std::atoi(ft::env_string("FT_BENCH_THREADS").c_str());
+    std::vector<char *> args;
+    for (int i = 0; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--short") == 0) g_short = true;
+        else if (std::strncmp(argv[i], "--threads=", 10) == 0) g_threads = std::atoi(argv[i] + 10);
+        else args.push_back(argv[i]);
+    }
+    int n = int(args.size());
+    benchmark::Initialize(&n, args.data());
+    register_all();
+    benchmark::AddCustomContext("pool_threads", std::to_string(pool().size()));
+    benchmark::AddCustomContext("isa", ft::cpu::isa_name(ft::cpu::default_isa()));
+    benchmark::AddCustomContext("read_GBps", std::to_string(read_bandwidth()));
+    benchmark::AddCustomContext("window_MiB", std::to_string(window_bytes() >> 20));
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

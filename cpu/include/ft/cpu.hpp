@@ -1,0 +1,186 @@
+// CPU expert compute: ISA detection, a pinned worker pool, bf16 GEMV kernels and the MoE executor
+// that runs routed (and shared) experts straight from host memory.
+//
+// Threading: a ThreadPool serialises its jobs internally; one MoeExecutor must be used by one
+// thread at a time (it owns scratch). Several executors may share one pool.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "freetoken.h"
+
+namespace ft::cpu {
+
+// ---- ISA -------------------------------------------------------------------------------------
+
+// Kernel tiers, ordered: each one needs everything below it.
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3 };
+
+// Best tier this CPU (and OS: XSAVE state enabled) supports, from cpuid at run time.
+Isa cpu_best_isa();
+// cpu_best_isa() capped by the environment variable FT_CPU_ISA=scalar|avx2|avx512|avx512bf16.
+// The cap only lowers the tier; an unknown value is ignored with a warning log line.
+Isa default_isa();
+// "scalar", "avx2", "avx512", "avx512bf16".
+const char *isa_name(Isa isa);
+// Parses a name as above; false if unknown.
+bool isa_from_name(const char *name, Isa *out);
+
+// One logical CPU per physical core within the process affinity set (sysfs
+// thread_siblings_list); all allowed CPUs when the topology cannot be read.
+std::vector<int> physical_core_cpus();
+
+// ---- worker pool -----------------------------------------------------------------------------
+
+// Persistent workers that sleep on a condition variable between jobs (after a short spin, so that
+// back-to-back jobs such as consecutive MoE layers do not pay a futex wake-up each).
+class ThreadPool {
+public:
+    // threads = 0: one worker per physical core. pin: worker i is bound to
+    // physical_core_cpus()[i mod n] (then to the remaining allowed logical CPUs).
+    ThreadPool(int threads, bool pin);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool &) = delete;
+    ThreadPool &operator=(const ThreadPool &) = delete;
+
+    // Number of workers; run() calls fn with num_workers == size().
+    int size() const { return static_cast<int>(workers_.size()); }
+
+    // Runs fn(worker, size()) once on every worker and returns when all have returned. The
+    // caller does not compute; it waits (short spin, then sleeps). The first exception thrown by
+    // any fn is rethrown here after all workers finished. Concurrent calls are serialised.
+    void run(const std::function<void(int worker, int num_workers)> &fn);
+
+private:
+    void worker_main(int index, int cpu);
+
+    std::vector<std::thread> workers_;
+    std::mutex run_mutex_;  // serialises run()
+    std::mutex mutex_;      // guards the sleep/wake state below
+    std::condition_variable wake_;
+    std::condition_variable done_cv_;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> remaining_{0};
+    std::atomic<int> sleepers_{0};
+    std::atomic<bool> stop_{false};
+    const std::function<void(int, int)> *job_ = nullptr;
+    std::exception_ptr error_;
+    std::mutex error_mutex_;
+};
+
+// ---- bf16 GEMV kernels -----------------------------------------------------------------------
+
+// out[t * ldo + r] = sum_{c < cols} w[r * ldw + c] * x[t][c] for r < rows, t < ntok; bf16 inputs,
+// fp32 accumulation. Any rows/cols (tails handled). Each loaded weight vector is reused for up
+// to four tokens at a time, so an expert's weights cross the memory bus once for all its tokens.
+using GemvFn = void (*)(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,
+                        int ntok, float *out, size_t ldo);
+// The kernel of a tier. FT_ERR_UNSUPPORTED if the CPU lacks the tier.
+GemvFn gemv_kernel(Isa isa);
+
+// ---- oneDNN bf16 matmul ----------------------------------------------------------------------
+
+// dst[M,N] f32 = src[M,K] bf16 · W^T, where W is row-major [N,K] bf16 with row stride ldw
+// elements (oneDNN sees it as a [K,N] weight with format "ba"). Primitives are created once per
+// (M,N,K,ldw) and cached (thread-safe). Runs on oneDNN's OpenMP threads: call it from one thread
+// that is not a pool worker. oneDNN failures become ft::Error(FT_ERR_INTERNAL/UNSUPPORTED).
+void onednn_matmul_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *src, int64_t lds,
+                        const uint16_t *w, int64_t ldw, float *dst, int64_t ldd);
+// Number of OpenMP threads oneDNN runs with (omp_get_max_threads of the calling thread).
+int onednn_threads();
+
+// ---- memory read bandwidth -------------------------------------------------------------------
+
+// One STREAM-style pass: every worker of `pool` sums its contiguous share of [data, data+bytes)
+// with 128-bit loads (baseline x86-64, so every CPU runs the same loop). Returns bytes/s.
+double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes);
+
+// Read bandwidth of `pool` in bytes/s: the best of `passes` read_pass calls over a fresh buffer of
+// `bytes` (choose it well above the last-level cache), filled by the same workers first so its
+// pages sit near them.
+double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes = 5);
+
+// ---- MoE executor ----------------------------------------------------------------------------
+
+struct ActivationSpec {
+    int32_t kind = FT_ACT_SILU;
+    float alpha = 1.702f;  // FT_ACT_SWIGLU_CLAMP
+    float limit = 7.0f;    // FT_ACT_SWIGLU_CLAMP; +inf = no clamp
+};
+
+// bf16 banks of one MoE layer.
+struct ExpertSource {
+    const uint8_t *gate_up_base;  // row e: gate [I,H] then up [I,H] (bf16, row-major)
+    size_t gate_up_row_bytes;
+    const uint8_t *down_base;     // row e: down [H,I]
+    size_t down_row_bytes;
+    int32_t num_experts;
+};
+
+// Shared expert(s) of a layer, applied to every token: gate/up [Is,H], down [H,Is] (bf16).
+struct SharedExpertView {
+    const uint16_t *gate, *up, *down;
+    int32_t intermediate;
+    const uint16_t *gate_proj;  // [H]: output scaled by sigmoid(gate_proj . x); nullptr: weight 1
+};
+
+struct MoeStats {
+    uint64_t routes_computed = 0, routes_skipped = 0, experts_read = 0, bytes_read = 0;
+};
+
+// Tuning knobs with measured defaults; see cpu/README.md.
+struct MoeTuning {
+    // Experts with at least this many routes in a call go through oneDNN matmul (0 = never).
+    int32_t onednn_min_tokens = -1;  // -1: FT_CPU_ONEDNN_MIN_TOKENS, else 16 with AMX-BF16, else 0
+};
+
+class MoeExecutor {
+public:
+    // Validates the geometry (all > 0; any hidden/intermediate sizes, tails are handled) and
+    // preallocates every buffer for max_tokens. FT_ERR_INVALID_ARGUMENT on bad arguments,
+    // FT_ERR_UNSUPPORTED if the CPU lacks `isa`.
+    MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate, int32_t top_k,
+                int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
+                MoeTuning tuning = {});
+    ~MoeExecutor();
+    MoeExecutor(const MoeExecutor &) = delete;
+    MoeExecutor &operator=(const MoeExecutor &) = delete;
+
+    // y[t] = sum_k w[t,k] * down_e(act(gate_e x[t]) * (up_e x[t])) over routes with 0 <= id < E,
+    // plus the shared expert (weight 1 or sigmoid(gate_proj . x[t])) when shared != nullptr.
+    // x, y bf16 [T,H]; ids int32 / w f32 [T,K]. Each distinct expert is read once for all its
+    // tokens. fp32 accumulation, bf16 intermediate, one bf16 rounding of y. The result does not
+    // depend on the pool size. Never allocates. FT_ERR_INVALID_ARGUMENT if num_tokens is outside
+    // [0, max_tokens] or a pointer is NULL.
+    MoeStats run(const ExpertSource &src, const SharedExpertView *shared, int32_t num_tokens,
+                 const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y);
+
+    Isa isa() const { return isa_; }
+    int32_t onednn_min_tokens() const { return onednn_min_tokens_; }
+
+private:
+    struct Group;
+    struct Scratch;
+    void run_pool_passes(int worker, int num_workers, bool with_reduce);
+    void run_onednn_groups();
+    void reduce_rows(int64_t item);
+
+    ThreadPool &pool_;
+    int32_t hidden_, inter_, top_k_, max_tokens_, shared_inter_;
+    ActivationSpec act_;
+    Isa isa_;
+    GemvFn gemv_;
+    int32_t onednn_min_tokens_;
+    std::unique_ptr<Scratch> s_;
+};
+
+}  // namespace ft::cpu

@@ -1,0 +1,117 @@
+// ISA detection and CPU topology.
+#include <sched.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+
+namespace ft::cpu {
+
+Isa cpu_best_isa() {
+#if defined(FT_CPU_X86_KERNELS)
+    // libgcc's __builtin_cpu_supports also checks that the OS saves the AVX/AVX-512 state (XCR0).
+    static const Isa best = [] {
+        __builtin_cpu_init();
+        const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl");
+        if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512bf16;
+        if (avx512) return Isa::avx512;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+        return Isa::scalar;
+    }();
+    return best;
+#else
+    return Isa::scalar;
+#endif
+}
+
+const char *isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return "scalar";
+        case Isa::avx2: return "avx2";
+        case Isa::avx512: return "avx512";
+        case Isa::avx512bf16: return "avx512bf16";
+    }
+    return "unknown";
+}
+
+bool isa_from_name(const char *name, Isa *out) {
+    if (!name) return false;
+    for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16})
+        if (std::string(name) == isa_name(i)) {
+            *out = i;
+            return true;
+        }
+    return false;
+}
+
+Isa default_isa() {
+    Isa best = cpu_best_isa();
+    std::string cap = env_string("FT_CPU_ISA");
+    if (cap.empty()) return best;
+    Isa wanted;
+    if (!isa_from_name(cap.c_str(), &wanted)) {
+        log(FT_LOG_WARN, "FT_CPU_ISA=", cap, " is not one of scalar|avx2|avx512|avx512bf16; ignored");
+        return best;
+    }
+    return static_cast<int>(wanted) < static_cast<int>(best) ? wanted : best;
+}
+
+namespace {
+// Parses a sysfs CPU list such as "0-3,8,10-11".
+std::vector<int> parse_cpu_list(const std::string &s) {
+    std::vector<int> cpus;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t end = s.find(',', i);
+        if (end == std::string::npos) end = s.size();
+        std::string part = s.substr(i, end - i);
+        size_t dash = part.find('-');
+        try {
+            if (dash == std::string::npos) {
+                cpus.push_back(std::stoi(part));
+            } else {
+                int a = std::stoi(part.substr(0, dash)), b = std::stoi(part.substr(dash + 1));
+                for (int c = a; c <= b; ++c) cpus.push_back(c);
+            }
+        } catch (const std::exception &) {
+            return {};
+        }
+        i = end + 1;
+    }
+    return cpus;
+}
+}  // namespace
+
+std::vector<int> physical_core_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::vector<int> allowed;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &set)) allowed.push_back(c);
+    }
+    if (allowed.empty()) {
+        unsigned n = std::max(1u, std::thread::hardware_concurrency());
+        for (unsigned c = 0; c < n; ++c) allowed.push_back(static_cast<int>(c));
+        return allowed;
+    }
+    std::vector<int> reps;
+    std::set<std::vector<int>> seen;
+    for (int c : allowed) {
+        std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
+        std::string line;
+        if (!f || !std::getline(f, line)) return allowed;
+        std::vector<int> siblings = parse_cpu_list(line);
+        if (siblings.empty()) return allowed;
+        std::sort(siblings.begin(), siblings.end());
+        if (seen.insert(siblings).second) reps.push_back(c);
+    }
+    return reps;
+}
+
+}  // namespace ft::cpu

@@ -1,0 +1,308 @@
+// MoE executor: groups a call's routes by expert so each distinct expert is read once for all of
+// its tokens, then runs pass 1 (gate/up + activation into a bf16 intermediate) and pass 2 (down
+// into per-route fp32 rows) over (expert, row block) work items, and finally sums each token's
+// routes in route order. Every output value is produced by one fixed sequence of operations, so
+// the result does not depend on the number of workers or on which worker took which item.
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define FT_CPU_RELAX() _mm_pause()
+#else
+#include <thread>
+#define FT_CPU_RELAX() std::this_thread::yield()
+#endif
+
+#include "moe_internal.hpp"
+
+namespace ft::cpu {
+namespace {
+
+// When oneDNN takes over an expert's routes (see cpu/README.md for the measurements). Without AMX
+// oneDNN's bf16 matmul was never faster than the SIMD kernels here, at any token count up to 128,
+// so it stays off; with AMX tiles it is expected to win once an expert has a few dozen rows of
+// tokens (to be confirmed on an AMX machine with bench_cpu_gemv's moe_layer_batched).
+int32_t default_onednn_min_tokens() {
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22))) return 16;  // AMX-BF16
+#endif
+    return 0;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+MoeExecutor::MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate, int32_t top_k,
+                         int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
+                         MoeTuning tuning)
+    : pool_(pool), hidden_(hidden), inter_(intermediate), top_k_(top_k), max_tokens_(max_tokens),
+      shared_inter_(shared_intermediate), act_(act), isa_(isa) {
+    if (hidden <= 0 || intermediate <= 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: hidden (", hidden, ") and intermediate (", intermediate,
+             ") sizes must be > 0");
+    if (top_k <= 0 || top_k > 1024)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: top_k must be in [1, 1024], got ", top_k);
+    if (max_tokens <= 0 || max_tokens > (1 << 20))
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: max_tokens must be in [1, 2^20], got ", max_tokens);
+    if (shared_intermediate < 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: shared intermediate size must be >= 0, got ",
+             shared_intermediate);
+    if (act.kind < FT_ACT_SILU || act.kind > FT_ACT_SWIGLU_CLAMP)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: unknown activation ", act.kind);
+    if (act.kind == FT_ACT_SWIGLU_CLAMP && (!std::isfinite(act.alpha) || !(act.limit > 0.0f)))
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: clamped SwiGLU needs a finite alpha and limit > 0 (or +inf), got alpha ",
+             act.alpha, " limit ", act.limit);
+    gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
+
+    onednn_min_tokens_ = tuning.onednn_min_tokens;
+    if (onednn_min_tokens_ < 0) {
+        std::string v = env_string("FT_CPU_ONEDNN_MIN_TOKENS");
+        onednn_min_tokens_ = v.empty() ? default_onednn_min_tokens() : std::max(0, std::atoi(v.c_str()));
+    }
+
+    const int64_t routes = int64_t(max_tokens) * top_k;
+    const int64_t slots = routes + (shared_intermediate > 0 ? max_tokens : 0);
+    const int64_t max_group = std::max<int64_t>(routes, max_tokens);
+    s_ = std::make_unique<Scratch>();
+    try {
+        s_->keys.resize(routes);
+        s_->route_slot.resize(routes);
+        s_->xptr.resize(slots);
+        s_->iptr.resize(slots);
+        s_->groups.resize(routes + 1);
+        s_->p1_prefix.resize(routes + 2);
+        s_->p2_prefix.resize(routes + 2);
+        s_->inter.resize(routes * intermediate + int64_t(max_tokens) * shared_intermediate);
+        s_->route_out.resize(slots * hidden);
+        s_->shared_gate.resize(max_tokens);
+        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock);
+        if (onednn_min_tokens_ > 0 && onednn_min_tokens_ <= max_group) {
+            s_->gathered_x.resize(max_group * hidden);
+            s_->gate_up_f32.resize(max_group * 2 * std::max(intermediate, shared_intermediate));
+        }
+    } catch (const std::bad_alloc &) {
+        fail(FT_ERR_OUT_OF_MEMORY, "MoE executor: cannot allocate scratch for ", max_tokens, " tokens x ", top_k,
+             " routes (H=", hidden, ", I=", intermediate, ")");
+    }
+}
+
+MoeExecutor::~MoeExecutor() = default;
+
+MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *shared, int32_t num_tokens,
+                          const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y) {
+    if (num_tokens < 0 || num_tokens > max_tokens_)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: num_tokens ", num_tokens, " outside [0, ", max_tokens_, "]");
+    MoeStats stats;
+    if (num_tokens == 0) return stats;
+    if (!x || !ids || !w || !y) fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: NULL x, ids, weights or output");
+    const int64_t H = hidden_, I = inter_, K = top_k_, T = num_tokens;
+    const size_t expert_gate_up = size_t(2 * I * H) * 2, expert_down = size_t(H * I) * 2;
+    if (src.num_experts <= 0 || !src.gate_up_base || !src.down_base)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source without banks or experts");
+    if (src.gate_up_row_bytes < expert_gate_up || src.down_row_bytes < expert_down)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: bank rows of ", src.gate_up_row_bytes, " / ", src.down_row_bytes,
+             " bytes are smaller than one expert (", expert_gate_up, " / ", expert_down, ")");
+    if (shared) {
+        if (shared_inter_ == 0 || shared->intermediate != shared_inter_)
+            fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: shared expert intermediate ", shared->intermediate,
+                 " does not match the executor's ", shared_inter_);
+        if (!shared->gate || !shared->up || !shared->down)
+            fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: shared expert with NULL weights");
+    }
+
+    Scratch &s = *s_;
+    // Group valid routes by expert: sort (expert, route) keys; slots follow the sorted order.
+    int64_t nvalid = 0;
+    for (int64_t r = 0; r < T * K; ++r) {
+        int32_t e = ids[r];
+        s.route_slot[r] = -1;
+        if (e >= 0 && e < src.num_experts) s.keys[nvalid++] = (uint64_t(uint32_t(e)) << 32) | uint64_t(r);
+    }
+    std::sort(s.keys.begin(), s.keys.begin() + nvalid);
+    stats.routes_computed = nvalid;
+    stats.routes_skipped = T * K - nvalid;
+
+    int32_t ng = 0;
+    for (int64_t slot = 0; slot < nvalid; ++slot) {
+        const int32_t e = int32_t(s.keys[slot] >> 32);
+        const int64_t r = int64_t(s.keys[slot] & 0xffffffffu);
+        s.route_slot[r] = int32_t(slot);
+        s.xptr[slot] = x + (r / K) * H;
+        s.iptr[slot] = s.inter.data() + slot * I;
+        if (ng == 0 || int32_t(s.keys[s.groups[ng - 1].first_slot] >> 32) != e) {
+            const uint16_t *gu = reinterpret_cast<const uint16_t *>(src.gate_up_base + size_t(e) * src.gate_up_row_bytes);
+            Group &g = s.groups[ng++];
+            g.gate = gu;
+            g.up = gu + I * H;
+            g.down = reinterpret_cast<const uint16_t *>(src.down_base + size_t(e) * src.down_row_bytes);
+            g.inter = inter_;
+            g.first_slot = int32_t(slot);
+            g.count = 0;
+            g.inter_out = s.inter.data() + slot * I;
+        }
+        s.groups[ng - 1].count++;
+    }
+    stats.experts_read = ng;
+    stats.bytes_read = uint64_t(ng) * (expert_gate_up + expert_down);
+
+    s.has_shared = shared != nullptr;
+    if (shared) {
+        const int64_t Is = shared_inter_;
+        uint16_t *shared_inter = s.inter.data() + int64_t(max_tokens_) * K * I;
+        for (int64_t t = 0; t < T; ++t) {
+            s.xptr[nvalid + t] = x + t * H;
+            s.iptr[nvalid + t] = shared_inter + t * Is;
+        }
+        Group &g = s.groups[ng++];
+        g = Group{shared->gate, shared->up, shared->down, shared_inter_, int32_t(nvalid), int32_t(T), shared_inter, false};
+        stats.bytes_read += uint64_t(3 * Is * H) * 2;
+        if (shared->gate_proj) {
+            // sigmoid(gate_proj . x[t]): one row against all tokens, done here because it is tiny.
+            gemv_(shared->gate_proj, H, 1, int(H), &s.xptr[nvalid], int(T), s.shared_gate.data(), 1);
+            for (int64_t t = 0; t < T; ++t) s.shared_gate[t] = 1.0f / (1.0f + std::exp(-s.shared_gate[t]));
+            stats.bytes_read += uint64_t(H) * 2;
+        } else {
+            std::fill(s.shared_gate.begin(), s.shared_gate.begin() + T, 1.0f);
+        }
+    }
+
+    // Work items: (group, row block) for the groups the SIMD kernels handle.
+    bool any_onednn = false;
+    s.p1_prefix[0] = s.p2_prefix[0] = 0;
+    for (int32_t gi = 0; gi < ng; ++gi) {
+        Group &g = s.groups[gi];
+        g.onednn = onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
+        any_onednn |= g.onednn;
+        s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, kRowBlock));
+        s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, kRowBlock));
+    }
+    s.num_tokens = num_tokens;
+    s.routed_slots = int32_t(nvalid);
+    s.w = w;
+    s.y = y;
+    s.num_groups = ng;
+    s.p1_total = s.p1_prefix[ng];
+    s.p2_total = s.p2_prefix[ng];
+    s.reduce_total = T * ceil_div(H, kReduceBlock);
+    s.p1_next.store(0, std::memory_order_relaxed);
+    s.p2_next.store(0, std::memory_order_relaxed);
+    s.reduce_next.store(0, std::memory_order_relaxed);
+    s.barrier_count.store(0, std::memory_order_relaxed);
+
+    if (!any_onednn) {
+        pool_.run([this](int wk, int n) { run_pool_passes(wk, n, true); });
+    } else {
+        // oneDNN runs on its own OpenMP threads from this thread, while the pool is idle, so the
+        // two never compete for cores.
+        if (s.p1_total > 0) pool_.run([this](int wk, int n) { run_pool_passes(wk, n, false); });
+        run_onednn_groups();
+        pool_.run([this](int, int) {
+            for (int64_t it; (it = s_->reduce_next.fetch_add(1, std::memory_order_relaxed)) < s_->reduce_total;)
+                reduce_rows(it);
+        });
+    }
+    return stats;
+}
+
+namespace {
+// Spin barrier among the workers of one job (they are all running, so spinning is short).
+void barrier(std::atomic<int> &count, std::atomic<int> &gen, int n) {
+    const int g = gen.load(std::memory_order_acquire);
+    if (count.fetch_add(1, std::memory_order_acq_rel) == n - 1) {
+        count.store(0, std::memory_order_relaxed);
+        gen.fetch_add(1, std::memory_order_release);
+    } else {
+        while (gen.load(std::memory_order_acquire) == g) FT_CPU_RELAX();
+    }
+}
+}  // namespace
+
+void MoeExecutor::run_pool_passes(int worker, int num_workers, bool with_reduce) {
+    Scratch &s = *s_;
+    const int64_t H = hidden_;
+    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock;
+    float *up_tile = gate_tile + kRouteChunk * kRowBlock;
+    const int32_t ng = s.num_groups;
+    auto group_of = [ng](const std::vector<int64_t> &prefix, int64_t item) {
+        return int32_t(std::upper_bound(prefix.begin(), prefix.begin() + ng + 1, item) - prefix.begin() - 1);
+    };
+    // Work continues through the barriers even after a failure, so no worker waits forever.
+    std::exception_ptr error;
+
+    try {
+        for (int64_t it; (it = s.p1_next.fetch_add(1, std::memory_order_relaxed)) < s.p1_total;) {
+            const int32_t gi = group_of(s.p1_prefix, it);
+            const Group &g = s.groups[gi];
+            const int64_t i0 = (it - s.p1_prefix[gi]) * kRowBlock;
+            const int ni = int(std::min<int64_t>(kRowBlock, g.inter - i0));
+            for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
+                const int n = std::min(kRouteChunk, g.count - c0);
+                const uint16_t *const *xs = &s.xptr[g.first_slot + c0];
+                gemv_(g.gate + i0 * H, H, ni, int(H), xs, n, gate_tile, kRowBlock);
+                gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, kRowBlock);
+                for (int j = 0; j < n; ++j) {
+                    uint16_t *dst = g.inter_out + int64_t(c0 + j) * g.inter + i0;
+                    for (int i = 0; i < ni; ++i)
+                        dst[i] = f32_to_bf16(activate(act_, gate_tile[j * kRowBlock + i], up_tile[j * kRowBlock + i]));
+                }
+            }
+        }
+    } catch (...) {
+        error = std::current_exception();
+    }
+    barrier(s.barrier_count, s.barrier_gen, num_workers);
+    try {
+        for (int64_t it; (it = s.p2_next.fetch_add(1, std::memory_order_relaxed)) < s.p2_total;) {
+            const int32_t gi = group_of(s.p2_prefix, it);
+            const Group &g = s.groups[gi];
+            const int64_t h0 = (it - s.p2_prefix[gi]) * kRowBlock;
+            const int nh = int(std::min<int64_t>(kRowBlock, H - h0));
+            for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
+                const int n = std::min(kRouteChunk, g.count - c0);
+                gemv_(g.down + h0 * g.inter, g.inter, nh, g.inter, &s.iptr[g.first_slot + c0], n,
+                      s.route_out.data() + int64_t(g.first_slot + c0) * H + h0, H);
+            }
+        }
+    } catch (...) {
+        if (!error) error = std::current_exception();
+    }
+    if (with_reduce) {
+        barrier(s.barrier_count, s.barrier_gen, num_workers);
+        for (int64_t it; (it = s.reduce_next.fetch_add(1, std::memory_order_relaxed)) < s.reduce_total;)
+            reduce_rows(it);
+    }
+    if (error) std::rethrow_exception(error);
+}
+
+// y[t, block] = sum over k (in route order) of w[t,k] * route_out[slot], plus the gated shared
+// expert, rounded once to bf16. Skipped routes contribute nothing; all-skipped tokens get zeros.
+void MoeExecutor::reduce_rows(int64_t item) {
+    Scratch &s = *s_;
+    const int64_t H = hidden_, K = top_k_;
+    const int64_t blocks = (H + kReduceBlock - 1) / kReduceBlock;
+    const int64_t t = item / blocks, h0 = (item % blocks) * kReduceBlock;
+    const int nh = int(std::min<int64_t>(kReduceBlock, H - h0));
+    float acc[kReduceBlock];
+    std::fill(acc, acc + nh, 0.0f);
+    for (int64_t k = 0; k < K; ++k) {
+        const int32_t slot = s.route_slot[t * K + k];
+        if (slot < 0) continue;
+        const float wk = s.w[t * K + k];
+        const float *o = s.route_out.data() + int64_t(slot) * H + h0;
+        for (int h = 0; h < nh; ++h) acc[h] += wk * o[h];
+    }
+    if (s.has_shared) {
+        const float g = s.shared_gate[t];
+        const float *o = s.route_out.data() + (int64_t(s.routed_slots) + t) * H + h0;
+        for (int h = 0; h < nh; ++h) acc[h] += g * o[h];
+    }
+    uint16_t *dst = s.y + t * H + h0;
+    for (int h = 0; h < nh; ++h) dst[h] = f32_to_bf16(acc[h]);
+}
+
+}  // namespace ft::cpu

@@ -1,0 +1,76 @@
+// Private state of MoeExecutor, shared by moe_executor.cpp and onednn_matmul.cpp.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+
+namespace ft::cpu {
+
+// act(gate) * up for one intermediate unit, in fp32.
+inline float activate(const ActivationSpec &a, float g, float u) {
+    switch (a.kind) {
+        case FT_ACT_GELU: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f)) * u;
+        case FT_ACT_GELU_TANH: {
+            const float k = 0.79788456080286536f;  // sqrt(2/pi)
+            return 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
+        }
+        case FT_ACT_SWIGLU_CLAMP: {
+            g = std::fmin(g, a.limit);
+            u = std::fmax(std::fmin(u, a.limit), -a.limit);
+            return g / (1.0f + std::exp(-a.alpha * g)) * (u + 1.0f);
+        }
+        default: return g / (1.0f + std::exp(-g)) * u;  // FT_ACT_SILU
+    }
+}
+
+// Rows of one work item: pass 1 computes IB gate and IB up rows, pass 2 HB down rows. 32 gives
+// every worker independent items even at one token, while amortising the atomic grab.
+constexpr int kRowBlock = 32;
+// At most this many routes go through one kernel call; more are done in chunks that re-read the
+// item's weight block from cache instead of memory.
+constexpr int kRouteChunk = 32;
+// Output elements per reduction item.
+constexpr int kReduceBlock = 512;
+
+// A set of routes that use the same expert weights: one routed expert, or the shared expert.
+struct MoeExecutor::Group {
+    const uint16_t *gate, *up, *down;  // [inter,H], [inter,H], [H,inter]
+    int32_t inter;
+    int32_t first_slot, count;         // its routes occupy slots [first_slot, first_slot + count)
+    uint16_t *inter_out;               // intermediate of the first slot; row stride `inter`
+    bool onednn;
+};
+
+struct MoeExecutor::Scratch {
+    // Preallocated for max_tokens.
+    std::vector<uint64_t> keys;              // (expert << 32) | route, sorted to group routes
+    std::vector<int32_t> route_slot;         // [T*K]: slot of each route, -1 when skipped
+    std::vector<const uint16_t *> xptr;      // [slots]: input row of each slot's token
+    std::vector<const uint16_t *> iptr;      // [slots]: intermediate row of each slot
+    std::vector<Group> groups;
+    std::vector<int64_t> p1_prefix, p2_prefix;  // first work item of each group, pass 1 / 2
+    std::vector<uint16_t> inter;             // routed slots * I, then T * shared I
+    std::vector<float> route_out;            // [slots, H] fp32 expert outputs, unweighted
+    std::vector<float> shared_gate;          // [T]
+    std::vector<float> tiles;                // per worker: gate and up tiles of pass 1
+    std::vector<uint16_t> gathered_x;        // oneDNN path: [routes of one expert, H]
+    std::vector<float> gate_up_f32;          // oneDNN path: [routes of one expert, 2 * I]
+
+    // Per call.
+    int32_t num_tokens = 0, routed_slots = 0;
+    const float *w = nullptr;
+    uint16_t *y = nullptr;
+    bool has_shared = false;
+    int32_t num_groups = 0;
+    int64_t p1_total = 0, p2_total = 0, reduce_total = 0;
+    alignas(64) std::atomic<int64_t> p1_next{0};
+    alignas(64) std::atomic<int64_t> p2_next{0};
+    alignas(64) std::atomic<int64_t> reduce_next{0};
+    alignas(64) std::atomic<int> barrier_count{0};
+    alignas(64) std::atomic<int> barrier_gen{0};
+};
+
+}  // namespace ft::cpu

@@ -1,0 +1,32 @@
+// The hybrid split (spec 4.4): of M missing experts in a step, fetch F over PCIe and leave M - F
+// to the CPU so that both sides finish together. With f the fraction of miss bandwidth PCIe
+// supplies (f = pcie / (pcie + cpu)), fetch time grows as F (1 - f) and CPU time as (M - F) f;
+// F is the integer neighbour of f M that minimises the slower side (ties to the lower).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FT_HOST_DEVICE __host__ __device__
+#else
+#define FT_HOST_DEVICE
+#endif
+
+namespace ft {
+
+// f in Q16 fixed point, clamped to [0, 65536]; NaN gives 0.
+int32_t fraction_to_q16(double fraction);
+
+FT_HOST_DEVICE inline int64_t hybrid_fetch_count(int64_t missing, int32_t fraction_q16) {
+    if (missing <= 0) return 0;
+    const int64_t q = fraction_q16 < 0 ? 0 : (fraction_q16 > 65536 ? 65536 : fraction_q16);
+    const int64_t lo = (missing * q) >> 16;
+    auto cost = [&](int64_t f) {
+        const int64_t fetch = f * (65536 - q), cpu = (missing - f) * q;
+        return fetch > cpu ? fetch : cpu;
+    };
+    const int64_t f = cost(lo) <= cost(lo + 1) ? lo : lo + 1;
+    return f < missing ? f : missing;
+}
+
+}  // namespace ft

@@ -1,0 +1,413 @@
+/*
+ * freetoken.h - the stable C API of libfreetoken.
+ *
+ * FreeToken computes the routed experts of Mixture-of-Experts (MoE) layers whose weights live
+ * in host memory. A host runtime hands over, per MoE layer and step, the hidden states and the
+ * router's choice (expert ids and weights), and receives the weighted sum of the routed experts'
+ * outputs.
+ *
+ * This header is self-contained C99. It is the specification of the library: every function
+ * documents its parameters, return codes, ownership and thread-safety.
+ *
+ * ------------------------------------------------------------------------------------------
+ * Conventions
+ * ------------------------------------------------------------------------------------------
+ * - Every fallible call returns an ft_status (FT_OK = 0). Values never change meaning and are
+ *   never reused; ft_status_string() names them.
+ * - Handles are opaque. A handle's most recent error text is returned by its *_last_error()
+ *   function; the text stays valid until the next call on that handle. Failures before a handle
+ *   exists (creation, loading) write their text into a caller-supplied buffer (err, err_size),
+ *   which may be NULL.
+ * - Parameter structs start with `uint32_t struct_size`, are filled with defaults by their
+ *   *_params_init() function, and only ever grow at the end. The library reads
+ *   min(struct_size, its own size) bytes and uses defaults for fields the caller did not know.
+ *   Output structs (info, stats) work the same way: the library writes at most struct_size bytes.
+ * - Every *_free() accepts NULL.
+ * - bf16 values are passed as their 16-bit patterns (uint16_t), as stored in checkpoints.
+ * - No exception, abort or signal crosses this API. No global initialisation call is needed.
+ *
+ * ------------------------------------------------------------------------------------------
+ * Threading contract
+ * ------------------------------------------------------------------------------------------
+ * - ft_version_*, ft_status_string, ft_build_info_get and ft_log_set_callback may be called
+ *   from any thread at any time.
+ * - An ft_engine may be shared by many threads once created. Its worker pool runs one decode at
+ *   a time; concurrent sessions of one engine take turns.
+ * - An ft_model is built by one thread (ft_model_create, ft_model_set_*, ft_model_finalize) and
+ *   is immutable and shareable by any number of threads and sessions after ft_model_load returns
+ *   or ft_model_finalize succeeds. It must outlive its sessions.
+ * - An ft_session is used by one thread at a time (any thread, not necessarily the same one).
+ * - The engine must outlive its models and sessions.
+ */
+#ifndef FREETOKEN_H
+#define FREETOKEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  if defined(FT_BUILDING_LIBRARY)
+#    define FT_API __declspec(dllexport)
+#  else
+#    define FT_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#  define FT_API __attribute__((visibility("default")))
+#else
+#  define FT_API
+#endif
+
+/* ==========================================================================================
+ * Version
+ * ========================================================================================== */
+
+#define FT_VERSION_MAJOR 0
+#define FT_VERSION_MINOR 1
+#define FT_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH */
+#define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
+
+/* The version of the library actually loaded (may differ from the header's). */
+FT_API uint32_t ft_version_number(void);
+/* "MAJOR.MINOR.PATCH", static storage. */
+FT_API const char *ft_version_string(void);
+
+/* ==========================================================================================
+ * Status codes (values fixed forever)
+ * ========================================================================================== */
+
+typedef int32_t ft_status;
+
+#define FT_OK                    0
+#define FT_ERR_INVALID_ARGUMENT  1  /* NULL pointer, out-of-range value, wrong shape           */
+#define FT_ERR_OUT_OF_MEMORY     2  /* host or device allocation failed                        */
+#define FT_ERR_IO                3  /* file missing, unreadable, short read                    */
+#define FT_ERR_FORMAT            4  /* corrupt or inconsistent checkpoint / JSON / layout      */
+#define FT_ERR_UNSUPPORTED       5  /* valid request this build or machine cannot serve        */
+#define FT_ERR_NO_DEVICE         6  /* a GPU was required and none is usable                   */
+#define FT_ERR_DEVICE            7  /* a CUDA call failed                                      */
+#define FT_ERR_DEVICE_LOST       8  /* a sticky device fault; the session cannot continue      */
+#define FT_ERR_TIMEOUT           9  /* a handoff or wait did not complete in time              */
+#define FT_ERR_CANCELLED        10  /* a progress callback asked to stop                       */
+#define FT_ERR_NON_FINITE       11  /* NaN or Inf in an input that must be finite              */
+#define FT_ERR_STATE            12  /* call not valid in the handle's current state            */
+#define FT_ERR_INTERNAL         13  /* a bug in FreeToken; please report the message           */
+
+/* A static, never-NULL name for a status ("FT_ERR_FORMAT"); unknown values give "FT_ERR_UNKNOWN". */
+FT_API const char *ft_status_string(ft_status status);
+
+/* ==========================================================================================
+ * Enumerations (int32_t values fixed forever)
+ * ========================================================================================== */
+
+/* Expert weight formats. */
+#define FT_FORMAT_BF16 1
+
+/* Data types of tensors returned by ft_model_tensor. */
+#define FT_DTYPE_BF16 1
+#define FT_DTYPE_F32  2
+
+/* Expert activations: out = act(gate) * up, applied per intermediate unit. */
+#define FT_ACT_SILU         0 /* x * sigmoid(x)                                             */
+#define FT_ACT_GELU         1 /* 0.5 x (1 + erf(x / sqrt 2))                                */
+#define FT_ACT_GELU_TANH    2 /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))            */
+#define FT_ACT_SWIGLU_CLAMP 3 /* g = min(g, limit), u = clamp(u, +-limit),
+                                 out = g * sigmoid(alpha g) * (u + 1)                        */
+
+/* Routing rules (what ft_route does with router logits). */
+#define FT_ROUTING_SOFTMAX_TOPK        1 /* softmax over all experts, top-k of the probabilities,
+                                            no renormalisation (Qwen3-MoE norm_topk_prob=false) */
+#define FT_ROUTING_SOFTMAX_TOPK_RENORM 2 /* softmax, top-k, weights renormalised to sum 1
+                                            (Qwen3-MoE, Qwen3.5/3.6-MoE, Mixtral)              */
+#define FT_ROUTING_SIGMOID_GROUP_TOPK  3 /* sigmoid scores; selection on score + correction bias,
+                                            limited to the best groups; unbiased weights,
+                                            optionally renormalised, times routed_scaling_factor
+                                            (DeepSeek-V3, Kimi-K2, GLM-4.x)                     */
+#define FT_ROUTING_TOPK_SOFTMAX        4 /* top-k of the logits, softmax over the k (gpt-oss)  */
+
+/* Backends. Values of backends not built yet are reserved. */
+#define FT_BACKEND_AUTO 0 /* the best backend this engine can run for the model             */
+#define FT_BACKEND_CPU  1 /* every routed expert computed by the CPU from host memory         */
+
+/* Log levels. */
+#define FT_LOG_OFF   0
+#define FT_LOG_ERROR 1
+#define FT_LOG_WARN  2
+#define FT_LOG_INFO  3
+#define FT_LOG_DEBUG 4
+
+/* ==========================================================================================
+ * Build information and logging
+ * ========================================================================================== */
+
+typedef struct ft_build_info {
+    uint32_t struct_size;     /* set by the caller to sizeof(ft_build_info)                    */
+    uint32_t version_number;  /* as ft_version_number()                                        */
+    bool cuda;                /* built with CUDA support                                       */
+    bool nccl;                /* built with NCCL support                                       */
+    uint8_t reserved_[2];
+    int32_t cuda_runtime_version; /* e.g. 13000; 0 without CUDA                                */
+    const char *cuda_archs;   /* e.g. "86;89;90;120"; "" without CUDA (static storage)         */
+    const char *onednn_version; /* e.g. "2.6.3" (static storage)                               */
+    const char *cpu_isa;      /* best kernel tier this CPU runs, e.g. "avx512bf16" (static)   */
+    const char *compiler;     /* compiler and version (static storage)                         */
+} ft_build_info;
+
+/* Fills *info up to info->struct_size bytes. FT_ERR_INVALID_ARGUMENT if info is NULL or
+ * struct_size is smaller than 8. Thread-safe. */
+FT_API ft_status ft_build_info_get(ft_build_info *info);
+
+/* Receives one formatted line (no trailing newline) per message. */
+typedef void (*ft_log_fn)(void *user_data, int32_t level, const char *message);
+
+/* Routes library log messages of `level` or more severe to `fn` (NULL: standard error).
+ * The default level is FT_LOG_WARN, or the value of the FT_LOG environment variable
+ * (0..4 or off/error/warn/info/debug). Process-wide; thread-safe; the callback may be
+ * called from any library thread and must not call back into the library. */
+FT_API void ft_log_set_callback(ft_log_fn fn, void *user_data, int32_t level);
+
+/* Progress callback for long operations: `done` of `total` units of the named phase.
+ * Return true to continue, false to cancel (the operation then returns FT_ERR_CANCELLED). */
+typedef bool (*ft_progress_fn)(void *user_data, const char *phase, uint64_t done, uint64_t total);
+
+/* ==========================================================================================
+ * Engine: the machine context (CPU worker pool, GPU choice)
+ * ========================================================================================== */
+
+typedef struct ft_engine ft_engine;
+
+#define FT_DEVICE_AUTO (-2) /* the first CUDA device if one is usable, else none                */
+#define FT_DEVICE_NONE (-1) /* never touch a GPU                                                */
+
+typedef struct ft_engine_params {
+    uint32_t struct_size;
+    int32_t device;       /* CUDA device ordinal, FT_DEVICE_AUTO (default) or FT_DEVICE_NONE.
+                             With a device, host expert banks are page-locked for it.          */
+    int32_t cpu_threads;  /* worker threads; 0 (default) = one per physical core               */
+    bool pin_threads;     /* pin each worker to its own core (default true)                    */
+    uint8_t reserved_[3];
+} ft_engine_params;
+
+FT_API void ft_engine_params_init(ft_engine_params *params);
+
+/* Creates an engine. params may be NULL (defaults). On failure *out is NULL and err receives a
+ * message. FT_ERR_NO_DEVICE if an explicit device ordinal is not usable. */
+FT_API ft_status ft_engine_create(const ft_engine_params *params, ft_engine **out,
+                                  char *err, size_t err_size);
+FT_API void ft_engine_free(ft_engine *engine);
+FT_API const char *ft_engine_last_error(const ft_engine *engine);
+
+typedef struct ft_engine_info {
+    uint32_t struct_size;
+    int32_t device;        /* CUDA device in use, or FT_DEVICE_NONE                            */
+    int32_t cpu_threads;   /* worker threads                                                   */
+    int32_t physical_cores;/* physical cores in the process's affinity set                     */
+    const char *cpu_isa;   /* kernel tier in use (static storage)                              */
+    const char *device_name; /* GPU name, "" without one; valid while the engine lives         */
+} ft_engine_info;
+
+FT_API ft_status ft_engine_get_info(const ft_engine *engine, ft_engine_info *info);
+
+/* ==========================================================================================
+ * Model: expert weights in host banks, geometry and routing rule. Immutable once built.
+ * ========================================================================================== */
+
+typedef struct ft_model ft_model;
+
+typedef struct ft_model_load_params {
+    uint32_t struct_size;
+    int32_t io_threads;        /* parallel readers; 0 (default) = engine's worker count        */
+    ft_progress_fn progress;   /* optional; phase "load"; units are bytes                      */
+    void *progress_user_data;
+} ft_model_load_params;
+
+FT_API void ft_model_load_params_init(ft_model_load_params *params);
+
+/* Loads the routed experts of every MoE layer of a Hugging Face checkpoint directory
+ * (config.json, model.safetensors or sharded safetensors with model.safetensors.index.json).
+ * Supported: Qwen3-MoE, Qwen3.5/3.6-MoE, Mixtral, DeepSeek-V3, Kimi-K2, GLM-4.x MoE, with bf16
+ * experts stored per expert or pre-fused. Router weights, router correction biases and shared
+ * experts are read too (ft_model_tensor). params may be NULL.
+ * Errors: FT_ERR_IO (missing/unreadable files), FT_ERR_FORMAT (corrupt header, inconsistent or
+ * ambiguous layout, missing tensor: the message names the file and tensor), FT_ERR_UNSUPPORTED
+ * (architecture or dtype not served), FT_ERR_OUT_OF_MEMORY, FT_ERR_CANCELLED. */
+FT_API ft_status ft_model_load(ft_engine *engine, const char *path,
+                               const ft_model_load_params *params, ft_model **out,
+                               char *err, size_t err_size);
+
+/* Geometry of a model built from memory. */
+typedef struct ft_model_desc {
+    uint32_t struct_size;
+    int32_t num_layers;        /* MoE layers                                       (required)  */
+    int32_t num_experts;       /* routed experts per layer, E                      (required)  */
+    int32_t top_k;             /* routes per token, K                              (required)  */
+    int32_t hidden_size;       /* H                                                (required)  */
+    int32_t intermediate_size; /* I, per expert                                    (required)  */
+    int32_t format;            /* FT_FORMAT_BF16 (default)                                     */
+    int32_t activation;        /* FT_ACT_SILU (default)                                        */
+    float swiglu_alpha;        /* FT_ACT_SWIGLU_CLAMP alpha (default 1.702)                    */
+    float swiglu_limit;        /* FT_ACT_SWIGLU_CLAMP limit (default 7.0; INFINITY = none)     */
+    int32_t routing;           /* FT_ROUTING_* (default FT_ROUTING_SOFTMAX_TOPK_RENORM)        */
+    int32_t num_groups;        /* FT_ROUTING_SIGMOID_GROUP_TOPK: expert groups (default 1)     */
+    int32_t topk_groups;       /* groups kept (default 1)                                      */
+    float routed_scaling_factor; /* default 1.0                                                */
+    bool renormalize;          /* FT_ROUTING_SIGMOID_GROUP_TOPK: renormalise (default true)    */
+    uint8_t reserved_[3];
+} ft_model_desc;
+
+FT_API void ft_model_desc_init(ft_model_desc *desc);
+
+/* Creates an empty model to be filled with ft_model_set_expert and made usable with
+ * ft_model_finalize. Bank memory is allocated here. */
+FT_API ft_status ft_model_create(ft_engine *engine, const ft_model_desc *desc, ft_model **out,
+                                 char *err, size_t err_size);
+
+/* Which part of an expert ft_model_set_expert writes. */
+#define FT_PROJ_GATE 1 /* [I, H] row-major: gate_proj / w1                                   */
+#define FT_PROJ_UP   2 /* [I, H] row-major: up_proj / w3                                     */
+#define FT_PROJ_DOWN 3 /* [H, I] row-major: down_proj / w2                                   */
+
+/* Copies one projection of expert `expert` of MoE layer `layer` into the model's banks.
+ * For FT_FORMAT_BF16, `data` holds the bf16 weights in the shape above and `nbytes` must equal
+ * their size. Only before ft_model_finalize (else FT_ERR_STATE). */
+FT_API ft_status ft_model_set_expert(ft_model *model, int32_t layer, int32_t expert,
+                                     int32_t proj, const void *data, size_t nbytes);
+
+/* Sets the routing correction bias of a layer ([E] floats; DeepSeek-V3's
+ * e_score_correction_bias), used by FT_ROUTING_SIGMOID_GROUP_TOPK. Only before finalize. */
+FT_API ft_status ft_model_set_router_bias(ft_model *model, int32_t layer, const float *bias,
+                                          int32_t num_experts);
+
+/* Checks that every projection of every expert was set, pins the banks for the engine's GPU if
+ * it has one, and makes the model immutable. FT_ERR_STATE names the first missing expert. */
+FT_API ft_status ft_model_finalize(ft_model *model);
+
+FT_API void ft_model_free(ft_model *model);
+
+/* Error text of the last failed call on this model (valid until the next call on it). */
+FT_API const char *ft_model_last_error(const ft_model *model);
+
+typedef struct ft_model_info {
+    uint32_t struct_size;
+    int32_t num_layers;        /* MoE layers, L                                                */
+    int32_t num_experts;       /* E                                                            */
+    int32_t top_k;             /* K                                                            */
+    int32_t hidden_size;       /* H                                                            */
+    int32_t intermediate_size; /* I                                                            */
+    int32_t format;            /* FT_FORMAT_*                                                  */
+    int32_t activation;        /* FT_ACT_*                                                     */
+    int32_t routing;           /* FT_ROUTING_*                                                 */
+    int32_t num_groups, topk_groups;
+    float routed_scaling_factor;
+    float swiglu_alpha, swiglu_limit;
+    int32_t first_moe_layer;   /* checkpoint layer index of MoE layer 0                        */
+    int32_t total_layers;      /* decoder layers in the checkpoint (0 for ft_model_create)     */
+    int32_t shared_intermediate_size; /* width of the shared expert(s), 0 if none              */
+    uint64_t expert_bytes;     /* bytes of one expert across all banks                         */
+    uint64_t bank_bytes;       /* bytes of all routed experts of all layers                    */
+    const char *architecture;  /* e.g. "qwen3_moe", "custom" (valid while the model lives)     */
+    uint64_t pinned_bytes;     /* bank bytes page-locked for the engine's GPU (0 without one)  */
+} ft_model_info;
+
+FT_API ft_status ft_model_get_info(const ft_model *model, ft_model_info *info);
+
+/* The MoE layer index of checkpoint layer `model_layer`, or -1 if that layer has no routed
+ * experts (dense layers, out of range). */
+FT_API int32_t ft_model_moe_layer(const ft_model *model, int32_t model_layer);
+
+/* Tensors a model carries besides the routed experts (read from checkpoints). */
+#define FT_TENSOR_ROUTER_WEIGHT    1 /* [E, H]   router (gate) linear weight                   */
+#define FT_TENSOR_ROUTER_BIAS      2 /* [E]      f32 e_score_correction_bias                   */
+#define FT_TENSOR_SHARED_GATE      3 /* [Is, H]  shared expert gate_proj                       */
+#define FT_TENSOR_SHARED_UP        4 /* [Is, H]  shared expert up_proj                         */
+#define FT_TENSOR_SHARED_DOWN      5 /* [H, Is]  shared expert down_proj                       */
+#define FT_TENSOR_SHARED_GATE_PROJ 6 /* [1, H]   sigmoid gate of the shared expert (Qwen3.5)   */
+
+typedef struct ft_tensor_view {
+    uint32_t struct_size;
+    int32_t dtype;          /* FT_DTYPE_*                                                      */
+    int32_t ndim;
+    int64_t shape[4];
+    const void *data;       /* row-major; owned by the model, valid while it lives             */
+    size_t nbytes;
+} ft_tensor_view;
+
+/* Describes tensor `which` of MoE layer `layer`. FT_ERR_INVALID_ARGUMENT for a bad layer or
+ * kind; FT_ERR_UNSUPPORTED if the model has no such tensor. Thread-safe. */
+FT_API ft_status ft_model_tensor(const ft_model *model, int32_t layer, int32_t which,
+                                 ft_tensor_view *view);
+
+/* ==========================================================================================
+ * Session: the decode handle of one model on one engine
+ * ========================================================================================== */
+
+typedef struct ft_session ft_session;
+
+typedef struct ft_session_params {
+    uint32_t struct_size;
+    int32_t backend;          /* FT_BACKEND_AUTO (default) or FT_BACKEND_CPU                   */
+    int32_t max_tokens;       /* largest num_tokens of one ft_decode (default 256); scratch is
+                                 sized once for it, so decode never allocates                  */
+    bool shared_experts;      /* ft_decode also adds the model's shared expert(s) (default
+                                 false: the caller computes them)                              */
+    bool check_finite;        /* reject NaN/Inf hidden states and weights (default true)      */
+    uint8_t reserved_[2];
+} ft_session_params;
+
+FT_API void ft_session_params_init(ft_session_params *params);
+
+FT_API ft_status ft_session_create(ft_model *model, const ft_session_params *params,
+                                   ft_session **out, char *err, size_t err_size);
+FT_API void ft_session_free(ft_session *session);
+FT_API const char *ft_session_last_error(const ft_session *session);
+
+/* The backend the session runs (FT_BACKEND_*; AUTO resolved). */
+FT_API int32_t ft_session_backend(const ft_session *session);
+
+/* Router logits [num_tokens, E] (f32) -> expert ids [num_tokens, K] and routing weights
+ * [num_tokens, K] by the model's routing rule. Ties are broken towards the lower expert id.
+ * Routes are ordered by decreasing selection score. FT_ERR_NON_FINITE for NaN logits. */
+FT_API ft_status ft_route(ft_session *session, int32_t layer, int32_t num_tokens,
+                          const float *logits, int32_t *expert_ids, float *expert_weights);
+
+/* One MoE layer for num_tokens tokens (1..max_tokens):
+ *   out[t] = sum_k expert_weights[t,k] * expert(expert_ids[t,k])(hidden[t])
+ * (plus the shared expert(s) when the session was created with shared_experts).
+ *   hidden [num_tokens, H] bf16, expert_ids [num_tokens, K] int32, expert_weights
+ *   [num_tokens, K] f32, out [num_tokens, H] bf16 (may not alias hidden).
+ * Routes with an id < 0 are not computed here (another device computes them); a token whose
+ * routes are all < 0 gets zeros. Duplicate ids within a token are computed twice. Each expert's
+ * weights are read once per call, whatever the number of tokens routed to it.
+ * Errors: FT_ERR_INVALID_ARGUMENT (NULL, layer or num_tokens out of range, id >= E: the message
+ * names the token and route), FT_ERR_NON_FINITE (NaN/Inf input with check_finite). On error
+ * `out` is left unspecified. */
+FT_API ft_status ft_decode(ft_session *session, int32_t layer, int32_t num_tokens,
+                           const uint16_t *hidden, const int32_t *expert_ids,
+                           const float *expert_weights, uint16_t *out);
+
+typedef struct ft_session_stats {
+    uint32_t struct_size;
+    uint32_t reserved_;
+    uint64_t decode_calls;     /* successful ft_decode calls                                   */
+    uint64_t tokens;           /* tokens decoded                                               */
+    uint64_t routes_cpu;       /* routes computed by the CPU                                   */
+    uint64_t routes_skipped;   /* routes with id < 0 left to another device                    */
+    uint64_t experts_cpu;      /* distinct (call, expert) weight reads by the CPU              */
+    uint64_t cpu_bytes;        /* expert weight bytes read by the CPU                          */
+    double cpu_seconds;        /* wall time of the CPU expert compute                          */
+} ft_session_stats;
+
+/* Fills *stats up to stats->struct_size bytes. */
+FT_API ft_status ft_session_get_stats(const ft_session *session, ft_session_stats *stats);
+FT_API void ft_session_reset_stats(ft_session *session);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FREETOKEN_H */

@@ -1,0 +1,74 @@
+// Shared internals of every FreeToken module: the error type that carries an ft_status up to
+// the C shims, message formatting, logging and bf16 conversions.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "freetoken.h"
+
+namespace ft {
+
+// Internal code throws Error; the C shims in lib/api turn it into a status and a message.
+class Error : public std::exception {
+public:
+    Error(ft_status status, std::string message) : status_(status), message_(std::move(message)) {}
+    ft_status status() const noexcept { return status_; }
+    const char *what() const noexcept override { return message_.c_str(); }
+
+private:
+    ft_status status_;
+    std::string message_;
+};
+
+// Concatenates any streamable values into a string: cat("layer ", l, " of ", n).
+template <typename... Args>
+std::string cat(Args &&...args) {
+    std::ostringstream os;
+    (os << ... << std::forward<Args>(args));
+    return os.str();
+}
+
+template <typename... Args>
+[[noreturn]] void fail(ft_status status, Args &&...args) {
+    throw Error(status, cat(std::forward<Args>(args)...));
+}
+
+// Logging. Level and sink are process-wide (ft_log_set_callback, FT_LOG).
+void log_message(int level, const std::string &message);
+bool log_enabled(int level);
+void set_log_callback(ft_log_fn fn, void *user_data, int level);
+
+template <typename... Args>
+void log(int level, Args &&...args) {
+    if (log_enabled(level)) log_message(level, cat(std::forward<Args>(args)...));
+}
+
+// bf16 <-> f32. The conversion down rounds to nearest even and keeps NaN a NaN.
+inline float bf16_to_f32(uint16_t v) {
+    uint32_t bits = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+// IEEE half -> f32, subnormals included.
+float f16_to_f32(uint16_t h);
+
+// Reads an environment variable; empty string when unset.
+std::string env_string(const char *name);
+
+}  // namespace ft

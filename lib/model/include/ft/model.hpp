@@ -1,0 +1,95 @@
+// The model: geometry and routing rule (ModelSpec), routed experts in host banks, and the
+// per-layer tensors a checkpoint carries beside them (router, correction bias, shared expert).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ft/bank.hpp"
+#include "ft/formats.hpp"
+
+namespace ft {
+
+struct RoutingSpec {
+    int32_t rule = FT_ROUTING_SOFTMAX_TOPK_RENORM;  // FT_ROUTING_*
+    int32_t num_experts = 0;
+    int32_t top_k = 0;
+    int32_t num_groups = 1;    // FT_ROUTING_SIGMOID_GROUP_TOPK
+    int32_t topk_groups = 1;
+    float routed_scaling_factor = 1.0f;
+    bool renormalize = true;   // FT_ROUTING_SIGMOID_GROUP_TOPK only
+};
+
+struct ModelSpec {
+    std::string architecture = "custom";  // qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe
+    int32_t num_layers = 0;               // MoE layers, L
+    std::vector<int32_t> moe_layers;      // checkpoint layer of each MoE layer (size L)
+    int32_t total_layers = 0;             // decoder layers of the checkpoint (0: built in memory)
+    int32_t num_experts = 0;              // E
+    int32_t top_k = 0;                    // K
+    int32_t hidden = 0;                   // H
+    int32_t intermediate = 0;             // I
+    Format format = Format::bf16;
+    int32_t activation = FT_ACT_SILU;
+    float swiglu_alpha = 1.702f;
+    float swiglu_limit = 7.0f;
+    RoutingSpec routing;
+    int32_t shared_intermediate = 0;      // total width of the shared expert(s); 0 = none
+    bool shared_expert_gate = false;      // out += sigmoid(gate_proj . x) * shared(x)  (Qwen3.5)
+
+    // Throws FT_ERR_INVALID_ARGUMENT (or FT_ERR_FORMAT when from_checkpoint) naming the field.
+    void validate(bool from_checkpoint) const;
+};
+
+// A dense tensor a model keeps outside the banks, in its checkpoint dtype (FT_DTYPE_*).
+struct Tensor {
+    int32_t dtype = 0;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+
+    bool empty() const { return bytes.empty(); }
+    int64_t numel() const;
+};
+
+struct LayerExtras {
+    Tensor router_weight;      // [E, H]
+    Tensor router_bias;        // [E] f32 (e_score_correction_bias)
+    Tensor shared_gate;        // [Is, H] bf16
+    Tensor shared_up;          // [Is, H] bf16
+    Tensor shared_down;        // [H, Is] bf16
+    Tensor shared_gate_proj;   // [1, H] bf16 (sigmoid gate of the shared expert)
+};
+
+class Model {
+public:
+    explicit Model(ModelSpec spec);  // validates the spec and allocates the banks
+
+    const ModelSpec &spec() const { return spec_; }
+    ExpertBanks &banks() { return banks_; }
+    const ExpertBanks &banks() const { return banks_; }
+    LayerExtras &extras(int layer) { return extras_.at(layer); }
+    const LayerExtras &extras(int layer) const { return extras_.at(layer); }
+
+    // bf16 views of expert e of MoE layer l (format bf16): gate [I,H], up [I,H], down [H,I].
+    const uint16_t *gate(int layer, int expert) const;
+    const uint16_t *up(int layer, int expert) const;
+    const uint16_t *down(int layer, int expert) const;
+
+    // MoE layer of a checkpoint layer, -1 if none.
+    int32_t moe_layer_of(int32_t model_layer) const;
+
+private:
+    ModelSpec spec_;
+    ExpertBanks banks_;
+    std::vector<LayerExtras> extras_;
+};
+
+// Routing (spec 7). logits [T, E] f32 -> ids [T, K], weights [T, K], selection order by
+// decreasing score, ties towards the lower id. `bias` ([E]) is the correction bias of
+// FT_ROUTING_SIGMOID_GROUP_TOPK (may be null). Throws FT_ERR_NON_FINITE on NaN logits.
+void route(const RoutingSpec &rule, const float *bias, int32_t num_tokens, const float *logits,
+           int32_t *ids, float *weights);
+
+}  // namespace ft

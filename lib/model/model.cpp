@@ -1,0 +1,93 @@
+#include "ft/model.hpp"
+
+#include <cmath>
+
+#include "ft/common.hpp"
+
+namespace ft {
+
+namespace {
+
+bool routing_rule_valid(int32_t rule) {
+    return rule == FT_ROUTING_SOFTMAX_TOPK || rule == FT_ROUTING_SOFTMAX_TOPK_RENORM ||
+           rule == FT_ROUTING_SIGMOID_GROUP_TOPK || rule == FT_ROUTING_TOPK_SOFTMAX;
+}
+
+bool activation_valid(int32_t act) {
+    return act == FT_ACT_SILU || act == FT_ACT_GELU || act == FT_ACT_GELU_TANH || act == FT_ACT_SWIGLU_CLAMP;
+}
+
+}  // namespace
+
+void ModelSpec::validate(bool from_checkpoint) const {
+    const ft_status code = from_checkpoint ? FT_ERR_FORMAT : FT_ERR_INVALID_ARGUMENT;
+    auto check = [&](bool ok, const char *what) {
+        if (!ok) fail(code, "model geometry: ", what);
+    };
+    check(num_layers > 0, "num_layers must be positive");
+    check(num_experts > 0, "num_experts must be positive");
+    check(top_k > 0 && top_k <= num_experts, "top_k must be in [1, num_experts]");
+    check(hidden > 0, "hidden_size must be positive");
+    check(intermediate > 0, "intermediate_size must be positive");
+    check(hidden <= (1 << 20) && intermediate <= (1 << 20), "hidden/intermediate size beyond 2^20");
+    check(num_experts <= (1 << 16), "more than 65536 experts per layer");
+    check(moe_layers.empty() || static_cast<int32_t>(moe_layers.size()) == num_layers,
+          "moe_layers must list every MoE layer");
+    check(shared_intermediate >= 0, "shared_intermediate_size must not be negative");
+    if (!activation_valid(activation)) fail(code, "unknown activation ", activation);
+    if (activation == FT_ACT_SWIGLU_CLAMP) {
+        check(std::isfinite(swiglu_alpha), "swiglu_alpha must be finite");
+        check(!(swiglu_limit <= 0.0f) && !std::isnan(swiglu_limit), "swiglu_limit must be positive");
+    }
+    if (!routing_rule_valid(routing.rule)) fail(code, "unknown routing rule ", routing.rule);
+    check(routing.num_experts == num_experts && routing.top_k == top_k, "routing spec disagrees with geometry");
+    check(std::isfinite(routing.routed_scaling_factor) && routing.routed_scaling_factor > 0.0f,
+          "routed_scaling_factor must be positive and finite");
+    if (routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK) {
+        check(routing.num_groups >= 1 && num_experts % routing.num_groups == 0,
+              "num_groups must divide num_experts");
+        check(routing.topk_groups >= 1 && routing.topk_groups <= routing.num_groups,
+              "topk_groups must be in [1, num_groups]");
+        // Each kept group must be able to supply top-k candidates between them.
+        check(static_cast<int64_t>(routing.topk_groups) * (num_experts / routing.num_groups) >= top_k,
+              "topk_groups * experts per group must be at least top_k");
+        if (routing.num_groups > 1) check(num_experts / routing.num_groups >= 2, "groups need at least 2 experts");
+    }
+}
+
+int64_t Tensor::numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return shape.empty() ? 0 : n;
+}
+
+Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
+    spec_.validate(spec_.total_layers > 0);
+    if (spec_.moe_layers.empty()) {
+        for (int32_t l = 0; l < spec_.num_layers; ++l) spec_.moe_layers.push_back(l);
+    }
+    banks_ = ExpertBanks(bank_schema(spec_.format, spec_.hidden, spec_.intermediate), spec_.num_layers,
+                         spec_.num_experts);
+    extras_.resize(static_cast<size_t>(spec_.num_layers));
+}
+
+const uint16_t *Model::gate(int layer, int expert) const {
+    return reinterpret_cast<const uint16_t *>(banks_.row(0, layer, expert));
+}
+
+const uint16_t *Model::up(int layer, int expert) const {
+    return gate(layer, expert) + static_cast<size_t>(spec_.intermediate) * spec_.hidden;
+}
+
+const uint16_t *Model::down(int layer, int expert) const {
+    return reinterpret_cast<const uint16_t *>(banks_.row(1, layer, expert));
+}
+
+int32_t Model::moe_layer_of(int32_t model_layer) const {
+    for (size_t i = 0; i < spec_.moe_layers.size(); ++i) {
+        if (spec_.moe_layers[i] == model_layer) return static_cast<int32_t>(i);
+    }
+    return -1;
+}
+
+}  // namespace ft

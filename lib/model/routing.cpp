@@ -1,0 +1,134 @@
+// Routing rules of spec section 7: router logits -> top-k expert ids and their weights.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/model.hpp"
+
+namespace ft {
+
+namespace {
+
+// Indices of the k largest scores among `candidates`, by decreasing score, ties to the lower id.
+void top_k(const std::vector<double> &score, std::vector<int32_t> &candidates, int32_t k) {
+    auto better = [&](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(), better);
+    candidates.resize(static_cast<size_t>(k));
+}
+
+void softmax_then_topk(const RoutingSpec &r, const float *logits, int32_t *ids, float *weights,
+                       std::vector<double> &score, std::vector<int32_t> &cand) {
+    const int32_t E = r.num_experts, K = r.top_k;
+    double mx = -INFINITY;
+    for (int32_t e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(logits[e]));
+    double sum = 0.0;
+    for (int32_t e = 0; e < E; ++e) sum += (score[e] = std::exp(static_cast<double>(logits[e]) - mx));
+    for (int32_t e = 0; e < E; ++e) score[e] /= sum;
+    cand.resize(static_cast<size_t>(E));
+    std::iota(cand.begin(), cand.end(), 0);
+    top_k(score, cand, K);
+    for (int32_t k = 0; k < K; ++k) {
+        ids[k] = cand[k];
+        weights[k] = static_cast<float>(score[cand[k]]);
+    }
+}
+
+// top-k of the logits, softmax over the k chosen (equal to softmax, top-k, renormalise).
+void topk_then_softmax(const RoutingSpec &r, const float *logits, int32_t *ids, float *weights,
+                       std::vector<double> &score, std::vector<int32_t> &cand) {
+    const int32_t E = r.num_experts, K = r.top_k;
+    for (int32_t e = 0; e < E; ++e) score[e] = logits[e];
+    cand.resize(static_cast<size_t>(E));
+    std::iota(cand.begin(), cand.end(), 0);
+    top_k(score, cand, K);
+    const double mx = score[cand[0]];
+    double sum = 0.0;
+    for (int32_t k = 0; k < K; ++k) sum += std::exp(score[cand[k]] - mx);
+    for (int32_t k = 0; k < K; ++k) {
+        ids[k] = cand[k];
+        weights[k] = static_cast<float>(std::exp(score[cand[k]] - mx) / sum);
+    }
+}
+
+// DeepSeek-V3 / GLM-4.x / Kimi-K2: sigmoid scores, biased selection within the best groups,
+// unbiased weights, optional renormalisation, routed scaling.
+void sigmoid_group_topk(const RoutingSpec &r, const float *bias, const float *logits, int32_t *ids,
+                        float *weights, std::vector<double> &sig, std::vector<double> &biased,
+                        std::vector<int32_t> &cand) {
+    const int32_t E = r.num_experts, K = r.top_k;
+    for (int32_t e = 0; e < E; ++e) {
+        sig[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])));
+        biased[e] = sig[e] + (bias ? static_cast<double>(bias[e]) : 0.0);
+    }
+    cand.clear();
+    if (r.num_groups > 1) {
+        const int32_t per_group = E / r.num_groups;
+        // Group score: the sum of the group's two best biased scores.
+        std::vector<double> group_score(static_cast<size_t>(r.num_groups));
+        for (int32_t g = 0; g < r.num_groups; ++g) {
+            double best = -INFINITY, second = -INFINITY;
+            for (int32_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+                if (biased[e] > best) {
+                    second = best;
+                    best = biased[e];
+                } else if (biased[e] > second) {
+                    second = biased[e];
+                }
+            }
+            group_score[g] = best + second;
+        }
+        std::vector<int32_t> groups(static_cast<size_t>(r.num_groups));
+        std::iota(groups.begin(), groups.end(), 0);
+        top_k(group_score, groups, r.topk_groups);
+        std::sort(groups.begin(), groups.end());
+        for (int32_t g : groups) {
+            for (int32_t e = g * per_group; e < (g + 1) * per_group; ++e) cand.push_back(e);
+        }
+    } else {
+        cand.resize(static_cast<size_t>(E));
+        std::iota(cand.begin(), cand.end(), 0);
+    }
+    top_k(biased, cand, K);
+    double sum = 0.0;
+    for (int32_t k = 0; k < K; ++k) sum += sig[cand[k]];
+    const double scale = r.routed_scaling_factor / (r.renormalize ? sum + 1e-20 : 1.0);
+    for (int32_t k = 0; k < K; ++k) {
+        ids[k] = cand[k];
+        weights[k] = static_cast<float>(sig[cand[k]] * scale);
+    }
+}
+
+}  // namespace
+
+void route(const RoutingSpec &r, const float *bias, int32_t num_tokens, const float *logits, int32_t *ids,
+           float *weights) {
+    const int32_t E = r.num_experts, K = r.top_k;
+    if (E <= 0 || K <= 0 || K > E) fail(FT_ERR_INVALID_ARGUMENT, "routing: top_k ", K, " of ", E, " experts");
+    if (bias) {
+        for (int32_t e = 0; e < E; ++e) {
+            if (!std::isfinite(bias[e])) fail(FT_ERR_NON_FINITE, "routing: correction bias of expert ", e, " is not finite");
+        }
+    }
+    std::vector<double> a(static_cast<size_t>(E)), b(static_cast<size_t>(E));
+    std::vector<int32_t> cand;
+    cand.reserve(static_cast<size_t>(E));
+    for (int32_t t = 0; t < num_tokens; ++t) {
+        const float *row = logits + static_cast<size_t>(t) * E;
+        for (int32_t e = 0; e < E; ++e) {
+            if (!std::isfinite(row[e])) fail(FT_ERR_NON_FINITE, "routing: logit of token ", t, ", expert ", e, " is ", row[e]);
+        }
+        int32_t *ids_t = ids + static_cast<size_t>(t) * K;
+        float *w_t = weights + static_cast<size_t>(t) * K;
+        switch (r.rule) {
+            case FT_ROUTING_SOFTMAX_TOPK: softmax_then_topk(r, row, ids_t, w_t, a, cand); break;
+            case FT_ROUTING_SOFTMAX_TOPK_RENORM:
+            case FT_ROUTING_TOPK_SOFTMAX: topk_then_softmax(r, row, ids_t, w_t, a, cand); break;
+            case FT_ROUTING_SIGMOID_GROUP_TOPK: sigmoid_group_topk(r, bias, row, ids_t, w_t, a, b, cand); break;
+            default: fail(FT_ERR_INVALID_ARGUMENT, "routing: unknown rule ", r.rule);
+        }
+    }
+}
+
+}  // namespace ft

@@ -1,0 +1,106 @@
+// Engine (machine context), loaded-model wrapper and decode session: the C++ objects behind the
+// ft_engine, ft_model and ft_session handles.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "freetoken.h"
+#include "ft/cpu.hpp"
+#include "ft/cuda_device.hpp"
+#include "ft/loader.hpp"
+#include "ft/model.hpp"
+#include "ft/selector.hpp"
+
+namespace ft {
+
+class Engine {
+public:
+    explicit Engine(const ft_engine_params &params);
+
+    int32_t device() const { return device_; }  // FT_DEVICE_NONE without a GPU
+    const std::string &device_name() const { return device_name_; }
+    cpu::Isa isa() const { return isa_; }
+    int32_t physical_cores() const { return physical_cores_; }
+    cpu::ThreadPool &pool() { return *pool_; }
+    MachineCaps caps() const;
+
+private:
+    int32_t device_ = FT_DEVICE_NONE;
+    std::string device_name_;
+    cpu::Isa isa_;
+    int32_t physical_cores_ = 0;
+    std::unique_ptr<cpu::ThreadPool> pool_;
+};
+
+// A model plus the page-locking of its banks for the engine's GPU. The registrations are
+// released before the banks they cover are unmapped (member order).
+class LoadedModel {
+public:
+    LoadedModel(Engine &engine, std::unique_ptr<Model> model);
+    static std::unique_ptr<LoadedModel> load(Engine &engine, const std::string &path, const ft_model_load_params &p);
+
+    Engine &engine() { return engine_; }
+    Model &model() { return *model_; }
+    const Model &model() const { return *model_; }
+    bool finalized() const { return finalized_; }
+    uint64_t pinned_bytes() const;
+
+    // Expert-by-expert building (ft_model_create path).
+    void set_expert(int32_t layer, int32_t expert, int32_t proj, const void *data, size_t nbytes);
+    void set_router_bias(int32_t layer, const float *bias, int32_t n);
+    void finalize();  // checks completeness, pins, freezes
+
+private:
+    // Page-locks every bank of `layer` for the engine's GPU; a failure only warns (the CPU
+    // reads pageable memory as well).
+    void pin_banks(Model &model, int32_t layer);
+
+
+    Engine &engine_;
+    std::unique_ptr<Model> model_;
+    std::vector<uint8_t> written_;  // [layer][expert][proj] for the building path
+    bool finalized_ = false;
+    mutable std::mutex pin_mutex_;
+    bool pin_warned_ = false;
+    std::vector<cuda::HostRegistration> pins_;  // destroyed before model_
+    uint64_t pinned_bytes_ = 0;
+};
+
+struct DecodeCall {
+    int32_t layer = 0;
+    int32_t num_tokens = 0;
+    const uint16_t *hidden = nullptr;
+    const int32_t *ids = nullptr;
+    const float *weights = nullptr;
+    uint16_t *out = nullptr;
+};
+
+// A backend computes the routed experts of one decode call. One per session.
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual void decode(const DecodeCall &call, ft_session_stats &stats) = 0;
+};
+
+class Session {
+public:
+    Session(LoadedModel &model, const ft_session_params &params);
+
+    int32_t backend() const { return backend_; }
+    void route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights);
+    void decode(const DecodeCall &call);
+    const ft_session_stats &stats() const { return stats_; }
+    void reset_stats();
+
+private:
+    LoadedModel &model_;
+    ft_session_params params_;
+    int32_t backend_ = FT_BACKEND_CPU;
+    std::unique_ptr<Backend> impl_;
+    ft_session_stats stats_{};
+};
+
+}  // namespace ft

@@ -1,0 +1,140 @@
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "ft/common.hpp"
+#include "ft/session.hpp"
+
+namespace ft {
+
+namespace {
+
+// Every routed expert computed by the CPU straight from the host banks.
+class CpuBackend final : public Backend {
+public:
+    CpuBackend(Engine &engine, const Model &model, const ft_session_params &p)
+        : model_(model),
+          executor_(engine.pool(), model.spec().hidden, model.spec().intermediate, model.spec().top_k, p.max_tokens,
+                    cpu::ActivationSpec{model.spec().activation, model.spec().swiglu_alpha, model.spec().swiglu_limit},
+                    p.shared_experts ? model.spec().shared_intermediate : 0, engine.isa()) {
+        const ModelSpec &s = model.spec();
+        if (p.shared_experts) {
+            if (s.shared_intermediate <= 0) fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but the model has no shared expert");
+            for (int32_t l = 0; l < s.num_layers; ++l) {
+                const LayerExtras &x = model.extras(l);
+                if (x.shared_gate.empty() || x.shared_up.empty() || x.shared_down.empty())
+                    fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but MoE layer ", l, " has no shared expert weights");
+                cpu::SharedExpertView v;
+                v.gate = reinterpret_cast<const uint16_t *>(x.shared_gate.bytes.data());
+                v.up = reinterpret_cast<const uint16_t *>(x.shared_up.bytes.data());
+                v.down = reinterpret_cast<const uint16_t *>(x.shared_down.bytes.data());
+                v.intermediate = s.shared_intermediate;
+                v.gate_proj = s.shared_expert_gate && !x.shared_gate_proj.empty()
+                                  ? reinterpret_cast<const uint16_t *>(x.shared_gate_proj.bytes.data())
+                                  : nullptr;
+                shared_.push_back(v);
+            }
+        }
+    }
+
+    void decode(const DecodeCall &c, ft_session_stats &stats) override {
+        const ExpertBanks &banks = model_.banks();
+        cpu::ExpertSource src;
+        src.gate_up_base = banks.layer_base(0, c.layer);
+        src.gate_up_row_bytes = banks.row_bytes(0);
+        src.down_base = banks.layer_base(1, c.layer);
+        src.down_row_bytes = banks.row_bytes(1);
+        src.num_experts = model_.spec().num_experts;
+        const auto t0 = std::chrono::steady_clock::now();
+        const cpu::MoeStats s = executor_.run(src, shared_.empty() ? nullptr : &shared_[c.layer], c.num_tokens, c.hidden,
+                                              c.ids, c.weights, c.out);
+        stats.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats.routes_cpu += s.routes_computed;
+        stats.routes_skipped += s.routes_skipped;
+        stats.experts_cpu += s.experts_read;
+        stats.cpu_bytes += s.bytes_read;
+    }
+
+private:
+    const Model &model_;
+    cpu::MoeExecutor executor_;
+    std::vector<cpu::SharedExpertView> shared_;
+};
+
+bool bf16_finite(uint16_t v) { return (v & 0x7f80u) != 0x7f80u; }
+
+bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+    return pa < pb + bn && pb < pa + an;
+}
+
+}  // namespace
+
+Session::Session(LoadedModel &model, const ft_session_params &params) : model_(model), params_(params) {
+    if (!model.finalized()) fail(FT_ERR_STATE, "the model is not finalized (call ft_model_finalize first)");
+    if (params_.max_tokens < 1 || params_.max_tokens > 65536)
+        fail(FT_ERR_INVALID_ARGUMENT, "max_tokens must be in [1, 65536], got ", params_.max_tokens);
+    const BackendChoice choice = select_backend(params_.backend, model.engine().caps(), model.model().spec());
+    backend_ = choice.backend;
+    log(FT_LOG_INFO, "session: backend ", backend_name(backend_), " (", choice.reason, ")");
+    switch (backend_) {
+        case FT_BACKEND_CPU: impl_ = std::make_unique<CpuBackend>(model.engine(), model.model(), params_); break;
+        default: fail(FT_ERR_INTERNAL, "selected backend ", backend_, " has no implementation");
+    }
+    reset_stats();
+}
+
+void Session::reset_stats() {
+    std::memset(&stats_, 0, sizeof stats_);
+    stats_.struct_size = sizeof stats_;
+}
+
+void Session::route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights) {
+    const Model &m = model_.model();
+    const ModelSpec &s = m.spec();
+    if (layer < 0 || layer >= s.num_layers) fail(FT_ERR_INVALID_ARGUMENT, "layer ", layer, " out of range [0, ", s.num_layers, ")");
+    if (num_tokens < 0) fail(FT_ERR_INVALID_ARGUMENT, "num_tokens must not be negative");
+    if (num_tokens == 0) return;
+    if (!logits || !ids || !weights) fail(FT_ERR_INVALID_ARGUMENT, "logits, expert_ids and expert_weights must not be NULL");
+    const Tensor &bias = m.extras(layer).router_bias;
+    const float *b = nullptr;
+    if (s.routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK && !bias.empty()) b = reinterpret_cast<const float *>(bias.bytes.data());
+    ft::route(s.routing, b, num_tokens, logits, ids, weights);
+}
+
+void Session::decode(const DecodeCall &c) {
+    const ModelSpec &s = model_.model().spec();
+    if (c.layer < 0 || c.layer >= s.num_layers)
+        fail(FT_ERR_INVALID_ARGUMENT, "layer ", c.layer, " out of range [0, ", s.num_layers, ")");
+    if (c.num_tokens < 1 || c.num_tokens > params_.max_tokens)
+        fail(FT_ERR_INVALID_ARGUMENT, "num_tokens ", c.num_tokens, " out of range [1, ", params_.max_tokens,
+             "] (max_tokens of the session)");
+    if (!c.hidden || !c.ids || !c.weights || !c.out)
+        fail(FT_ERR_INVALID_ARGUMENT, "hidden, expert_ids, expert_weights and out must not be NULL");
+    const size_t act_bytes = static_cast<size_t>(c.num_tokens) * s.hidden * sizeof(uint16_t);
+    if (overlaps(c.hidden, act_bytes, c.out, act_bytes)) fail(FT_ERR_INVALID_ARGUMENT, "out overlaps hidden");
+
+    const int32_t K = s.top_k;
+    for (int32_t t = 0; t < c.num_tokens; ++t) {
+        for (int32_t k = 0; k < K; ++k) {
+            const int32_t id = c.ids[static_cast<size_t>(t) * K + k];
+            if (id >= s.num_experts)
+                fail(FT_ERR_INVALID_ARGUMENT, "expert id ", id, " at token ", t, " route ", k, " is out of range [0, ", s.num_experts,
+                     ") (negative ids mean: computed elsewhere)");
+            if (id >= 0 && params_.check_finite && !std::isfinite(c.weights[static_cast<size_t>(t) * K + k]))
+                fail(FT_ERR_NON_FINITE, "routing weight at token ", t, " route ", k, " is ", c.weights[static_cast<size_t>(t) * K + k]);
+        }
+    }
+    if (params_.check_finite) {
+        const size_t n = static_cast<size_t>(c.num_tokens) * s.hidden;
+        for (size_t i = 0; i < n; ++i) {
+            if (!bf16_finite(c.hidden[i]))
+                fail(FT_ERR_NON_FINITE, "hidden state of token ", i / s.hidden, " channel ", i % s.hidden, " is not finite");
+        }
+    }
+    impl_->decode(c, stats_);
+    stats_.decode_calls += 1;
+    stats_.tokens += static_cast<uint64_t>(c.num_tokens);
+}
+
+}  // namespace ft

@@ -1,0 +1,154 @@
+/* The ABI seen from C: struct sizes and offsets are pinned (a change here is an ABI break and
+ * needs a new major version), old callers with a smaller struct_size get defaults for what they
+ * do not know, output structs are written only up to struct_size, and bad handles/arguments are
+ * answered with statuses. */
+#include <freetoken.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#if UINTPTR_MAX == 0xffffffffffffffffu
+_Static_assert(sizeof(ft_engine_params) == 16, "ft_engine_params layout");
+_Static_assert(offsetof(ft_engine_params, pin_threads) == 12, "ft_engine_params layout");
+_Static_assert(sizeof(ft_model_load_params) == 24, "ft_model_load_params layout");
+_Static_assert(offsetof(ft_model_load_params, progress_user_data) == 16, "ft_model_load_params layout");
+_Static_assert(sizeof(ft_model_desc) == 60, "ft_model_desc layout");
+_Static_assert(offsetof(ft_model_desc, routing) == 40, "ft_model_desc layout");
+_Static_assert(offsetof(ft_model_desc, renormalize) == 56, "ft_model_desc layout");
+_Static_assert(sizeof(ft_session_params) == 16, "ft_session_params layout");
+_Static_assert(offsetof(ft_session_params, shared_experts) == 12, "ft_session_params layout");
+_Static_assert(offsetof(ft_session_params, check_finite) == 13, "ft_session_params layout");
+_Static_assert(sizeof(ft_build_info) == 48, "ft_build_info layout");
+_Static_assert(offsetof(ft_build_info, cuda_archs) == 16, "ft_build_info layout");
+_Static_assert(sizeof(ft_engine_info) == 32, "ft_engine_info layout");
+_Static_assert(sizeof(ft_model_info) == 104, "ft_model_info layout");
+_Static_assert(offsetof(ft_model_info, expert_bytes) == 72, "ft_model_info layout");
+_Static_assert(offsetof(ft_model_info, architecture) == 88, "ft_model_info layout");
+_Static_assert(sizeof(ft_tensor_view) == 64, "ft_tensor_view layout");
+_Static_assert(sizeof(ft_session_stats) == 64, "ft_session_stats layout");
+_Static_assert(offsetof(ft_session_stats, cpu_seconds) == 56, "ft_session_stats layout");
+#endif
+
+static int failures = 0, checks = 0;
+#define EXPECT(cond)                                                            \
+    do {                                                                        \
+        ++checks;                                                               \
+        if (!(cond)) {                                                          \
+            ++failures;                                                         \
+            fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                       \
+    } while (0)
+
+static uint16_t bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+int main(void) {
+    char err[256];
+    ft_engine *engine = NULL;
+    ft_model *model = NULL;
+    ft_session *session = NULL;
+
+    EXPECT(ft_version_number() == FT_VERSION_NUMBER);
+    EXPECT(strcmp(ft_status_string(FT_ERR_FORMAT), "FT_ERR_FORMAT") == 0);
+    EXPECT(strcmp(ft_status_string(12345), "FT_ERR_UNKNOWN") == 0);
+
+    /* struct_size 0 is refused, with a message, and no handle. */
+    ft_engine_params ep;
+    ft_engine_params_init(&ep);
+    ep.struct_size = 0;
+    engine = (ft_engine *)&ep;
+    EXPECT(ft_engine_create(&ep, &engine, err, sizeof err) == FT_ERR_INVALID_ARGUMENT);
+    EXPECT(engine == NULL);
+    EXPECT(strstr(err, "struct_size") != NULL);
+
+    /* An old caller that knows only struct_size and device gets defaults for the rest. */
+    ft_engine_params_init(&ep);
+    ep.struct_size = offsetof(ft_engine_params, cpu_threads);
+    ep.device = FT_DEVICE_NONE;
+    ep.cpu_threads = -77; /* beyond the old struct: must be ignored */
+    EXPECT(ft_engine_create(&ep, &engine, err, sizeof err) == FT_OK);
+    if (!engine) return 1;
+
+    ft_engine_info ei;
+    ei.struct_size = sizeof ei;
+    EXPECT(ft_engine_get_info(engine, &ei) == FT_OK);
+    EXPECT(ei.device == FT_DEVICE_NONE);
+    EXPECT(ei.cpu_threads >= 1);
+
+    ft_model_desc d;
+    ft_model_desc_init(&d);
+    d.num_layers = 1;
+    d.num_experts = 4;
+    d.top_k = 2;
+    d.hidden_size = 64;
+    d.intermediate_size = 32;
+    EXPECT(ft_model_create(engine, &d, &model, err, sizeof err) == FT_OK);
+    if (!model) return 1;
+    uint16_t w[64 * 32];
+    for (int i = 0; i < 64 * 32; ++i) w[i] = bf16(0.05f * (float)((i * 37) % 17 - 8));
+    for (int e = 0; e < 4; ++e)
+        for (int p = FT_PROJ_GATE; p <= FT_PROJ_DOWN; ++p) EXPECT(ft_model_set_expert(model, 0, e, p, w, sizeof w) == FT_OK);
+    EXPECT(ft_model_finalize(model) == FT_OK);
+
+    /* Old session caller: knows backend and max_tokens only; check_finite defaults to on. */
+    ft_session_params sp;
+    ft_session_params_init(&sp);
+    sp.struct_size = offsetof(ft_session_params, shared_experts);
+    sp.max_tokens = 2;
+    sp.check_finite = false;
+    EXPECT(ft_session_create(model, &sp, &session, err, sizeof err) == FT_OK);
+    if (!session) return 1;
+    EXPECT(ft_session_backend(session) == FT_BACKEND_CPU);
+
+    uint16_t x[2 * 64], y[2 * 64];
+    for (int i = 0; i < 2 * 64; ++i) x[i] = bf16(0.1f * (float)(i % 7) - 0.3f);
+    int32_t ids[4] = {0, 3, 2, -1};
+    float wts[4] = {0.6f, 0.4f, 1.0f, 0.0f};
+    EXPECT(ft_decode(session, 0, 2, x, ids, wts, y) == FT_OK);
+    x[5] = 0x7fc0; /* NaN */
+    EXPECT(ft_decode(session, 0, 2, x, ids, wts, y) == FT_ERR_NON_FINITE);
+    EXPECT(strlen(ft_session_last_error(session)) > 0);
+    EXPECT(ft_decode(session, 0, 3, x, ids, wts, y) == FT_ERR_INVALID_ARGUMENT); /* > max_tokens */
+
+    /* Output structs are written only up to struct_size. */
+    struct {
+        ft_session_stats stats;
+        unsigned char canary[8];
+    } box;
+    memset(&box, 0xAB, sizeof box);
+    box.stats.struct_size = offsetof(ft_session_stats, tokens);
+    EXPECT(ft_session_get_stats(session, &box.stats) == FT_OK);
+    EXPECT(box.stats.decode_calls == 1);
+    EXPECT(box.stats.struct_size == offsetof(ft_session_stats, tokens));
+    {
+        const unsigned char *tail = (const unsigned char *)&box.stats + offsetof(ft_session_stats, tokens);
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof box.stats - offsetof(ft_session_stats, tokens); ++i) untouched &= tail[i] == 0xAB;
+        EXPECT(untouched);
+    }
+
+    /* NULL handles and frees. */
+    EXPECT(ft_decode(NULL, 0, 1, x, ids, wts, y) == FT_ERR_INVALID_ARGUMENT);
+    EXPECT(ft_model_get_info(NULL, NULL) == FT_ERR_INVALID_ARGUMENT);
+    EXPECT(ft_build_info_get(NULL) == FT_ERR_INVALID_ARGUMENT);
+    ft_session_free(NULL);
+    ft_model_free(NULL);
+    ft_engine_free(NULL);
+
+    ft_build_info bi;
+    bi.struct_size = sizeof bi;
+    EXPECT(ft_build_info_get(&bi) == FT_OK);
+    EXPECT(bi.version_number == FT_VERSION_NUMBER);
+    EXPECT(bi.cpu_isa != NULL && strlen(bi.cpu_isa) > 0);
+    EXPECT(bi.onednn_version != NULL && bi.onednn_version[0] >= '1' && bi.onednn_version[0] <= '9');
+
+    ft_session_free(session);
+    ft_model_free(model);
+    ft_engine_free(engine);
+    printf("%d passed, %d failed\n", checks - failures, failures);
+    return failures ? 1 : 0;
+}

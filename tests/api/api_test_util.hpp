@@ -1,0 +1,72 @@
+// Helpers of the API tests: RAII handles, random data, temporary directories.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "freetoken.h"
+#include "moe_reference.hpp"
+
+namespace ft::apitest {
+
+struct EngineDeleter { void operator()(ft_engine *e) const { ft_engine_free(e); } };
+struct ModelDeleter { void operator()(ft_model *m) const { ft_model_free(m); } };
+struct SessionDeleter { void operator()(ft_session *s) const { ft_session_free(s); } };
+using EnginePtr = std::unique_ptr<ft_engine, EngineDeleter>;
+using ModelPtr = std::unique_ptr<ft_model, ModelDeleter>;
+using SessionPtr = std::unique_ptr<ft_session, SessionDeleter>;
+
+inline EnginePtr make_engine(int threads = 2) {
+    ft_engine_params p;
+    ft_engine_params_init(&p);
+    p.cpu_threads = threads;
+    p.pin_threads = false;  // tests share the machine with other tests
+    ft_engine *e = nullptr;
+    char err[256];
+    EXPECT_EQ(ft_engine_create(&p, &e, err, sizeof err), FT_OK) << err;
+    return EnginePtr(e);
+}
+
+inline SessionPtr make_session(ft_model *m, int max_tokens = 64, bool shared = false) {
+    ft_session_params p;
+    ft_session_params_init(&p);
+    p.max_tokens = max_tokens;
+    p.shared_experts = shared;
+    ft_session *s = nullptr;
+    char err[256];
+    EXPECT_EQ(ft_session_create(m, &p, &s, err, sizeof err), FT_OK) << err;
+    return SessionPtr(s);
+}
+
+inline std::vector<uint16_t> random_bf16(std::mt19937 &rng, size_t n, float scale) {
+    std::uniform_real_distribution<float> u(-scale, scale);
+    std::vector<uint16_t> v(n);
+    for (auto &x : v) x = testing::f32_to_bf16_rne(u(rng));
+    return v;
+}
+
+class TempDir {
+public:
+    TempDir() {
+        char tmpl[] = "/tmp/ft-test-XXXXXX";
+        const char *p = mkdtemp(tmpl);
+        path_ = p ? p : "/tmp";
+    }
+    ~TempDir() {
+        const std::string cmd = "rm -rf '" + path_ + "'";
+        if (std::system(cmd.c_str()) != 0) {
+        }
+    }
+    const std::string &path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+}  // namespace ft::apitest

@@ -1,0 +1,233 @@
+// Whole checkpoints that are broken in one way each: the load must fail with the right status and
+// a message naming the file or tensor, never crash or misread.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "ft/loader.hpp"
+#include "ft/safetensors.hpp"
+#include "ft/synth.hpp"
+#include "loader_test_util.hpp"
+
+namespace ft {
+namespace {
+
+using synth::RawTensor;
+using synth::Spec;
+using test::expect_error;
+using test::ScratchDir;
+
+// Rewrites dir/model.safetensors after `edit` has changed its tensor list.
+void rewrite(const ScratchDir &dir, const std::function<void(std::vector<RawTensor> &)> &edit) {
+    std::vector<RawTensor> ts;
+    {
+        SafetensorsFile f(dir / "model.safetensors");
+        for (const std::string &n : f.names()) {
+            const TensorInfo *t = f.find(n);
+            ts.push_back({n, st_dtype_name(t->dtype), t->shape,
+                          std::vector<uint8_t>(f.data(*t), f.data(*t) + t->nbytes())});
+        }
+    }
+    edit(ts);
+    synth::write_safetensors(dir / "model.safetensors", ts);
+}
+
+RawTensor &tensor(std::vector<RawTensor> &ts, const std::string &name) {
+    for (RawTensor &t : ts)
+        if (t.name == name) return t;
+    throw std::runtime_error("test bug: no tensor " + name);
+}
+
+Spec small(const char *arch = "qwen3_moe") {
+    Spec s;
+    s.architecture = arch;
+    s.seed = 77;
+    if (std::string(arch) == "deepseek_v3") s.shared_intermediate = s.intermediate;
+    return s;
+}
+
+TEST(HostileCheckpoint, MissingExpertTensor) {
+    ScratchDir dir;
+    synth::write_checkpoint(dir.path(), small());
+    rewrite(dir, [](std::vector<RawTensor> &ts) {
+        ts.erase(std::find_if(ts.begin(), ts.end(),
+                              [](const RawTensor &t) { return t.name == "model.layers.1.mlp.experts.3.up_proj.weight"; }));
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                 {"missing tensor 'model.layers.1.mlp.experts.3.up_proj.weight'"});
+}
+
+TEST(HostileCheckpoint, FewerExpertsThanConfigSays) {
+    ScratchDir dir;
+    Spec s = small();
+    synth::write_checkpoint(dir.path(), s);
+    std::string cfg = test::read_file(dir / "config.json");
+    const std::string from = "\"num_experts\": 8", to = "\"num_experts\": 9";
+    ASSERT_NE(cfg.find(from), std::string::npos);
+    cfg.replace(cfg.find(from), from.size(), to);
+    test::write_file(dir / "config.json", cfg);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"experts.8."});
+}
+
+TEST(HostileCheckpoint, WrongExpertShape) {
+    ScratchDir dir;
+    Spec s = small();
+    synth::write_checkpoint(dir.path(), s);
+    rewrite(dir, [&](std::vector<RawTensor> &ts) {
+        tensor(ts, "model.layers.0.mlp.experts.5.down_proj.weight").shape = {s.intermediate, s.hidden};
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                 {"model.layers.0.mlp.experts.5.down_proj.weight", "expected shape [64, 24]", "got [24, 64]"});
+}
+
+TEST(HostileCheckpoint, UnsupportedExpertDtype) {
+    ScratchDir dir;
+    synth::write_checkpoint(dir.path(), small());
+    rewrite(dir, [](std::vector<RawTensor> &ts) { tensor(ts, "model.layers.1.mlp.experts.2.gate_proj.weight").dtype = "I16"; });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_UNSUPPORTED,
+                 {"model.layers.1.mlp.experts.2.gate_proj.weight", "I16"});
+}
+
+TEST(HostileCheckpoint, AmbiguousFusedLayout) {
+    ScratchDir dir;
+    Spec s = small();
+    s.layout = Spec::Layout::fused;
+    s.hidden = 64;
+    s.intermediate = 32;  // [E, 2I, H] == [E, H, 2I]
+    synth::write_checkpoint(dir.path(), s);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                 {"model.layers.0.mlp.experts.gate_up_proj", "ambiguous"});
+}
+
+TEST(HostileCheckpoint, InconsistentFusedLayout) {
+    ScratchDir dir;
+    Spec s = small();
+    s.layout = Spec::Layout::fused;
+    synth::write_checkpoint(dir.path(), s);
+    // down_proj claims the transposed orientation while gate_up_proj is the plain one.
+    rewrite(dir, [&](std::vector<RawTensor> &ts) {
+        tensor(ts, "model.layers.1.mlp.experts.down_proj").shape = {s.num_experts, s.intermediate, s.hidden};
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"model.layers.1.mlp.experts.down_proj", "inconsistent"});
+
+    synth::write_checkpoint(dir.path(), s);
+    rewrite(dir, [&](std::vector<RawTensor> &ts) {
+        tensor(ts, "model.layers.0.mlp.experts.gate_up_proj").shape = {s.num_experts, s.intermediate, 2 * s.hidden};
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                 {"model.layers.0.mlp.experts.gate_up_proj", "expected shape"});
+
+    synth::write_checkpoint(dir.path(), s);
+    rewrite(dir, [&](std::vector<RawTensor> &ts) {
+        ts.erase(std::find_if(ts.begin(), ts.end(),
+                              [](const RawTensor &t) { return t.name == "model.layers.1.mlp.experts.down_proj"; }));
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"missing tensor 'model.layers.1.mlp.experts.down_proj'"});
+}
+
+TEST(HostileCheckpoint, FusedAndPerExpertInOneLayer) {
+    ScratchDir dir;
+    Spec s = small();
+    synth::write_checkpoint(dir.path(), s);
+    rewrite(dir, [&](std::vector<RawTensor> &ts) {
+        ts.push_back({"model.layers.0.mlp.experts.gate_up_proj", "BF16", {1, 2}, {1, 2, 3, 4}});
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"layer 0", "both fused"});
+}
+
+TEST(HostileCheckpoint, MissingRouterAndCorrectionBias) {
+    ScratchDir dir;
+    synth::write_checkpoint(dir.path(), small("deepseek_v3"));
+    rewrite(dir, [](std::vector<RawTensor> &ts) {
+        ts.erase(std::find_if(ts.begin(), ts.end(), [](const RawTensor &t) {
+            return t.name == "model.layers.1.mlp.gate.e_score_correction_bias";
+        }));
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                 {"model.layers.1.mlp.gate.e_score_correction_bias", "correction bias"});
+
+    synth::write_checkpoint(dir.path(), small("deepseek_v3"));
+    rewrite(dir, [](std::vector<RawTensor> &ts) {
+        ts.erase(std::find_if(ts.begin(), ts.end(),
+                              [](const RawTensor &t) { return t.name == "model.layers.0.mlp.shared_experts.up_proj.weight"; }));
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"model.layers.0.mlp.shared_experts.up_proj.weight"});
+
+    synth::write_checkpoint(dir.path(), small());
+    rewrite(dir, [](std::vector<RawTensor> &ts) {
+        ts.erase(std::find_if(ts.begin(), ts.end(), [](const RawTensor &t) { return t.name == "model.layers.0.mlp.gate.weight"; }));
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"model.layers.0.mlp.gate.weight", "router"});
+}
+
+TEST(HostileCheckpoint, NoDecoderLayers) {
+    ScratchDir dir;
+    synth::write_checkpoint(dir.path(), small());
+    rewrite(dir, [](std::vector<RawTensor> &ts) {
+        for (RawTensor &t : ts) t.name = "backbone." + t.name;
+    });
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"no decoder layer"});
+}
+
+class ShardedCheckpoint : public ::testing::Test {
+protected:
+    void SetUp() override {
+        Spec s = small();
+        s.num_layers = 3;
+        s.shards = 3;
+        synth::write_checkpoint(dir.path(), s);
+    }
+    std::string shard(int i) const { return dir / ("model-0000" + std::to_string(i) + "-of-00003.safetensors"); }
+    ScratchDir dir;
+};
+
+TEST_F(ShardedCheckpoint, TruncatedShard) {
+    const auto size = std::filesystem::file_size(shard(2));
+    std::filesystem::resize_file(shard(2), size - 100);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"model-00002-of-00003.safetensors", "truncated"});
+    std::filesystem::resize_file(shard(2), 6);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"model-00002-of-00003.safetensors", "too short"});
+}
+
+TEST_F(ShardedCheckpoint, MissingShardFile) {
+    std::filesystem::remove(shard(3));
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_IO, {"model-00003-of-00003.safetensors", "missing"});
+}
+
+TEST_F(ShardedCheckpoint, IndexEscapingTheDirectory) {
+    std::string index = test::read_file(dir / "model.safetensors.index.json");
+    const std::string from = "\"model-00002-of-00003.safetensors\"";
+    const size_t at = index.find(from);
+    ASSERT_NE(at, std::string::npos);
+    index.replace(at, from.size(), "\"../x\"");
+    test::write_file(dir / "model.safetensors.index.json", index);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"'../x'", "plain file name"});
+}
+
+TEST_F(ShardedCheckpoint, CorruptHeaderInOneShard) {
+    // Overwrite the first header bytes of shard 1 (the JSON opening) with garbage.
+    {
+        FILE *f = std::fopen(shard(1).c_str(), "r+b");
+        ASSERT_NE(f, nullptr);
+        std::fseek(f, 8, SEEK_SET);
+        std::fputs("#!", f);
+        std::fclose(f);
+    }
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"model-00001-of-00003.safetensors", "not valid JSON"});
+}
+
+TEST(HostileCheckpoint, ConfigProblemsSurfaceThroughLoad) {
+    ScratchDir dir;
+    synth::write_checkpoint(dir.path(), small());
+    test::write_file(dir / "config.json", "{\"model_type\": \"qwen3_moe\"");
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"config.json"});
+    test::write_file(dir / "config.json", R"({"model_type": "gpt_neox"})");
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_UNSUPPORTED, {"gpt_neox"});
+    std::filesystem::remove(dir / "config.json");
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_IO, {"config.json"});
+}
+
+}  // namespace
+}  // namespace ft
