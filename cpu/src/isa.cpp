@@ -2,6 +2,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -112,6 +113,22 @@ std::vector<int> physical_core_cpus() {
         if (seen.insert(siblings).second) reps.push_back(c);
     }
     return reps;
+}
+
+size_t last_level_cache_bytes() {
+    size_t best = 0;
+    for (int i = 0; i < 16; ++i) {
+        std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+        std::string v;
+        if (!f || !std::getline(f, v) || v.empty()) break;
+        size_t n = static_cast<size_t>(std::strtoull(v.c_str(), nullptr, 10));
+        const char unit = v.back();
+        if (unit == 'K') n <<= 10;
+        else if (unit == 'M') n <<= 20;
+        else if (unit == 'G') n <<= 30;
+        best = std::max(best, n);
+    }
+    return best;
 }
 
 }  // namespace ft::cpu

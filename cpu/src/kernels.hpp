@@ -21,4 +21,11 @@ void gemv_avx512(const uint16_t *w, size_t ldw, int rows, int cols, const uint16
 void gemv_avx512bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,
                      int ntok, float *out, size_t ldo);
 
+// Memory read probes: sum the 64-bit words of [p, p + bytes) (bytes a multiple of 64 * streams),
+// reading `streams` equal contiguous parts in lockstep (more misses in flight per core) and
+// prefetching `prefetch` bytes ahead in each (0 = none). The sum only keeps the loads alive.
+uint64_t read_sum_sse2(const uint8_t *p, size_t bytes, int streams, int prefetch);
+uint64_t read_sum_avx2(const uint8_t *p, size_t bytes, int streams, int prefetch);
+uint64_t read_sum_avx512(const uint8_t *p, size_t bytes, int streams, int prefetch);
+
 }  // namespace ft::cpu::detail

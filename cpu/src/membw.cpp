@@ -1,41 +1,58 @@
-#include <emmintrin.h>
-
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <new>
 #include <vector>
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
+#include "kernels.hpp"
 
 namespace ft::cpu {
 
-double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes) {
-    std::vector<long long> sink(static_cast<size_t>(pool.size()) * 8);  // a cache line per worker
+namespace {
+
+using ReadFn = uint64_t (*)(const uint8_t *, size_t, int, int);
+
+#if !defined(FT_CPU_X86_KERNELS)
+uint64_t read_sum_portable(const uint8_t *p, size_t bytes, int, int) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        uint64_t v;
+        std::memcpy(&v, p + i, 8);
+        sum += v;
+    }
+    return sum;
+}
+#endif
+
+ReadFn read_kernel(Isa isa) {
+#if defined(FT_CPU_X86_KERNELS)
+    if (isa >= Isa::avx512) return detail::read_sum_avx512;
+    if (isa >= Isa::avx2) return detail::read_sum_avx2;
+    return detail::read_sum_sse2;
+#else
+    return read_sum_portable;
+#endif
+}
+
+}  // namespace
+
+double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe probe) {
+    const ReadFn fn = read_kernel(default_isa());
+    const size_t n = static_cast<size_t>(pool.size());
+    const size_t unit = 64 * static_cast<size_t>(std::max(probe.streams, 1));
+    const size_t chunk = bytes / n / unit * unit;
+    std::vector<uint64_t> sink(n * 8);  // a cache line per worker
     const auto t0 = std::chrono::steady_clock::now();
-    pool.run([&](int w, int nw) {
-        const size_t chunk = bytes / static_cast<size_t>(nw) / 64 * 64;
-        const __m128i *a = reinterpret_cast<const __m128i *>(data + chunk * w);
-        const __m128i *e = reinterpret_cast<const __m128i *>(data + chunk * (w + 1));
-        // Four independent sums keep enough loads in flight to saturate memory.
-        __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
-        for (; a < e; a += 4) {
-            s0 = _mm_add_epi64(s0, _mm_load_si128(a));
-            s1 = _mm_add_epi64(s1, _mm_load_si128(a + 1));
-            s2 = _mm_add_epi64(s2, _mm_load_si128(a + 2));
-            s3 = _mm_add_epi64(s3, _mm_load_si128(a + 3));
-        }
-        s0 = _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3));
-        sink[static_cast<size_t>(w) * 8] = _mm_cvtsi128_si64(s0);
-    });
+    pool.run([&](int w, int) { sink[static_cast<size_t>(w) * 8] = fn(data + chunk * w, chunk, probe.streams, probe.prefetch); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Publishing the sums keeps the compiler from dropping the loads.
-    volatile long long keep = 0;
-    for (long long v : sink) keep = keep + v;
+    volatile uint64_t keep = 0;
+    for (uint64_t v : sink) keep = keep + v;
     (void)keep;
-    const size_t read = bytes / static_cast<size_t>(pool.size()) / 64 * 64 * static_cast<size_t>(pool.size());
-    return static_cast<double>(read) / s;
+    return static_cast<double>(chunk * n) / s;
 }
 
 double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes) {
@@ -46,8 +63,15 @@ double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes) {
         const size_t a = bytes * w / nw, b = bytes * (w + 1) / nw;
         for (size_t i = a; i < b; ++i) buf[i] = static_cast<uint8_t>(i * 131u + 7u);
     });
+    // The bound is the best read these cores reach: one or several streams per core, with and
+    // without software prefetch (which of them wins depends on the CPU).
     double best = 0.0;
-    for (int i = 0; i < std::max(passes, 1); ++i) best = std::max(best, read_pass(pool, buf, bytes));
+    for (int streams : {1, 4, 8}) {
+        for (int prefetch : {0, 512, 1024}) {
+            for (int i = 0; i < std::max(passes, 1); ++i)
+                best = std::max(best, read_pass(pool, buf, bytes, ReadProbe{streams, prefetch}));
+        }
+    }
     std::free(buf);
     return best;
 }

@@ -39,6 +39,10 @@ bool isa_from_name(const char *name, Isa *out);
 // thread_siblings_list); all allowed CPUs when the topology cannot be read.
 std::vector<int> physical_core_cpus();
 
+// Size in bytes of the largest CPU cache (sysfs), 0 if unknown. Working sets that must come
+// from DRAM have to be several times larger.
+size_t last_level_cache_bytes();
+
 // ---- worker pool -----------------------------------------------------------------------------
 
 // Persistent workers that sleep on a condition variable between jobs (after a short spin, so that
@@ -100,14 +104,21 @@ int onednn_threads();
 
 // ---- memory read bandwidth -------------------------------------------------------------------
 
-// One STREAM-style pass: every worker of `pool` sums its contiguous share of [data, data+bytes)
-// with 128-bit loads (baseline x86-64, so every CPU runs the same loop). Returns bytes/s.
-double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes);
+// How a read pass walks memory: each worker reads its contiguous share as `streams` parts in
+// lockstep, prefetching `prefetch` bytes ahead (0 = none).
+struct ReadProbe {
+    int streams = 1;
+    int prefetch = 0;
+};
 
-// Read bandwidth of `pool` in bytes/s: the best of `passes` read_pass calls over a fresh buffer of
-// `bytes` (choose it well above the last-level cache), filled by the same workers first so its
-// pages sit near them.
-double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes = 5);
+// One STREAM-style pass: every worker of `pool` sums its share of [data, data + bytes) with the
+// widest loads of default_isa(). Returns bytes/s.
+double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe probe = {});
+
+// Read bandwidth of `pool` in bytes/s: the best read_pass over a fresh buffer of `bytes` (choose
+// it well above the last-level cache), filled by the same workers first so its pages sit near
+// them, over several stream counts and prefetch distances, `passes` times each.
+double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes = 2);
 
 // ---- MoE executor ----------------------------------------------------------------------------
 
