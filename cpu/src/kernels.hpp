@@ -21,11 +21,12 @@ void gemv_avx512(const uint16_t *w, size_t ldw, int rows, int cols, const uint16
 void gemv_avx512bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,
                      int ntok, float *out, size_t ldo);
 
-// Memory read probes: sum the 64-bit words of [p, p + bytes) (bytes a multiple of 64 * streams),
-// reading `streams` equal contiguous parts in lockstep (more misses in flight per core) and
-// prefetching `prefetch` bytes ahead in each (0 = none). The sum only keeps the loads alive.
-uint64_t read_sum_sse2(const uint8_t *p, size_t bytes, int streams, int prefetch);
-uint64_t read_sum_avx2(const uint8_t *p, size_t bytes, int streams, int prefetch);
-uint64_t read_sum_avx512(const uint8_t *p, size_t bytes, int streams, int prefetch);
+// Memory read probes: sum the 64-bit words of [p, p + bytes), reading `streams` parts in
+// lockstep (more misses in flight per core): parts `stride` bytes apart, or equal contiguous
+// slices when stride is 0; prefetching `prefetch` bytes ahead in each (0 = none). The sum only
+// keeps the loads alive. Bytes past the last whole tile are not read.
+uint64_t read_sum_sse2(const uint8_t *p, size_t bytes, int streams, size_t stride, int prefetch);
+uint64_t read_sum_avx2(const uint8_t *p, size_t bytes, int streams, size_t stride, int prefetch);
+uint64_t read_sum_avx512(const uint8_t *p, size_t bytes, int streams, size_t stride, int prefetch);
 
 }  // namespace ft::cpu::detail

@@ -13,10 +13,10 @@ namespace ft::cpu {
 
 namespace {
 
-using ReadFn = uint64_t (*)(const uint8_t *, size_t, int, int);
+using ReadFn = uint64_t (*)(const uint8_t *, size_t, int, size_t, int);
 
 #if !defined(FT_CPU_X86_KERNELS)
-uint64_t read_sum_portable(const uint8_t *p, size_t bytes, int, int) {
+uint64_t read_sum_portable(const uint8_t *p, size_t bytes, int, size_t, int) {
     uint64_t sum = 0;
     for (size_t i = 0; i + 8 <= bytes; i += 8) {
         uint64_t v;
@@ -42,11 +42,11 @@ ReadFn read_kernel(Isa isa) {
 double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe probe) {
     const ReadFn fn = read_kernel(default_isa());
     const size_t n = static_cast<size_t>(pool.size());
-    const size_t unit = 64 * static_cast<size_t>(std::max(probe.streams, 1));
+    const size_t unit = static_cast<size_t>(std::max(probe.streams, 1)) * (probe.stride ? probe.stride : 64);
     const size_t chunk = bytes / n / unit * unit;
     std::vector<uint64_t> sink(n * 8);  // a cache line per worker
     const auto t0 = std::chrono::steady_clock::now();
-    pool.run([&](int w, int) { sink[static_cast<size_t>(w) * 8] = fn(data + chunk * w, chunk, probe.streams, probe.prefetch); });
+    pool.run([&](int w, int) { sink[static_cast<size_t>(w) * 8] = fn(data + chunk * w, chunk, probe.streams, probe.stride, probe.prefetch); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Publishing the sums keeps the compiler from dropping the loads.
     volatile uint64_t keep = 0;
@@ -63,13 +63,17 @@ double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes) {
         const size_t a = bytes * w / nw, b = bytes * (w + 1) / nw;
         for (size_t i = a; i < b; ++i) buf[i] = static_cast<uint8_t>(i * 131u + 7u);
     });
-    // The bound is the best read these cores reach: one or several streams per core, with and
-    // without software prefetch (which of them wins depends on the CPU).
+    // The bound is the best read these cores reach: one or several streams per core, far apart
+    // or close together (as the rows of a weight matrix are), with and without software prefetch;
+    // which shape wins depends on the CPU.
     double best = 0.0;
     for (int streams : {1, 4, 8}) {
-        for (int prefetch : {0, 512, 1024}) {
-            for (int i = 0; i < std::max(passes, 1); ++i)
-                best = std::max(best, read_pass(pool, buf, bytes, ReadProbe{streams, prefetch}));
+        for (size_t stride : {size_t{0}, size_t{4096}, size_t{16384}}) {
+            if (streams == 1 && stride) continue;
+            for (int prefetch : {0, 512, 1024}) {
+                for (int i = 0; i < std::max(passes, 1); ++i)
+                    best = std::max(best, read_pass(pool, buf, bytes, ReadProbe{streams, stride, prefetch}));
+            }
         }
     }
     std::free(buf);

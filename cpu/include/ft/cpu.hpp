@@ -105,9 +105,11 @@ int onednn_threads();
 // ---- memory read bandwidth -------------------------------------------------------------------
 
 // How a read pass walks memory: each worker reads its contiguous share as `streams` parts in
-// lockstep, prefetching `prefetch` bytes ahead (0 = none).
+// lockstep, the parts `stride` bytes apart (0: equal contiguous slices of the share),
+// prefetching `prefetch` bytes ahead (0 = none).
 struct ReadProbe {
     int streams = 1;
+    size_t stride = 0;
     int prefetch = 0;
 };
 
