@@ -4,6 +4,7 @@
 // (ratio_to_read). Flags (removed before Google Benchmark sees argv):
 //   --short            small windows (also FT_BENCH_SHORT=1), for CI-sized machines
 //   --threads=N        pool size (default: one per physical core; also FT_BENCH_THREADS)
+// FT_BENCH_WINDOW_MB sets the window size in MiB.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -25,7 +26,13 @@ using Clock = std::chrono::steady_clock;
 bool g_short = false;
 int g_threads = 0;
 
-size_t window_bytes() { return g_short ? (size_t(256) << 20) : (size_t(2) << 30); }
+// FT_BENCH_WINDOW_MB overrides, e.g. to check that a larger window does not change the result
+// (a last-level cache that keeps part of a cyclic scan would make small windows look faster).
+size_t window_bytes() {
+    const std::string mb = ft::env_string("FT_BENCH_WINDOW_MB");
+    if (!mb.empty()) return size_t(std::max(64L, std::atol(mb.c_str()))) << 20;
+    return g_short ? (size_t(256) << 20) : (size_t(2) << 30);
+}
 
 ft::cpu::ThreadPool &pool() {
     static ft::cpu::ThreadPool p(g_threads, true);
