@@ -31,6 +31,23 @@ public:
     }
     int32_t opt_int(const char *name, int32_t def) const { return has(name) ? to_int(name) : def; }
 
+    // The first of `names` present (checkpoints of one family name some fields two ways, e.g.
+    // DeepSeek's inference configs say dim / n_layers where transformers says hidden_size /
+    // num_hidden_layers). nullptr when none is.
+    const char *first_of(std::initializer_list<const char *> names) const {
+        for (const char *n : names)
+            if (has(n)) return n;
+        return nullptr;
+    }
+    int32_t req_int_any(std::initializer_list<const char *> names) const {
+        if (const char *n = first_of(names)) return to_int(n);
+        fail(FT_ERR_FORMAT, where_, ": required field '", *names.begin(), "' is missing");
+    }
+    int32_t opt_int_any(std::initializer_list<const char *> names, int32_t def) const {
+        const char *n = first_of(names);
+        return n ? to_int(n) : def;
+    }
+
     double opt_number(const char *name, double def) const {
         if (!has(name)) return def;
         const json &v = obj_.at(name);
@@ -100,6 +117,7 @@ std::string model_type_from_architectures(const json &cfg) {
     if (a == "MixtralForCausalLM") return "mixtral";
     if (a == "DeepseekV3ForCausalLM") return "deepseek_v3";
     if (a == "Glm4MoeForCausalLM") return "glm4_moe";
+    if (a == "GptOssForCausalLM") return "gpt_oss";
     return "";
 }
 
@@ -116,6 +134,65 @@ std::vector<int32_t> qwen_moe_layers(const Fields &f, const std::string &where, 
         if (!dense && num_experts > 0 && (l + 1) % step == 0) out.push_back(l);
     }
     return out;
+}
+
+// The expert format a config declares: quantization_config in config.json (block FP8, ModelOpt,
+// MXFP4) or ModelOpt's separate hf_quant_config.json; bf16 when neither says anything. The loader
+// checks the declaration against the tensors it finds.
+Format declared_format(const json &cfg, const json &fields, const std::string &dir, const std::string &where) {
+    const json *qc = nullptr;
+    for (const json *obj : {&cfg, &fields}) {
+        auto it = obj->find("quantization_config");
+        if (it != obj->end() && !it->is_null()) {
+            qc = &*it;
+            break;
+        }
+    }
+    if (qc) {
+        if (!qc->is_object()) fail(FT_ERR_FORMAT, where, ": field 'quantization_config' must be an object");
+        const Fields q(*qc, where + " (quantization_config)");
+        const std::string method = q.opt_string("quant_method", "");
+        if (method == "fp8") {
+            // Only 128 x 128 block scales are served; per-tensor or per-channel FP8 is another format.
+            auto bs = qc->find("weight_block_size");
+            if (bs == qc->end() || *bs != json::array({128, 128}))
+                fail(FT_ERR_UNSUPPORTED, where, ": quantization_config: FP8 without weight_block_size [128, 128] "
+                     "is not supported (got ", bs == qc->end() ? std::string("none") : bs->dump(), ")");
+            return Format::fp8_block;
+        }
+        if (method == "mxfp4") return Format::mxfp4;
+        if (method == "modelopt") {
+            std::string algo = q.opt_string("quant_algo", "");
+            auto inner = qc->find("quantization");
+            if (algo.empty() && inner != qc->end() && inner->is_object())
+                algo = Fields(*inner, where + " (quantization_config.quantization)").opt_string("quant_algo", "");
+            if (algo == "NVFP4") return Format::nvfp4;
+            fail(FT_ERR_UNSUPPORTED, where, ": quantization_config: ModelOpt quant_algo '", algo,
+                 "' is not supported (NVFP4)");
+        }
+        fail(FT_ERR_UNSUPPORTED, where, ": quantization_config: quant_method '", method,
+             "' is not supported (fp8 with 128 x 128 blocks, modelopt NVFP4, mxfp4)");
+    }
+    const std::string hq = dir + "/hf_quant_config.json";
+    std::ifstream in(hq, std::ios::binary);
+    if (!in) return Format::bf16;
+    std::ostringstream text;
+    text << in.rdbuf();
+    json h;
+    try {
+        h = json::parse(text.str());
+    } catch (const json::exception &e) {
+        fail(FT_ERR_FORMAT, hq, ": not valid JSON: ", e.what());
+    }
+    auto qz = h.is_object() ? h.find("quantization") : h.end();
+    if (!h.is_object() || qz == h.end() || !qz->is_object())
+        fail(FT_ERR_FORMAT, hq, ": missing object 'quantization'");
+    const Fields q(*qz, hq + " (quantization)");
+    const std::string algo = q.opt_string("quant_algo", "");
+    if (algo != "NVFP4") fail(FT_ERR_UNSUPPORTED, hq, ": quant_algo '", algo, "' is not supported (NVFP4)");
+    const int32_t group = q.opt_int("group_size", 16);
+    if (group != 16) fail(FT_ERR_FORMAT, hq, ": NVFP4 group_size ", group, " (must be 16)");
+    return Format::nvfp4;
 }
 
 }  // namespace
@@ -154,15 +231,17 @@ ModelSpec read_model_config(const std::string &dir) {
     if (model_type.empty()) fail(FT_ERR_FORMAT, path, ": required field 'model_type' is missing");
 
     static const char *const supported[] = {"qwen3_moe",   "qwen3_5_moe",      "qwen3_5_moe_text", "qwen3_6_moe",
-                                            "qwen3_6_moe_text", "mixtral", "deepseek_v3",  "kimi_k2", "glm4_moe"};
+                                            "qwen3_6_moe_text", "mixtral", "deepseek_v3",  "kimi_k2", "glm4_moe",
+                                            "gpt_oss", "deepseek_v4"};
     if (std::find(std::begin(supported), std::end(supported), model_type) == std::end(supported))
         fail(FT_ERR_UNSUPPORTED, path, ": model_type '", model_type,
-             "' is not supported (qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe)");
+             "' is not supported (qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, "
+             "deepseek_v4)");
 
     ModelSpec spec;
-    spec.hidden = f.req_int("hidden_size");
-    spec.total_layers = f.req_int("num_hidden_layers");
-    spec.top_k = f.req_int("num_experts_per_tok");
+    spec.hidden = f.req_int_any({"hidden_size", "dim"});
+    spec.total_layers = f.req_int_any({"num_hidden_layers", "n_layers"});
+    spec.top_k = f.req_int_any({"num_experts_per_tok", "experts_per_token", "n_activated_experts"});
     spec.activation = parse_activation(f.opt_string("hidden_act", "silu"), where);
     if (spec.total_layers <= 0) fail(FT_ERR_FORMAT, where, ": field 'num_hidden_layers' must be positive");
 
@@ -227,9 +306,63 @@ ModelSpec read_model_config(const std::string &dir) {
         } else {
             fail(FT_ERR_UNSUPPORTED, where, ": scoring_func '", scoring, "' is not supported (sigmoid, softmax)");
         }
+    } else if (model_type == "gpt_oss") {
+        // Every layer is MoE; experts use the clamped SwiGLU with alpha 1.702 and biases; the router
+        // takes the top-k logits (plus its bias) and softmaxes over those k.
+        spec.architecture = "gpt_oss";
+        spec.num_experts = f.req_int("num_local_experts");
+        spec.intermediate = f.req_int("intermediate_size");
+        spec.activation = FT_ACT_SWIGLU_CLAMP;
+        spec.swiglu_alpha = 1.702f;
+        spec.swiglu_limit = static_cast<float>(f.opt_number("swiglu_limit", 7.0));
+        r.rule = FT_ROUTING_TOPK_SOFTMAX;
+        for (int32_t l = 0; l < spec.total_layers; ++l) spec.moe_layers.push_back(l);
+    } else if (model_type == "deepseek_v4") {
+        // Field names as transformers writes them, or as DeepSeek's own inference configs do
+        // (moe_inter_dim, n_dense_layers, score_func, route_scale, ...). Routed experts are ds_fp4
+        // whatever quantization_config says (it describes the other weights).
+        spec.architecture = "deepseek_v4";
+        spec.format = Format::ds_fp4;
+        spec.num_experts = f.req_int("n_routed_experts");
+        spec.intermediate = f.req_int_any({"moe_intermediate_size", "moe_inter_dim"});
+        const int32_t first_dense = f.opt_int_any({"first_k_dense_replace", "n_dense_layers"}, 0);
+        if (first_dense < 0) fail(FT_ERR_FORMAT, where, ": field 'first_k_dense_replace' must not be negative");
+        // MTP layers (index >= num_hidden_layers) are skipped.
+        for (int32_t l = first_dense; l < spec.total_layers; ++l) spec.moe_layers.push_back(l);
+        // The experts' SwiGLU clamps gate and up at swiglu_limit (0 or absent: no clamp). The ds_fp4
+        // kernels apply it with FT_ACT_SILU; there is no separate public activation for it.
+        spec.activation = FT_ACT_SILU;
+        spec.swiglu_limit = static_cast<float>(f.opt_number("swiglu_limit", 0.0));
+        r.num_groups = f.opt_int_any({"n_group", "n_expert_groups"}, 1);
+        r.topk_groups = f.opt_int_any({"topk_group", "n_limited_groups"}, 1);
+        const char *scale_field = f.first_of({"routed_scaling_factor", "route_scale"});
+        r.routed_scaling_factor = static_cast<float>(scale_field ? f.opt_number(scale_field, 1.0) : 1.0);
+        const char *score_field = f.first_of({"scoring_func", "score_func"});
+        const std::string scoring = score_field ? f.opt_string(score_field, "") : "sqrtsoftplus";
+        if (scoring == "softmax") {
+            r.rule = FT_ROUTING_SOFTMAX_TOPK;  // DeepSeek-V4 does not renormalise softmax weights
+            r.num_groups = r.topk_groups = 1;
+        } else if (scoring == "sigmoid" || scoring == "sqrtsoftplus") {
+            r.rule = FT_ROUTING_SIGMOID_GROUP_TOPK;
+            r.renormalize = true;
+            if (scoring == "sqrtsoftplus")
+                log(FT_LOG_WARN, where, ": score function sqrtsoftplus is not implemented by ft_route (it "
+                    "applies sigmoid scoring); pass the routed ids and weights to ft_decode");
+        } else {
+            fail(FT_ERR_UNSUPPORTED, where, ": score function '", scoring,
+                 "' is not supported (softmax, sigmoid, sqrtsoftplus)");
+        }
+        const int32_t hash_layers = f.opt_int("n_hash_layers", 0);
+        if (hash_layers > 0)
+            log(FT_LOG_INFO, where, ": the first ", hash_layers, " MoE layers route by token id (tid2eid); the "
+                "caller supplies their expert ids");
+        // The shared expert is FP8 with its own scales; FreeToken serves routed experts only here.
+        if (f.opt_int("n_shared_experts", 0) > 0)
+            log(FT_LOG_INFO, where, ": the DeepSeek-V4 shared expert is not loaded (the host computes it)");
     } else {
         fail(FT_ERR_INTERNAL, path, ": model_type '", model_type, "' accepted but not handled");
     }
+    if (model_type != "deepseek_v4") spec.format = declared_format(cfg, *fields_obj, dir, where);
 
     if (spec.moe_layers.empty()) fail(FT_ERR_FORMAT, where, ": the configuration has no MoE layers");
     spec.num_layers = static_cast<int32_t>(spec.moe_layers.size());

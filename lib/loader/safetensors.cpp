@@ -34,6 +34,7 @@ constexpr DtypeEntry kDtypes[] = {
     {"F64", StDtype::F64, 8},         {"I8", StDtype::I8, 1},           {"U8", StDtype::U8, 1},
     {"I16", StDtype::I16, 2},         {"I32", StDtype::I32, 4},         {"I64", StDtype::I64, 8},
     {"F8_E4M3", StDtype::F8_E4M3, 1}, {"F8_E5M2", StDtype::F8_E5M2, 1}, {"BOOL", StDtype::BOOL, 1},
+    {"F8_E8M0", StDtype::F8_E8M0, 1},
 };
 
 std::string errno_text() { return std::strerror(errno); }

@@ -1,5 +1,6 @@
-// Expert weight formats: the banks each format stores per expert (spec 3.1) and their sizes.
-// Every format's scalar reference dequantisation lives here too, in one place.
+// Expert weight formats: the banks each format stores per expert (spec 3.1) and their sizes,
+// plus the reference dequantisation of a whole projection from those banks. The element and row
+// numerics live in ft/dequant.hpp (one place for every format).
 #pragma once
 
 #include <cstddef>
@@ -11,12 +12,33 @@
 
 namespace ft {
 
-enum class Format : int32_t { bf16 = FT_FORMAT_BF16 };
+// Internal format ids. bf16 equals FT_FORMAT_BF16; the others are the values the public
+// FT_FORMAT_* constants will take once kernels exist for them (fixed, never reused).
+enum class Format : int32_t {
+    bf16 = FT_FORMAT_BF16,  // 1
+    fp8_block = 2,          // e4m3fn weights, bf16 scale_inv per 128 x 128 tile (DeepSeek-V3, Qwen3.5-FP8)
+    nvfp4 = 3,              // ModelOpt NVFP4: e2m1, e4m3 scale per 16, fp16 global per output row
+    mxfp4 = 4,              // gpt-oss MXFP4: transposed e2m1 blocks, e8m0 scale per 32 along K, bf16 bias
+    ds_fp4 = 5,             // DeepSeek-V4: e2m1, e8m0 scale per 32, row-major
+    q4_0 = 6,               // GGUF Q4_0: 18-byte blocks of 32
+};
 
 const char *format_name(Format f);
-// Parses "bf16"; throws FT_ERR_INVALID_ARGUMENT for unknown names.
+// Parses "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"; throws FT_ERR_INVALID_ARGUMENT
+// for anything else.
 Format parse_format(const std::string &name);
+// True for the values the C API accepts today (FT_FORMAT_* in freetoken.h: bf16 only, until the
+// CPU kernels of the other formats land and the lead publishes their constants).
 bool format_valid(int32_t value);
+// True for every internal Format value above.
+bool format_known(int32_t value);
+
+// The multiple that H and I must be for `f` (its block along the reduction dimension; for
+// fp8_block the 128 x 128 tile, for ds_fp4 the 128-element activation FP8 group). bf16: 1.
+// Partial last blocks are not supported in any format (see ft/dequant.hpp).
+int format_block(Format f);
+// Empty when (H, I) suits `f`, else a sentence saying which dimension breaks which block.
+std::string format_geometry_error(Format f, int64_t hidden, int64_t intermediate);
 
 // One bank of a format: `row_bytes` bytes per expert, the same in every layer.
 struct BankSpec {
@@ -24,10 +46,39 @@ struct BankSpec {
     size_t row_bytes = 0;
 };
 
-// Banks in registration order. bf16: gate_up [2I, H] (gate rows first, then up rows), down [H, I].
+// Banks in registration order (spec 3.1), per expert ("row"):
+//   bf16       0 gate_up [2I, H] bf16 (gate rows, then up rows)   1 down [H, I] bf16
+//   fp8_block  0 gate_up [2I, H] e4m3       1 gate_up_scale [2I/128, H/128] bf16 scale_inv
+//              2 down [H, I] e4m3           3 down_scale [H/128, I/128] bf16
+//   nvfp4      0 gate_up_packed [2I, H/2] u8   1 gate_up_scale [2I, H/16] e4m3
+//              2 gate_up_global [2I] fp16 (gate rows keep w1's weight_scale_2, up rows w3's)
+//              3 down_packed [H, I/2] u8       4 down_scale [H, I/16] e4m3   5 down_global [H] fp16
+//   mxfp4      0 gate_up_blocks [H/2, 2I] u8 (N innermost; column 2j = gate unit j, 2j+1 = up unit j)
+//              1 gate_up_scales [H/32, 2I] e8m0   2 gate_up_bias [2I] bf16 (interleaved the same way)
+//              3 down_blocks [I/2, H] u8          4 down_scales [I/32, H] e8m0   5 down_bias [H] bf16
+//   ds_fp4     0 gate_up_packed [2I, H/2] u8   1 gate_up_scale [2I, H/32] e8m0
+//              2 down_packed [H, I/2] u8       3 down_scale [H, I/32] e8m0
+//   q4_0       0 gate_up [2I, (H/32)*18] u8 (GGUF blocks)   1 down [H, (I/32)*18] u8
+// Every format but mxfp4 fuses gate/up by output rows: rows [0, I) gate, [I, 2I) up.
+// Throws FT_ERR_INVALID_ARGUMENT when H or I is not a multiple of format_block(f).
 std::vector<BankSpec> bank_schema(Format f, int64_t hidden, int64_t intermediate);
+
+// Index of bank `name` in f's schema, -1 if the format has none.
+int bank_index(Format f, const std::string &name);
 
 // Bytes of one expert across all banks of the format.
 size_t expert_bytes(Format f, int64_t hidden, int64_t intermediate);
+
+// Reference dequantisation of one projection of one expert. `rows[b]` points at the expert's row
+// in bank b (schema order). proj: FT_PROJ_GATE / FT_PROJ_UP -> out [I, H], FT_PROJ_DOWN ->
+// out [H, I], row-major fp32 (for mxfp4 the gate/up units are de-interleaved: gate row j is
+// gate_up column 2j). Biases are not included; see projection_bias.
+void dequant_projection(Format f, const uint8_t *const *rows, int64_t hidden, int64_t intermediate, int proj,
+                        float *out);
+
+// The per-output bias of a projection (mxfp4 only: gate/up [I], down [H]); false if the format
+// has no biases (out untouched).
+bool projection_bias(Format f, const uint8_t *const *rows, int64_t hidden, int64_t intermediate, int proj,
+                     float *out);
 
 }  // namespace ft

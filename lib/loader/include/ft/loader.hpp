@@ -14,7 +14,12 @@ namespace ft {
 
 // Reads <dir>/config.json. Supported model_type values: qwen3_moe, qwen3_5_moe (and the
 // Qwen3.5/3.6 variants qwen3_5_moe_text, qwen3_6_moe, qwen3_6_moe_text; fields may be nested
-// under text_config), mixtral, deepseek_v3, kimi_k2, glm4_moe.
+// under text_config), mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss (clamped SwiGLU, top-k
+// softmax routing), deepseek_v4 (ds_fp4 experts; DeepSeek inference-config field names accepted).
+// spec.format is what quantization_config (or ModelOpt's hf_quant_config.json) declares: fp8
+// with weight_block_size [128, 128] -> fp8_block, modelopt NVFP4 -> nvfp4, mxfp4 -> mxfp4,
+// nothing -> bf16; other methods are FT_ERR_UNSUPPORTED. load_checkpoint checks it against the
+// tensors.
 // FT_ERR_IO if the file cannot be read, FT_ERR_FORMAT for malformed JSON or a missing or wrongly
 // typed field (named), FT_ERR_UNSUPPORTED for an unknown model_type or activation (named).
 // Optional fields take the defaults of the matching transformers config class.
@@ -33,11 +38,19 @@ struct LoadOptions {
     std::function<void(Model &model)> on_model_allocated;
 };
 
-// Loads every MoE layer's routed experts and extras of the checkpoint in `dir`.
-// Expert tensors are accepted per expert (experts.{e}.gate_proj.weight ..., Mixtral's w1/w3/w2)
+// Loads every MoE layer's routed experts and extras of the checkpoint at `path`: a Hugging Face
+// directory, a .gguf file, or a directory without config.json holding exactly one .gguf file.
+// bf16 experts are accepted per expert (experts.{e}.gate_proj.weight ..., Mixtral's w1/w3/w2)
 // or pre-fused (experts.gate_up_proj [E, 2I, H] / experts.down_proj [E, H, I], or their
 // transposes [E, H, 2I] / [E, I, H]), in BF16 (copied verbatim) or F16/F32 (rounded to bf16).
-// Errors: see ft_model_load in freetoken.h; messages name the file and tensor.
-std::unique_ptr<Model> load_checkpoint(const std::string &dir, const LoadOptions &opts = {});
+// Quantised experts (spec.format is set from the tensors found): block-FP8 per expert
+// (weight F8_E4M3 + weight_scale_inv BF16/F32 [N/128, K/128]; a quantised shared expert is
+// dequantised to bf16), ModelOpt NVFP4 per expert (weight U8 [N, K/2], weight_scale F8_E4M3
+// [N, K/16], weight_scale_2 scalar broadcast per output row as fp16), gpt-oss MXFP4
+// (experts.{gate_up_proj,down_proj}_{blocks,scales,bias}, transposed into the banks), DeepSeek-V4
+// (layers.{l}.ffn.experts.{e}.{w1,w2,w3}.{weight,scale}). GGUF: see read_gguf_config.
+// H and I must be whole blocks of the format (no partial blocks); e8m0 scale bytes of 255 are
+// rejected. Errors: see ft_model_load in freetoken.h; messages name the file and tensor.
+std::unique_ptr<Model> load_checkpoint(const std::string &path, const LoadOptions &opts = {});
 
 }  // namespace ft

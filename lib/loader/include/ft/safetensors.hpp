@@ -16,7 +16,8 @@
 
 namespace ft {
 
-enum class StDtype : int32_t { BF16, F16, F32, F64, I8, U8, I16, I32, I64, F8_E4M3, F8_E5M2, BOOL };
+// F8_E8M0 is the pure-exponent scale type of MX formats (DeepSeek-V4 scales).
+enum class StDtype : int32_t { BF16, F16, F32, F64, I8, U8, I16, I32, I64, F8_E4M3, F8_E5M2, BOOL, F8_E8M0 };
 
 const char *st_dtype_name(StDtype d);
 size_t st_dtype_size(StDtype d);

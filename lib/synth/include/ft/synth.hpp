@@ -11,7 +11,9 @@
 namespace ft::synth {
 
 struct Spec {
-    std::string architecture = "qwen3_moe";  // qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe
+    // qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss (mxfp4 only),
+    // deepseek_v4 (ds_fp4 only).
+    std::string architecture = "qwen3_moe";
     // per_expert: experts.{e}.gate_proj.weight ... (Mixtral: block_sparse_moe.experts.{e}.w1 ...);
     // fused: experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I];
     // fused_transposed: experts.gate_up_proj [E, H, 2I] and experts.down_proj [E, I, H].
@@ -33,6 +35,32 @@ struct Spec {
     uint64_t seed = 1;
     std::string expert_dtype = "BF16";   // dtype of routed and shared expert tensors: BF16, F16, F32
     bool mtp_layer = false;              // a full MoE layer at index num_layers, as DeepSeek-V3/GLM ship
+
+    // Expert format (ft::parse_format names), written in the real layout of its releases:
+    //   bf16       the tensors above in expert_dtype;
+    //   fp8_block  experts.{e}.{gate,up,down}_proj.{weight F8_E4M3, weight_scale_inv [N/128, K/128]}
+    //              (and the shared expert likewise), quantization_config quant_method fp8 [128, 128];
+    //   nvfp4      ModelOpt: .{weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 [],
+    //              input_scale F32 []}, quantization_config modelopt NVFP4 (or hf_quant_config.json);
+    //   mxfp4      gpt_oss: experts.{gate_up_proj,down_proj}_{blocks [E, N, K/32, 16], scales [E, N, K/32],
+    //              bias [E, N] BF16}, mlp.router.{weight,bias};
+    //   ds_fp4     deepseek_v4: layers.{l}.ffn.experts.{e}.{w1,w3,w2}.{weight I8 [N, K/2], scale [N, K/32]};
+    //   q4_0       GGUF only (write_gguf).
+    // Scales are drawn from ranges real quantisers produce (no e4m3 NaN, no e8m0 255).
+    std::string format = "bf16";
+    std::string fp8_scale_dtype = "F32";   // weight_scale_inv: F32 (DeepSeek-V3) or BF16 (Qwen3.5-FP8)
+    std::string e8m0_dtype = "F8_E8M0";    // ds_fp4 scales: F8_E8M0 or U8
+    bool declare_quantization = true;      // write quantization_config (false: only the tensors tell)
+    bool hf_quant_config_file = false;     // nvfp4: declare in hf_quant_config.json instead
+    bool drop_weight_scale_2 = false;      // nvfp4: omit weight_scale_2 (a malformed export, for tests)
+
+    // GGUF (write_gguf): gguf must be true so the accessors agree on the layer numbering
+    // (first_dense = leading_dense_block_count). Experts are Q4_0 (format q4_0) or expert_dtype
+    // (format bf16: BF16, F16 or F32 GGUF tensors).
+    bool gguf = false;
+    std::string gguf_arch = "qwen3moe";    // general.architecture
+    bool gguf_fused_gate_up = false;       // blk.{l}.ffn_gate_up_exps.weight instead of gate + up
+    uint32_t gguf_alignment = 32;          // written as general.alignment when not 32
 };
 
 // Checkpoint layer index of each MoE layer, as the config written for `s` says.
@@ -55,6 +83,74 @@ std::vector<float> router_bias(const Spec &s, int moe_layer);
 std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj);
 // Qwen3.5's shared_expert_gate [1, H] (bf16 bits).
 std::vector<uint16_t> shared_gate_weight(const Spec &s, int moe_layer);
+
+// ---- any format ------------------------------------------------------------------------------
+// The exact bytes the loader must place in bank `bank` (a name of ft::bank_schema(format)) for
+// `expert` of MoE layer `moe_layer`: computed from what was written, re-laid-out by the spec's
+// rules (fusion by rows, mxfp4 transposition, nvfp4 global broadcast), independently of the loader.
+std::vector<uint8_t> bank_row(const Spec &s, int moe_layer, int expert, const std::string &bank);
+// The dequantised weights of one projection ([I, H] gate/up, [H, I] down), by the scalar
+// reference (ft::dequant_projection) over bank_row.
+std::vector<float> expert_dequant(const Spec &s, int moe_layer, int expert, int proj);
+// mxfp4 biases of one projection ([I] gate/up, [H] down); empty for formats without biases.
+std::vector<float> expert_bias(const Spec &s, int moe_layer, int expert, int proj);
+
+// ---- GGUF files -------------------------------------------------------------------------------
+
+// Builds GGUF v3 files byte by byte, with every field reachable so tests can write valid files
+// and then break exactly one thing. Values are little-endian.
+class GgufWriter {
+public:
+    // Metadata. `type` is the GGUF value type id; the value bytes are written as given.
+    void kv_raw(const std::string &key, uint32_t type, const std::vector<uint8_t> &value);
+    void kv_u32(const std::string &key, uint32_t v);
+    void kv_i32(const std::string &key, int32_t v);
+    void kv_u64(const std::string &key, uint64_t v);
+    void kv_f32(const std::string &key, float v);
+    void kv_f64(const std::string &key, double v);
+    void kv_bool(const std::string &key, bool v);
+    void kv_string(const std::string &key, const std::string &v);
+    void kv_strings(const std::string &key, const std::vector<std::string> &v);  // array of strings
+    void kv_f32s(const std::string &key, const std::vector<float> &v);           // array of float32
+    // A tensor; dims innermost first (ggml order), data placed at the next aligned offset.
+    void tensor(const std::string &name, const std::vector<uint64_t> &dims, uint32_t ggml_type,
+                std::vector<uint8_t> data);
+    void set_alignment(uint32_t a) { alignment_ = a; }  // layout only; add general.alignment yourself
+
+    // File offsets of fields in the built file, for tests that corrupt one of them.
+    struct Layout {
+        std::vector<uint64_t> key_pos;       // per kv: its key length field
+        std::vector<uint64_t> info_pos;      // per tensor: its name length field
+        std::vector<uint64_t> n_dims_pos, dims_pos, type_pos, offset_pos;  // per tensor
+        uint64_t data_start = 0;
+    };
+    std::vector<uint8_t> build(Layout *layout = nullptr) const;
+    void write(const std::string &path, Layout *layout = nullptr) const;
+
+private:
+    struct Kv {
+        std::string key;
+        uint32_t type;
+        std::vector<uint8_t> value;
+    };
+    struct Tensor {
+        std::string name;
+        std::vector<uint64_t> dims;
+        uint32_t type;
+        std::vector<uint8_t> data;
+    };
+    std::vector<Kv> kvs_;
+    std::vector<Tensor> tensors_;
+    uint32_t alignment_ = 32;
+};
+
+// Writes a GGUF MoE model for `s` (s.gguf must be true): general.architecture = s.gguf_arch and
+// its block_count, embedding_length, expert_count, expert_used_count, expert_feed_forward_length,
+// leading_dense_block_count, expert_weights_norm keys; routed experts per MoE layer
+// (blk.{l}.ffn_{gate,up,down}_exps.weight or ffn_gate_up_exps) in Q4_0 or bf16/f16/f32,
+// routers blk.{l}.ffn_gate_inp.weight (BF16), plus a few unrelated tensors and metadata arrays as
+// real files carry. Throws ft::Error.
+void write_gguf(const std::string &path, const Spec &s);
 
 // ---- raw safetensors files ------------------------------------------------------------------
 

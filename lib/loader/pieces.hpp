@@ -1,0 +1,71 @@
+// Internal to ft_loader: the unit of work of checkpoint loading. A plan (built by a format's
+// planner before any byte is read, so every error comes first) is a list of pieces; execute()
+// runs them on parallel readers, each piece pread-ing or converting at most kPieceBytes of one
+// source tensor straight into its place (a bank row or an extra tensor) with no intermediate copy
+// of the whole tensor.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ft/loader.hpp"
+
+namespace ft::load {
+
+constexpr uint64_t kPieceBytes = 8ull << 20;
+
+// Element types a piece reads (safetensors and GGUF sources map onto these).
+enum class Src { BF16, F16, F32, U8 };
+size_t src_size(Src s);
+
+// What a piece does with its source bytes.
+enum class Op {
+    copy,           // bytes verbatim (pread); with check_e8m0, then rejects any 255 byte
+    to_bf16,        // f16 / f32 elements -> bf16, rounded to nearest even
+    to_f32,         // bf16 / f16 / f32 elements -> f32
+    transpose,      // rows [row_begin, row_end) of a [rows, cols] matrix -> columns of a [cols, rows] bf16 matrix
+    transpose_u8,   // the same for bytes, verbatim (mxfp4 blocks and scales); honours check_e8m0
+    broadcast_f16,  // one bf16/f16/f32 scalar -> dst_bytes / 2 copies as IEEE half
+    fp8_to_bf16,    // rows [row_begin, row_end) of an e4m3 [rows, cols] matrix times its 128x128
+                    // scale_inv tiles (second source, bf16/f32 [rows/128, cols/128]) -> bf16
+};
+
+// Where a piece reads from: an open, mapped file.
+struct Source {
+    int fd = -1;
+    const uint8_t *map = nullptr;
+    const std::string *path = nullptr;
+};
+
+struct Piece {
+    Source file;
+    const std::string *tensor = nullptr;  // for error messages
+    Src src = Src::BF16;
+    uint64_t src_offset = 0;  // absolute file offset of this piece's first source byte
+    uint64_t src_bytes = 0;
+    uint8_t *dst = nullptr;   // for transpose ops: the whole destination matrix
+    uint64_t dst_bytes = 0;   // bytes this piece writes
+    Op op = Op::copy;
+    bool check_e8m0 = false;
+    int64_t rows = 0, cols = 0, row_begin = 0, row_end = 0;  // transposes, fp8_to_bf16
+    Src src2 = Src::BF16;     // fp8_to_bf16: the scale tensor
+    uint64_t src2_offset = 0; //   (absolute offset of its first element)
+    int moe_layer = -1;       // whose bank bytes these are; -1 for extras
+};
+
+// Runs the pieces on `threads` workers while this thread reports progress; layer_bytes[l] is the
+// sum of dst_bytes of the pieces of MoE layer l (for on_layer_filled).
+void execute(std::vector<Piece> &pieces, const std::vector<uint64_t> &layer_bytes, int threads,
+             const LoadOptions &opts);
+
+// Number of reader threads for `pieces` under `opts`.
+int reader_threads(const LoadOptions &opts, size_t pieces);
+
+std::string shape_str(const std::vector<int64_t> &shape);
+
+// The GGUF half of load_checkpoint (gguf_loader.cpp).
+std::unique_ptr<Model> load_gguf(const std::string &path, const LoadOptions &opts);
+
+}  // namespace ft::load
