@@ -39,6 +39,9 @@ const char *kUsage =
     "  --threads N      CPU worker threads (default: one per physical core)\n"
     "  --backend NAME   auto | cpu (default auto)\n"
     "  --seed S         routing trace seed (default 1)\n"
+    "  --format F       without MODEL: generate the synthetic checkpoint in format F, in the\n"
+    "                   layout its real releases use: bf16, fp8_block, nvfp4 (Qwen3-MoE),\n"
+    "                   mxfp4 (gpt-oss), ds_fp4 (DeepSeek-V4), q4_0 (GGUF) (default bf16)\n"
     "  --cache-dir DIR  where the synthetic checkpoint is kept\n"
     "                   (default $XDG_CACHE_HOME/freetoken or ~/.cache/freetoken)\n"
     "  --no-gpu         do not use a GPU even if one is present\n"
@@ -50,6 +53,7 @@ struct Options {
     int steps = 64, tokens = 1, threads = 0, backend = FT_BACKEND_AUTO;
     uint64_t seed = 1;
     std::string cache_dir;
+    std::string format = "bf16";
     bool no_gpu = false;
 };
 
@@ -84,6 +88,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--threads") o.threads = static_cast<int>(parse_int(a, value(), 0, 4096));
         else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0, 1L << 62));
         else if (a == "--cache-dir") o.cache_dir = value();
+        else if (a == "--format") o.format = value();
         else if (a == "--no-gpu") o.no_gpu = true;
         else if (a == "--backend") {
             const std::string b = value();
@@ -121,6 +126,12 @@ const char *act_name(int32_t a) {
     }
 }
 
+// Names of the expert formats (values of ft_model_info.format).
+const char *format_name(int32_t f) {
+    static const char *names[] = {"?", "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
+    return f >= 1 && f <= 6 ? names[f] : "?";
+}
+
 const char *routing_name(int32_t r) {
     switch (r) {
         case FT_ROUTING_SOFTMAX_TOPK: return "softmax top-k";
@@ -134,8 +145,8 @@ const char *routing_name(int32_t r) {
 void print_model(const ft_model_info &m) {
     std::printf("model       %s: %d MoE layers (first at layer %d of %d), %d experts, top-%d\n", m.architecture, m.num_layers,
                 m.first_moe_layer, m.total_layers, m.num_experts, m.top_k);
-    std::printf("            H=%d I=%d, bf16, %s, routing %s", m.hidden_size, m.intermediate_size, act_name(m.activation),
-                routing_name(m.routing));
+    std::printf("            H=%d I=%d, %s, %s, routing %s", m.hidden_size, m.intermediate_size, format_name(m.format),
+                act_name(m.activation), routing_name(m.routing));
     if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK)
         std::printf(" (%d groups, keep %d, scale %.3g)", m.num_groups, m.topk_groups, m.routed_scaling_factor);
     std::printf("\n            %.2f MB per expert, %.2f GB of routed experts", m.expert_bytes / 1e6, m.bank_bytes / 1e9);
@@ -211,8 +222,9 @@ bool mkdirs(const std::string &path) {
 }
 
 // The embedded default: Qwen3-MoE geometry per expert (H=2048, I=768, top-8) with fewer
-// experts and layers, so it fits a laptop (about 600 MB) yet far exceeds any CPU cache.
-ft::synth::Spec default_synthetic_spec() {
+// experts and layers, so it fits a laptop (about 600 MB in bf16) yet exceeds most CPU caches.
+// Other formats keep the geometry and take the architecture whose releases use that format.
+ft::synth::Spec synthetic_spec(const std::string &format) {
     ft::synth::Spec s;
     s.architecture = "qwen3_moe";
     s.num_layers = 2;
@@ -221,11 +233,21 @@ ft::synth::Spec default_synthetic_spec() {
     s.hidden = 2048;
     s.intermediate = 768;
     s.seed = 20261130;
+    s.format = format;
+    if (format == "mxfp4") {
+        s.architecture = "gpt_oss";
+        s.top_k = 4;
+    } else if (format == "ds_fp4") {
+        s.architecture = "deepseek_v4";
+        s.top_k = 6;
+    } else if (format == "q4_0") {
+        s.gguf = true;
+    }
     return s;
 }
 
 // Writes the synthetic checkpoint unless a complete one is already there.
-int ensure_synthetic(const std::string &dir) {
+int ensure_synthetic(const std::string &dir, const std::string &format) {
     const std::string done = dir + "/.complete";
     struct stat st{};
     if (stat(done.c_str(), &st) == 0) return 0;
@@ -233,13 +255,19 @@ int ensure_synthetic(const std::string &dir) {
         std::fprintf(stderr, "ft: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
         return 1;
     }
-    std::printf("writing a synthetic Qwen3-MoE-like checkpoint to %s (once)\n", dir.c_str());
+    const ft::synth::Spec spec = synthetic_spec(format);
+    std::printf("writing a synthetic %s checkpoint (%s experts) to %s (once)\n", spec.architecture.c_str(), format.c_str(),
+                dir.c_str());
     try {
         ProgressBar bar("writing");
-        ft::synth::write_checkpoint(dir, default_synthetic_spec(), [&bar](uint64_t d, uint64_t t) {
-            bar.update(d, t);
-            return true;
-        });
+        if (spec.gguf) {
+            ft::synth::write_gguf(dir + "/model.gguf", spec);
+        } else {
+            ft::synth::write_checkpoint(dir, spec, [&bar](uint64_t d, uint64_t t) {
+                bar.update(d, t);
+                return true;
+            });
+        }
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ft: writing the synthetic checkpoint failed: %s\n", e.what());
         return 1;
@@ -290,9 +318,12 @@ private:
 
 int cmd_run(const Options &o) {
     std::string path = o.model;
+    if (!path.empty() && o.format != "bf16") usage_error("--format chooses the synthetic checkpoint; a MODEL has its own format");
     if (path.empty()) {
-        path = (o.cache_dir.empty() ? default_cache_dir() : o.cache_dir) + "/synthetic-qwen3-moe";
-        if (ensure_synthetic(path)) return 1;
+        static const char *formats[] = {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
+        if (std::find(std::begin(formats), std::end(formats), o.format) == std::end(formats)) usage_error("unknown format '" + o.format + "'");
+        path = (o.cache_dir.empty() ? default_cache_dir() : o.cache_dir) + "/synthetic-" + o.format;
+        if (ensure_synthetic(path, o.format)) return 1;
     }
 
     ft_engine_params ep;
