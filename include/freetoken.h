@@ -129,6 +129,8 @@ FT_API const char *ft_status_string(ft_status status);
                                             optionally renormalised, times routed_scaling_factor
                                             (DeepSeek-V3, Kimi-K2, GLM-4.x)                     */
 #define FT_ROUTING_TOPK_SOFTMAX        4 /* top-k of the logits, softmax over the k (gpt-oss)  */
+#define FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK 5 /* as FT_ROUTING_SIGMOID_GROUP_TOPK with scores
+                                            sqrt(softplus(logit)) (DeepSeek-V4)                */
 
 /* Backends. Values of backends not built yet are reserved. */
 #define FT_BACKEND_AUTO 0 /* the best backend this engine can run for the model             */
@@ -322,7 +324,8 @@ FT_API int32_t ft_model_moe_layer(const ft_model *model, int32_t model_layer);
 
 /* Tensors a model carries besides the routed experts (read from checkpoints). */
 #define FT_TENSOR_ROUTER_WEIGHT    1 /* [E, H]   router (gate) linear weight                   */
-#define FT_TENSOR_ROUTER_BIAS      2 /* [E]      f32 e_score_correction_bias                   */
+#define FT_TENSOR_ROUTER_BIAS      2 /* [E]      f32 selection bias (e_score_correction_bias),
+                                        or the router linear's bias (gpt-oss)                  */
 #define FT_TENSOR_SHARED_GATE      3 /* [Is, H]  shared expert gate_proj                       */
 #define FT_TENSOR_SHARED_UP        4 /* [Is, H]  shared expert up_proj                         */
 #define FT_TENSOR_SHARED_DOWN      5 /* [H, Is]  shared expert down_proj                       */

@@ -343,11 +343,8 @@ ModelSpec read_model_config(const std::string &dir) {
             r.rule = FT_ROUTING_SOFTMAX_TOPK;  // DeepSeek-V4 does not renormalise softmax weights
             r.num_groups = r.topk_groups = 1;
         } else if (scoring == "sigmoid" || scoring == "sqrtsoftplus") {
-            r.rule = FT_ROUTING_SIGMOID_GROUP_TOPK;
+            r.rule = scoring == "sigmoid" ? FT_ROUTING_SIGMOID_GROUP_TOPK : FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
             r.renormalize = true;
-            if (scoring == "sqrtsoftplus")
-                log(FT_LOG_WARN, where, ": score function sqrtsoftplus is not implemented by ft_route (it "
-                    "applies sigmoid scoring); pass the routed ids and weights to ft_decode");
         } else {
             fail(FT_ERR_UNSUPPORTED, where, ": score function '", scoring,
                  "' is not supported (softmax, sigmoid, sqrtsoftplus)");

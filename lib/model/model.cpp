@@ -10,7 +10,8 @@ namespace {
 
 bool routing_rule_valid(int32_t rule) {
     return rule == FT_ROUTING_SOFTMAX_TOPK || rule == FT_ROUTING_SOFTMAX_TOPK_RENORM ||
-           rule == FT_ROUTING_SIGMOID_GROUP_TOPK || rule == FT_ROUTING_TOPK_SOFTMAX;
+           rule == FT_ROUTING_SIGMOID_GROUP_TOPK || rule == FT_ROUTING_TOPK_SOFTMAX ||
+           rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
 }
 
 bool activation_valid(int32_t act) {
@@ -43,7 +44,7 @@ void ModelSpec::validate(bool from_checkpoint) const {
     check(routing.num_experts == num_experts && routing.top_k == top_k, "routing spec disagrees with geometry");
     check(std::isfinite(routing.routed_scaling_factor) && routing.routed_scaling_factor > 0.0f,
           "routed_scaling_factor must be positive and finite");
-    if (routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK) {
+    if (routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK || routing.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK) {
         check(routing.num_groups >= 1 && num_experts % routing.num_groups == 0,
               "num_groups must divide num_experts");
         check(routing.topk_groups >= 1 && routing.topk_groups <= routing.num_groups,

@@ -52,14 +52,18 @@ void topk_then_softmax(const RoutingSpec &r, const float *logits, int32_t *ids, 
     }
 }
 
-// DeepSeek-V3 / GLM-4.x / Kimi-K2: sigmoid scores, biased selection within the best groups,
-// unbiased weights, optional renormalisation, routed scaling.
-void sigmoid_group_topk(const RoutingSpec &r, const float *bias, const float *logits, int32_t *ids,
-                        float *weights, std::vector<double> &sig, std::vector<double> &biased,
-                        std::vector<int32_t> &cand) {
+// DeepSeek-V3 / GLM-4.x / Kimi-K2 (sigmoid scores) and DeepSeek-V4 (sqrt(softplus) scores):
+// biased selection within the best groups, unbiased weights, optional renormalisation, routed
+// scaling.
+void biased_group_topk(const RoutingSpec &r, const float *bias, const float *logits, int32_t *ids,
+                       float *weights, std::vector<double> &sig, std::vector<double> &biased,
+                       std::vector<int32_t> &cand) {
     const int32_t E = r.num_experts, K = r.top_k;
+    const bool sqrt_softplus = r.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
     for (int32_t e = 0; e < E; ++e) {
-        sig[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])));
+        const double x = logits[e];
+        // log1p(exp(x)) overflows for large x, where softplus(x) is x to double precision.
+        sig[e] = sqrt_softplus ? std::sqrt(x > 30.0 ? x : std::log1p(std::exp(x))) : 1.0 / (1.0 + std::exp(-x));
         biased[e] = sig[e] + (bias ? static_cast<double>(bias[e]) : 0.0);
     }
     cand.clear();
@@ -125,7 +129,8 @@ void route(const RoutingSpec &r, const float *bias, int32_t num_tokens, const fl
             case FT_ROUTING_SOFTMAX_TOPK: softmax_then_topk(r, row, ids_t, w_t, a, cand); break;
             case FT_ROUTING_SOFTMAX_TOPK_RENORM:
             case FT_ROUTING_TOPK_SOFTMAX: topk_then_softmax(r, row, ids_t, w_t, a, cand); break;
-            case FT_ROUTING_SIGMOID_GROUP_TOPK: sigmoid_group_topk(r, bias, row, ids_t, w_t, a, b, cand); break;
+            case FT_ROUTING_SIGMOID_GROUP_TOPK:
+            case FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK: biased_group_topk(r, bias, row, ids_t, w_t, a, b, cand); break;
             default: fail(FT_ERR_INVALID_ARGUMENT, "routing: unknown rule ", r.rule);
         }
     }

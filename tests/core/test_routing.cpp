@@ -97,6 +97,17 @@ TEST(Routing, CorrectionBiasSelectsButDoesNotWeigh) {
     EXPECT_NEAR(o.w[0], 0.5, 1e-6);
 }
 
+TEST(Routing, SqrtSoftplusScoresHandComputed) {
+    // scores sqrt(log(1 + e^x)): x = 0 -> sqrt(ln 2) = 0.8326, x = 2 -> 1.5042, x = -3 -> 0.2204,
+    // x = 100 -> 10 (softplus is x there).
+    ft::RoutingSpec r = spec(FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK, 4, 2);
+    r.renormalize = false;
+    const Routed o = run(r, {0.f, 2.f, -3.f, 100.f});
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{3, 1}));
+    EXPECT_NEAR(o.w[0], 10.0, 1e-5);
+    EXPECT_NEAR(o.w[1], std::sqrt(std::log1p(std::exp(2.0))), 1e-6);
+}
+
 TEST(Routing, NonFiniteLogitsAreRejected) {
     ft::RoutingSpec r = spec(FT_ROUTING_SOFTMAX_TOPK_RENORM, 4, 2);
     for (float bad : {NAN, INFINITY, -INFINITY}) {
@@ -124,7 +135,9 @@ TEST(Routing, MatchesReferenceOnRandomLogits) {
                           {FT_ROUTING_TOPK_SOFTMAX, 32, 4, 1, 1, 1.f, true},
                           {FT_ROUTING_SIGMOID_GROUP_TOPK, 256, 8, 8, 4, 2.5f, true},
                           {FT_ROUTING_SIGMOID_GROUP_TOPK, 160, 8, 1, 1, 1.f, false},
-                          {FT_ROUTING_SIGMOID_GROUP_TOPK, 64, 6, 4, 2, 1.8f, true}};
+                          {FT_ROUTING_SIGMOID_GROUP_TOPK, 64, 6, 4, 2, 1.8f, true},
+                          {FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK, 256, 6, 1, 1, 1.5f, true},
+                          {FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK, 64, 4, 8, 3, 2.0f, false}};
     for (const Case &c : cases) {
         ft::RoutingSpec r = spec(c.rule, c.E, c.K);
         r.num_groups = c.groups;
@@ -134,7 +147,7 @@ TEST(Routing, MatchesReferenceOnRandomLogits) {
         const int T = 37;
         std::vector<float> logits(static_cast<size_t>(T) * c.E), bias;
         for (float &v : logits) v = n(rng);
-        if (c.rule == FT_ROUTING_SIGMOID_GROUP_TOPK) {
+        if (c.rule == FT_ROUTING_SIGMOID_GROUP_TOPK || c.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK) {
             bias.resize(c.E);
             for (float &v : bias) v = 0.1f * n(rng);
         }

@@ -45,10 +45,11 @@ inline RefRoute ref_route(int32_t rule, int32_t K, const std::vector<double> &lo
         }
         return r;
     }
-    // FT_ROUTING_SIGMOID_GROUP_TOPK
+    // FT_ROUTING_SIGMOID_GROUP_TOPK and FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK
     std::vector<double> s(E), b(E);
     for (int32_t e = 0; e < E; ++e) {
-        s[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+        s[e] = rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK ? std::sqrt(std::log(1.0 + std::exp(logits[e])))
+                                                          : 1.0 / (1.0 + std::exp(-logits[e]));
         b[e] = s[e] + (bias.empty() ? 0.0 : bias[e]);
     }
     std::vector<bool> allowed(E, true);
