@@ -100,11 +100,17 @@ void BM_moe_layer(benchmark::State &state) {
     const size_t expert_elems = size_t(3) * H * I;
     const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / (expert_elems * 2)));
     Buffer gate_up(size_t(E) * 2 * H * I), down(size_t(E) * H * I);
-    ft::cpu::ExpertSource src{reinterpret_cast<uint8_t *>(gate_up.data), size_t(2) * H * I * 2,
-                              reinterpret_cast<uint8_t *>(down.data), size_t(H) * I * 2, E};
+    ft::cpu::ExpertSource src;
+    src.format = ft::Format::bf16;
+    src.num_experts = E;
+    src.num_banks = 2;
+    src.base[0] = reinterpret_cast<uint8_t *>(gate_up.data);
+    src.row_bytes[0] = size_t(2) * H * I * 2;
+    src.base[1] = reinterpret_cast<uint8_t *>(down.data);
+    src.row_bytes[1] = size_t(H) * I * 2;
     ft::cpu::MoeTuning tuning;
     tuning.onednn_min_tokens = onednn ? 16 : 0;
-    ft::cpu::MoeExecutor ex(pool(), H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
+    ft::cpu::MoeExecutor ex(pool(), ft::Format::bf16, H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
     Buffer x(size_t(T) * H);
     std::vector<uint16_t> y(size_t(T) * H);
     std::vector<int32_t> ids(size_t(T) * K);
@@ -133,6 +139,64 @@ void BM_moe_layer(benchmark::State &state) {
     state.counters["ratio_to_read"] = gbps / read_bandwidth();
     state.counters["us_per_layer"] = secs / state.iterations() * 1e6;
     state.SetLabel(std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (onednn ? "+onednn" : ""));
+}
+
+// BM_moe_layer for a quantised format: the same rotating window and routing, banks in the
+// format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, no e8m0 255, moderate
+// scales). Args: format id (ft::Format), H, I, tokens.
+void BM_moe_layer_format(benchmark::State &state) {
+    const ft::Format f = ft::Format(state.range(0));
+    const int32_t H = int32_t(state.range(1)), I = int32_t(state.range(2)), T = int32_t(state.range(3));
+    const int32_t K = 8, P = 16;
+    const auto schema = ft::bank_schema(f, H, I);
+    const size_t per_expert = ft::expert_bytes(f, H, I);
+    const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / per_expert));
+    std::vector<std::unique_ptr<Buffer>> banks;
+    ft::cpu::ExpertSource src;
+    src.format = f;
+    src.num_experts = E;
+    src.num_banks = int(schema.size());
+    for (size_t b = 0; b < schema.size(); ++b) {
+        banks.push_back(std::make_unique<Buffer>((schema[b].row_bytes * E + 1) / 2));
+        uint8_t *p = reinterpret_cast<uint8_t *>(banks.back()->data);
+        const size_t n = schema[b].row_bytes * E;
+        pool().run([&](int w, int nw) {
+            for (size_t i = n * w / nw; i < n * (w + 1) / nw; ++i) p[i] &= 0x77;
+        });
+        src.base[b] = p;
+        src.row_bytes[b] = schema[b].row_bytes;
+    }
+    ft::cpu::ActivationSpec act;
+    if (f == ft::Format::mxfp4) act = {FT_ACT_SWIGLU_CLAMP, 1.702f, 7.0f};
+    ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa());
+    Buffer x(size_t(T) * H);
+    std::vector<uint16_t> y(size_t(T) * H);
+    std::vector<int32_t> ids(size_t(T) * K);
+    std::vector<float> w(size_t(T) * K, 0.125f);
+    std::mt19937 rng(1);
+    int32_t cursor = 0;
+    double bytes = 0, secs = 0;
+    for (auto _ : state) {
+        for (int32_t t = 0; t < T; ++t) {
+            std::vector<int32_t> pick(P);
+            for (int32_t i = 0; i < P; ++i) pick[i] = (cursor + i) % E;
+            std::shuffle(pick.begin(), pick.end(), rng);
+            std::copy(pick.begin(), pick.begin() + K, ids.begin() + size_t(t) * K);
+        }
+        cursor = (cursor + P) % E;
+        auto t0 = Clock::now();
+        ft::cpu::MoeStats st = ex.run(src, nullptr, T, x.data, ids.data(), w.data(), y.data());
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        state.SetIterationTime(s);
+        secs += s;
+        bytes += double(st.bytes_read);
+    }
+    const double gbps = bytes / secs / 1e9;
+    state.counters["GBps"] = gbps;
+    state.counters["read_GBps"] = read_bandwidth();
+    state.counters["ratio_to_read"] = gbps / read_bandwidth();
+    state.counters["us_per_layer"] = secs / state.iterations() * 1e6;
+    state.SetLabel(ex.kernel_name());
 }
 
 // M=1 GEMV of one expert's gate_up matrix [2I, H] over a rotating window: the SIMD kernel on the
@@ -191,6 +255,18 @@ void register_all() {
             benchmark::RegisterBenchmark("moe_layer_batched", BM_moe_layer)
                 ->Args({2048, 768, bs, od})
                 ->ArgNames({"H", "I", "bs", "onednn"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+    // Real expert shapes per quantised format (issue 3): gpt-oss-120b, DeepSeek-V3, GLM-4.x,
+    // DeepSeek-V4 and a GGUF Q4_0 model.
+    const struct { ft::Format f; int64_t H, I; } format_shapes[] = {
+        {ft::Format::mxfp4, 2880, 2880}, {ft::Format::fp8_block, 7168, 2048}, {ft::Format::nvfp4, 5120, 1536},
+        {ft::Format::ds_fp4, 4096, 2048}, {ft::Format::q4_0, 2816, 704}};
+    for (const auto &fs : format_shapes)
+        for (int64_t bs : {1, 8})
+            benchmark::RegisterBenchmark((std::string("moe_layer_") + ft::format_name(fs.f)).c_str(), BM_moe_layer_format)
+                ->Args({int64_t(fs.f), fs.H, fs.I, bs})
+                ->ArgNames({"fmt", "H", "I", "bs"})
                 ->UseManualTime()
                 ->Unit(benchmark::kMicrosecond);
     for (auto &s : kShapes)

@@ -4,6 +4,7 @@
 // routes in route order. Every output value is produced by one fixed sequence of operations, so
 // the result does not depend on the number of workers or on which worker took which item.
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 
@@ -35,12 +36,33 @@ int32_t default_onednn_min_tokens() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+BankRoles bank_roles(Format f) {
+    switch (f) {
+        case Format::fp8_block: return {0, 1, -1, -1, 2, 3, -1, -1};
+        case Format::nvfp4: return {0, 1, 2, -1, 3, 4, 5, -1};
+        case Format::mxfp4: return {0, 1, -1, 2, 3, 4, -1, 5};
+        case Format::ds_fp4: return {0, 1, -1, -1, 2, 3, -1, -1};
+        case Format::q4_0: return {0, -1, -1, -1, 1, -1, -1, -1};
+        default: return {0, -1, -1, -1, 1, -1, -1, -1};
+    }
+}
+
+const uint8_t *bank(const uint8_t *const *rows, int index) { return index >= 0 ? rows[index] : nullptr; }
+
+float bf16_bits_to_f32(const uint8_t *p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return bf16_to_f32(v);
+}
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
 }  // namespace
 
-MoeExecutor::MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate, int32_t top_k,
+MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_t intermediate, int32_t top_k,
                          int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
                          MoeTuning tuning)
-    : pool_(pool), hidden_(hidden), inter_(intermediate), top_k_(top_k), max_tokens_(max_tokens),
+    : pool_(pool), format_(format), hidden_(hidden), inter_(intermediate), top_k_(top_k), max_tokens_(max_tokens),
       shared_inter_(shared_intermediate), act_(act), isa_(isa) {
     if (hidden <= 0 || intermediate <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: hidden (", hidden, ") and intermediate (", intermediate,
@@ -57,7 +79,12 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate,
     if (act.kind == FT_ACT_SWIGLU_CLAMP && (!std::isfinite(act.alpha) || !(act.limit > 0.0f)))
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: clamped SwiGLU needs a finite alpha and limit > 0 (or +inf), got alpha ",
              act.alpha, " limit ", act.limit);
+    if (!format_known(int32_t(format)))
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: unknown expert format ", int32_t(format));
+    if (const std::string err = format_geometry_error(format, hidden, intermediate); !err.empty())
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: ", err);
     gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
+    quant_ = quant_ops(format, isa);
 
     onednn_min_tokens_ = tuning.onednn_min_tokens;
     if (onednn_min_tokens_ < 0) {
@@ -69,6 +96,13 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate,
     const int64_t slots = routes + (shared_intermediate > 0 ? max_tokens : 0);
     const int64_t max_group = std::max<int64_t>(routes, max_tokens);
     s_ = std::make_unique<Scratch>();
+    for (const BankSpec &b : bank_schema(format, hidden, intermediate)) s_->bank_bytes.push_back(b.row_bytes);
+    s_->expert_bytes = expert_bytes(format, hidden, intermediate);
+    s_->roles = bank_roles(format);
+    if (quant_) {
+        s_->act_in_bytes = quant_->act_bytes(hidden);
+        s_->act_mid_bytes = quant_->act_bytes(intermediate);
+    }
     try {
         s_->keys.resize(routes);
         s_->route_slot.resize(routes);
@@ -81,6 +115,12 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate,
         s_->route_out.resize(slots * hidden);
         s_->shared_gate.resize(max_tokens);
         s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock);
+        s_->aptr.resize(slots);
+        s_->mptr.resize(slots);
+        if (quant_) {
+            s_->act_in.resize(size_t(max_tokens) * s_->act_in_bytes);
+            s_->act_mid.resize(size_t(routes) * s_->act_mid_bytes);
+        }
         if (onednn_min_tokens_ > 0 && onednn_min_tokens_ <= max_group) {
             s_->gathered_x.resize(max_group * hidden);
             s_->gate_up_f32.resize(max_group * 2 * std::max(intermediate, shared_intermediate));
@@ -93,6 +133,8 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate,
 
 MoeExecutor::~MoeExecutor() = default;
 
+const char *MoeExecutor::kernel_name() const { return quant_ ? quant_->kernel : isa_name(isa_); }
+
 MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *shared, int32_t num_tokens,
                           const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y) {
     if (num_tokens < 0 || num_tokens > max_tokens_)
@@ -101,12 +143,20 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     if (num_tokens == 0) return stats;
     if (!x || !ids || !w || !y) fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: NULL x, ids, weights or output");
     const int64_t H = hidden_, I = inter_, K = top_k_, T = num_tokens;
-    const size_t expert_gate_up = size_t(2 * I * H) * 2, expert_down = size_t(H * I) * 2;
-    if (src.num_experts <= 0 || !src.gate_up_base || !src.down_base)
-        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source without banks or experts");
-    if (src.gate_up_row_bytes < expert_gate_up || src.down_row_bytes < expert_down)
-        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: bank rows of ", src.gate_up_row_bytes, " / ", src.down_row_bytes,
-             " bytes are smaller than one expert (", expert_gate_up, " / ", expert_down, ")");
+    Scratch &s = *s_;
+    const int nbanks = int(s.bank_bytes.size());
+    if (src.format != format_)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source in format ", format_name(src.format),
+             ", the executor was made for ", format_name(format_));
+    if (src.num_experts <= 0 || src.num_banks != nbanks)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source with ", src.num_banks, " banks and ", src.num_experts,
+             " experts (", format_name(format_), " has ", nbanks, " banks)");
+    for (int b = 0; b < nbanks; ++b) {
+        if (!src.base[b]) fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: bank ", b, " has no base pointer");
+        if (src.row_bytes[b] < s.bank_bytes[b])
+            fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: rows of bank ", b, " are ", src.row_bytes[b],
+                 " bytes, smaller than one expert's ", s.bank_bytes[b]);
+    }
     if (shared) {
         if (shared_inter_ == 0 || shared->intermediate != shared_inter_)
             fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: shared expert intermediate ", shared->intermediate,
@@ -115,7 +165,6 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
             fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: shared expert with NULL weights");
     }
 
-    Scratch &s = *s_;
     // Group valid routes by expert: sort (expert, route) keys; slots follow the sorted order.
     int64_t nvalid = 0;
     for (int64_t r = 0; r < T * K; ++r) {
@@ -134,12 +183,16 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         s.route_slot[r] = int32_t(slot);
         s.xptr[slot] = x + (r / K) * H;
         s.iptr[slot] = s.inter.data() + slot * I;
+        if (quant_) s.aptr[slot] = s.act_in.data() + size_t(r / K) * s.act_in_bytes;
+        if (quant_) s.mptr[slot] = s.act_mid.data() + size_t(slot) * s.act_mid_bytes;
         if (ng == 0 || int32_t(s.keys[s.groups[ng - 1].first_slot] >> 32) != e) {
-            const uint16_t *gu = reinterpret_cast<const uint16_t *>(src.gate_up_base + size_t(e) * src.gate_up_row_bytes);
             Group &g = s.groups[ng++];
+            for (int b = 0; b < nbanks; ++b) g.rows[b] = src.base[b] + size_t(e) * src.row_bytes[b];
+            g.quant = quant_ != nullptr;
+            const uint16_t *gu = reinterpret_cast<const uint16_t *>(g.rows[0]);
             g.gate = gu;
             g.up = gu + I * H;
-            g.down = reinterpret_cast<const uint16_t *>(src.down_base + size_t(e) * src.down_row_bytes);
+            g.down = reinterpret_cast<const uint16_t *>(g.rows[nbanks - 1]);
             g.inter = inter_;
             g.first_slot = int32_t(slot);
             g.count = 0;
@@ -148,7 +201,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         s.groups[ng - 1].count++;
     }
     stats.experts_read = ng;
-    stats.bytes_read = uint64_t(ng) * (expert_gate_up + expert_down);
+    stats.bytes_read = uint64_t(ng) * s.expert_bytes;
 
     s.has_shared = shared != nullptr;
     if (shared) {
@@ -159,7 +212,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
             s.iptr[nvalid + t] = shared_inter + t * Is;
         }
         Group &g = s.groups[ng++];
-        g = Group{shared->gate, shared->up, shared->down, shared_inter_, int32_t(nvalid), int32_t(T), shared_inter, false};
+        g = Group{shared->gate, shared->up, shared->down, shared_inter_, int32_t(nvalid), int32_t(T), shared_inter, false,
+                  false, {}};
         stats.bytes_read += uint64_t(3 * Is * H) * 2;
         if (shared->gate_proj) {
             // sigmoid(gate_proj . x[t]): one row against all tokens, done here because it is tiny.
@@ -176,7 +230,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     s.p1_prefix[0] = s.p2_prefix[0] = 0;
     for (int32_t gi = 0; gi < ng; ++gi) {
         Group &g = s.groups[gi];
-        g.onednn = onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
+        g.onednn = !g.quant && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
         any_onednn |= g.onednn;
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, kRowBlock));
         s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, kRowBlock));
@@ -185,6 +239,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     s.routed_slots = int32_t(nvalid);
     s.w = w;
     s.y = y;
+    s.x = x;
     s.num_groups = ng;
     s.p1_total = s.p1_prefix[ng];
     s.p2_total = s.p2_prefix[ng];
@@ -192,6 +247,10 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     s.p1_next.store(0, std::memory_order_relaxed);
     s.p2_next.store(0, std::memory_order_relaxed);
     s.reduce_next.store(0, std::memory_order_relaxed);
+    s.prep_in_total = quant_ ? T : 0;
+    s.prep_mid_total = quant_ ? nvalid : 0;
+    s.prep_in_next.store(0, std::memory_order_relaxed);
+    s.prep_mid_next.store(0, std::memory_order_relaxed);
     s.barrier_count.store(0, std::memory_order_relaxed);
 
     if (!any_onednn) {
@@ -222,61 +281,139 @@ void barrier(std::atomic<int> &count, std::atomic<int> &gen, int n) {
 }
 }  // namespace
 
+// Phases, each a loop over atomically grabbed items, separated by spin barriers: [prepare the
+// inputs of the quantised kernels per token] -> pass 1 -> [prepare the intermediates per routed
+// slot] -> pass 2 -> reduction. The bracketed phases exist only for quantised formats.
 void MoeExecutor::run_pool_passes(int worker, int num_workers, bool with_reduce) {
     Scratch &s = *s_;
-    const int64_t H = hidden_;
-    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock;
-    float *up_tile = gate_tile + kRouteChunk * kRowBlock;
-    const int32_t ng = s.num_groups;
-    auto group_of = [ng](const std::vector<int64_t> &prefix, int64_t item) {
-        return int32_t(std::upper_bound(prefix.begin(), prefix.begin() + ng + 1, item) - prefix.begin() - 1);
-    };
     // Work continues through the barriers even after a failure, so no worker waits forever.
     std::exception_ptr error;
-
-    try {
-        for (int64_t it; (it = s.p1_next.fetch_add(1, std::memory_order_relaxed)) < s.p1_total;) {
-            const int32_t gi = group_of(s.p1_prefix, it);
-            const Group &g = s.groups[gi];
-            const int64_t i0 = (it - s.p1_prefix[gi]) * kRowBlock;
-            const int ni = int(std::min<int64_t>(kRowBlock, g.inter - i0));
-            for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
-                const int n = std::min(kRouteChunk, g.count - c0);
-                const uint16_t *const *xs = &s.xptr[g.first_slot + c0];
-                gemv_(g.gate + i0 * H, H, ni, int(H), xs, n, gate_tile, kRowBlock);
-                gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, kRowBlock);
-                for (int j = 0; j < n; ++j) {
-                    uint16_t *dst = g.inter_out + int64_t(c0 + j) * g.inter + i0;
-                    for (int i = 0; i < ni; ++i)
-                        dst[i] = f32_to_bf16(activate(act_, gate_tile[j * kRowBlock + i], up_tile[j * kRowBlock + i]));
-                }
-            }
+    auto guarded = [&error](auto &&fn) {
+        try {
+            fn();
+        } catch (...) {
+            if (!error) error = std::current_exception();
         }
-    } catch (...) {
-        error = std::current_exception();
+    };
+    if (quant_) {
+        guarded([&] {
+            for (int64_t t; (t = s.prep_in_next.fetch_add(1, std::memory_order_relaxed)) < s.prep_in_total;)
+                quant_->prepare(s.x + t * hidden_, hidden_,
+                                s.act_in.data() + size_t(t) * s.act_in_bytes);
+        });
+        barrier(s.barrier_count, s.barrier_gen, num_workers);
     }
+    guarded([&] {
+        for (int64_t it; (it = s.p1_next.fetch_add(1, std::memory_order_relaxed)) < s.p1_total;) run_item_pass1(worker, it);
+    });
     barrier(s.barrier_count, s.barrier_gen, num_workers);
-    try {
-        for (int64_t it; (it = s.p2_next.fetch_add(1, std::memory_order_relaxed)) < s.p2_total;) {
-            const int32_t gi = group_of(s.p2_prefix, it);
-            const Group &g = s.groups[gi];
-            const int64_t h0 = (it - s.p2_prefix[gi]) * kRowBlock;
-            const int nh = int(std::min<int64_t>(kRowBlock, H - h0));
-            for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
-                const int n = std::min(kRouteChunk, g.count - c0);
-                gemv_(g.down + h0 * g.inter, g.inter, nh, g.inter, &s.iptr[g.first_slot + c0], n,
-                      s.route_out.data() + int64_t(g.first_slot + c0) * H + h0, H);
-            }
-        }
-    } catch (...) {
-        if (!error) error = std::current_exception();
+    if (quant_) {
+        guarded([&] {
+            for (int64_t slot; (slot = s.prep_mid_next.fetch_add(1, std::memory_order_relaxed)) < s.prep_mid_total;)
+                quant_->prepare(s.iptr[slot], inter_, s.act_mid.data() + size_t(slot) * s.act_mid_bytes);
+        });
+        barrier(s.barrier_count, s.barrier_gen, num_workers);
     }
+    guarded([&] {
+        for (int64_t it; (it = s.p2_next.fetch_add(1, std::memory_order_relaxed)) < s.p2_total;) run_item_pass2(it);
+    });
     if (with_reduce) {
         barrier(s.barrier_count, s.barrier_gen, num_workers);
         for (int64_t it; (it = s.reduce_next.fetch_add(1, std::memory_order_relaxed)) < s.reduce_total;)
             reduce_rows(it);
     }
     if (error) std::rethrow_exception(error);
+}
+
+int32_t MoeExecutor::group_of(const std::vector<int64_t> &prefix, int64_t item) const {
+    const int32_t ng = s_->num_groups;
+    return int32_t(std::upper_bound(prefix.begin(), prefix.begin() + ng + 1, item) - prefix.begin() - 1);
+}
+
+// Pass 1 item: IB intermediate units of one group for all its routes: gate and up dot products,
+// the format's epilogue (mxfp4 biases, ds_fp4 bf16 rounding and clamp), activation, bf16 store.
+void MoeExecutor::run_item_pass1(int worker, int64_t it) {
+    Scratch &s = *s_;
+    const int64_t H = hidden_;
+    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock;
+    float *up_tile = gate_tile + kRouteChunk * kRowBlock;
+    const int32_t gi = group_of(s.p1_prefix, it);
+    const Group &g = s.groups[gi];
+    const int64_t i0 = (it - s.p1_prefix[gi]) * kRowBlock;
+    const int ni = int(std::min<int64_t>(kRowBlock, g.inter - i0));
+    const bool mxfp4 = g.quant && format_ == Format::mxfp4;
+    const bool ds_clamp = g.quant && format_ == Format::ds_fp4 && act_.kind == FT_ACT_SILU &&
+                          std::isfinite(act_.limit) && act_.limit > 0.0f;
+    const BankRoles &ro = s.roles;
+    const detail::QuantMatrix m{bank(g.rows, ro.gu_data), bank(g.rows, ro.gu_scale), bank(g.rows, ro.gu_global), H,
+                                2 * int64_t(inter_)};
+    for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
+        const int n = std::min(kRouteChunk, g.count - c0);
+        int ld = kRowBlock;  // tile row stride; mxfp4 computes gate/up columns interleaved
+        if (!g.quant) {
+            const uint16_t *const *xs = &s.xptr[g.first_slot + c0];
+            gemv_(g.gate + i0 * H, H, ni, int(H), xs, n, gate_tile, kRowBlock);
+            gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, kRowBlock);
+        } else if (mxfp4) {
+            ld = 2 * kRowBlock;  // one tile of n x 64 floats across both halves of the scratch
+            quant_->gemv(m, 2 * i0, 2 * ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
+        } else {
+            quant_->gemv(m, i0, ni, &s.aptr[g.first_slot + c0], n, gate_tile, kRowBlock);
+            quant_->gemv(m, inter_ + i0, ni, &s.aptr[g.first_slot + c0], n, up_tile, kRowBlock);
+        }
+        for (int j = 0; j < n; ++j) {
+            uint16_t *dst = g.inter_out + int64_t(c0 + j) * g.inter + i0;
+            for (int i = 0; i < ni; ++i) {
+                float gv, uv;
+                if (mxfp4) {
+                    const uint8_t *bias = g.rows[ro.gu_bias] + (i0 + i) * 4;
+                    gv = gate_tile[j * ld + 2 * i] + bf16_bits_to_f32(bias);
+                    uv = gate_tile[j * ld + 2 * i + 1] + bf16_bits_to_f32(bias + 2);
+                } else {
+                    gv = gate_tile[j * kRowBlock + i];
+                    uv = up_tile[j * kRowBlock + i];
+                }
+                if (g.quant && format_ == Format::ds_fp4) {
+                    // DeepSeek-V4 keeps the GEMM outputs in bf16, then clamps at swiglu_limit.
+                    gv = round_bf16(gv);
+                    uv = round_bf16(uv);
+                    if (ds_clamp) {
+                        gv = std::fmin(gv, act_.limit);
+                        uv = std::fmax(std::fmin(uv, act_.limit), -act_.limit);
+                    }
+                }
+                dst[i] = f32_to_bf16(activate(act_, gv, uv));
+            }
+        }
+    }
+}
+
+// Pass 2 item: HB output rows of one group's down projection for all its routes (fp32, before
+// the route weight; mxfp4 adds the down bias here).
+void MoeExecutor::run_item_pass2(int64_t it) {
+    Scratch &s = *s_;
+    const int64_t H = hidden_;
+    const int32_t gi = group_of(s.p2_prefix, it);
+    const Group &g = s.groups[gi];
+    const int64_t h0 = (it - s.p2_prefix[gi]) * kRowBlock;
+    const int nh = int(std::min<int64_t>(kRowBlock, H - h0));
+    const BankRoles &ro = s.roles;
+    const detail::QuantMatrix m{bank(g.rows, ro.dn_data), bank(g.rows, ro.dn_scale), bank(g.rows, ro.dn_global),
+                                int64_t(inter_), H};
+    for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
+        const int n = std::min(kRouteChunk, g.count - c0);
+        float *out = s.route_out.data() + int64_t(g.first_slot + c0) * H + h0;
+        if (!g.quant) {
+            gemv_(g.down + h0 * g.inter, g.inter, nh, g.inter, &s.iptr[g.first_slot + c0], n, out, H);
+            continue;
+        }
+        quant_->gemv(m, h0, nh, &s.mptr[g.first_slot + c0], n, out, H);
+        if (ro.dn_bias >= 0) {
+            const uint8_t *bias = g.rows[ro.dn_bias] + h0 * 2;
+            for (int j = 0; j < n; ++j)
+                for (int h = 0; h < nh; ++h) out[j * H + h] += bf16_bits_to_f32(bias + h * 2);
+        }
+    }
 }
 
 // y[t, block] = sum over k (in route order) of w[t,k] * route_out[slot], plus the gated shared
@@ -294,7 +431,12 @@ void MoeExecutor::reduce_rows(int64_t item) {
         if (slot < 0) continue;
         const float wk = s.w[t * K + k];
         const float *o = s.route_out.data() + int64_t(slot) * H + h0;
-        for (int h = 0; h < nh; ++h) acc[h] += wk * o[h];
+        if (format_ == Format::ds_fp4) {
+            // DeepSeek-V4 rounds each route's weighted output to bf16 before the sum.
+            for (int h = 0; h < nh; ++h) acc[h] += round_bf16(wk * o[h]);
+        } else {
+            for (int h = 0; h < nh; ++h) acc[h] += wk * o[h];
+        }
     }
     if (s.has_shared) {
         const float g = s.shared_gate[t];

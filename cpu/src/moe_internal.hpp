@@ -6,6 +6,7 @@
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
+#include "quant.hpp"
 
 namespace ft::cpu {
 
@@ -42,9 +43,22 @@ struct MoeExecutor::Group {
     int32_t first_slot, count;         // its routes occupy slots [first_slot, first_slot + count)
     uint16_t *inter_out;               // intermediate of the first slot; row stride `inter`
     bool onednn;
+    bool quant;                        // routed expert in a quantised format: banks in `rows`
+    const uint8_t *rows[8];            // the expert's row of each bank (quantised formats)
+};
+
+// Where each quantised format keeps its matrices in the bank schema (-1: none).
+struct BankRoles {
+    int gu_data, gu_scale, gu_global, gu_bias, dn_data, dn_scale, dn_global, dn_bias;
 };
 
 struct MoeExecutor::Scratch {
+    // Format constants.
+    std::vector<size_t> bank_bytes;          // bytes of each bank's row (ft::bank_schema)
+    uint64_t expert_bytes = 0;               // one routed expert across all banks
+    BankRoles roles{};
+    size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate
+
     // Preallocated for max_tokens.
     std::vector<uint64_t> keys;              // (expert << 32) | route, sorted to group routes
     std::vector<int32_t> route_slot;         // [T*K]: slot of each route, -1 when skipped
@@ -56,19 +70,27 @@ struct MoeExecutor::Scratch {
     std::vector<float> route_out;            // [slots, H] fp32 expert outputs, unweighted
     std::vector<float> shared_gate;          // [T]
     std::vector<float> tiles;                // per worker: gate and up tiles of pass 1
+    std::vector<uint8_t> act_in;             // quantised formats: prepared input per token
+    std::vector<uint8_t> act_mid;            // quantised formats: prepared intermediate per routed slot
+    std::vector<const uint8_t *> aptr;       // [slots]: prepared input of each slot's token
+    std::vector<const uint8_t *> mptr;       // [slots]: prepared intermediate of each slot
     std::vector<uint16_t> gathered_x;        // oneDNN path: [routes of one expert, H]
     std::vector<float> gate_up_f32;          // oneDNN path: [routes of one expert, 2 * I]
 
     // Per call.
     int32_t num_tokens = 0, routed_slots = 0;
     const float *w = nullptr;
+    const uint16_t *x = nullptr;
     uint16_t *y = nullptr;
     bool has_shared = false;
     int32_t num_groups = 0;
     int64_t p1_total = 0, p2_total = 0, reduce_total = 0;
+    int64_t prep_in_total = 0, prep_mid_total = 0;  // quantised formats: tokens, routed slots
     alignas(64) std::atomic<int64_t> p1_next{0};
     alignas(64) std::atomic<int64_t> p2_next{0};
     alignas(64) std::atomic<int64_t> reduce_next{0};
+    alignas(64) std::atomic<int64_t> prep_in_next{0};
+    alignas(64) std::atomic<int64_t> prep_mid_next{0};
     alignas(64) std::atomic<int> barrier_count{0};
     alignas(64) std::atomic<int> barrier_gen{0};
 };

@@ -14,7 +14,7 @@ class CpuBackend final : public Backend {
 public:
     CpuBackend(Engine &engine, const Model &model, const ft_session_params &p)
         : model_(model),
-          executor_(engine.pool(), model.spec().hidden, model.spec().intermediate, model.spec().top_k, p.max_tokens,
+          executor_(engine.pool(), model.spec().format, model.spec().hidden, model.spec().intermediate, model.spec().top_k, p.max_tokens,
                     cpu::ActivationSpec{model.spec().activation, model.spec().swiglu_alpha, model.spec().swiglu_limit},
                     p.shared_experts ? model.spec().shared_intermediate : 0, engine.isa()) {
         const ModelSpec &s = model.spec();
@@ -40,11 +40,14 @@ public:
     void decode(const DecodeCall &c, ft_session_stats &stats) override {
         const ExpertBanks &banks = model_.banks();
         cpu::ExpertSource src;
-        src.gate_up_base = banks.layer_base(0, c.layer);
-        src.gate_up_row_bytes = banks.row_bytes(0);
-        src.down_base = banks.layer_base(1, c.layer);
-        src.down_row_bytes = banks.row_bytes(1);
+        src.format = model_.spec().format;
         src.num_experts = model_.spec().num_experts;
+        src.num_banks = banks.num_banks();
+        if (src.num_banks > 8) fail(FT_ERR_INTERNAL, "CPU backend: ", src.num_banks, " banks, at most 8 supported");
+        for (int b = 0; b < src.num_banks; ++b) {
+            src.base[b] = banks.layer_base(b, c.layer);
+            src.row_bytes[b] = banks.row_bytes(b);
+        }
         const auto t0 = std::chrono::steady_clock::now();
         const cpu::MoeStats s = executor_.run(src, shared_.empty() ? nullptr : &shared_[c.layer], c.num_tokens, c.hidden,
                                               c.ids, c.weights, c.out);

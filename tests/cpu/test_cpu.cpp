@@ -156,7 +156,17 @@ struct Layer {
             sh_gate_proj = random_bf16(rng, H, s_in);
         }
     }
-    ft::cpu::ExpertSource source() const { return {gate_up.data(), gu_row, down.data(), down_row, E}; }
+    ft::cpu::ExpertSource source() const {
+        ft::cpu::ExpertSource s;
+        s.format = ft::Format::bf16;
+        s.num_experts = E;
+        s.num_banks = 2;
+        s.base[0] = gate_up.data();
+        s.row_bytes[0] = gu_row;
+        s.base[1] = down.data();
+        s.row_bytes[1] = down_row;
+        return s;
+    }
     ft::testing::ExpertRef expert(int32_t e) const {
         auto gu = reinterpret_cast<const uint16_t *>(gate_up.data() + e * gu_row);
         return {gu, gu + size_t(I) * H, reinterpret_cast<const uint16_t *>(down.data() + e * down_row), I};
@@ -223,7 +233,7 @@ TEST(MoeExecutor, MatchesReferenceEveryActivation) {
     for (const auto &act : kActivations)
         for (int32_t T : {1, 2, 3, 5, 8, 16})
             for (int32_t K : {1, 3, 8}) {
-                ft::cpu::MoeExecutor ex(pool, L.H, L.I, K, 16, act, L.Is, ft::cpu::cpu_best_isa());
+                ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, K, 16, act, L.Is, ft::cpu::cpu_best_isa());
                 Batch b = random_batch(rng, L, T, K);
                 auto y = run_executor(ex, L, b, nullptr);
                 const double err = ft::testing::relative_error_bf16(y, reference(L, b, act, false, false));
@@ -243,7 +253,7 @@ TEST(MoeExecutor, SharedExpertWithAndWithoutGate) {
     for (const auto &act : kActivations)
         for (bool gated : {false, true})
             for (int32_t T : {1, 4, 9}) {
-                ft::cpu::MoeExecutor ex(pool, L.H, L.I, 4, 9, act, L.Is, ft::cpu::cpu_best_isa());
+                ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 4, 9, act, L.Is, ft::cpu::cpu_best_isa());
                 Batch b = random_batch(rng, L, T, 4);
                 auto sh = L.shared(gated);
                 auto y = run_executor(ex, L, b, &sh);
@@ -261,7 +271,7 @@ TEST(MoeExecutor, EveryTierMatchesReference) {
     const ft::cpu::ActivationSpec act{FT_ACT_SILU, 1.702f, 7.0f};
     auto ref = reference(L, b, act, true, true);
     for (Isa isa : supported_tiers()) {
-        ft::cpu::MoeExecutor ex(pool, L.H, L.I, 8, 6, act, L.Is, isa);
+        ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 8, 6, act, L.Is, isa);
         EXPECT_LT(ft::testing::relative_error_bf16(run_executor(ex, L, b, &sh), ref), 1e-2) << ft::cpu::isa_name(isa);
     }
 }
@@ -276,7 +286,7 @@ TEST(MoeExecutor, IdenticalAcrossPoolSizes) {
             auto sh = L.shared(true);
             std::vector<uint16_t> first;
             for (ft::cpu::ThreadPool *pool : {&p1, &p2, &p3}) {
-                ft::cpu::MoeExecutor ex(*pool, L.H, L.I, 8, 16, act, L.Is, isa);
+                ft::cpu::MoeExecutor ex(*pool, ft::Format::bf16, L.H, L.I, 8, 16, act, L.Is, isa);
                 auto y = run_executor(ex, L, b, &sh);
                 if (first.empty()) {
                     first = y;
@@ -295,7 +305,7 @@ TEST(MoeExecutor, OnednnPathMatchesReference) {
         for (int32_t T : {3, 16}) {
             ft::cpu::MoeTuning tuning;
             tuning.onednn_min_tokens = 2;  // experts with >= 2 routes, and the shared one, use oneDNN
-            ft::cpu::MoeExecutor ex(pool, L.H, L.I, 4, 16, act, L.Is, ft::cpu::cpu_best_isa(), tuning);
+            ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 4, 16, act, L.Is, ft::cpu::cpu_best_isa(), tuning);
             Batch b = random_batch(rng, L, T, 4);
             auto sh = L.shared(true);
             auto y = run_executor(ex, L, b, &sh);
@@ -308,7 +318,7 @@ TEST(MoeExecutor, ReadsEachDistinctExpertOnce) {
     std::mt19937 rng(3);
     Layer L(rng, 64, 32, 16, 0);
     ft::cpu::ThreadPool pool(2, false);
-    ft::cpu::MoeExecutor ex(pool, L.H, L.I, 8, 16, {}, 0, ft::cpu::cpu_best_isa());
+    ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 8, 16, {}, 0, ft::cpu::cpu_best_isa());
     for (int rep = 0; rep < 5; ++rep) {
         Batch b = random_batch(rng, L, 16, 8);
         std::set<int32_t> distinct;
@@ -335,17 +345,17 @@ TEST(MoeExecutor, RejectsBadArguments) {
         }
     };
     const Isa isa = ft::cpu::cpu_best_isa();
-    expect_status([&] { ft::cpu::MoeExecutor(pool, 0, 8, 1, 1, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
-    expect_status([&] { ft::cpu::MoeExecutor(pool, 8, -1, 1, 1, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
-    expect_status([&] { ft::cpu::MoeExecutor(pool, 8, 8, 0, 1, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
-    expect_status([&] { ft::cpu::MoeExecutor(pool, 8, 8, 1, 0, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
-    expect_status([&] { ft::cpu::MoeExecutor(pool, 8, 8, 1, 1, {99, 1.f, 1.f}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
+    expect_status([&] { ft::cpu::MoeExecutor(pool, ft::Format::bf16, 0, 8, 1, 1, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
+    expect_status([&] { ft::cpu::MoeExecutor(pool, ft::Format::bf16, 8, -1, 1, 1, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
+    expect_status([&] { ft::cpu::MoeExecutor(pool, ft::Format::bf16, 8, 8, 0, 1, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
+    expect_status([&] { ft::cpu::MoeExecutor(pool, ft::Format::bf16, 8, 8, 1, 0, {}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
+    expect_status([&] { ft::cpu::MoeExecutor(pool, ft::Format::bf16, 8, 8, 1, 1, {99, 1.f, 1.f}, 0, isa); }, FT_ERR_INVALID_ARGUMENT);
     if (isa != Isa::avx512bf16)
-        expect_status([&] { ft::cpu::MoeExecutor(pool, 8, 8, 1, 1, {}, 0, Isa::avx512bf16); }, FT_ERR_UNSUPPORTED);
+        expect_status([&] { ft::cpu::MoeExecutor(pool, ft::Format::bf16, 8, 8, 1, 1, {}, 0, Isa::avx512bf16); }, FT_ERR_UNSUPPORTED);
 
     std::mt19937 rng(1);
     Layer L(rng, 32, 16, 2, 0);
-    ft::cpu::MoeExecutor ex(pool, L.H, L.I, 2, 4, {}, 0, isa);
+    ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 2, 4, {}, 0, isa);
     Batch b = random_batch(rng, L, 4, 2);
     std::vector<uint16_t> x(5 * L.H), y(5 * L.H);
     std::vector<int32_t> ids(10, 0);
@@ -354,7 +364,7 @@ TEST(MoeExecutor, RejectsBadArguments) {
     expect_status([&] { ex.run(src, nullptr, 5, x.data(), ids.data(), w.data(), y.data()); }, FT_ERR_INVALID_ARGUMENT);
     expect_status([&] { ex.run(src, nullptr, -1, x.data(), ids.data(), w.data(), y.data()); }, FT_ERR_INVALID_ARGUMENT);
     auto small = src;
-    small.down_row_bytes = 8;
+    small.row_bytes[1] = 8;
     expect_status([&] { ex.run(small, nullptr, 1, x.data(), ids.data(), w.data(), y.data()); }, FT_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(ex.run(src, nullptr, 0, x.data(), ids.data(), w.data(), y.data()).routes_computed, 0u);
 }

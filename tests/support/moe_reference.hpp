@@ -133,3 +133,64 @@ inline double relative_error_bf16(const std::vector<uint16_t> &a, const std::vec
 }
 
 }  // namespace ft::testing
+
+namespace ft::testing {
+
+// Dequantised weights of one expert (fp32, row-major: gate/up [I,H], down [H,I]) and optional
+// per-output biases (mxfp4: gate/up [I], down [H]).
+struct ExpertF32 {
+    const float *gate, *up, *down;
+    const float *bias_gate = nullptr, *bias_up = nullptr, *bias_down = nullptr;
+};
+
+// Format numerics the reference reproduces around the fp64 sums (cpu/README.md):
+// ds_fp4 = DeepSeek-V4: inputs of both GEMMs FP8-round-tripped per 128 (fp8_round_trip),
+// gate/up rounded to bf16, clamp at ds_limit (> 0) before silu(g) * u, and each weighted route
+// output rounded to bf16 before the sum.
+struct FormatNumerics {
+    bool ds_fp4 = false;
+    double ds_limit = 0.0;
+    std::function<void(const float *, int64_t, float *)> fp8_round_trip;  // ft::fp8_round_trip_per128
+};
+
+inline std::vector<double> moe_reference_f32(const std::function<ExpertF32(int32_t)> &expert, int32_t num_experts,
+                                             const ActivationRef &act, const FormatNumerics &fmt, int32_t H,
+                                             int32_t I, int32_t T, int32_t K, const uint16_t *x, const int32_t *ids,
+                                             const float *w) {
+    std::vector<double> out(size_t(T) * H, 0.0);
+    std::vector<float> xin(H), xr(H), mid(I), midr(I);
+    std::vector<double> o(H);
+    for (int32_t t = 0; t < T; ++t) {
+        for (int32_t h = 0; h < H; ++h) xin[h] = float(bf16_to_f64(x[size_t(t) * H + h]));
+        if (fmt.ds_fp4) fmt.fp8_round_trip(xin.data(), H, xr.data()); else xr = xin;
+        for (int32_t k = 0; k < K; ++k) {
+            const int32_t e = ids[size_t(t) * K + k];
+            if (e < 0 || e >= num_experts) continue;
+            const ExpertF32 ex = expert(e);
+            for (int32_t i = 0; i < I; ++i) {
+                double g = 0, u = 0;
+                for (int32_t h = 0; h < H; ++h) {
+                    g += double(ex.gate[size_t(i) * H + h]) * xr[h];
+                    u += double(ex.up[size_t(i) * H + h]) * xr[h];
+                }
+                if (ex.bias_gate) g += ex.bias_gate[i], u += ex.bias_up[i];
+                if (fmt.ds_fp4) {
+                    g = round_to_bf16(g), u = round_to_bf16(u);
+                    if (fmt.ds_limit > 0) g = std::min(g, fmt.ds_limit), u = std::clamp(u, -fmt.ds_limit, fmt.ds_limit);
+                }
+                mid[i] = float(round_to_bf16(activate_ref(act, g, u)));
+            }
+            if (fmt.ds_fp4) fmt.fp8_round_trip(mid.data(), I, midr.data()); else midr = mid;
+            const double wk = w[size_t(t) * K + k];
+            for (int32_t h = 0; h < H; ++h) {
+                double d = 0;
+                for (int32_t i = 0; i < I; ++i) d += double(ex.down[size_t(h) * I + i]) * midr[i];
+                if (ex.bias_down) d += ex.bias_down[h];
+                out[size_t(t) * H + h] += fmt.ds_fp4 ? round_to_bf16(wk * d) : wk * d;
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace ft::testing

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "freetoken.h"
+#include "ft/formats.hpp"
 
 namespace ft::cpu {
 
@@ -130,13 +131,14 @@ struct ActivationSpec {
     float limit = 7.0f;    // FT_ACT_SWIGLU_CLAMP; +inf = no clamp
 };
 
-// bf16 banks of one MoE layer.
+// The banks of one MoE layer in any expert format: bank b (ft::bank_schema order) of expert e
+// starts at base[b] + e * row_bytes[b].
 struct ExpertSource {
-    const uint8_t *gate_up_base;  // row e: gate [I,H] then up [I,H] (bf16, row-major)
-    size_t gate_up_row_bytes;
-    const uint8_t *down_base;     // row e: down [H,I]
-    size_t down_row_bytes;
-    int32_t num_experts;
+    Format format = Format::bf16;
+    int32_t num_experts = 0;
+    int num_banks = 0;
+    const uint8_t *base[8] = {};
+    size_t row_bytes[8] = {};
 };
 
 // Shared expert(s) of a layer, applied to every token: gate/up [Is,H], down [H,Is] (bf16).
@@ -156,12 +158,18 @@ struct MoeTuning {
     int32_t onednn_min_tokens = -1;  // -1: FT_CPU_ONEDNN_MIN_TOKENS, else 16 with AMX-BF16, else 0
 };
 
+// Kernels and activation preparation of one quantised format at one tier (cpu/src/quant.hpp).
+struct QuantOps;
+
 class MoeExecutor {
 public:
-    // Validates the geometry (all > 0; any hidden/intermediate sizes, tails are handled) and
-    // preallocates every buffer for max_tokens. FT_ERR_INVALID_ARGUMENT on bad arguments,
-    // FT_ERR_UNSUPPORTED if the CPU lacks `isa`.
-    MoeExecutor(ThreadPool &pool, int32_t hidden, int32_t intermediate, int32_t top_k,
+    // Validates the geometry (all > 0; bf16 takes any hidden/intermediate sizes, the other
+    // formats need the multiples of ft::format_block) and preallocates every buffer for
+    // max_tokens. Routed experts are in `format`; the shared expert is always bf16.
+    // ds_fp4 with FT_ACT_SILU clamps like DeepSeek-V4 when act.limit is finite and > 0 (see
+    // cpu/README.md). FT_ERR_INVALID_ARGUMENT on bad arguments, FT_ERR_UNSUPPORTED if the CPU
+    // lacks `isa`.
+    MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_t intermediate, int32_t top_k,
                 int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
                 MoeTuning tuning = {});
     ~MoeExecutor();
@@ -171,13 +179,17 @@ public:
     // y[t] = sum_k w[t,k] * down_e(act(gate_e x[t]) * (up_e x[t])) over routes with 0 <= id < E,
     // plus the shared expert (weight 1 or sigmoid(gate_proj . x[t])) when shared != nullptr.
     // x, y bf16 [T,H]; ids int32 / w f32 [T,K]. Each distinct expert is read once for all its
-    // tokens. fp32 accumulation, bf16 intermediate, one bf16 rounding of y. The result does not
+    // tokens. fp32 accumulation, bf16 intermediate, one bf16 rounding of y (format numerics in
+    // cpu/README.md: mxfp4 biases, ds_fp4 FP8 round trips, q4_0 Q8_0 activations). The result does not
     // depend on the pool size. Never allocates. FT_ERR_INVALID_ARGUMENT if num_tokens is outside
     // [0, max_tokens] or a pointer is NULL.
     MoeStats run(const ExpertSource &src, const SharedExpertView *shared, int32_t num_tokens,
                  const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y);
 
     Isa isa() const { return isa_; }
+    Format format() const { return format_; }
+    // The kernel of the routed experts, e.g. "bf16" or "q4_0-w4a8-avx512".
+    const char *kernel_name() const;
     int32_t onednn_min_tokens() const { return onednn_min_tokens_; }
 
 private:
@@ -186,12 +198,17 @@ private:
     void run_pool_passes(int worker, int num_workers, bool with_reduce);
     void run_onednn_groups();
     void reduce_rows(int64_t item);
+    void run_item_pass1(int worker, int64_t item);
+    void run_item_pass2(int64_t item);
+    int32_t group_of(const std::vector<int64_t> &prefix, int64_t item) const;
 
     ThreadPool &pool_;
+    Format format_;
     int32_t hidden_, inter_, top_k_, max_tokens_, shared_inter_;
     ActivationSpec act_;
     Isa isa_;
     GemvFn gemv_;
+    const QuantOps *quant_ = nullptr;  // nullptr for bf16
     int32_t onednn_min_tokens_;
     std::unique_ptr<Scratch> s_;
 };

@@ -1,0 +1,300 @@
+// Quantised expert formats: decode tables, activation preparation, the scalar kernels (a direct
+// transcription of the lib/formats reference) and the choice of kernel per tier.
+//
+// Prepared activation layouts (one per format, shared by every tier):
+//   fp8_block, mxfp4  float[K] as is.
+//   nvfp4, ds_fp4     float, per 32 elements [16 even, 16 odd] (x0 x2 .. x30 x1 x3 .. x31), so a
+//                     kernel multiplies the low nibbles of 16 packed bytes by the first half and
+//                     the high nibbles by the second; zero-padded to a multiple of 32. ds_fp4 rounds
+//                     x through FP8 per 128 first (DeepSeek-V4).
+//   q4_0              Q8_0 (ft::quantize_q8_0): int8 q[K] zero-padded to a multiple of 64, then
+//                     float d[K/32] (+1 zero entry).
+#include "quant.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/dequant.hpp"
+
+namespace ft::cpu {
+namespace detail {
+
+float g_e2m1[16];
+float g_e4m3[256];
+float g_e8m0[256];
+
+namespace {
+const bool g_tables_ready = [] {
+    for (int i = 0; i < 16; ++i) g_e2m1[i] = e2m1_to_f32(uint8_t(i));
+    for (int i = 0; i < 256; ++i) {
+        g_e4m3[i] = e4m3_to_f32(uint8_t(i));
+        g_e8m0[i] = e8m0_to_f32(uint8_t(i));
+    }
+    return true;
+}();
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Position of element k in the [16 even, 16 odd] per-32 layout.
+inline int64_t split_index(int64_t k) { return (k & ~int64_t(31)) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1); }
+
+inline uint8_t nibble(const uint8_t *packed, int64_t k) {
+    const uint8_t b = packed[k / 2];
+    return (k & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xf);
+}
+
+uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+}  // namespace
+
+size_t q8_0_act_bytes(int64_t K) { return size_t(round_up(K, 64) + 4 * (K / 32 + 1) + 63) / 64 * 64; }
+
+// The scalar kernels dequantise each weight exactly as lib/formats does and accumulate in fp32.
+void fp8_block_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                      float *out, size_t ldo) {
+    const int64_t K = m.K, kb = K / 128;
+    for (int j = 0; j < count; ++j) {
+        const int64_t r = first + j;
+        const uint8_t *w = m.data + r * K;
+        const uint8_t *band = m.scale + (r / 128) * kb * 2;
+        for (int t = 0; t < ntok; ++t) {
+            const float *x = reinterpret_cast<const float *>(act[t]);
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; ++k) s += g_e4m3[w[k]] * bf16_to_f32(load_u16(band + (k / 128) * 2)) * x[k];
+            out[t * ldo + j] = s;
+        }
+    }
+}
+
+void nvfp4_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                  float *out, size_t ldo) {
+    const int64_t K = m.K;
+    for (int j = 0; j < count; ++j) {
+        const int64_t r = first + j;
+        const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / 16);
+        const float g = f16_to_f32(load_u16(m.global + r * 2));
+        for (int t = 0; t < ntok; ++t) {
+            const float *x = reinterpret_cast<const float *>(act[t]);
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; ++k) s += g_e2m1[nibble(p, k)] * g_e4m3[sc[k / 16]] * g * x[split_index(k)];
+            out[t * ldo + j] = s;
+        }
+    }
+}
+
+void ds_fp4_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                   float *out, size_t ldo) {
+    const int64_t K = m.K;
+    for (int j = 0; j < count; ++j) {
+        const int64_t r = first + j;
+        const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / 32);
+        for (int t = 0; t < ntok; ++t) {
+            const float *x = reinterpret_cast<const float *>(act[t]);
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; ++k) s += g_e2m1[nibble(p, k)] * g_e8m0[sc[k / 32]] * x[split_index(k)];
+            out[t * ldo + j] = s;
+        }
+    }
+}
+
+void q4_0_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                 float *out, size_t ldo) {
+    const int64_t K = m.K, nb = K / 32, qbytes = round_up(K, 64);
+    for (int j = 0; j < count; ++j) {
+        const uint8_t *row = m.data + (first + j) * nb * 18;
+        for (int t = 0; t < ntok; ++t) {
+            const int8_t *q = reinterpret_cast<const int8_t *>(act[t]);
+            const float *d = reinterpret_cast<const float *>(act[t] + qbytes);
+            float s = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *blk = row + b * 18;
+                int32_t isum = 0;
+                for (int i = 0; i < 16; ++i) {
+                    isum += (int32_t(blk[2 + i] & 0xf) - 8) * q[b * 32 + i];
+                    isum += (int32_t(blk[2 + i] >> 4) - 8) * q[b * 32 + 16 + i];
+                }
+                s += float(isum) * (f16_to_f32(load_u16(blk)) * d[b]);
+            }
+            out[t * ldo + j] = s;
+        }
+    }
+}
+
+void mxfp4_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                  float *out, size_t ldo) {
+    const int64_t K = m.K, N = m.N;
+    for (int j = 0; j < count; ++j) {
+        const int64_t n = first + j;
+        for (int t = 0; t < ntok; ++t) {
+            const float *x = reinterpret_cast<const float *>(act[t]);
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; ++k) {
+                const uint8_t b = m.data[(k / 2) * N + n];
+                const uint8_t code = (k & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xf);
+                s += g_e2m1[code] * g_e8m0[m.scale[(k / 32) * N + n]] * x[k];
+            }
+            out[t * ldo + j] = s;
+        }
+    }
+}
+
+}  // namespace detail
+
+// Bit-exact with ft::fp8_round_trip_per128 (tested), without its per-element frexp/ldexp: after the
+// power-of-two scaling, e4m3 rounding is RNE to 3 mantissa bits for normals (|c| >= 2^-6) and to
+// multiples of 2^-9 below.
+void fp8_round_trip_bf16(const uint16_t *x, int64_t K, float *y) {
+    for (int64_t g = 0; g < K / kFp8ActBlock; ++g) {
+        const uint16_t *xs = x + g * kFp8ActBlock;
+        float *ys = y + g * kFp8ActBlock;
+        float amax = 0.0f;
+        for (int i = 0; i < kFp8ActBlock; ++i) amax = std::max(amax, std::fabs(bf16_to_f32(xs[i])));
+        amax = std::max(amax, 1e-4f);
+        const float r = amax / 448.0f;
+        uint32_t bits;
+        std::memcpy(&bits, &r, 4);
+        const int e = int((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
+        const float s = std::ldexp(1.0f, e);
+        for (int i = 0; i < kFp8ActBlock; ++i) {
+            const float c = std::clamp(bf16_to_f32(xs[i]) / s, -448.0f, 448.0f);
+            float q;
+            if (std::fabs(c) < 0.015625f) {
+                q = std::nearbyint(c * 512.0f) / 512.0f;  // default rounding mode: nearest even
+                if (q == 0.0f) q = std::copysign(0.0f, c);
+            } else {
+                uint32_t b;
+                std::memcpy(&b, &c, 4);
+                b += 0x7ffffu + ((b >> 20) & 1u);
+                b &= ~0xfffffu;
+                std::memcpy(&q, &b, 4);
+            }
+            ys[i] = bf16_to_f32(f32_to_bf16(q * s));
+        }
+    }
+}
+
+namespace {
+
+using detail::round_up;
+
+size_t f32_act_bytes(int64_t K) { return size_t(round_up(K, 32) * 4 + 63) / 64 * 64; }
+
+void prepare_f32(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float *y = reinterpret_cast<float *>(dst);
+    for (int64_t k = 0; k < K; ++k) y[k] = bf16_to_f32(x[k]);
+}
+
+void split_f32(const float *v, int64_t K, float *y) {
+    const int64_t padded = round_up(K, 32);
+    for (int64_t k = K; k < padded; ++k) y[detail::split_index(k)] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) y[detail::split_index(k)] = v[k];
+}
+
+void prepare_split(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float v[32];
+    float *y = reinterpret_cast<float *>(dst);
+    for (int64_t c = 0; c < K; c += 32) {
+        const int64_t n = std::min<int64_t>(32, K - c);
+        for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_f32(x[c + i]);
+        split_f32(v, n, y + c);
+    }
+}
+
+void prepare_ds_fp4(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float v[kFp8ActBlock];
+    float *y = reinterpret_cast<float *>(dst);
+    for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
+        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
+        split_f32(v, kFp8ActBlock, y + c);
+    }
+}
+
+void prepare_q8_0(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t qbytes = round_up(K, 64);
+    int8_t *q = reinterpret_cast<int8_t *>(dst);
+    float *d = reinterpret_cast<float *>(dst + qbytes);
+    float v[32];
+    for (int64_t b = 0; b < K / 32; ++b) {
+        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[b * 32 + i]);
+        quantize_q8_0(v, 32, q + b * 32, d + b);
+    }
+    std::memset(q + K, 0, size_t(qbytes - K));
+    d[K / 32] = 0.0f;
+}
+
+struct TierKernels {
+    Format format;
+    const char *name;
+    size_t (*act_bytes)(int64_t);
+    void (*prepare)(const uint16_t *, int64_t, uint8_t *);
+    detail::QuantGemv scalar, avx2, avx512;
+};
+
+const TierKernels kKernels[] = {
+    {Format::fp8_block, "fp8_block-w8a16", f32_act_bytes, prepare_f32, detail::fp8_block_scalar,
+#if defined(FT_CPU_X86_KERNELS)
+     nullptr /* AVX2: scalar, see README */, detail::fp8_block_avx512},
+#else
+     nullptr, nullptr},
+#endif
+    {Format::nvfp4, "nvfp4-w4a16", f32_act_bytes, prepare_split, detail::nvfp4_scalar,
+#if defined(FT_CPU_X86_KERNELS)
+     nullptr /* AVX2: scalar, see README */, detail::nvfp4_avx512},
+#else
+     nullptr, nullptr},
+#endif
+    {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)", f32_act_bytes, prepare_ds_fp4, detail::ds_fp4_scalar,
+#if defined(FT_CPU_X86_KERNELS)
+     nullptr /* AVX2: scalar, see README */, detail::ds_fp4_avx512},
+#else
+     nullptr, nullptr},
+#endif
+    {Format::mxfp4, "mxfp4-w4a16", f32_act_bytes, prepare_f32, detail::mxfp4_scalar,
+#if defined(FT_CPU_X86_KERNELS)
+     nullptr /* AVX2: scalar, see README */, detail::mxfp4_avx512},
+#else
+     nullptr, nullptr},
+#endif
+    {Format::q4_0, "q4_0-w4a8", detail::q8_0_act_bytes, prepare_q8_0, detail::q4_0_scalar,
+#if defined(FT_CPU_X86_KERNELS)
+     nullptr /* AVX2: scalar, see README */, detail::q4_0_avx512},
+#else
+     nullptr, nullptr},
+#endif
+};
+
+}  // namespace
+
+const QuantOps *quant_ops(Format f, Isa isa) {
+    if (f == Format::bf16) return nullptr;
+    // One table of every (format, tier) pair, built once; tiers without their own kernel use the
+    // next lower one (the AVX-512-BF16 tier runs the AVX-512F kernels: no bf16 dot product helps
+    // formats whose weights are not bf16).
+    static const std::vector<QuantOps> table = [] {
+        std::vector<QuantOps> t;
+        const char *suffix[] = {"-scalar", "-avx2", "-avx512", "-avx512"};
+        static std::vector<std::string> names;
+        names.reserve(64);
+        for (const TierKernels &k : kKernels)
+            for (int tier = 0; tier < 4; ++tier) {
+                detail::QuantGemv fn = k.scalar;
+                int used = 0;
+                if (tier >= 1 && k.avx2) fn = k.avx2, used = 1;
+                if (tier >= 2 && k.avx512) fn = k.avx512, used = 2;
+                names.push_back(std::string(k.name) + suffix[used]);
+                t.push_back({k.format, fn, names.back().c_str(), k.act_bytes, k.prepare});
+            }
+        return t;
+    }();
+    for (size_t i = 0; i < std::size(kKernels); ++i)
+        if (kKernels[i].format == f) return &table[i * 4 + size_t(isa)];
+    fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
+}
+
+}  // namespace ft::cpu

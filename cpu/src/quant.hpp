@@ -1,0 +1,28 @@
+// Kernels and activation preparation of the quantised expert formats (internal to ft_cpu).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ft/cpu.hpp"
+#include "quant_kernels.hpp"
+
+namespace ft::cpu {
+
+struct QuantOps {
+    Format format;
+    detail::QuantGemv gemv;
+    const char *kernel;  // e.g. "nvfp4-w4a16-avx512", for logs and benchmarks
+    // Bytes of one prepared activation of length K (a multiple of 64, so rows stay aligned).
+    size_t (*act_bytes)(int64_t K);
+    // x (bf16, K values) -> the layout the kernels of the format read (quant.cpp documents each).
+    void (*prepare)(const uint16_t *x, int64_t K, uint8_t *dst);
+};
+
+// The kernels of `f` at tier `isa` (the best the format has at or below it); nullptr for bf16.
+const QuantOps *quant_ops(Format f, Isa isa);
+
+// DeepSeek-V4 FP8 round trip per 128 (ft::fp8_round_trip_per128, bit-identical), input bf16.
+void fp8_round_trip_bf16(const uint16_t *x, int64_t K, float *y);
+
+}  // namespace ft::cpu

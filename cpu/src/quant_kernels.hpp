@@ -1,0 +1,51 @@
+// Declarations of the per-tier kernels of the quantised expert formats. Included by the tier
+// translation units, so it must stay free of inline functions and templates (see
+// cpu/CMakeLists.txt).
+//
+// A kernel computes out[t * ldo + j] = dot(output first + j of matrix m, act[t]) for j < count
+// and t < ntok, in fp32. Outputs are weight rows, except for mxfp4 where they are columns of the
+// transposed [K][N] matrix. act[t] is the activation of token t prepared by the format's
+// prepare function (quant.cpp) in the layout documented there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ft::cpu::detail {
+
+struct QuantMatrix {
+    const uint8_t *data;    // weights: fp8_block e4m3 [N,K]; nvfp4/ds_fp4 packed [N,K/2];
+                            // q4_0 blocks [N, K/32*18]; mxfp4 blocks [K/2][N]
+    const uint8_t *scale;   // fp8_block bf16 [N/128][K/128]; nvfp4 e4m3 [N,K/16]; ds_fp4 e8m0
+                            // [N,K/32]; mxfp4 e8m0 [K/32][N]; q4_0: unused
+    const uint8_t *global;  // nvfp4: fp16 [N]; others unused
+    int64_t K;              // reduction length
+    int64_t N;              // outputs of the whole matrix (mxfp4: its row stride in bytes)
+};
+
+using QuantGemv = void (*)(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                           float *out, size_t ldo);
+
+// Element decode tables filled once from the lib/formats reference decoders (so every edge case,
+// e4m3 NaN codes and e8m0 code 0 = 2^-127 included, is the reference's by construction).
+extern float g_e2m1[16];
+extern float g_e4m3[256];
+extern float g_e8m0[256];
+
+// Bytes of a prepared q4_0 activation of length K: int8 q[K] (Q8_0), then float d[K/32].
+size_t q8_0_act_bytes(int64_t K);
+
+void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_0_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void mxfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+
+
+void fp8_block_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void nvfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_0_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void mxfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+
+}  // namespace ft::cpu::detail

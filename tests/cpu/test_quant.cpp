@@ -1,0 +1,353 @@
+// Quantised expert formats on the CPU: the whole MoE layer per format and tier against the fp64
+// reference of the dequantised weights (ft::dequant_projection, the one scalar reference), the
+// fast FP8 round trip against ft::fp8_round_trip_per128, determinism across pool sizes and the
+// dedup byte counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+#include "ft/dequant.hpp"
+#include "ft/formats.hpp"
+#include "moe_reference.hpp"
+#include "quant.hpp"
+
+namespace {
+
+using ft::Format;
+using ft::cpu::Isa;
+
+std::vector<Isa> tiers_here() {
+    std::vector<Isa> t;
+    for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16})
+        if (int(i) <= int(ft::cpu::cpu_best_isa())) t.push_back(i);
+    return t;
+}
+
+void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Random banks of E experts in format f; scales chosen so gate/up outputs are O(1).
+struct QLayer {
+    Format f;
+    int32_t H, I, E;
+    std::vector<ft::BankSpec> schema;
+    std::vector<std::vector<uint8_t>> banks;
+    std::vector<std::vector<float>> gate, up, down, bgate, bup, bdown;  // per expert
+
+    QLayer(std::mt19937 &rng, Format fmt, int32_t h, int32_t i, int32_t e) : f(fmt), H(h), I(i), E(e) {
+        schema = ft::bank_schema(f, H, I);
+        std::uniform_int_distribution<int> byte(0, 255);
+        for (const auto &b : schema) {
+            std::vector<uint8_t> v(b.row_bytes * E);
+            for (auto &x : v) x = uint8_t(byte(rng));
+            banks.push_back(std::move(v));
+        }
+        for (int32_t x = 0; x < E; ++x) fix_expert(rng, x);
+        for (int32_t x = 0; x < E; ++x) {
+            const uint8_t *rows[8];
+            for (size_t b = 0; b < schema.size(); ++b) rows[b] = banks[b].data() + x * schema[b].row_bytes;
+            auto proj = [&](int p, size_t n) {
+                std::vector<float> o(n);
+                ft::dequant_projection(f, rows, H, I, p, o.data());
+                return o;
+            };
+            gate.push_back(proj(FT_PROJ_GATE, size_t(I) * H));
+            up.push_back(proj(FT_PROJ_UP, size_t(I) * H));
+            down.push_back(proj(FT_PROJ_DOWN, size_t(H) * I));
+            std::vector<float> bg(I), bu(I), bd(H);
+            if (ft::projection_bias(f, rows, H, I, FT_PROJ_GATE, bg.data())) {
+                ft::projection_bias(f, rows, H, I, FT_PROJ_UP, bu.data());
+                ft::projection_bias(f, rows, H, I, FT_PROJ_DOWN, bd.data());
+                bgate.push_back(bg), bup.push_back(bu), bdown.push_back(bd);
+            }
+        }
+    }
+
+    // Scale bytes from the ranges real quantisers produce (no e4m3 NaN, no e8m0 255), with the
+    // edge codes the reference defines mixed in (e8m0 0 = 2^-127, e4m3 subnormal scales).
+    void fix_expert(std::mt19937 &rng, int32_t x) {
+        auto row = [&](int b) { return banks[b].data() + x * schema[b].row_bytes; };
+        auto len = [&](int b) { return schema[b].row_bytes; };
+        std::uniform_int_distribution<int> coin(0, 15);
+        auto e8m0_fill = [&](int b, int64_t K) {
+            const int center = 127 - int(std::lround(std::log2(std::sqrt(double(K))))) - 2;
+            std::uniform_int_distribution<int> c(center - 1, center + 1);
+            for (size_t i = 0; i < len(b); ++i) row(b)[i] = coin(rng) == 0 ? 0 : uint8_t(c(rng));
+        };
+        auto bf16_fill = [&](int b, double mag) {
+            std::uniform_real_distribution<float> d(float(mag) * 0.5f, float(mag));
+            for (size_t i = 0; i < len(b); i += 2) put_u16(row(b) + i, ft::f32_to_bf16(d(rng) * (coin(rng) & 1 ? 1 : -1)));
+        };
+        switch (f) {
+            case Format::fp8_block:
+                for (int b : {0, 2})
+                    for (size_t i = 0; i < len(b); ++i)
+                        if ((row(b)[i] & 0x7f) == 0x7f) row(b)[i] ^= 1;  // no NaN codes
+                bf16_fill(1, 1.0 / (40 * std::sqrt(double(H))));
+                bf16_fill(3, 1.0 / (40 * std::sqrt(double(I))));
+                break;
+            case Format::nvfp4: {
+                std::uniform_int_distribution<int> c(0x02, 0x40);  // subnormal to 2.0
+                for (int b : {1, 4})
+                    for (size_t i = 0; i < len(b); ++i) row(b)[i] = uint8_t(c(rng));
+                for (int b : {2, 5})
+                    for (size_t i = 0; i < len(b); i += 2)
+                        put_u16(row(b) + i, ft::f32_to_f16(float(0.3 / std::sqrt(double(b == 2 ? H : I)))));
+                break;
+            }
+            case Format::mxfp4:
+                e8m0_fill(1, H);
+                e8m0_fill(4, I);
+                bf16_fill(2, 0.1);
+                bf16_fill(5, 0.1);
+                break;
+            case Format::ds_fp4:
+                e8m0_fill(1, H);
+                e8m0_fill(3, I);
+                break;
+            case Format::q4_0:
+                for (int b : {0, 1}) {
+                    const int64_t K = b == 0 ? H : I;
+                    std::uniform_real_distribution<float> d(0.02f / float(std::sqrt(double(K))), 0.1f / float(std::sqrt(double(K))));
+                    for (size_t i = 0; i < len(b); i += 18) put_u16(row(b) + i, ft::f32_to_f16(d(rng)));
+                }
+                break;
+            default: break;
+        }
+    }
+
+    ft::cpu::ExpertSource source() const {
+        ft::cpu::ExpertSource s;
+        s.format = f;
+        s.num_experts = E;
+        s.num_banks = int(schema.size());
+        for (size_t b = 0; b < schema.size(); ++b) {
+            s.base[b] = banks[b].data();
+            s.row_bytes[b] = schema[b].row_bytes;
+        }
+        return s;
+    }
+
+    ft::testing::ExpertF32 expert(int32_t e) const {
+        ft::testing::ExpertF32 x{gate[e].data(), up[e].data(), down[e].data()};
+        if (!bgate.empty()) x.bias_gate = bgate[e].data(), x.bias_up = bup[e].data(), x.bias_down = bdown[e].data();
+        return x;
+    }
+};
+
+struct Batch {
+    int32_t T, K;
+    std::vector<uint16_t> x;
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+};
+
+// Ids outside [0, E) mixed in, a duplicate id in token 0, and (T >= 2) an all-skipped last token.
+Batch random_batch(std::mt19937 &rng, int32_t E, int32_t H, int32_t T, int32_t K) {
+    Batch b{T, K, std::vector<uint16_t>(size_t(T) * H), std::vector<int32_t>(T * K), std::vector<float>(T * K)};
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f), wd(0.05f, 1.0f);
+    for (auto &v : b.x) {
+        float f = xd(rng);
+        v = ft::f32_to_bf16(f == 0.0f ? 0.5f : f);
+    }
+    std::uniform_int_distribution<int32_t> id(-2, E + 1);
+    for (int32_t r = 0; r < T * K; ++r) b.ids[r] = id(rng), b.w[r] = wd(rng);
+    if (K >= 2) b.ids[1] = b.ids[0] = std::abs(b.ids[0]) % E;
+    if (T >= 2)
+        for (int32_t k = 0; k < K; ++k) b.ids[(T - 1) * K + k] = (k % 2) ? -1 : E + k;
+    return b;
+}
+
+std::vector<double> reference(const QLayer &L, const Batch &b, const ft::cpu::ActivationSpec &act) {
+    ft::testing::ActivationRef a{act.kind, act.alpha, act.limit};
+    ft::testing::FormatNumerics fmt;
+    if (L.f == Format::ds_fp4) {
+        fmt.ds_fp4 = true;
+        fmt.ds_limit = act.kind == FT_ACT_SILU && std::isfinite(act.limit) ? act.limit : 0.0;
+        fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
+    }
+    return ft::testing::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H, L.I, b.T, b.K,
+                                          b.x.data(), b.ids.data(), b.w.data());
+}
+
+std::vector<ft::cpu::ActivationSpec> activations_of(Format f) {
+    const float inf = std::numeric_limits<float>::infinity();
+    switch (f) {
+        case Format::mxfp4: return {{FT_ACT_SWIGLU_CLAMP, 1.702f, 7.0f}, {FT_ACT_SWIGLU_CLAMP, 1.702f, 0.3f}};
+        case Format::ds_fp4: return {{FT_ACT_SILU, 1.702f, 0.0f}, {FT_ACT_SILU, 1.702f, 0.25f}, {FT_ACT_SILU, 1.702f, inf}};
+        default: return {{FT_ACT_SILU, 1.702f, 7.0f}, {FT_ACT_GELU, 1.702f, 7.0f}, {FT_ACT_GELU_TANH, 1.702f, 7.0f}};
+    }
+}
+
+// Max relative error bounds of the whole layer (bf16 output, so >= 2^-9 anyway): W8A16 / W4A16
+// compute with exact weights and fp32 sums; q4_0 is W4A8 (Q8_0 activations, both GEMMs) and
+// is compared with the unquantised fp64 reference.
+double bound_of(Format f) { return f == Format::q4_0 ? 3e-2 : 1e-2; }
+
+struct Geometry {
+    Format f;
+    int32_t H, I;
+};
+const Geometry kGeometries[] = {
+    {Format::fp8_block, 256, 128}, {Format::nvfp4, 272, 48},  // nvfp4 rows ending in half a 32-chunk
+    {Format::nvfp4, 256, 96},      {Format::mxfp4, 192, 96},  // pass-2 tiles of 32 and 64 columns
+    {Format::ds_fp4, 256, 128},    {Format::q4_0, 224, 96},
+};
+
+class QuantMoe : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(QuantMoe, MatchesDequantisedReference) {
+    const Isa isa = GetParam();
+    if (int(isa) > int(ft::cpu::cpu_best_isa())) GTEST_SKIP() << ft::cpu::isa_name(isa) << " not supported here";
+    ft::cpu::ThreadPool pool(2, false);
+    for (const Geometry &geo : kGeometries) {
+        std::mt19937 rng(17 + int(geo.f) * 31 + geo.H);
+        QLayer L(rng, geo.f, geo.H, geo.I, 6);
+        for (const auto &act : activations_of(geo.f))
+            for (int32_t T : {1, 2, 5, 16}) {
+                const int32_t K = 4;
+                ft::cpu::MoeExecutor ex(pool, geo.f, L.H, L.I, K, 16, act, 0, isa);
+                Batch b = random_batch(rng, L.E, L.H, T, K);
+                std::vector<uint16_t> y(size_t(T) * L.H, 0x7fc0);
+                auto src = L.source();
+                ex.run(src, nullptr, T, b.x.data(), b.ids.data(), b.w.data(), y.data());
+                const double err = ft::testing::relative_error_bf16(y, reference(L, b, act));
+                EXPECT_LT(err, bound_of(geo.f)) << ft::format_name(geo.f) << " H=" << L.H << " I=" << L.I << " "
+                                                << ex.kernel_name() << " act " << act.kind << " limit " << act.limit
+                                                << " T=" << T;
+                if (T >= 2) {
+                    for (int32_t h = 0; h < L.H; ++h) ASSERT_EQ(y[size_t(T - 1) * L.H + h], 0) << "skipped token";
+                }
+            }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTiers, QuantMoe, ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16),
+                         [](const auto &info) { return std::string(ft::cpu::isa_name(info.param)); });
+
+TEST(QuantMoe, SharedBf16ExpertNextToQuantisedRoutes) {
+    std::mt19937 rng(8);
+    QLayer L(rng, Format::q4_0, 128, 64, 4);
+    ft::cpu::ThreadPool pool(2, false);
+    const int32_t Is = 32;
+    std::uniform_real_distribution<float> d(-0.1f, 0.1f);
+    std::vector<uint16_t> sg(Is * L.H), su(Is * L.H), sd(L.H * Is);
+    for (auto *v : {&sg, &su, &sd})
+        for (auto &e : *v) e = ft::f32_to_bf16(d(rng) + 1e-3f);
+    ft::cpu::SharedExpertView sh{sg.data(), su.data(), sd.data(), Is, nullptr};
+    ft::cpu::MoeExecutor ex(pool, Format::q4_0, L.H, L.I, 2, 4, {}, Is, ft::cpu::cpu_best_isa());
+    Batch b = random_batch(rng, L.E, L.H, 3, 2);
+    std::vector<uint16_t> y(3 * L.H);
+    auto src = L.source();
+    ex.run(src, &sh, 3, b.x.data(), b.ids.data(), b.w.data(), y.data());
+    auto ref = reference(L, b, {});
+    ft::testing::ExpertRef shr{sg.data(), su.data(), sd.data(), Is};
+    for (int32_t t = 0; t < 3; ++t) {
+        std::vector<double> o(L.H, 0.0);
+        ft::testing::expert_ref(shr, {}, L.H, b.x.data() + t * L.H, 1.0, o.data());
+        for (int32_t h = 0; h < L.H; ++h) ref[t * L.H + h] += o[h];
+    }
+    EXPECT_LT(ft::testing::relative_error_bf16(y, ref), 3e-2);
+}
+
+TEST(QuantMoe, IdenticalAcrossPoolSizesAndDedupCounts) {
+    ft::cpu::ThreadPool p1(1, false), p2(2, false), p3(3, true);
+    for (const Geometry &geo : kGeometries) {
+        std::mt19937 rng(5 + int(geo.f));
+        QLayer L(rng, geo.f, geo.H, geo.I, 8);
+        const auto act = activations_of(geo.f)[0];
+        for (Isa isa : tiers_here()) {
+            Batch b = random_batch(rng, L.E, L.H, 11, 8);
+            std::set<int32_t> distinct;
+            for (int32_t e : b.ids)
+                if (e >= 0 && e < L.E) distinct.insert(e);
+            std::vector<uint16_t> first;
+            for (ft::cpu::ThreadPool *pool : {&p1, &p2, &p3}) {
+                ft::cpu::MoeExecutor ex(*pool, geo.f, L.H, L.I, 8, 16, act, 0, isa);
+                std::vector<uint16_t> y(size_t(11) * L.H);
+                auto src = L.source();
+                auto st = ex.run(src, nullptr, 11, b.x.data(), b.ids.data(), b.w.data(), y.data());
+                EXPECT_EQ(st.experts_read, distinct.size());
+                EXPECT_EQ(st.bytes_read, distinct.size() * ft::expert_bytes(geo.f, L.H, L.I));
+                if (first.empty()) first = y;
+                else EXPECT_EQ(y, first) << ft::format_name(geo.f) << " pool " << pool->size() << " " << ft::cpu::isa_name(isa);
+            }
+        }
+    }
+}
+
+TEST(QuantMoe, RejectsMismatchedSources) {
+    ft::cpu::ThreadPool pool(1, false);
+    std::mt19937 rng(2);
+    QLayer L(rng, Format::ds_fp4, 128, 128, 2);
+    ft::cpu::MoeExecutor ex(pool, Format::ds_fp4, 128, 128, 1, 1, {}, 0, ft::cpu::cpu_best_isa());
+    std::vector<uint16_t> x(128, 0x3f80), y(128);
+    int32_t id = 0;
+    float w = 1.0f;
+    auto src = L.source();
+    src.format = Format::nvfp4;
+    EXPECT_THROW(ex.run(src, nullptr, 1, x.data(), &id, &w, y.data()), ft::Error);
+    src = L.source();
+    src.row_bytes[3] = 1;
+    EXPECT_THROW(ex.run(src, nullptr, 1, x.data(), &id, &w, y.data()), ft::Error);
+    // ds_fp4 needs multiples of 128.
+    EXPECT_THROW(ft::cpu::MoeExecutor(pool, Format::ds_fp4, 96, 128, 1, 1, {}, 0, ft::cpu::cpu_best_isa()), ft::Error);
+}
+
+TEST(QuantMoe, Fp8RoundTripMatchesReference) {
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (float scale : {1e-6f, 1e-3f, 1.0f, 300.0f, 1e5f}) {
+        std::vector<uint16_t> x(1024);
+        std::vector<float> xf(1024), ref(1024), got(1024);
+        for (size_t i = 0; i < x.size(); ++i) {
+            x[i] = ft::f32_to_bf16(d(rng) * scale * (i % 7 == 0 ? 1e-3f : 1.0f));
+            xf[i] = ft::bf16_to_f32(x[i]);
+        }
+        ft::fp8_round_trip_per128(xf.data(), 1024, ref.data());
+        ft::cpu::fp8_round_trip_bf16(x.data(), 1024, got.data());
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << i << " scale " << scale;
+    }
+}
+
+// The W4A8 kernel against the exact integer sum of the scalar reference: only fp32 rounding of
+// the per-block products differs.
+TEST(QuantKernels, Q4_0MatchesExactW4A8) {
+    std::mt19937 rng(6);
+    QLayer L(rng, Format::q4_0, 320, 64, 1);
+    for (Isa isa : tiers_here()) {
+        const ft::cpu::QuantOps *ops = ft::cpu::quant_ops(Format::q4_0, isa);
+        std::vector<std::vector<uint8_t>> act;
+        std::vector<const uint8_t *> ap;
+        std::vector<std::vector<float>> xf;
+        for (int t = 0; t < 5; ++t) {
+            Batch b = random_batch(rng, 1, L.H, 1, 1);
+            act.emplace_back(ops->act_bytes(L.H));
+            ops->prepare(b.x.data(), L.H, act.back().data());
+            xf.emplace_back(L.H);
+            for (int h = 0; h < L.H; ++h) xf.back()[h] = ft::bf16_to_f32(b.x[h]);
+        }
+        for (auto &a : act) ap.push_back(a.data());
+        ft::cpu::detail::QuantMatrix m{L.banks[0].data(), nullptr, nullptr, L.H, 2 * L.I};
+        std::vector<float> out(5 * 2 * L.I);
+        ops->gemv(m, 0, 2 * L.I, ap.data(), 5, out.data(), 2 * L.I);
+        for (int t = 0; t < 5; ++t) {
+            std::vector<int8_t> q(L.H);
+            std::vector<float> d(L.H / 32), w(L.H);
+            ft::quantize_q8_0(xf[t].data(), L.H, q.data(), d.data());
+            for (int r = 0; r < 2 * L.I; ++r) {
+                ft::dequant_row_q4_0(L.banks[0].data() + r * (L.H / 32) * 18, L.H, w.data());
+                double ref = 0, mag = 0;
+                for (int h = 0; h < L.H; ++h) ref += double(w[h]) * q[h] * d[h / 32], mag += std::fabs(double(w[h]) * q[h] * d[h / 32]);
+                EXPECT_NEAR(out[t * 2 * L.I + r], ref, 1e-6 * mag + 1e-9) << ft::cpu::isa_name(isa);
+            }
+        }
+    }
+}
+
+}  // namespace
