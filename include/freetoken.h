@@ -105,8 +105,13 @@ FT_API const char *ft_status_string(ft_status status);
  * Enumerations (int32_t values fixed forever)
  * ========================================================================================== */
 
-/* Expert weight formats. */
-#define FT_FORMAT_BF16 1
+/* Expert weight formats (byte layouts: see the README's format table). */
+#define FT_FORMAT_BF16      1 /* bf16 weights                                                */
+#define FT_FORMAT_FP8_BLOCK 2 /* e4m3 weights, 128x128 block scales (DeepSeek-V3, Qwen3.5-FP8) */
+#define FT_FORMAT_NVFP4     3 /* e2m1, e4m3 scale per 16, fp16 global per row (ModelOpt NVFP4)  */
+#define FT_FORMAT_MXFP4     4 /* e2m1, e8m0 scale per 32, biases (gpt-oss)                      */
+#define FT_FORMAT_DS_FP4    5 /* e2m1, e8m0 scale per 32 (DeepSeek-V4)                          */
+#define FT_FORMAT_Q4_0      6 /* GGUF Q4_0 blocks of 32                                         */
 
 /* Data types of tensors returned by ft_model_tensor. */
 #define FT_DTYPE_BF16 1
@@ -231,10 +236,12 @@ typedef struct ft_model_load_params {
 FT_API void ft_model_load_params_init(ft_model_load_params *params);
 
 /* Loads the routed experts of every MoE layer of a Hugging Face checkpoint directory
- * (config.json, model.safetensors or sharded safetensors with model.safetensors.index.json).
- * Supported: Qwen3-MoE, Qwen3.5/3.6-MoE, Mixtral, DeepSeek-V3, Kimi-K2, GLM-4.x MoE, with bf16
- * experts stored per expert or pre-fused. Router weights, router correction biases and shared
- * experts are read too (ft_model_tensor). params may be NULL.
+ * (config.json, model.safetensors or sharded safetensors with model.safetensors.index.json) or
+ * of a GGUF file (or a directory holding exactly one).
+ * Supported: Qwen3-MoE, Qwen3.5/3.6-MoE, Mixtral, DeepSeek-V3, Kimi-K2, GLM-4.x MoE with bf16
+ * experts (per expert or pre-fused), block-FP8 or ModelOpt NVFP4 experts; gpt-oss (MXFP4);
+ * DeepSeek-V4 (ds_fp4); GGUF models with Q4_0/BF16/F16/F32 experts. Router weights, router
+ * biases and shared experts are read too (ft_model_tensor). params may be NULL.
  * Errors: FT_ERR_IO (missing/unreadable files), FT_ERR_FORMAT (corrupt header, inconsistent or
  * ambiguous layout, missing tensor: the message names the file and tensor), FT_ERR_UNSUPPORTED
  * (architecture or dtype not served), FT_ERR_OUT_OF_MEMORY, FT_ERR_CANCELLED. */
@@ -250,7 +257,8 @@ typedef struct ft_model_desc {
     int32_t top_k;             /* routes per token, K                              (required)  */
     int32_t hidden_size;       /* H                                                (required)  */
     int32_t intermediate_size; /* I, per expert                                    (required)  */
-    int32_t format;            /* FT_FORMAT_BF16 (default)                                     */
+    int32_t format;            /* FT_FORMAT_BF16 (default; the only format built from memory,
+                                  quantised models come from checkpoints)                      */
     int32_t activation;        /* FT_ACT_SILU (default)                                        */
     float swiglu_alpha;        /* FT_ACT_SWIGLU_CLAMP alpha (default 1.702)                    */
     float swiglu_limit;        /* FT_ACT_SWIGLU_CLAMP limit (default 7.0; INFINITY = none)     */

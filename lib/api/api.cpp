@@ -245,6 +245,9 @@ ft_status ft_model_create(ft_engine *engine, const ft_model_desc *desc, ft_model
         ft_model_desc d;
         ft_model_desc_init(&d);
         read_params(d, desc);
+        if (ft::format_known(d.format) && !ft::format_valid(d.format))
+            ft::fail(FT_ERR_UNSUPPORTED, "models built from memory are bf16; load ",
+                     ft::format_name(static_cast<ft::Format>(d.format)), " models from their checkpoints");
         if (!ft::format_valid(d.format)) ft::fail(FT_ERR_INVALID_ARGUMENT, "unknown format ", d.format);
         ft::ModelSpec s;
         s.num_layers = d.num_layers;

@@ -203,6 +203,9 @@ TEST(Errors, BadDescriptions) {
     d.top_k = 2;
     d.format = 77;
     EXPECT_EQ(ft_model_create(engine.get(), &d, &m, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    d.format = FT_FORMAT_NVFP4;
+    EXPECT_EQ(ft_model_create(engine.get(), &d, &m, err, sizeof err), FT_ERR_UNSUPPORTED);
+    EXPECT_TRUE(contains(err, "checkpoint")) << err;
     d.format = FT_FORMAT_BF16;
     d.activation = 12;
     EXPECT_EQ(ft_model_create(engine.get(), &d, &m, err, sizeof err), FT_ERR_INVALID_ARGUMENT);

@@ -16,7 +16,7 @@ using namespace ft::apitest;
 
 struct FormatCase {
     const char *name;
-    int32_t format;  // FT_FORMAT_* value the lead publishes (2..6)
+    int32_t format;  // FT_FORMAT_*
     ft::synth::Spec spec;
     double bound;
 };
@@ -34,13 +34,13 @@ std::vector<FormatCase> cases() {
         return s;
     };
     std::vector<FormatCase> c;
-    c.push_back({"fp8_block", 2, base("deepseek_v3", "fp8_block", 256, 128), 1e-2});
-    c.push_back({"nvfp4", 3, base("qwen3_moe", "nvfp4", 160, 96), 1e-2});
-    c.push_back({"mxfp4", 4, base("gpt_oss", "mxfp4", 128, 64), 1e-2});
-    c.push_back({"ds_fp4", 5, base("deepseek_v4", "ds_fp4", 256, 128), 1e-2});
+    c.push_back({"fp8_block", FT_FORMAT_FP8_BLOCK, base("deepseek_v3", "fp8_block", 256, 128), 1e-2});
+    c.push_back({"nvfp4", FT_FORMAT_NVFP4, base("qwen3_moe", "nvfp4", 160, 96), 1e-2});
+    c.push_back({"mxfp4", FT_FORMAT_MXFP4, base("gpt_oss", "mxfp4", 128, 64), 1e-2});
+    c.push_back({"ds_fp4", FT_FORMAT_DS_FP4, base("deepseek_v4", "ds_fp4", 256, 128), 1e-2});
     ft::synth::Spec q = base("qwen3_moe", "q4_0", 128, 64);
     q.gguf = true;
-    c.push_back({"q4_0", 6, q, 3e-2});  // W4A8: Q8_0 activations
+    c.push_back({"q4_0", FT_FORMAT_Q4_0, q, 3e-2});  // W4A8: Q8_0 activations
     return c;
 }
 
@@ -71,7 +71,7 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
 
     ft::testing::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
     ft::testing::FormatNumerics fmt;
-    if (c.format == 5) {
+    if (c.format == FT_FORMAT_DS_FP4) {
         fmt.ds_fp4 = true;
         fmt.ds_limit = info.activation == FT_ACT_SILU && std::isfinite(info.swiglu_limit) ? info.swiglu_limit : 0.0;
         fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };

@@ -29,4 +29,25 @@ FT_HOST_DEVICE inline int64_t hybrid_fetch_count(int64_t missing, int32_t fracti
     return f < missing ? f : missing;
 }
 
+// Which of a step's misses are fetched when not all are (spec 4.4 step 3).
+enum class FetchOrder : int32_t {
+    Recency = 0,   // most recently active first (expert_recency), ties and never-seen by lower id
+    LowestId = 1,  // ascending expert id; expert_recency is then left untouched
+};
+
+// How the hybrid admission splits a layer's misses between the PCIe fetch and the CPU.
+struct HybridFetch {
+    int32_t fraction_q16 = 0;  // > 0: fetch hybrid_fetch_count(M, fraction_q16) of M misses
+    int32_t max_fetch = 0;     // used when fraction_q16 == 0: fetch at most this many (a fixed cap)
+    FetchOrder order = FetchOrder::Recency;
+};
+
+// Number of misses fetched out of `missing` under `fetch` (never more than `missing`).
+FT_HOST_DEVICE inline int64_t hybrid_fetch_limit(int64_t missing, const HybridFetch &fetch) {
+    if (missing <= 0) return 0;
+    if (fetch.fraction_q16 > 0) return hybrid_fetch_count(missing, fetch.fraction_q16);
+    const int64_t cap = fetch.max_fetch < 0 ? 0 : fetch.max_fetch;
+    return cap < missing ? cap : missing;
+}
+
 }  // namespace ft

@@ -12,23 +12,22 @@
 
 namespace ft {
 
-// Internal format ids. bf16 equals FT_FORMAT_BF16; the others are the values the public
-// FT_FORMAT_* constants will take once kernels exist for them (fixed, never reused).
+// Format ids: the public FT_FORMAT_* values.
 enum class Format : int32_t {
-    bf16 = FT_FORMAT_BF16,  // 1
-    fp8_block = 2,          // e4m3fn weights, bf16 scale_inv per 128 x 128 tile (DeepSeek-V3, Qwen3.5-FP8)
-    nvfp4 = 3,              // ModelOpt NVFP4: e2m1, e4m3 scale per 16, fp16 global per output row
-    mxfp4 = 4,              // gpt-oss MXFP4: transposed e2m1 blocks, e8m0 scale per 32 along K, bf16 bias
-    ds_fp4 = 5,             // DeepSeek-V4: e2m1, e8m0 scale per 32, row-major
-    q4_0 = 6,               // GGUF Q4_0: 18-byte blocks of 32
+    bf16 = FT_FORMAT_BF16,
+    fp8_block = FT_FORMAT_FP8_BLOCK,  // e4m3fn weights, bf16 scale_inv per 128 x 128 tile (DeepSeek-V3, Qwen3.5-FP8)
+    nvfp4 = FT_FORMAT_NVFP4,          // ModelOpt NVFP4: e2m1, e4m3 scale per 16, fp16 global per output row
+    mxfp4 = FT_FORMAT_MXFP4,          // gpt-oss MXFP4: transposed e2m1 blocks, e8m0 scale per 32 along K, bf16 bias
+    ds_fp4 = FT_FORMAT_DS_FP4,        // DeepSeek-V4: e2m1, e8m0 scale per 32, row-major
+    q4_0 = FT_FORMAT_Q4_0,            // GGUF Q4_0: 18-byte blocks of 32
 };
 
 const char *format_name(Format f);
 // Parses "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"; throws FT_ERR_INVALID_ARGUMENT
 // for anything else.
 Format parse_format(const std::string &name);
-// True for the values the C API accepts today (FT_FORMAT_* in freetoken.h: bf16 only, until the
-// CPU kernels of the other formats land and the lead publishes their constants).
+// True for the formats a model built from memory can take (ft_model_create): bf16 only, since
+// ft_model_set_expert passes bf16 projections.
 bool format_valid(int32_t value);
 // True for every internal Format value above.
 bool format_known(int32_t value);

@@ -1,0 +1,501 @@
+// Device admission kernels against the host mirror, bit for bit (spec 4.3, 4.4): random runs for
+// both algorithms over many shapes, CUDA-graph replays with new ids, and a latency printout.
+// Skips where no CUDA device is usable.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ft/slotcache.hpp"
+#include "ft/slotcache_cuda.hpp"
+#include "slotcache_test_util.hpp"
+
+namespace {
+
+using ft::FetchOrder;
+using ft::HostSlotCache;
+using ft::HybridFetch;
+using ft::SlotCacheShape;
+using ft::SlotCacheState;
+
+#define SKIP_WITHOUT_GPU()                                                    \
+    do {                                                                      \
+        int n_ = 0;                                                           \
+        const cudaError_t e_ = cudaGetDeviceCount(&n_);                       \
+        if (e_ != cudaSuccess) {                                              \
+            cudaGetLastError();                                               \
+            GTEST_SKIP() << "no CUDA device: " << cudaGetErrorString(e_);     \
+        }                                                                     \
+        if (n_ == 0) GTEST_SKIP() << "no CUDA device";                        \
+    } while (0)
+
+#define CUDA_OK(expr)                                                                                   \
+    do {                                                                                                \
+        const cudaError_t e_ = (expr);                                                                  \
+        ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorName(e_) << " " << cudaGetErrorString(e_); \
+    } while (0)
+
+SlotCacheShape shape(int32_t layers, int32_t experts, int32_t slots, int32_t plan) {
+    SlotCacheShape s;
+    s.layers = layers;
+    s.experts = experts;
+    s.slots = slots;
+    s.plan_capacity = plan;
+    return s;
+}
+
+std::string describe(const SlotCacheShape &s) {
+    return "L=" + std::to_string(s.layers) + " E=" + std::to_string(s.experts) + " S=" + std::to_string(s.slots) +
+           " plan=" + std::to_string(s.plan_capacity);
+}
+
+// A device copy of a host cache, in the same layout.
+class DeviceCache {
+public:
+    explicit DeviceCache(const HostSlotCache &host) : bytes_(host.bytes()) {
+        if (cudaMalloc(&buffer_, bytes_) != cudaSuccess) {
+            buffer_ = nullptr;
+            return;
+        }
+        if (cudaMemcpy(buffer_, host.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaDeviceSynchronize() != cudaSuccess) {
+            cudaFree(buffer_);
+            buffer_ = nullptr;
+            return;
+        }
+        state_ = ft::slot_cache_bind(host.state().shape, buffer_);
+    }
+    ~DeviceCache() { cudaFree(buffer_); }
+    DeviceCache(const DeviceCache &) = delete;
+    DeviceCache &operator=(const DeviceCache &) = delete;
+
+    bool ok() const { return buffer_ != nullptr; }
+    const SlotCacheState &state() const { return state_; }
+
+    // Bit-for-bit comparison with the mirror; the message names every array that differs.
+    ::testing::AssertionResult matches(const HostSlotCache &mirror) const {
+        HostSlotCache copy(state_.shape);
+        const cudaError_t e = cudaMemcpy(const_cast<void *>(copy.data()), buffer_, bytes_, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) return ::testing::AssertionFailure() << "download: " << cudaGetErrorString(e);
+        if (std::memcmp(copy.data(), mirror.data(), bytes_) == 0) return ::testing::AssertionSuccess();
+        const std::string diff = sctest::describe_difference(mirror.state(), copy.state());
+        return ::testing::AssertionFailure() << "device state differs from the mirror:\n"
+                                             << (diff.empty() ? std::string("(padding bytes only)\n") : diff);
+    }
+
+private:
+    void *buffer_ = nullptr;
+    size_t bytes_ = 0;
+    SlotCacheState state_;
+};
+
+template <typename T>
+class DeviceArray {
+public:
+    explicit DeviceArray(size_t n) : n_(n) {
+        if (cudaMalloc(reinterpret_cast<void **>(&p_), std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
+    }
+    ~DeviceArray() { cudaFree(p_); }
+    DeviceArray(const DeviceArray &) = delete;
+    DeviceArray &operator=(const DeviceArray &) = delete;
+    T *get() const { return p_; }
+    // Waits for the whole device: a pageable cudaMemcpy may return before its DMA lands, and the
+    // kernels that read these ids may run on a non-blocking stream.
+    cudaError_t upload(const std::vector<T> &v, size_t at = 0) const {
+        const cudaError_t e = cudaMemcpy(p_ + at, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+        return e != cudaSuccess ? e : cudaDeviceSynchronize();
+    }
+    cudaError_t download(std::vector<T> &v, size_t at = 0) const {
+        return cudaMemcpy(v.data(), p_ + at, v.size() * sizeof(T), cudaMemcpyDeviceToHost);
+    }
+
+private:
+    T *p_ = nullptr;
+    size_t n_;
+};
+
+std::string first_route_difference(const std::vector<int32_t> &ids, const std::vector<int32_t> &want,
+                                   const std::vector<int32_t> &got) {
+    for (size_t i = 0; i < want.size(); ++i)
+        if (want[i] != got[i])
+            return "position " + std::to_string(i) + " (id " + std::to_string(ids[i]) + "): mirror slot " +
+                   std::to_string(want[i]) + ", device slot " + std::to_string(got[i]);
+    return "";
+}
+
+std::string describe(const sctest::Step &s) {
+    std::string out = (s.hybrid ? "hybrid" : "lru");
+    out += " layer " + std::to_string(s.layer) + ", " + std::to_string(s.ids.size()) + " ids";
+    if (s.hybrid)
+        out += ", fraction_q16 " + std::to_string(s.fetch.fraction_q16) + ", max_fetch " +
+               std::to_string(s.fetch.max_fetch) + (s.fetch.order == FetchOrder::Recency ? ", recency" : ", lowest_id");
+    return out;
+}
+
+// Runs `steps` random calls on the mirror and the device, comparing routes and every array after
+// each call. Odd steps rewrite the ids in place on the device.
+void run_random(const SlotCacheShape &s, bool hybrid, int steps, uint32_t seed, int32_t max_ids = 256) {
+    HostSlotCache mirror(s);
+    DeviceCache device(mirror);
+    ASSERT_TRUE(device.ok()) << "cudaMalloc of the cache failed";
+    DeviceArray<int32_t> d_ids(max_ids), d_out(max_ids);
+    ASSERT_NE(d_ids.get(), nullptr);
+    std::mt19937 rng(seed);
+    for (int i = 0; i < steps; ++i) {
+        const sctest::Step step = sctest::random_step(rng, s, hybrid, max_ids);
+        const auto n = static_cast<int64_t>(step.ids.size());
+        std::vector<int32_t> want(step.ids.size()), got(step.ids.size());
+        if (hybrid) ft::admit_hybrid(mirror.state(), step.layer, step.ids.data(), want.data(), n, step.fetch);
+        else ft::admit_lru(mirror.state(), step.layer, step.ids.data(), want.data(), n);
+
+        CUDA_OK(d_ids.upload(step.ids));
+        int32_t *out = (i % 2 == 1) ? d_ids.get() : d_out.get();
+        if (hybrid) CUDA_OK(ft::cuda::launch_admit_hybrid(device.state(), step.layer, d_ids.get(), out, n, step.fetch, nullptr));
+        else CUDA_OK(ft::cuda::launch_admit_lru(device.state(), step.layer, d_ids.get(), out, n, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(got.data(), out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+
+        ASSERT_EQ(want, got) << describe(s) << ", step " << i << " (" << describe(step) << ", "
+                             << (out == d_ids.get() ? "in place" : "separate output")
+                             << "): " << first_route_difference(step.ids, want, got);
+        ASSERT_TRUE(device.matches(mirror)) << describe(s) << ", step " << i << " (" << describe(step) << ")";
+        const std::string call = sctest::check_call(mirror.state(), step, want);
+        ASSERT_TRUE(call.empty()) << describe(s) << ", step " << i << ": mirror broke an invariant: " << call;
+    }
+}
+
+struct RandomCase {
+    SlotCacheShape shape;
+    int steps;
+};
+
+std::vector<RandomCase> random_cases() {
+    return {
+        {shape(2, 32, 32, 32), 300},      // S = E: every miss evicts
+        {shape(2, 32, 40, 40), 300},      // the spec's hybrid test shape
+        {shape(3, 64, 96, 64), 300},
+        {shape(4, 64, 256, 256), 300},    // S = L * E: never evicts once full
+        {shape(2, 128, 200, 128), 250},
+        {shape(4, 256, 300, 256), 250},
+        {shape(3, 256, 768, 256), 200},
+        {shape(2, 100, 150, 100), 200},   // E not a power of two, not a multiple of 32
+        {shape(36, 256, 8192, 256), 120}, // largest S on the register path
+        {shape(33, 256, 8193, 256), 120}, // smallest S on the global-memory path
+        {shape(64, 256, 12000, 256), 80},
+        {shape(256, 256, 65536, 256), 40},
+        {shape(2, 1024, 1500, 1024), 60}, // kMaxAdmissionExperts
+    };
+}
+
+TEST(SlotCacheGpu, LruMatchesMirrorOverRandomSteps) {
+    SKIP_WITHOUT_GPU();
+    uint32_t seed = 100;
+    for (const auto &c : random_cases()) {
+        SCOPED_TRACE(describe(c.shape));
+        run_random(c.shape, false, c.steps, seed++);
+        if (HasFatalFailure()) return;
+    }
+}
+
+TEST(SlotCacheGpu, HybridMatchesMirrorOverRandomSteps) {
+    SKIP_WITHOUT_GPU();
+    uint32_t seed = 200;
+    for (const auto &c : random_cases()) {
+        SCOPED_TRACE(describe(c.shape));
+        run_random(c.shape, true, c.steps, seed++);
+        if (HasFatalFailure()) return;
+    }
+}
+
+TEST(SlotCacheGpu, ManyMissesAtOnceSpanSeveralRounds) {
+    SKIP_WITHOUT_GPU();
+    // 256 distinct misses per call: eight victim rounds of 32; large T*K with a plan of min(T*K, S).
+    const SlotCacheShape s = shape(8, 256, 1664, ft::plan_capacity_for(1024, 1664));
+    HostSlotCache mirror(s);
+    DeviceCache device(mirror);
+    ASSERT_TRUE(device.ok());
+    DeviceArray<int32_t> d_ids(1024);
+    std::mt19937 rng(5);
+    for (int i = 0; i < 24; ++i) {
+        const int32_t layer = i % 8;
+        std::vector<int32_t> ids(1024);
+        for (auto &id : ids) id = std::uniform_int_distribution<int32_t>(0, 255)(rng);
+        for (int e = 0; e < 256; ++e) ids[e] = e;  // every expert at least once
+        std::vector<int32_t> want = ids, got(ids.size());
+        const bool hyb = i % 3 == 2;
+        HybridFetch f;
+        f.fraction_q16 = ft::fraction_to_q16(0.7);
+        if (hyb) ft::admit_hybrid(mirror.state(), layer, want.data(), want.data(), 1024, f);
+        else ft::admit_lru(mirror.state(), layer, want.data(), want.data(), 1024);
+        CUDA_OK(d_ids.upload(ids));
+        if (hyb) CUDA_OK(ft::cuda::launch_admit_hybrid(device.state(), layer, d_ids.get(), d_ids.get(), 1024, f, nullptr));
+        else CUDA_OK(ft::cuda::launch_admit_lru(device.state(), layer, d_ids.get(), d_ids.get(), 1024, nullptr));
+        CUDA_OK(d_ids.download(got));
+        ASSERT_EQ(want, got) << "call " << i << ": " << first_route_difference(ids, want, got);
+        ASSERT_TRUE(device.matches(mirror)) << "call " << i;
+    }
+}
+
+TEST(SlotCacheGpu, EmptyCallsResetAndClearStatsMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    const SlotCacheShape s = shape(3, 32, 64, 32);
+    HostSlotCache mirror(s);
+    DeviceCache device(mirror);
+    ASSERT_TRUE(device.ok());
+    DeviceArray<int32_t> d_ids(64);
+    std::mt19937 rng(9);
+    for (int i = 0; i < 40; ++i) {
+        const sctest::Step step = sctest::random_step(rng, s, i % 2 == 1, 64);
+        std::vector<int32_t> ids = step.ids;
+        const auto n = static_cast<int64_t>(ids.size());
+        if (step.hybrid) ft::admit_hybrid(mirror.state(), step.layer, ids.data(), ids.data(), n, step.fetch);
+        else ft::admit_lru(mirror.state(), step.layer, ids.data(), ids.data(), n);
+        CUDA_OK(d_ids.upload(step.ids));
+        if (step.hybrid) CUDA_OK(ft::cuda::launch_admit_hybrid(device.state(), step.layer, d_ids.get(), d_ids.get(), n, step.fetch, nullptr));
+        else CUDA_OK(ft::cuda::launch_admit_lru(device.state(), step.layer, d_ids.get(), d_ids.get(), n, nullptr));
+    }
+    // A call with no ids still ticks the clock and counts as a call.
+    ft::admit_lru(mirror.state(), 1, nullptr, nullptr, 0);
+    CUDA_OK(ft::cuda::launch_admit_lru(device.state(), 1, nullptr, nullptr, 0, nullptr));
+    ft::admit_hybrid(mirror.state(), 2, nullptr, nullptr, 0, HybridFetch{});
+    CUDA_OK(ft::cuda::launch_admit_hybrid(device.state(), 2, nullptr, nullptr, 0, HybridFetch{}, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_TRUE(device.matches(mirror)) << "after random and empty calls";
+
+    ft::slot_cache_reset(mirror.state());
+    CUDA_OK(ft::cuda::launch_slot_cache_reset(device.state(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_TRUE(device.matches(mirror)) << "after reset (statistics kept)";
+    ft::slot_cache_clear_stats(mirror.state());
+    CUDA_OK(ft::cuda::launch_slot_cache_clear_stats(device.state(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_TRUE(device.matches(mirror)) << "after clearing statistics";
+}
+
+TEST(SlotCacheGpu, LaunchersRejectBadArgumentsWithoutLaunching) {
+    // Host-side checks only: no device needed.
+    const SlotCacheShape s = shape(2, 8, 8, 4);
+    HostSlotCache host(s);  // pointers are never dereferenced by a rejected launch
+    const SlotCacheState &st = host.state();
+    int32_t ids[8] = {0};
+    EXPECT_EQ(ft::cuda::launch_admit_lru(st, 2, ids, ids, 1, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(ft::cuda::launch_admit_lru(st, 0, ids, ids, -1, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(ft::cuda::launch_admit_lru(st, 0, nullptr, ids, 3, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(ft::cuda::launch_admit_lru(st, 0, ids, ids, 5, nullptr), cudaErrorInvalidValue);  // plan 4 < 5
+    EXPECT_EQ(ft::cuda::launch_admit_hybrid(st, 0, ids, ids, 8, HybridFetch{}, nullptr), cudaErrorInvalidValue);
+    SlotCacheState bad = st;
+    bad.shape.slots = 7;  // S < E
+    EXPECT_EQ(ft::cuda::launch_admit_lru(bad, 0, ids, ids, 1, nullptr), cudaErrorInvalidValue);
+    bad = st;
+    bad.usage = nullptr;
+    EXPECT_EQ(ft::cuda::launch_admit_lru(bad, 0, ids, ids, 1, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(SlotCacheGpu, IdsAtOrAboveExpertsAreIgnoredOnTheDevice) {
+    SKIP_WITHOUT_GPU();
+    // The mirror rejects them; the kernel cannot report them, so it must at least stay in bounds.
+    const SlotCacheShape s = shape(2, 8, 8, 8);
+    HostSlotCache mirror(s);
+    DeviceCache device(mirror);
+    ASSERT_TRUE(device.ok());
+    DeviceArray<int32_t> d_ids(4);
+    CUDA_OK(d_ids.upload({3, 8, 1000000, 3}));
+    CUDA_OK(ft::cuda::launch_admit_lru(device.state(), 1, d_ids.get(), d_ids.get(), 4, nullptr));
+    std::vector<int32_t> got(4);
+    CUDA_OK(d_ids.download(got));
+    EXPECT_EQ(got, (std::vector<int32_t>{0, -1, -1, 0}));
+    std::vector<int32_t> valid = {3, -1, -1, 3};
+    ft::admit_lru(mirror.state(), 1, valid.data(), valid.data(), 4);
+    EXPECT_TRUE(device.matches(mirror));
+}
+
+// A captured sequence of admissions (four layers per replay) replayed with new ids gives what the
+// same calls give eagerly on a second device cache, and what the mirror gives.
+void run_graph(bool hybrid) {
+    const SlotCacheShape s = shape(4, 64, 128, 64);
+    constexpr int kLayers = 4, kIds = 48;
+    HostSlotCache mirror(s);
+    DeviceCache graph_cache(mirror), eager_cache(mirror);
+    ASSERT_TRUE(graph_cache.ok() && eager_cache.ok());
+    DeviceArray<int32_t> g_ids(kLayers * kIds), g_out(kLayers * kIds), e_ids(kLayers * kIds), e_out(kLayers * kIds);
+    HybridFetch fetch[kLayers];
+    for (int l = 0; l < kLayers; ++l) {
+        fetch[l].fraction_q16 = l == 3 ? 0 : ft::fraction_to_q16(0.2 + 0.2 * l);
+        fetch[l].max_fetch = 2;
+        fetch[l].order = l == 1 ? FetchOrder::LowestId : FetchOrder::Recency;
+    }
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto enqueue = [&](const DeviceCache &c, const DeviceArray<int32_t> &in, const DeviceArray<int32_t> &out) {
+        for (int l = 0; l < kLayers; ++l) {
+            const cudaError_t e =
+                hybrid ? ft::cuda::launch_admit_hybrid(c.state(), l, in.get() + l * kIds, out.get() + l * kIds, kIds,
+                                                       fetch[l], stream)
+                       : ft::cuda::launch_admit_lru(c.state(), l, in.get() + l * kIds, out.get() + l * kIds, kIds, stream);
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
+    };
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t captured = enqueue(graph_cache, g_ids, g_out);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(captured);
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+    std::mt19937 rng(hybrid ? 31 : 30);
+    for (int rep = 0; rep < 60; ++rep) {
+        std::vector<int32_t> ids(kLayers * kIds);
+        for (auto &id : ids) {
+            id = std::uniform_int_distribution<int32_t>(0, rep % 2 ? 15 : 63)(rng);
+            if (hybrid && std::uniform_int_distribution<int>(0, 9)(rng) == 0) id = -1;
+        }
+        std::vector<int32_t> want = ids;
+        for (int l = 0; l < kLayers; ++l) {
+            int32_t *p = want.data() + l * kIds;
+            if (hybrid) ft::admit_hybrid(mirror.state(), l, p, p, kIds, fetch[l]);
+            else ft::admit_lru(mirror.state(), l, p, p, kIds);
+        }
+        CUDA_OK(g_ids.upload(ids));
+        CUDA_OK(e_ids.upload(ids));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(enqueue(eager_cache, e_ids, e_out));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        std::vector<int32_t> from_graph(ids.size()), from_eager(ids.size());
+        CUDA_OK(g_out.download(from_graph));
+        CUDA_OK(e_out.download(from_eager));
+        ASSERT_EQ(from_eager, want) << "eager, replay " << rep << ": " << first_route_difference(ids, want, from_eager);
+        ASSERT_EQ(from_graph, want) << "graph, replay " << rep << ": " << first_route_difference(ids, want, from_graph);
+        ASSERT_TRUE(graph_cache.matches(mirror)) << "graph replay " << rep;
+        ASSERT_TRUE(eager_cache.matches(mirror)) << "eager call " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+}
+
+TEST(SlotCacheGpu, LruGraphReplaysEqualEagerCalls) {
+    SKIP_WITHOUT_GPU();
+    run_graph(false);
+}
+
+TEST(SlotCacheGpu, HybridGraphReplaysEqualEagerCalls) {
+    SKIP_WITHOUT_GPU();
+    run_graph(true);
+}
+
+// Latency of one admission call in graph replay, printed, never asserted. Calls walk every
+// (layer, group of 8 experts) of a model with L * E = 2 S in order, so under LRU each call misses
+// all 8 of its experts; the statistics confirm it. The all-hit figure replays 64 calls that fit.
+struct Timing {
+    double miss_us, hit_us, misses_per_call;
+};
+
+void time_admission(int32_t layers, int32_t experts, int32_t slots, bool hybrid, int replays, Timing *t) {
+    const SlotCacheShape s = shape(layers, experts, slots, 8);
+    HostSlotCache host(s);
+    DeviceCache cache(host);
+    ASSERT_TRUE(cache.ok());
+    const int groups = experts / 8, calls = layers * groups;
+    DeviceArray<int32_t> d_ids(static_cast<size_t>(calls) * 8), d_out(static_cast<size_t>(calls) * 8);
+    std::vector<int32_t> ids(static_cast<size_t>(calls) * 8);
+    for (int c = 0; c < calls; ++c)
+        for (int j = 0; j < 8; ++j) ids[c * 8 + j] = (c / layers) * 8 + j;  // call c: layer c % L
+    CUDA_OK(d_ids.upload(ids));
+    HybridFetch fetch;
+    fetch.fraction_q16 = 65536;  // fetch all: the same work as LRU plus the recency ranking
+
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto capture = [&](int n, cudaGraphExec_t *exec) -> cudaError_t {
+        cudaGraph_t g;
+        cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        for (int c = 0; c < n && e == cudaSuccess; ++c) {
+            const int32_t *in = d_ids.get() + c * 8;
+            int32_t *out = d_out.get() + c * 8;
+            e = hybrid ? ft::cuda::launch_admit_hybrid(cache.state(), c % layers, in, out, 8, fetch, stream)
+                       : ft::cuda::launch_admit_lru(cache.state(), c % layers, in, out, 8, stream);
+        }
+        const cudaError_t end = cudaStreamEndCapture(stream, &g);
+        if (e != cudaSuccess) return e;
+        if (end != cudaSuccess) return end;
+        e = cudaGraphInstantiate(exec, g, 0);
+        cudaGraphDestroy(g);
+        return e;
+    };
+    cudaEvent_t start, stop;
+    CUDA_OK(cudaEventCreate(&start));
+    CUDA_OK(cudaEventCreate(&stop));
+    float ms = 0;
+
+    cudaGraphExec_t all_miss;
+    CUDA_OK(capture(calls, &all_miss));
+    CUDA_OK(cudaGraphLaunch(all_miss, stream));  // warm: fills the cache
+    CUDA_OK(ft::cuda::launch_slot_cache_clear_stats(cache.state(), stream));
+    CUDA_OK(cudaEventRecord(start, stream));
+    for (int r = 0; r < replays; ++r) CUDA_OK(cudaGraphLaunch(all_miss, stream));
+    CUDA_OK(cudaEventRecord(stop, stream));
+    CUDA_OK(cudaEventSynchronize(stop));
+    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    t->miss_us = 1000.0 * ms / (static_cast<double>(replays) * calls);
+    std::vector<int64_t> stats(static_cast<size_t>(layers) * ft::kStatColumns);
+    CUDA_OK(cudaMemcpy(stats.data(), cache.state().stats, stats.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    int64_t fetched = 0, n = 0;
+    for (int l = 0; l < layers; ++l) {
+        fetched += stats[l * ft::kStatColumns + ft::kStatFetched];
+        n += stats[l * ft::kStatColumns + ft::kStatCalls];
+    }
+    t->misses_per_call = n ? static_cast<double>(fetched) / n : 0;
+
+    // All hits: the first 64 calls again, 1000 replays.
+    cudaGraphExec_t all_hit;
+    CUDA_OK(capture(64, &all_hit));
+    CUDA_OK(cudaGraphLaunch(all_hit, stream));
+    CUDA_OK(cudaEventRecord(start, stream));
+    for (int r = 0; r < 1000; ++r) CUDA_OK(cudaGraphLaunch(all_hit, stream));
+    CUDA_OK(cudaEventRecord(stop, stream));
+    CUDA_OK(cudaEventSynchronize(stop));
+    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    t->hit_us = 1000.0 * ms / (1000.0 * 64);
+
+    cudaGraphExecDestroy(all_miss);
+    cudaGraphExecDestroy(all_hit);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+}
+
+TEST(SlotCacheGpu, AdmissionLatencyPrintout) {
+    SKIP_WITHOUT_GPU();
+    cudaDeviceProp prop{};
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("admission latency per call, graph replay, %s (target: <= 5 us at S=8192 with 8 misses)\n", prop.name);
+    std::printf("%-7s %6s %6s %-9s %14s %10s %12s\n", "kernel", "S", "L*E", "path", "8 misses (us)", "hits (us)",
+                "misses/call");
+    struct Row {
+        int32_t layers, experts, slots;
+        int replays;
+    };
+    // L * E = 2 S; replays of the whole walk (2 * S / 8 calls each).
+    const Row rows[] = {{16, 256, 2048, 16}, {64, 256, 8192, 8}, {128, 256, 16384, 4}, {512, 256, 65536, 1}};
+    for (bool hybrid : {false, true}) {
+        for (const Row &r : rows) {
+            Timing t{};
+            time_admission(r.layers, r.experts, r.slots, hybrid, r.replays, &t);
+            if (HasFatalFailure()) return;
+            std::printf("%-7s %6d %6d %-9s %14.2f %10.2f %12.2f\n", hybrid ? "hybrid" : "lru", r.slots,
+                        r.layers * r.experts, r.slots <= 8192 ? "registers" : "global", t.miss_us, t.hit_us,
+                        t.misses_per_call);
+        }
+    }
+    std::fflush(stdout);
+}
+
+}  // namespace
