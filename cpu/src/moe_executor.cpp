@@ -99,6 +99,9 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     for (const BankSpec &b : bank_schema(format, hidden, intermediate)) s_->bank_bytes.push_back(b.row_bytes);
     s_->expert_bytes = expert_bytes(format, hidden, intermediate);
     s_->roles = bank_roles(format);
+    // mxfp4's down matrix is read as columns of [K/2][H]: 64 columns are one cache line per K row,
+    // so no line is shared by two items (32 would fetch every line twice, by two workers).
+    if (format == Format::mxfp4) s_->p2_block = 2 * kRowBlock;
     if (quant_) {
         s_->act_in_bytes = quant_->act_bytes(hidden);
         s_->act_mid_bytes = quant_->act_bytes(intermediate);
@@ -233,7 +236,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         g.onednn = !g.quant && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
         any_onednn |= g.onednn;
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, kRowBlock));
-        s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, kRowBlock));
+        s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, g.quant ? s.p2_block : kRowBlock));
     }
     s.num_tokens = num_tokens;
     s.routed_slots = int32_t(nvalid);
@@ -395,8 +398,9 @@ void MoeExecutor::run_item_pass2(int64_t it) {
     const int64_t H = hidden_;
     const int32_t gi = group_of(s.p2_prefix, it);
     const Group &g = s.groups[gi];
-    const int64_t h0 = (it - s.p2_prefix[gi]) * kRowBlock;
-    const int nh = int(std::min<int64_t>(kRowBlock, H - h0));
+    const int64_t block = g.quant ? s.p2_block : kRowBlock;
+    const int64_t h0 = (it - s.p2_prefix[gi]) * block;
+    const int nh = int(std::min<int64_t>(block, H - h0));
     const BankRoles &ro = s.roles;
     const detail::QuantMatrix m{bank(g.rows, ro.dn_data), bank(g.rows, ro.dn_scale), bank(g.rows, ro.dn_global),
                                 int64_t(inter_), H};

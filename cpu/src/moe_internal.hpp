@@ -58,6 +58,7 @@ struct MoeExecutor::Scratch {
     uint64_t expert_bytes = 0;               // one routed expert across all banks
     BankRoles roles{};
     size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate
+    int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
 
     // Preallocated for max_tokens.
     std::vector<uint64_t> keys;              // (expert << 32) | route, sorted to group routes

@@ -9,6 +9,12 @@
 //                     x through FP8 per 128 first (DeepSeek-V4).
 //   q4_0              Q8_0 (ft::quantize_q8_0): int8 q[K] zero-padded to a multiple of 64, then
 //                     float d[K/32] (+1 zero entry).
+// The AVX-512-BF16 tier's kernels (quant_avx512bf16.cpp) read bf16 activations instead:
+//   fp8_block, mxfp4  bf16[K] as is.
+//   nvfp4, ds_fp4     bf16, per 64 elements [32 even, 32 odd], zero-padded to a multiple of 64
+//                     (ds_fp4 after the FP8 round trip, whose results are bf16 values).
+// q4_0 with AVX-512-VNNI: the Q8_0 q as above, then per-lane d and -8 * sum(q)
+// (q8_0_vnni_act_bytes in quant_kernels.hpp).
 #include "quant.hpp"
 
 #include <algorithm>
@@ -25,6 +31,8 @@ namespace detail {
 float g_e2m1[16];
 float g_e4m3[256];
 float g_e8m0[256];
+uint16_t g_e2m1_bf16x32[32];
+uint16_t g_e4m3_sub_bf16x32[32];
 
 namespace {
 const bool g_tables_ready = [] {
@@ -32,6 +40,11 @@ const bool g_tables_ready = [] {
     for (int i = 0; i < 256; ++i) {
         g_e4m3[i] = e4m3_to_f32(uint8_t(i));
         g_e8m0[i] = e8m0_to_f32(uint8_t(i));
+    }
+    // Exact: e2m1 values and e4m3 subnormals have at most 2 significant bits.
+    for (int i = 0; i < 32; ++i) {
+        g_e2m1_bf16x32[i] = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));
+        g_e4m3_sub_bf16x32[i] = f32_to_bf16(e4m3_to_f32(uint8_t(i & 7)));
     }
     return true;
 }();
@@ -54,6 +67,7 @@ uint16_t load_u16(const uint8_t *p) {
 }  // namespace
 
 size_t q8_0_act_bytes(int64_t K) { return size_t(round_up(K, 64) + 4 * (K / 32 + 1) + 63) / 64 * 64; }
+size_t q8_0_vnni_act_bytes(int64_t K) { return size_t(3 * round_up(K, 64)); }
 
 // The scalar kernels dequantise each weight exactly as lib/formats does and accumulate in fp32.
 void fp8_block_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
@@ -228,73 +242,152 @@ void prepare_q8_0(const uint16_t *x, int64_t K, uint8_t *dst) {
     d[K / 32] = 0.0f;
 }
 
+size_t bf16_act_bytes(int64_t K) { return size_t(round_up(K, 64) * 2); }
+
+void prepare_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
+    std::memcpy(dst, x, size_t(K) * 2);
+    std::memset(dst + K * 2, 0, size_t(round_up(K, 64) - K) * 2);
+}
+
+// bf16 per 64 elements [32 even, 32 odd]; v holds bf16 bits.
+void split64_bf16(const uint16_t *v, int64_t K, uint16_t *y) {
+    for (int64_t c = 0; c < K; c += 64) {
+        uint16_t *e = y + c, *o = y + c + 32;
+        for (int i = 0; i < 32; ++i) {
+            const int64_t k = c + 2 * i;
+            e[i] = k < K ? v[k] : 0;
+            o[i] = k + 1 < K ? v[k + 1] : 0;
+        }
+    }
+}
+
+void prepare_split_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
+    split64_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
+}
+
+void prepare_ds_fp4_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float v[kFp8ActBlock];
+    uint16_t b[kFp8ActBlock];
+    uint16_t *y = reinterpret_cast<uint16_t *>(dst);
+    for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
+        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
+        for (int i = 0; i < kFp8ActBlock; ++i) b[i] = f32_to_bf16(v[i]);  // exact: v is bf16
+        split64_bf16(b, kFp8ActBlock, y + c);
+    }
+}
+
+void prepare_q8_0_vnni(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t qbytes = round_up(K, 64);
+    int8_t *q = reinterpret_cast<int8_t *>(dst);
+    float *dl = reinterpret_cast<float *>(dst + qbytes);
+    int32_t *cl = reinterpret_cast<int32_t *>(dst + 2 * qbytes);
+    float v[32], d;
+    for (int64_t b = 0; b < K / 32; ++b) {
+        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[b * 32 + i]);
+        quantize_q8_0(v, 32, q + b * 32, &d);
+        for (int l = 0; l < 8; ++l) dl[b * 8 + l] = d;
+    }
+    std::memset(q + K, 0, size_t(qbytes - K));
+    for (int64_t l = K / 4; l < qbytes / 4; ++l) dl[l] = 0.0f;
+    for (int64_t l = 0; l < qbytes / 4; ++l) cl[l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+}
+
+struct Kernel {
+    detail::QuantGemv gemv = nullptr;  // nullptr: the tier below's
+    const char *suffix = nullptr;
+    size_t (*act_bytes)(int64_t) = nullptr;
+    void (*prepare)(const uint16_t *, int64_t, uint8_t *) = nullptr;
+};
+
 struct TierKernels {
     Format format;
     const char *name;
-    size_t (*act_bytes)(int64_t);
-    void (*prepare)(const uint16_t *, int64_t, uint8_t *);
-    detail::QuantGemv scalar, avx2, avx512;
+    Kernel tier[4];  // scalar, avx2, avx512, avx512bf16
+    Kernel vnni;     // with AVX-512-VNNI, at tiers >= avx512 (q4_0 only)
 };
 
 const TierKernels kKernels[] = {
-    {Format::fp8_block, "fp8_block-w8a16", f32_act_bytes, prepare_f32, detail::fp8_block_scalar,
+    {Format::fp8_block, "fp8_block-w8a16",
+     {{detail::fp8_block_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
-     nullptr /* AVX2: scalar, see README */, detail::fp8_block_avx512},
-#else
-     nullptr, nullptr},
+      , {} /* AVX2: scalar, see README */, {detail::fp8_block_avx512, "-avx512", f32_act_bytes, prepare_f32},
+      {detail::fp8_block_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif
-    {Format::nvfp4, "nvfp4-w4a16", f32_act_bytes, prepare_split, detail::nvfp4_scalar,
+     }, {}},
+    {Format::nvfp4, "nvfp4-w4a16",
+     {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split}
 #if defined(FT_CPU_X86_KERNELS)
-     nullptr /* AVX2: scalar, see README */, detail::nvfp4_avx512},
-#else
-     nullptr, nullptr},
+      , {}, {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split},
+      {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_split_bf16}
 #endif
-    {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)", f32_act_bytes, prepare_ds_fp4, detail::ds_fp4_scalar,
+     }, {}},
+    {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)",
+     {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4}
 #if defined(FT_CPU_X86_KERNELS)
-     nullptr /* AVX2: scalar, see README */, detail::ds_fp4_avx512},
-#else
-     nullptr, nullptr},
+      , {}, {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4},
+      {detail::ds_fp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_ds_fp4_bf16}
 #endif
-    {Format::mxfp4, "mxfp4-w4a16", f32_act_bytes, prepare_f32, detail::mxfp4_scalar,
+     }, {}},
+    {Format::mxfp4, "mxfp4-w4a16",
+     {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
-     nullptr /* AVX2: scalar, see README */, detail::mxfp4_avx512},
-#else
-     nullptr, nullptr},
+      , {}, {detail::mxfp4_avx512, "-avx512", f32_act_bytes, prepare_f32},
+      {detail::mxfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif
-    {Format::q4_0, "q4_0-w4a8", detail::q8_0_act_bytes, prepare_q8_0, detail::q4_0_scalar,
+     }, {}},
+    {Format::q4_0, "q4_0-w4a8",
+     {{detail::q4_0_scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0}
 #if defined(FT_CPU_X86_KERNELS)
-     nullptr /* AVX2: scalar, see README */, detail::q4_0_avx512},
+      , {}, {detail::q4_0_avx512, "-avx512", detail::q8_0_act_bytes, prepare_q8_0}, {}
+#endif
+     },
+#if defined(FT_CPU_X86_KERNELS)
+     {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}},
 #else
-     nullptr, nullptr},
+     {}},
 #endif
 };
 
+// AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16). The q4_0 VNNI kernel
+// was not faster than the AVX-512F one on the dev box (Zen 4, cpu/README.md), so it is opt-in:
+// FT_CPU_VNNI=1 on a CPU with avx512vnni. Checked once.
+bool use_vnni() {
+#if defined(FT_CPU_X86_KERNELS)
+    static const bool v = __builtin_cpu_supports("avx512vnni") && int(cpu_best_isa()) >= int(Isa::avx512) &&
+                          env_string("FT_CPU_VNNI") == "1";
+    return v;
+#else
+    return false;
+#endif
+}
+
 }  // namespace
 
-const QuantOps *quant_ops(Format f, Isa isa) {
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni) {
     if (f == Format::bf16) return nullptr;
-    // One table of every (format, tier) pair, built once; tiers without their own kernel use the
-    // next lower one (the AVX-512-BF16 tier runs the AVX-512F kernels: no bf16 dot product helps
-    // formats whose weights are not bf16).
+    // One table of every (format, tier, vnni) triple, built once; tiers without their own kernel
+    // use the next lower one.
     static const std::vector<QuantOps> table = [] {
         std::vector<QuantOps> t;
-        const char *suffix[] = {"-scalar", "-avx2", "-avx512", "-avx512"};
         static std::vector<std::string> names;
         names.reserve(64);
         for (const TierKernels &k : kKernels)
-            for (int tier = 0; tier < 4; ++tier) {
-                detail::QuantGemv fn = k.scalar;
-                int used = 0;
-                if (tier >= 1 && k.avx2) fn = k.avx2, used = 1;
-                if (tier >= 2 && k.avx512) fn = k.avx512, used = 2;
-                names.push_back(std::string(k.name) + suffix[used]);
-                t.push_back({k.format, fn, names.back().c_str(), k.act_bytes, k.prepare});
-            }
+            for (int v = 0; v < 2; ++v)
+                for (int tier = 0; tier < 4; ++tier) {
+                    Kernel use = k.tier[0];
+                    for (int i = 1; i <= tier; ++i)
+                        if (k.tier[i].gemv) use = k.tier[i];
+                    if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
+                    names.push_back(std::string(k.name) + use.suffix);
+                    t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare});
+                }
         return t;
     }();
     for (size_t i = 0; i < std::size(kKernels); ++i)
-        if (kKernels[i].format == f) return &table[i * 4 + size_t(isa)];
+        if (kKernels[i].format == f) return &table[i * 8 + (vnni ? 4 : 0) + size_t(isa)];
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
+
+const QuantOps *quant_ops(Format f, Isa isa) { return quant_ops_variant(f, isa, use_vnni()); }
 
 }  // namespace ft::cpu

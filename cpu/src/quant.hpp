@@ -19,8 +19,11 @@ struct QuantOps {
     void (*prepare)(const uint16_t *x, int64_t K, uint8_t *dst);
 };
 
-// The kernels of `f` at tier `isa` (the best the format has at or below it); nullptr for bf16.
+// The kernels of `f` at tier `isa` (the best the format has at or below it; q4_0 uses VNNI at
+// tiers >= avx512 when the CPU has AVX-512-VNNI and FT_CPU_VNNI=1); nullptr for bf16.
 const QuantOps *quant_ops(Format f, Isa isa);
+// The same with VNNI forced on or off (tests; `vnni` must only be true on a VNNI CPU).
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni);
 
 // DeepSeek-V4 FP8 round trip per 128 (ft::fp8_round_trip_per128, bit-identical), input bf16.
 void fp8_round_trip_bf16(const uint16_t *x, int64_t K, float *y);

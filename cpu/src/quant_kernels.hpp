@@ -31,9 +31,17 @@ using QuantGemv = void (*)(const QuantMatrix &m, int64_t first, int count, const
 extern float g_e2m1[16];
 extern float g_e4m3[256];
 extern float g_e8m0[256];
+// bf16 bits for the bf16-activation kernels: the 16 e2m1 codes twice (index = low 5 bits of a
+// byte gives its low nibble), and bf16(e4m3(i & 7)) for the E == 0 codes (zero and subnormals).
+extern uint16_t g_e2m1_bf16x32[32];
+extern uint16_t g_e4m3_sub_bf16x32[32];
 
 // Bytes of a prepared q4_0 activation of length K: int8 q[K] (Q8_0), then float d[K/32].
 size_t q8_0_act_bytes(int64_t K);
+// q4_0 with VNNI: int8 q[Kp] (Q8_0, Kp = K rounded up to 64, zero-padded), then per 4 bytes of
+// q (one int32 lane of vpdpbusd) float d[Kp/4] (the block's d, 0 in the padding) and int32
+// c[Kp/4] = -8 * (sum of the 4 q), which turns sum(u * q) over nibbles u into sum((u - 8) * q).
+size_t q8_0_vnni_act_bytes(int64_t K);
 
 void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -47,5 +55,15 @@ void nvfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int
 void ds_fp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+
+// AVX-512-BF16 (quant_avx512bf16.cpp): bf16 activations. fp8_block, mxfp4: bf16[K] as is;
+// nvfp4, ds_fp4: bf16 per 64 elements [32 even, 32 odd], zero-padded to a multiple of 64.
+void fp8_block_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void nvfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void mxfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+
+// AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
+void q4_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 }  // namespace ft::cpu::detail

@@ -351,3 +351,194 @@ TEST(QuantKernels, Q4_0MatchesExactW4A8) {
 }
 
 }  // namespace
+
+// ---- kernel level: every kernel this CPU can run (each tier, with and without VNNI) against the
+// lib/formats reference on fresh random data, outputs NaN-poisoned first --------------------
+
+namespace kernels {
+
+using ft::cpu::detail::QuantMatrix;
+
+// Every distinct kernel of format f runnable here.
+std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
+    std::vector<const ft::cpu::QuantOps *> v;
+    std::set<std::string> seen;
+    const bool vnni = __builtin_cpu_supports("avx512vnni");
+    for (Isa isa : tiers_here())
+        for (bool vn : {false, true}) {
+            if (vn && !vnni) continue;
+            const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn);
+            if (seen.insert(ops->kernel).second) v.push_back(ops);
+        }
+    return v;
+}
+
+struct Case {
+    Format f;
+    int64_t K, N;
+    std::vector<uint8_t> data, scale, global;
+    QuantMatrix m() const { return {data.data(), scale.data(), global.data(), K, N}; }
+    // Row (column for mxfp4) n dequantised by the reference.
+    std::vector<float> weights(int64_t n) const {
+        std::vector<float> w(K);
+        switch (f) {
+            case Format::fp8_block: {
+                std::vector<uint16_t> band(K / 128);
+                std::memcpy(band.data(), scale.data() + (n / 128) * (K / 128) * 2, band.size() * 2);
+                ft::dequant_row_fp8_block(data.data() + n * K, band.data(), K, w.data());
+                break;
+            }
+            case Format::nvfp4: {
+                uint16_t g;
+                std::memcpy(&g, global.data() + n * 2, 2);
+                ft::dequant_row_nvfp4(data.data() + n * K / 2, scale.data() + n * K / 16, g, K, w.data());
+                break;
+            }
+            case Format::ds_fp4: ft::dequant_row_ds_fp4(data.data() + n * K / 2, scale.data() + n * K / 32, K, w.data()); break;
+            case Format::mxfp4: ft::dequant_col_mxfp4(data.data(), scale.data(), K, N, n, w.data()); break;
+            case Format::q4_0: ft::dequant_row_q4_0(data.data() + n * (K / 32) * 18, K, w.data()); break;
+            default: break;
+        }
+        return w;
+    }
+};
+
+Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N) {
+    Case c{f, K, N, {}, {}, {}};
+    std::uniform_int_distribution<int> byte(0, 255);
+    auto fill = [&](std::vector<uint8_t> &v, size_t n) {
+        v.resize(n);
+        for (auto &b : v) b = uint8_t(byte(rng));
+    };
+    switch (f) {
+        case Format::fp8_block: {
+            fill(c.data, size_t(N * K));
+            for (auto &b : c.data)
+                if ((b & 0x7f) == 0x7f) b ^= 1;  // NaN codes only where a test puts them
+            c.scale.resize(size_t((N + 127) / 128 * (K / 128)) * 2);
+            std::uniform_real_distribution<float> d(0.25f, 2.0f);
+            for (size_t i = 0; i < c.scale.size(); i += 2) put_u16(&c.scale[i], ft::f32_to_bf16(d(rng) * (byte(rng) & 1 ? 1 : -1)));
+            break;
+        }
+        case Format::nvfp4: {
+            fill(c.data, size_t(N * K / 2));
+            std::uniform_int_distribution<int> s(0x01, 0x7e);  // subnormal to 448, both signs
+            c.scale.resize(size_t(N * K / 16));
+            for (auto &b : c.scale) b = uint8_t(s(rng) | (byte(rng) & 0x80));
+            c.global.resize(size_t(N) * 2);
+            std::uniform_real_distribution<float> g(0.5f, 2.0f);
+            for (int64_t n = 0; n < N; ++n) put_u16(&c.global[n * 2], ft::f32_to_f16(g(rng)));
+            break;
+        }
+        case Format::ds_fp4:
+        case Format::mxfp4: {
+            fill(c.data, size_t(N * K / 2));
+            c.scale.resize(size_t(N * K / 32));
+            std::uniform_int_distribution<int> s(117, 137);
+            for (auto &b : c.scale) b = byte(rng) % 16 == 0 ? 0 : uint8_t(s(rng));  // code 0 = 2^-127 mixed in
+            break;
+        }
+        case Format::q4_0: {
+            fill(c.data, size_t(N * (K / 32) * 18));
+            std::uniform_real_distribution<float> d(0.5f, 2.0f);
+            for (int64_t i = 0; i < N * (K / 32); ++i) put_u16(&c.data[i * 18], ft::f32_to_f16(d(rng)));
+            break;
+        }
+        default: break;
+    }
+    return c;
+}
+
+// Runs every kernel of c.f on rows/columns [first, first + count) for ntok tokens and checks
+// each output against the fp64 sum of reference weights x the activation the kernel's numerics
+// define (bf16 x; ds_fp4 FP8 round trip; q4_0 Q8_0). bound: relative to sum |w x|.
+void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound) {
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+    std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
+    std::vector<std::vector<double>> xr(ntok, std::vector<double>(c.K));
+    for (int t = 0; t < ntok; ++t) {
+        std::vector<float> xf(c.K), y(c.K);
+        for (int64_t k = 0; k < c.K; ++k) {
+            float v = xd(rng);
+            x[t][k] = ft::f32_to_bf16(v == 0.0f ? 0.25f : v);
+            xf[k] = ft::bf16_to_f32(x[t][k]);
+        }
+        if (c.f == Format::ds_fp4) ft::fp8_round_trip_per128(xf.data(), c.K, y.data()), xf = y;
+        if (c.f == Format::q4_0) {
+            std::vector<int8_t> q(c.K);
+            std::vector<float> d(c.K / 32);
+            ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());
+            for (int64_t k = 0; k < c.K; ++k) xf[k] = float(q[k]) * d[k / 32];  // exact q*d in double below
+            for (int64_t k = 0; k < c.K; ++k) xr[t][k] = double(q[k]) * double(d[k / 32]);
+        } else {
+            for (int64_t k = 0; k < c.K; ++k) xr[t][k] = xf[k];
+        }
+    }
+    std::vector<std::vector<double>> ref(ntok, std::vector<double>(count)), mag = ref;
+    for (int j = 0; j < count; ++j) {
+        const std::vector<float> w = c.weights(first + j);
+        for (int t = 0; t < ntok; ++t)
+            for (int64_t k = 0; k < c.K; ++k) {
+                ref[t][j] += double(w[k]) * xr[t][k];
+                mag[t][j] += std::fabs(double(w[k]) * xr[t][k]);
+            }
+    }
+    const auto ops_list = variants_here(c.f);
+    ASSERT_FALSE(ops_list.empty());
+    for (const ft::cpu::QuantOps *ops : ops_list) {
+        std::vector<std::vector<uint8_t>> act;
+        std::vector<const uint8_t *> ap;
+        for (int t = 0; t < ntok; ++t) {
+            act.emplace_back(ops->act_bytes(c.K) + 64, 0xcd);  // poisoned slack past the prepared bytes
+            ops->prepare(x[t].data(), c.K, act.back().data());
+        }
+        for (auto &a : act) ap.push_back(a.data());
+        const size_t ldo = size_t(count) + 3;
+        std::vector<float> out(ldo * ntok, std::numeric_limits<float>::quiet_NaN());
+        ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
+        for (int t = 0; t < ntok; ++t) {
+            for (int j = 0; j < count; ++j)
+                ASSERT_NEAR(out[t * ldo + j], ref[t][j], bound * mag[t][j] + 1e-30)
+                    << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t;
+            for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
+        }
+    }
+}
+
+TEST(QuantKernels, EveryKernelMatchesReference) {
+    std::mt19937 rng(1234);
+    struct G { Format f; int64_t K, N, first; int count; double bound; };
+    // K with tails (nvfp4 272 = 4 x 64 + 16), counts with tails, tokens 5 and 1 (tiles of 4 + 1).
+    const G geos[] = {
+        {Format::fp8_block, 384, 260, 3, 255, 1e-5}, {Format::nvfp4, 272, 40, 1, 37, 1e-5},
+        {Format::nvfp4, 512, 8, 0, 8, 1e-5},         {Format::ds_fp4, 384, 24, 2, 21, 1e-5},
+        {Format::mxfp4, 96, 160, 5, 150, 1e-5},       {Format::mxfp4, 64, 64, 0, 64, 1e-5},
+        {Format::q4_0, 224, 20, 1, 18, 1e-5},         {Format::q4_0, 256, 9, 0, 9, 1e-5},
+    };
+    for (const G &g : geos) {
+        const Case c = make_case(rng, g.f, g.K, g.N);
+        for (int ntok : {5, 1}) check(c, g.first, g.count, ntok, rng, g.bound);
+    }
+}
+
+// e4m3 NaN codes in fp8_block weights reach the output of their row only (the reference says
+// NaN); every kernel.
+TEST(QuantKernels, Fp8NanCodesPropagate) {
+    std::mt19937 rng(77);
+    Case c = make_case(rng, Format::fp8_block, 256, 8);
+    c.data[2 * 256 + 17] = 0x7f;
+    c.data[5 * 256 + 200] = 0xff;
+    std::vector<uint16_t> x(256);
+    for (int k = 0; k < 256; ++k) x[k] = ft::f32_to_bf16(0.5f + float(k % 7) * 0.1f);
+    for (const ft::cpu::QuantOps *ops : variants_here(Format::fp8_block)) {
+        std::vector<uint8_t> act(ops->act_bytes(256));
+        ops->prepare(x.data(), 256, act.data());
+        const uint8_t *ap = act.data();
+        std::vector<float> out(8, 0.0f);
+        ops->gemv(c.m(), 0, 8, &ap, 1, out.data(), 8);
+        for (int r = 0; r < 8; ++r) EXPECT_EQ(std::isnan(out[r]), r == 2 || r == 5) << ops->kernel << " row " << r;
+    }
+}
+
+}  // namespace kernels
+

@@ -1,0 +1,269 @@
+// AVX-512-BF16 kernels of fp8_block, nvfp4, ds_fp4 and mxfp4 (W8A16 / W4A16 with bf16
+// activations). Weights are decoded in registers straight to bf16, which holds every e2m1 and
+// every e4m3 value exactly (e4m3 subnormals are bf16 normals), and multiplied with `vdpbf16ps`
+// (32 bf16 pairs -> 16 fp32 lanes); block scales are applied in fp32 to block sums, one FMA per
+// 16 lanes. Activations are bf16 in the pass inputs already (x, and the bf16 intermediate), so
+// every product is exact and only the fp32 summation order differs from the reference.
+//
+// Decodes (tables filled from the lib/formats reference decoders in quant.cpp):
+//   e2m1   byte b zero-extended to a 16-bit word: `vpermw` with a 32-entry table (the 16 codes
+//          twice) looks up the low nibble from b's low 5 bits without masking; b >> 4 the high one.
+//   e4m3   (em << 4) + (120 << 7) is the bf16 of every normal code; subnormals/zero (E == 0) come
+//          from a masked `vpermw`, NaN codes 0x7F/0xFF become bf16 NaN (so NaN reaches the output,
+//          as the reference says), the sign is or-ed in last.
+// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
+// (GCC bug 105593); the warning says nothing about this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels.hpp"
+#include "quant_kernels.hpp"
+
+namespace ft::cpu::detail {
+namespace {
+
+inline float f16(const uint8_t *p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return _cvtsh_ss(v);
+}
+inline float bf16(const uint8_t *p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    const uint32_t bits = uint32_t(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+
+// e8m0 codes (16 lanes) -> fp32: s << 23, code 0 -> 2^-127, 255 -> NaN.
+inline __m512 e8m0x16(__m512i s) {
+    __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(s, 23));
+    f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()), _mm512_set1_ps(0x1p-127f));
+    return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(s, _mm512_set1_epi32(255)),
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+}
+
+// e4m3 codes sign-extended to 32 bits (16 lanes) -> fp32, without fp32 subnormal arithmetic
+// (slow on some cores): ((x << 20) & 0x07f00000) + (120 << 23) is the magnitude of every normal
+// code; E == 0 (zero, subnormals) from the reference table g_e4m3[0..7] by the code's low bits;
+// 0x7F/0xFF -> NaN; the sign (bit 31 of the sign-extended code) or-ed in last.
+inline __m512 e4m3x16(__m512i x, __m512 sub) {
+    const __m512i em = _mm512_and_si512(_mm512_slli_epi32(x, 20), _mm512_set1_epi32(0x07f00000));
+    __m512 f = _mm512_castsi512_ps(_mm512_add_epi32(em, _mm512_set1_epi32(120 << 23)));
+    f = _mm512_mask_permutexvar_ps(f, _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x78)), x, sub);
+    f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x07f00000)),
+                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+    return _mm512_castsi512_ps(
+        _mm512_ternarylogic_epi32(_mm512_castps_si512(f), x, _mm512_set1_epi32(int(0x80000000u)), 0xf8));
+}
+
+// ---- nvfp4 / ds_fp4: row-major e2m1, activations bf16 [32 even, 32 odd] per 64 ------------
+//
+// Chunk of 64 elements = 32 packed bytes: lo (words = elements c+2i) and hi (c+2i+1). Lane j of
+// dp(dp(0, lo, x_even), hi, x_odd) sums elements 4j..4j+3, i.e. block j / (B/4): 4 lanes per
+// nvfp4 block of 16, 8 per ds_fp4 block of 32. Scales of 128 elements are decoded at once
+// (16 lanes, 128/B used) and spread to the lanes with `vpermps`.
+template <int B, int NT>
+void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *const *act, float *out, size_t ldo,
+              float row_scale, int pf) {
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
+    const __m512 sub = _mm512_loadu_ps(g_e4m3);  // entries 0..7: the E == 0 codes
+    constexpr int per_chunk = 64 / B;  // scales per 64 elements
+    const __m512i idx0 = B == 16 ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+                                 : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(per_chunk));
+    __m512 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += 128) {
+        const int64_t left = K - c;  // elements left, a multiple of B
+        const int ns = int(left >= 128 ? 128 / B : left / B);
+        const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc + c / B);
+        const __m512 s16 = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
+        if (pf) {
+            _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char *>(sc + c / B) + pf / 8, _MM_HINT_T0);
+        }
+        for (int q = 0; q < 2; ++q) {
+            const int64_t cc = c + 64 * q;
+            if (cc >= K) break;
+            __m256i bytes;
+            if (cc + 64 <= K) bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + cc / 2));
+            else bytes = _mm256_maskz_loadu_epi8(__mmask32((1ull << ((K - cc) / 2)) - 1), p + cc / 2);
+            const __m512i w = _mm512_cvtepu8_epi16(bytes);
+            const __m512i lo = _mm512_permutexvar_epi16(w, lut);
+            const __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
+            const __m512 s = _mm512_permutexvar_ps(q ? idx1 : idx0, s16);
+            for (int t = 0; t < NT; ++t) {
+                const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + cc;
+                __m512 d = dp(_mm512_setzero_ps(), lo, _mm512_loadu_si512(x));
+                d = dp(d, hi, _mm512_loadu_si512(x + 32));
+                acc[t][q] = _mm512_fmadd_ps(d, s, acc[t][q]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) * row_scale;
+}
+
+template <int B>
+void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+               size_t ldo) {
+    const int pf = g_prefetch_bytes;
+    const int64_t K = m.K;
+    for (int j = 0; j < count; ++j) {
+        const int64_t r = first + j;
+        const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
+        const float g = B == 16 ? f16(m.global + r * 2) : 1.0f;
+        int t = 0;
+        for (; t + 4 <= ntok; t += 4) e2m1_row<B, 4>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
+        switch (ntok - t) {
+            case 3: e2m1_row<B, 3>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
+            case 2: e2m1_row<B, 2>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
+            case 1: e2m1_row<B, 1>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
+            default: break;
+        }
+    }
+}
+
+// ---- fp8_block: e4m3 -> bf16 in registers, block sums * bf16 scale_inv per 128 -------------
+
+inline __m512i e4m3x32_bf16(__m256i bytes, __m512i sub_lut) {
+    const __m512i w = _mm512_cvtepu8_epi16(bytes);
+    const __m512i t = _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x7f0));
+    __m512i n = _mm512_add_epi16(t, _mm512_set1_epi16(0x3c00));
+    // E == 0 (zero and subnormals): the table, indexed by the code's low 5 bits (m = 0..7).
+    n = _mm512_mask_permutexvar_epi16(n, _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78)), w, sub_lut);
+    n = _mm512_mask_mov_epi16(n, _mm512_cmpeq_epi16_mask(t, _mm512_set1_epi16(0x7f0)), _mm512_set1_epi16(0x7fc0));
+    // n | (w << 8 & 0x8000): the sign.
+    return _mm512_ternarylogic_epi32(n, _mm512_slli_epi16(w, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xf8);
+}
+
+template <int NT>
+void fp8_row(const uint8_t *w, const uint8_t *band, int64_t K, const uint8_t *const *act, float *out, size_t ldo,
+             int pf) {
+    const __m512i sub_lut = _mm512_loadu_si512(g_e4m3_sub_bf16x32);
+    __m512 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += 128) {
+        if (pf) {
+            _mm_prefetch(reinterpret_cast<const char *>(w + c) + pf, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char *>(w + c + 64) + pf, _MM_HINT_T0);
+        }
+        __m512i wv[4];
+        for (int q = 0; q < 4; ++q)
+            wv[q] = e4m3x32_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + c + 32 * q)), sub_lut);
+        const __m512 s = _mm512_set1_ps(bf16(band + (c / 128) * 2));
+        for (int t = 0; t < NT; ++t) {
+            const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + c;
+            __m512 d0 = dp(_mm512_setzero_ps(), wv[0], _mm512_loadu_si512(x));
+            __m512 d1 = dp(_mm512_setzero_ps(), wv[1], _mm512_loadu_si512(x + 32));
+            d0 = dp(d0, wv[2], _mm512_loadu_si512(x + 64));
+            d1 = dp(d1, wv[3], _mm512_loadu_si512(x + 96));
+            acc[t] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
+}
+
+// ---- mxfp4: K-outer over a tile of up to 64 columns, bf16 pairs (k even, k odd) -----------
+//
+// Byte (kb, n) holds W[n, 2kb] (low nibble) and W[n, 2kb+1] (high): as the two words of one
+// 32-bit lane they pair with the broadcast activation pair (x[2kb], x[2kb+1]), so one dp per 16
+// columns consumes a whole K row. Lane word 0 = b | b << 12 (low 5 bits = b & 31: the table
+// repeats the 16 codes), word 1 = b >> 4.
+template <int NT>
+void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
+                int pf_rows) {
+    const int64_t K = m.K, N = m.N;
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
+    const int G = (count + 15) / 16;
+    __mmask16 mask[4];
+    for (int g = 0; g < 4; ++g) {
+        const int n = count - 16 * g;
+        mask[g] = n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+    }
+    __m512 acc[NT][4];
+    for (int t = 0; t < NT; ++t)
+        for (int g = 0; g < 4; ++g) acc[t][g] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+        __m512 blk[NT][4];
+        for (int t = 0; t < NT; ++t)
+            for (int g = 0; g < 4; ++g) blk[t][g] = _mm512_setzero_ps();
+        for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
+            const uint8_t *row = m.data + kb * N + first;
+            if (pf_rows && kb + pf_rows < K / 2) {
+                const char *pr = reinterpret_cast<const char *>(row + pf_rows * N);
+                _mm_prefetch(pr, _MM_HINT_T0);
+                _mm_prefetch(pr + count - 1, _MM_HINT_T0);  // a tile not 64-aligned spans 2 lines
+            }
+            __m512i xp[NT];
+            for (int t = 0; t < NT; ++t) {
+                uint32_t pair;
+                std::memcpy(&pair, act[t] + 4 * kb, 4);
+                xp[t] = _mm512_set1_epi32(int(pair));
+            }
+            for (int g = 0; g < G; ++g) {
+                const __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[g], row + 16 * g));
+                const __m512i wv = _mm512_permutexvar_epi16(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), lut);
+                for (int t = 0; t < NT; ++t) blk[t][g] = dp(blk[t][g], wv, xp[t]);
+            }
+        }
+        const uint8_t *srow = m.scale + (k0 / 32) * N + first;
+        for (int g = 0; g < G; ++g) {
+            const __m512 s = e8m0x16(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[g], srow + 16 * g)));
+            for (int t = 0; t < NT; ++t) acc[t][g] = _mm512_fmadd_ps(blk[t][g], s, acc[t][g]);
+        }
+    }
+    for (int t = 0; t < NT; ++t)
+        for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(out + t * ldo + 16 * g, mask[g], acc[t][g]);
+}
+
+}  // namespace
+
+void ds_fp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                       float *out, size_t ldo) {
+    e2m1_rows<32>(m, first, count, act, ntok, out, ldo);
+}
+
+void nvfp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                      float *out, size_t ldo) {
+    e2m1_rows<16>(m, first, count, act, ntok, out, ldo);
+}
+
+void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                          float *out, size_t ldo) {
+    const int pf = g_prefetch_bytes;
+    const int64_t K = m.K;
+    for (int j = 0; j < count; ++j) {
+        const int64_t r = first + j;
+        const uint8_t *w = m.data + r * K, *band = m.scale + (r / 128) * (K / 128) * 2;
+        int t = 0;
+        for (; t + 4 <= ntok; t += 4) fp8_row<4>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
+        switch (ntok - t) {
+            case 3: fp8_row<3>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
+            case 2: fp8_row<2>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
+            case 1: fp8_row<1>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
+            default: break;
+        }
+    }
+}
+
+// Tiles of 64 columns and two tokens. The K rows of a tile are N bytes apart (strided), so the
+// prefetch runs FT_CPU_PREFETCH / 16 rows ahead (32 rows at the default 512).
+void mxfp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                      float *out, size_t ldo) {
+    const int pf_rows = g_prefetch_bytes / 16;
+    for (int c = 0; c < count; c += 64) {
+        const int n = count - c < 64 ? count - c : 64;
+        int t = 0;
+        for (; t + 2 <= ntok; t += 2) mxfp4_tile<2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+        if (t < ntok) mxfp4_tile<1>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+    }
+}
+
+}  // namespace ft::cpu::detail
