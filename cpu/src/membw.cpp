@@ -55,14 +55,7 @@ double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe 
     return static_cast<double>(chunk * n) / s;
 }
 
-double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes) {
-    bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
-    uint8_t *buf = static_cast<uint8_t *>(std::aligned_alloc(4096, bytes));
-    if (!buf) fail(FT_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes for the read-bandwidth probe");
-    pool.run([&](int w, int nw) {
-        const size_t a = bytes * w / nw, b = bytes * (w + 1) / nw;
-        for (size_t i = a; i < b; ++i) buf[i] = static_cast<uint8_t>(i * 131u + 7u);
-    });
+double best_read_bandwidth(ThreadPool &pool, const uint8_t *buf, size_t bytes, int passes) {
     // The bound is the best read these cores reach: one or several streams per core, far apart
     // or close together (as the rows of a weight matrix are), with and without software prefetch;
     // which shape wins depends on the CPU.
@@ -76,6 +69,18 @@ double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes) {
             }
         }
     }
+    return best;
+}
+
+double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes) {
+    bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
+    uint8_t *buf = static_cast<uint8_t *>(std::aligned_alloc(4096, bytes));
+    if (!buf) fail(FT_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes for the read-bandwidth probe");
+    pool.run([&](int w, int nw) {
+        const size_t a = bytes * w / nw, b = bytes * (w + 1) / nw;
+        for (size_t i = a; i < b; ++i) buf[i] = static_cast<uint8_t>(i * 131u + 7u);
+    });
+    const double best = best_read_bandwidth(pool, buf, bytes, passes);
     std::free(buf);
     return best;
 }

@@ -118,9 +118,12 @@ struct ReadProbe {
 // widest loads of default_isa(). Returns bytes/s.
 double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe probe = {});
 
-// Read bandwidth of `pool` in bytes/s: the best read_pass over a fresh buffer of `bytes` (choose
-// it well above the last-level cache), filled by the same workers first so its pages sit near
-// them, over several stream counts and prefetch distances, `passes` times each.
+// The best read_pass over [data, data + bytes) across stream counts, stream spacings and
+// prefetch distances, `passes` times each: the read bandwidth these cores reach on that memory.
+double best_read_bandwidth(ThreadPool &pool, const uint8_t *data, size_t bytes, int passes = 2);
+
+// best_read_bandwidth over a fresh buffer of `bytes` (choose it well above the last-level
+// cache), filled by the same workers first so its pages sit near them.
 double measure_read_bandwidth(ThreadPool &pool, size_t bytes, int passes = 2);
 
 // ---- MoE executor ----------------------------------------------------------------------------
