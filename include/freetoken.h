@@ -37,6 +37,8 @@
  *   is immutable and shareable by any number of threads and sessions after ft_model_load returns
  *   or ft_model_finalize succeeds. It must outlive its sessions.
  * - An ft_session is used by one thread at a time (any thread, not necessarily the same one).
+ * - An ft_profile is immutable once made (ft_profile_bandwidth, ft_profile_load) and may be
+ *   read from any number of threads.
  * - The engine must outlive its models and sessions.
  */
 #ifndef FREETOKEN_H
@@ -416,6 +418,76 @@ typedef struct ft_session_stats {
 /* Fills *stats up to stats->struct_size bytes. */
 FT_API ft_status ft_session_get_stats(const ft_session *session, ft_session_stats *stats);
 FT_API void ft_session_reset_stats(ft_session *session);
+
+/* ==========================================================================================
+ * Bandwidth profile: what this machine's memory, bus and kernels really do
+ * ========================================================================================== */
+
+typedef struct ft_profile ft_profile;
+
+typedef struct ft_profile_params {
+    uint32_t struct_size;
+    int32_t device;          /* CUDA device to measure: FT_DEVICE_AUTO (default) or an ordinal;
+                                FT_DEVICE_NONE measures the CPU only                           */
+    int32_t cpu_threads;     /* 0 (default): one per physical core, as engines use             */
+    uint32_t formats;        /* bit (1u << FT_FORMAT_x) per expert format to measure; 0
+                                (default): every format                                         */
+    double max_seconds;      /* soft bound on the whole run (default 30)                       */
+    ft_progress_fn progress; /* optional; phases "read", "pcie", "<format>"; may cancel          */
+    void *progress_user_data;
+} ft_profile_params;
+
+FT_API void ft_profile_params_init(ft_profile_params *params);
+
+/* Measures the machine: the CPU's memory read bandwidth (all workers), pinned host<->device
+ * copies (with a GPU), and per expert format the production CPU expert kernels at one token
+ * over experts far larger than the caches. Figures a build or machine cannot measure are left
+ * at 0. params may be NULL. FT_ERR_CANCELLED if the progress callback stops it. */
+FT_API ft_status ft_profile_bandwidth(const ft_profile_params *params, ft_profile **out,
+                                      char *err, size_t err_size);
+
+/* Reads a profile (FreeToken's JSON schema version 4, also as the original engine wrote it).
+ * path NULL: $FT_PROFILE_PATH, else $XDG_CACHE_HOME/freetoken/benchbw.json (~/.cache when
+ * unset). FT_ERR_IO if unreadable, FT_ERR_FORMAT if not a valid version-4 profile. */
+FT_API ft_status ft_profile_load(const char *path, ft_profile **out, char *err, size_t err_size);
+
+/* Writes the profile atomically (a temporary file renamed over `path`), creating folders.
+ * path NULL: the default path above. */
+FT_API ft_status ft_profile_save(const ft_profile *profile, const char *path, char *err,
+                                 size_t err_size);
+
+FT_API void ft_profile_free(ft_profile *profile);
+
+typedef struct ft_profile_machine {
+    uint32_t struct_size;
+    int32_t physical_cores;
+    int32_t threads_used;    /* CPU threads the figures were measured with                     */
+    uint32_t reserved_;
+    double cpu_read_gbs;     /* best read bandwidth of all workers (GB/s = 1e9 B/s); 0: none   */
+    double h2d_gbs;          /* pinned host-to-device copies; 0: not measured                  */
+    double d2h_gbs;          /* pinned device-to-host copies; 0: not measured                  */
+    const char *gpu_name;    /* "" without a GPU; valid while the profile lives                */
+    const char *cpu_model;   /* "" if unknown; valid while the profile lives                   */
+} ft_profile_machine;
+
+FT_API ft_status ft_profile_get_machine(const ft_profile *profile, ft_profile_machine *machine);
+
+typedef struct ft_profile_format {
+    uint32_t struct_size;
+    int32_t format;             /* FT_FORMAT_*                                                 */
+    uint64_t expert_bytes;      /* bytes of the measured expert geometry                       */
+    double cpu_gbs;             /* CPU expert kernels at one token; 0: not measured            */
+    double gather_gbs;          /* gather into GPU slots; 0: not measured                      */
+    double cpu_overlap_gbs;     /* CPU side while the gather runs too; 0: not measured         */
+    double gather_overlap_gbs;  /* gather side while the CPU runs too; 0: not measured         */
+    double fetch_fraction;      /* share of a step's misses to fetch over PCIe so that both
+                                   sides finish together; -1 when the figures do not tell     */
+    const char *cpu_kernel;     /* e.g. "nvfp4-w4a16-avx512bf16"; valid while the profile lives */
+} ft_profile_format;
+
+/* Figures of one format. FT_ERR_UNSUPPORTED when the profile has none for it. */
+FT_API ft_status ft_profile_get_format(const ft_profile *profile, int32_t format,
+                                       ft_profile_format *out);
 
 #ifdef __cplusplus
 } /* extern "C" */
