@@ -1,5 +1,7 @@
 #include "ft/cuda_device.hpp"
 
+#include <cstring>
+
 #include "ft/common.hpp"
 
 #ifdef FT_HAVE_CUDA
@@ -57,6 +59,62 @@ HostRegistration::~HostRegistration() {
     if (data_) cudaHostUnregister(data_);
 }
 
+namespace {
+
+// Owns what one copy measurement creates, so every exit path releases it.
+struct CopyRig {
+    void *host = nullptr, *dev = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~CopyRig() {
+        if (stop) cudaEventDestroy(stop);
+        if (start) cudaEventDestroy(start);
+        if (stream) cudaStreamDestroy(stream);
+        if (dev) cudaFree(dev);
+        if (host) cudaFreeHost(host);
+    }
+};
+
+void check_cuda(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return;
+    cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation)
+        fail(FT_ERR_OUT_OF_MEMORY, what, ": ", cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
+    fail_cuda(e, what);
+}
+
+}  // namespace
+
+double measure_copy_bandwidth(int device, CopyDirection dir, size_t bytes, int iters) {
+    if (device < 0 || device >= device_count()) fail(FT_ERR_NO_DEVICE, "CUDA device ", device, " is not usable");
+    if (bytes == 0 || iters <= 0) fail(FT_ERR_INVALID_ARGUMENT, "copy measurement needs bytes > 0 and iters > 0");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    CopyRig rig;
+    check_cuda(cudaHostAlloc(&rig.host, bytes, cudaHostAllocPortable | cudaHostAllocMapped), "cudaHostAlloc");
+    check_cuda(cudaMalloc(&rig.dev, bytes), "cudaMalloc");
+    // Touch both buffers so no first-use cost lands in the timed copies.
+    std::memset(rig.host, 1, bytes);
+    check_cuda(cudaMemset(rig.dev, 1, bytes), "cudaMemset");
+    check_cuda(cudaStreamCreateWithFlags(&rig.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreate(&rig.start), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&rig.stop), "cudaEventCreate");
+
+    const bool h2d = dir == CopyDirection::host_to_device;
+    void *dst = h2d ? rig.dev : rig.host;
+    const void *src = h2d ? rig.host : rig.dev;
+    const cudaMemcpyKind kind = h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    for (int i = 0; i < 3; ++i) check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, rig.stream), "cudaMemcpyAsync (warm-up)");
+    check_cuda(cudaStreamSynchronize(rig.stream), "cudaStreamSynchronize");
+    check_cuda(cudaEventRecord(rig.start, rig.stream), "cudaEventRecord");
+    for (int i = 0; i < iters; ++i) check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, rig.stream), "cudaMemcpyAsync");
+    check_cuda(cudaEventRecord(rig.stop, rig.stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(rig.stop), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, rig.start, rig.stop), "cudaEventElapsedTime");
+    if (!(ms > 0.0f)) return 0.0;
+    return static_cast<double>(bytes) * iters / (ms * 1e-3);
+}
+
 #else
 
 bool built_with_cuda() { return false; }
@@ -64,6 +122,7 @@ int runtime_version() { return 0; }
 const char *architectures() { return ""; }
 int device_count() { return 0; }
 std::string device_name(int device) { fail(FT_ERR_NO_DEVICE, "this build of FreeToken has no CUDA support"); }
+double measure_copy_bandwidth(int, CopyDirection, size_t, int) { return 0.0; }
 HostRegistration::HostRegistration(int, void *, size_t) {
     fail(FT_ERR_NO_DEVICE, "this build of FreeToken has no CUDA support");
 }

@@ -14,6 +14,8 @@
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
+#include "ft/profile.hpp"
+#include "ft/profiler.hpp"
 #include "ft/session.hpp"
 
 struct ft_engine {
@@ -32,6 +34,11 @@ struct ft_session {
     ft_model *model = nullptr;
     std::unique_ptr<ft::Session> impl;
     std::string last_error;
+};
+
+// Immutable once made, so it carries no error text: its accessors only return statuses.
+struct ft_profile {
+    ft::Profile impl;
 };
 
 namespace {
@@ -411,6 +418,87 @@ ft_status ft_session_get_stats(const ft_session *session, ft_session_stats *stat
 
 void ft_session_reset_stats(ft_session *session) {
     if (session) session->impl->reset_stats();
+}
+
+/* ---- bandwidth profile ---- */
+
+void ft_profile_params_init(ft_profile_params *p) {
+    if (!p) return;
+    std::memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->device = FT_DEVICE_AUTO;
+    p->cpu_threads = 0;
+    p->formats = 0;
+    p->max_seconds = 30.0;
+}
+
+ft_status ft_profile_bandwidth(const ft_profile_params *params, ft_profile **out, char *err, size_t err_size) {
+    if (out) *out = nullptr;
+    return on_buffer(err, err_size, [&] {
+        if (!out) ft::fail(FT_ERR_INVALID_ARGUMENT, "out is NULL");
+        ft_profile_params p;
+        ft_profile_params_init(&p);
+        read_params(p, params);
+        auto h = std::make_unique<ft_profile>();
+        h->impl = ft::measure_profile(p);
+        *out = h.release();
+    });
+}
+
+ft_status ft_profile_load(const char *path, ft_profile **out, char *err, size_t err_size) {
+    if (out) *out = nullptr;
+    return on_buffer(err, err_size, [&] {
+        if (!out) ft::fail(FT_ERR_INVALID_ARGUMENT, "out is NULL");
+        auto h = std::make_unique<ft_profile>();
+        h->impl = ft::load_profile(path ? std::string(path) : ft::default_profile_path());
+        *out = h.release();
+    });
+}
+
+ft_status ft_profile_save(const ft_profile *profile, const char *path, char *err, size_t err_size) {
+    return on_buffer(err, err_size, [&] {
+        if (!profile) ft::fail(FT_ERR_INVALID_ARGUMENT, "profile is NULL");
+        ft::save_profile(profile->impl, path ? std::string(path) : ft::default_profile_path());
+    });
+}
+
+void ft_profile_free(ft_profile *profile) { delete profile; }
+
+ft_status ft_profile_get_machine(const ft_profile *profile, ft_profile_machine *machine) {
+    if (!profile) return FT_ERR_INVALID_ARGUMENT;
+    const ft::Profile &p = profile->impl;
+    ft_profile_machine m{};
+    m.physical_cores = static_cast<int32_t>(p.physical_cores);
+    m.threads_used = static_cast<int32_t>(p.threads_used);
+    m.cpu_read_gbs = p.cpu_stream_read_gbs.value_or(0.0);
+    m.h2d_gbs = p.pcie_linear_h2d_gbs.value_or(0.0);
+    m.d2h_gbs = p.pcie_linear_d2h_gbs.value_or(0.0);
+    m.gpu_name = p.gpu_name.c_str();
+    m.cpu_model = p.cpu_model.c_str();
+    return write_out(machine, m);
+}
+
+ft_status ft_profile_get_format(const ft_profile *profile, int32_t format, ft_profile_format *out) {
+    if (!profile || !out || out->struct_size < 2 * sizeof(uint32_t) || !ft::format_known(format)) return FT_ERR_INVALID_ARGUMENT;
+    const ft::Profile &p = profile->impl;
+    const std::string key = ft::profile_format_key(static_cast<ft::Format>(format));
+    // The per-format entry, else the first per-model entry (file order), as the reader rules.
+    const ft::KernelEntry *e = nullptr;
+    if (auto it = p.dtype_kernels.find(key); it != p.dtype_kernels.end()) e = &it->second;
+    for (size_t w = 0; !e && w < p.workloads.size(); ++w) {
+        if (auto it = p.workloads[w].kernels.find(key); it != p.workloads[w].kernels.end()) e = &it->second;
+    }
+    if (!e) return FT_ERR_UNSUPPORTED;
+    ft_profile_format f{};
+    f.format = format;
+    f.expert_bytes = e->expert_bytes;
+    f.cpu_gbs = e->cpu_moe_gbs.value_or(0.0);
+    f.gather_gbs = e->pcie_gather_gbs.value_or(0.0);
+    f.cpu_overlap_gbs = e->cpu_moe_overlap_gbs.value_or(0.0);
+    f.gather_overlap_gbs = e->pcie_gather_overlap_gbs.value_or(0.0);
+    f.fetch_fraction = ft::hybrid_fetch_fraction(p, key).value_or(-1.0);
+    f.cpu_kernel = e->cpu_moe_isa.c_str();
+    return write_out(out, f);
 }
 
 }  // extern "C"

@@ -28,6 +28,19 @@ _Static_assert(offsetof(ft_model_info, architecture) == 88, "ft_model_info layou
 _Static_assert(sizeof(ft_tensor_view) == 64, "ft_tensor_view layout");
 _Static_assert(sizeof(ft_session_stats) == 64, "ft_session_stats layout");
 _Static_assert(offsetof(ft_session_stats, cpu_seconds) == 56, "ft_session_stats layout");
+_Static_assert(sizeof(ft_profile_params) == 40, "ft_profile_params layout");
+_Static_assert(offsetof(ft_profile_params, formats) == 12, "ft_profile_params layout");
+_Static_assert(offsetof(ft_profile_params, max_seconds) == 16, "ft_profile_params layout");
+_Static_assert(offsetof(ft_profile_params, progress) == 24, "ft_profile_params layout");
+_Static_assert(offsetof(ft_profile_params, progress_user_data) == 32, "ft_profile_params layout");
+_Static_assert(sizeof(ft_profile_machine) == 56, "ft_profile_machine layout");
+_Static_assert(offsetof(ft_profile_machine, cpu_read_gbs) == 16, "ft_profile_machine layout");
+_Static_assert(offsetof(ft_profile_machine, gpu_name) == 40, "ft_profile_machine layout");
+_Static_assert(offsetof(ft_profile_machine, cpu_model) == 48, "ft_profile_machine layout");
+_Static_assert(sizeof(ft_profile_format) == 64, "ft_profile_format layout");
+_Static_assert(offsetof(ft_profile_format, expert_bytes) == 8, "ft_profile_format layout");
+_Static_assert(offsetof(ft_profile_format, fetch_fraction) == 48, "ft_profile_format layout");
+_Static_assert(offsetof(ft_profile_format, cpu_kernel) == 56, "ft_profile_format layout");
 #endif
 
 static int failures = 0, checks = 0;

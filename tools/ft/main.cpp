@@ -3,6 +3,7 @@
 //   ft run  [MODEL]      decode a routing trace through a model and report speed against the
 //                        machine's memory read bandwidth; without MODEL, a generated synthetic
 //                        Qwen3-MoE-like checkpoint is written once and used
+//   ft profile           measure this machine's bandwidths and save the profile
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
 #include "ft/synth.hpp"
+#include "profile_cmd.hpp"
 #include "progress.hpp"
 
 namespace {
@@ -32,6 +34,8 @@ const char *kUsage =
     "commands:\n"
     "  info [MODEL]            build, CPU and GPU facts; with MODEL, its geometry\n"
     "  run  [MODEL] [options]  decode a routing trace and report tokens/s and GB/s\n"
+    "  profile [options]       measure the memory, PCIe and CPU expert-kernel bandwidths of this\n"
+    "                          machine and save them as the profile the library reads\n"
     "\n"
     "run options:\n"
     "  --steps N        decode steps (default 64)\n"
@@ -46,6 +50,18 @@ const char *kUsage =
     "                   (default $XDG_CACHE_HOME/freetoken or ~/.cache/freetoken)\n"
     "  --no-gpu         do not use a GPU even if one is present\n"
     "\n"
+    "profile options:\n"
+    "  --formats LIST   comma list of formats to measure (default: all of bf16, fp8_block,\n"
+    "                   nvfp4, mxfp4, ds_fp4, q4_0)\n"
+    "  --threads N      CPU worker threads (default: one per physical core)\n"
+    "  --no-gpu         measure the CPU only\n"
+    "  --seconds S      soft bound on the whole run (default 30)\n"
+    "  --out PATH       save the profile there instead of the default path\n"
+    "                   ($FT_PROFILE_PATH, else $XDG_CACHE_HOME/freetoken/benchbw.json)\n"
+    "  --json           print the profile's JSON instead of the table (it is saved as well)\n"
+    "  --plot FILE.svg  draw the bandwidths and the predicted step time against the fetch\n"
+    "                   fraction\n"
+    "\n"
     "environment: FT_LOG=error|warn|info|debug, FT_CPU_ISA=scalar|avx2|avx512|avx512bf16\n";
 
 struct Options {
@@ -55,6 +71,7 @@ struct Options {
     std::string cache_dir;
     std::string format = "bf16";
     bool no_gpu = false;
+    ft::tool::ProfileOptions profile;
 };
 
 [[noreturn]] void usage_error(const std::string &msg) {
@@ -89,7 +106,16 @@ Options parse(int argc, char **argv) {
         else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0, 1L << 62));
         else if (a == "--cache-dir") o.cache_dir = value();
         else if (a == "--format") o.format = value();
-        else if (a == "--no-gpu") o.no_gpu = true;
+        else if (a == "--no-gpu") o.no_gpu = o.profile.no_gpu = true;
+        else if (a == "--formats") o.profile.formats = value();
+        else if (a == "--seconds") {
+            const char *v = value();
+            char *end = nullptr;
+            o.profile.seconds = std::strtod(v, &end);
+            if (!end || *end || !(o.profile.seconds > 0) || o.profile.seconds > 86400) usage_error("--seconds expects a number in (0, 86400]");
+        } else if (a == "--json") o.profile.json = true;
+        else if (a == "--out") o.profile.out = value();
+        else if (a == "--plot") o.profile.plot = value();
         else if (a == "--backend") {
             const std::string b = value();
             if (b == "auto") o.backend = FT_BACKEND_AUTO;
@@ -369,6 +395,12 @@ int cmd_run(const Options &o) {
         return rc;
     }
     std::printf("backend     %s\n", ft_session_backend(session) == FT_BACKEND_CPU ? "cpu" : "?");
+    {
+        ft_engine_info pi;
+        pi.struct_size = sizeof pi;
+        ft_engine_get_info(engine, &pi);
+        ft::tool::print_profile_line(pi.device_name, mi.format);
+    }
 
     // The bound: how fast this machine's cores read memory, measured now, with as many
     // threads as the engine's pool.
@@ -446,5 +478,11 @@ int main(int argc, char **argv) {
     const Options o = parse(argc, argv);
     if (o.command == "info") return cmd_info(o);
     if (o.command == "run") return cmd_run(o);
+    if (o.command == "profile") {
+        if (!o.model.empty()) usage_error("profile takes no model path");
+        ft::tool::ProfileOptions p = o.profile;
+        p.threads = o.threads;
+        return ft::tool::cmd_profile(p);
+    }
     usage_error("unknown command '" + o.command + "'");
 }

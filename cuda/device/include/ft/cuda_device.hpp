@@ -1,6 +1,7 @@
 // The CUDA device as the rest of the library sees it: whether one is usable, its name, and
-// page-locking of host memory so the GPU can read expert banks directly. Every function works
-// in a build without CUDA and then reports that no device exists.
+// page-locking of host memory so the GPU can read expert banks directly, and the linear copy
+// bandwidth of the bus. Every function works in a build without CUDA and then reports that no
+// device exists.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,16 @@ std::string device_name(int device);
 
 // Page-locks [data, data + bytes) for `device` (portable + mapped, so kernels can read it) and
 // unlocks it on destruction. Throws FT_ERR_DEVICE with CUDA's message on failure.
+enum class CopyDirection { host_to_device, device_to_host };
+
+// Linear copy bandwidth between page-locked host memory and `device` in bytes/s (spec 1.3): one
+// cudaHostAlloc'd buffer (portable + mapped) and one device buffer of `bytes`; 3 untimed copies,
+// then `iters` back-to-back cudaMemcpyAsync on one stream bracketed by CUDA events. 0 in a build
+// without CUDA; otherwise FT_ERR_NO_DEVICE if `device` is not usable (no GPU or no driver),
+// FT_ERR_OUT_OF_MEMORY if a buffer cannot be allocated, FT_ERR_DEVICE with CUDA's message for
+// any other CUDA failure. Allocates and frees its buffers on every call.
+double measure_copy_bandwidth(int device, CopyDirection dir, size_t bytes, int iters);
+
 class HostRegistration {
 public:
     HostRegistration(int device, void *data, size_t bytes);

@@ -1,0 +1,26 @@
+// The bandwidth profiler (spec 1.3-1.4): measures this machine's memory read bandwidth, pinned
+// host<->device copies and the production CPU expert kernels, and returns them as a Profile in
+// schema v4. Lives in its own target (ft_profiler) so ft_profile stays free of CPU and CUDA code.
+#pragma once
+
+#include "freetoken.h"
+#include "ft/formats.hpp"
+#include "ft/profile.hpp"
+
+namespace ft {
+
+// The canonical geometry a format is measured at (spec 1.2; q4_0 takes gemma4-26b's).
+struct ProfileGeometry {
+    int32_t hidden = 0, intermediate = 0, top_k = 0;
+    int32_t activation = FT_ACT_SILU;
+    float swiglu_limit = 0.0f;  // finite > 0: clamped (mxfp4's SwiGLU, ds_fp4's SiLU)
+};
+ProfileGeometry profile_geometry(Format f);
+
+// Runs the measurements `p` asks for (fields already validated against their struct_size by the
+// caller; they are range-checked here). FT_ERR_INVALID_ARGUMENT for bad fields,
+// FT_ERR_NO_DEVICE for an explicit device that is not usable, FT_ERR_CANCELLED when the
+// progress callback returns false, FT_ERR_DEVICE / FT_ERR_OUT_OF_MEMORY from the measurements.
+Profile measure_profile(const ft_profile_params &p);
+
+}  // namespace ft

@@ -1,0 +1,465 @@
+// The profiler: every figure comes from the code production runs (the CPU read probe of ft_cpu,
+// CUDA copies, the MoeExecutor), never from stand-ins, over working sets several times the
+// last-level cache so that memory, not cache, is measured. The whole run is bounded by
+// max_seconds: each phase gets a share of the time that is left and sizes its buffers and step
+// counts from the figures measured before it.
+#include "ft/profiler.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+#include "ft/cuda_device.hpp"
+#include "ft/dequant.hpp"
+
+namespace ft {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kGiB = size_t{1} << 30;
+constexpr size_t kPcieBytes = 256 * kMiB;  // spec 1.3
+constexpr int kPcieMaxIters = 30;          // spec 1.3
+constexpr int kWarmupSteps = 8;            // spec 1.4
+constexpr int kMaxTimedSteps = 64;         // spec 1.4
+constexpr int kMinTimedSteps = 8;          // fewer would make the median a coin toss
+constexpr int64_t kMaxExperts = 128;       // spec 1.2: the presets' E
+// best_read_bandwidth tries 21 probe shapes per pass (cpu/src/membw.cpp); only used to predict
+// how long a buffer size takes, so a change there costs accuracy of the bound, nothing else.
+constexpr int kReadProbes = 21;
+// Fraction of a format's time share its bank fill may take; the rest goes to the steps.
+constexpr double kFillShare = 0.3;
+// The phases' shares of the time budget, by weight.
+constexpr double kReadWeight = 2.0, kPcieWeight = 1.0, kFormatWeight = 2.0;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+const Format kAllFormats[] = {Format::bf16, Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0};
+
+// Calls the progress callback; a false answer ends the run with FT_ERR_CANCELLED.
+class Progress {
+public:
+    explicit Progress(const ft_profile_params &p) : fn_(p.progress), user_(p.progress_user_data) {}
+    void operator()(const char *phase, uint64_t done, uint64_t total) const {
+        if (fn_ && !fn_(user_, phase, done, total))
+            fail(FT_ERR_CANCELLED, "profile: cancelled by the progress callback during \"", phase, "\"");
+    }
+
+private:
+    ft_progress_fn fn_;
+    void *user_;
+};
+
+// Memory available to the profiler now: MemAvailable, within the cgroup v2 limit if one is set.
+size_t available_memory() {
+    size_t avail = 0;
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (meminfo >> key >> kib >> unit) {
+        if (key == "MemAvailable:") {
+            avail = static_cast<size_t>(kib) * 1024;
+            break;
+        }
+    }
+    if (avail == 0) {
+        const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+        avail = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 4 * kGiB;
+    }
+    std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
+    std::string max_s;
+    uint64_t current = 0;
+    if (max_f >> max_s && max_s != "max" && cur_f >> current) {
+        const uint64_t limit = std::strtoull(max_s.c_str(), nullptr, 10);
+        avail = std::min<size_t>(avail, limit > current ? static_cast<size_t>(limit - current) : 0);
+    }
+    return avail;
+}
+
+struct FreeDeleter {
+    void operator()(uint8_t *p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
+
+HostBuffer alloc_host(size_t bytes, const char *what) {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+    auto *p = static_cast<uint8_t *>(std::aligned_alloc(4096, rounded));
+    if (!p) fail(FT_ERR_OUT_OF_MEMORY, "profile: cannot allocate ", rounded, " bytes for ", what);
+    return HostBuffer(p);
+}
+
+// Runs fn(begin, end) over [0, n) split evenly across the workers, so each page is first
+// touched by the worker that reads it later (the executor splits experts by rows the same way).
+template <typename Fn>
+void parallel_range(cpu::ThreadPool &pool, size_t n, Fn &&fn) {
+    pool.run([&](int w, int nw) { fn(n * w / nw, n * (w + 1) / nw); });
+}
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// Random 64-bit words, each (r & keep) | set: the masks pin the bits that make a code valid.
+// The word at index i depends only on (seed, i), so the split across workers does not matter.
+void fill_random(cpu::ThreadPool &pool, uint8_t *p, size_t bytes, uint64_t seed, uint64_t keep, uint64_t set) {
+    const size_t words = bytes / 8;
+    parallel_range(pool, words, [&](size_t a, size_t b) {
+        for (size_t i = a; i < b; ++i) {
+            const uint64_t v = (splitmix64(seed ^ (i * 0xd1342543de82ef95ull)) & keep) | set;
+            std::memcpy(p + 8 * i, &v, 8);
+        }
+    });
+    for (size_t i = words * 8; i < bytes; ++i) p[i] = static_cast<uint8_t>((splitmix64(seed + i) & keep) | set);
+}
+
+void fill_u16(cpu::ThreadPool &pool, uint8_t *p, size_t bytes, uint16_t value) {
+    parallel_range(pool, bytes / 2, [&](size_t a, size_t b) {
+        for (size_t i = a; i < b; ++i) std::memcpy(p + 2 * i, &value, 2);
+    });
+}
+
+void fill_u8(cpu::ThreadPool &pool, uint8_t *p, size_t bytes, uint8_t value) {
+    parallel_range(pool, bytes, [&](size_t a, size_t b) { std::memset(p + a, value, b - a); });
+}
+
+// How a bank is filled so that every code is valid and the outputs stay finite: weights random,
+// scales fixed at 1.0 (as the original bench sets them), biases zero.
+enum class Fill { codes, bf16_weights, e4m3_weights, bf16_one, e4m3_one, f16_one, e8m0_one, zero, q4_0_blocks };
+
+bool ends_with(const std::string &s, const char *suffix) {
+    const size_t n = std::strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+Fill fill_of(Format f, const std::string &bank) {
+    switch (f) {
+        case Format::bf16: return Fill::bf16_weights;
+        case Format::fp8_block: return ends_with(bank, "_scale") ? Fill::bf16_one : Fill::e4m3_weights;
+        case Format::nvfp4:
+            if (ends_with(bank, "_scale")) return Fill::e4m3_one;
+            if (ends_with(bank, "_global")) return Fill::f16_one;
+            return Fill::codes;
+        case Format::mxfp4:
+            if (ends_with(bank, "_scales")) return Fill::e8m0_one;
+            if (ends_with(bank, "_bias")) return Fill::zero;
+            return Fill::codes;
+        case Format::ds_fp4: return ends_with(bank, "_scale") ? Fill::e8m0_one : Fill::codes;
+        case Format::q4_0: return Fill::q4_0_blocks;
+    }
+    return Fill::codes;
+}
+
+void fill_bank(cpu::ThreadPool &pool, Fill fill, uint8_t *p, size_t bytes, uint64_t seed) {
+    constexpr uint64_t all = ~uint64_t{0};
+    switch (fill) {
+        case Fill::codes: fill_random(pool, p, bytes, seed, all, 0); break;  // e2m1 nibbles: all 16 finite
+        // bf16 with a random sign and mantissa and exponent 2^-7: |w| in [1/128, 1/64), never
+        // subnormal (which would slow the FMAs down) and never large.
+        case Fill::bf16_weights: fill_random(pool, p, bytes, seed, 0x807f807f807f807full, 0x3c003c003c003c00ull); break;
+        // e4m3 with bit 6 clear: exponent <= 7, so never the NaN codes 0x7f / 0xff.
+        case Fill::e4m3_weights: fill_random(pool, p, bytes, seed, 0xbfbfbfbfbfbfbfbfull, 0); break;
+        case Fill::bf16_one: fill_u16(pool, p, bytes, f32_to_bf16(1.0f)); break;
+        case Fill::e4m3_one: fill_u8(pool, p, bytes, f32_to_e4m3(1.0f)); break;
+        case Fill::f16_one: fill_u16(pool, p, bytes, f32_to_f16(1.0f)); break;
+        case Fill::e8m0_one: fill_u8(pool, p, bytes, 127); break;
+        case Fill::zero: fill_u8(pool, p, bytes, 0); break;
+        case Fill::q4_0_blocks: {
+            // Random nibbles, then every 18-byte block's fp16 d set to 1/64 (rows are whole blocks).
+            fill_random(pool, p, bytes, seed, all, 0);
+            const uint16_t d = f32_to_f16(1.0f / 64.0f);
+            const uint8_t lo = static_cast<uint8_t>(d & 0xff), hi = static_cast<uint8_t>(d >> 8);
+            parallel_range(pool, bytes / kQ4_0BlockBytes, [&](size_t a, size_t b) {
+                for (size_t i = a; i < b; ++i) {
+                    p[i * kQ4_0BlockBytes] = lo;
+                    p[i * kQ4_0BlockBytes + 1] = hi;
+                }
+            });
+            break;
+        }
+    }
+}
+
+// ---- phases --------------------------------------------------------------------------------
+
+struct ReadResult {
+    double bytes_per_s = 0.0;
+    double fill_bytes_per_s = 0.0;  // first-touch fill rate, to size the format phases' banks
+};
+
+// CPU read bandwidth (spec 1.3): best_read_bandwidth over max(2 GiB, 8 x LLC), capped at
+// `mem_cap` and shrunk to fit `budget_s`. A pilot over the first part (at least 4 x LLC, so it
+// already comes from DRAM) gives the fill and read rates the size is chosen from.
+ReadResult measure_read(cpu::ThreadPool &pool, double budget_s, size_t mem_cap, size_t llc, const Progress &progress) {
+    progress("read", 0, 2);
+    const auto t0 = Clock::now();
+    const size_t target = std::min(std::max(2 * kGiB, 8 * llc), mem_cap) / 4096 * 4096;
+    const size_t pilot = std::min(target, std::max(4 * llc, 64 * kMiB)) / 4096 * 4096;
+    HostBuffer buf = alloc_host(target, "the read-bandwidth probe");  // pages are touched only as filled
+    uint8_t *data = buf.get();
+
+    const auto f0 = Clock::now();
+    fill_random(pool, data, pilot, 1, ~uint64_t{0}, 0);
+    ReadResult r;
+    r.fill_bytes_per_s = pilot / std::max(seconds_since(f0), 1e-6);
+    const double pilot_bw = cpu::read_pass(pool, data, pilot);
+    progress("read", 1, 2);
+
+    // Time for `bytes` at `passes`: filling the rest, then kReadProbes x passes reads of it.
+    const double left = std::max(budget_s - seconds_since(t0), 0.0);
+    auto fitting = [&](int passes) {
+        const double per_byte = kReadProbes * passes / pilot_bw + 1.0 / r.fill_bytes_per_s;
+        return static_cast<size_t>(std::min<double>(static_cast<double>(target), left / per_byte));
+    };
+    int passes = 2;
+    size_t bytes = fitting(2);
+    if (bytes < target) {
+        passes = 1;
+        bytes = fitting(1);
+    }
+    bytes = std::max(bytes, pilot) / 4096 * 4096;
+    if (bytes > pilot) fill_random(pool, data + pilot, bytes - pilot, 1 + pilot, ~uint64_t{0}, 0);
+    r.bytes_per_s = cpu::best_read_bandwidth(pool, data, bytes, passes);
+    log(FT_LOG_INFO, "profile: read ", r.bytes_per_s / 1e9, " GB/s over ", bytes / kMiB, " MiB (", pool.size(), " threads, ",
+        passes, " pass(es), ", seconds_since(t0), " s)");
+    progress("read", 2, 2);
+    return r;
+}
+
+// Pinned linear copies (spec 1.3), fewer of them when the budget is short.
+void measure_pcie(int device, double budget_s, Profile &prof, const Progress &progress) {
+    progress("pcie", 0, 2);
+    // Sized for a PCIe 3.0 x16 link (~12 GB/s), the slowest a GPU worth profiling sits on.
+    const double per_direction = budget_s / 2.0;
+    const int iters = std::clamp(static_cast<int>(per_direction * 12e9 / kPcieBytes) - 3, 5, kPcieMaxIters);
+    prof.pcie_linear_h2d_gbs = cuda::measure_copy_bandwidth(device, cuda::CopyDirection::host_to_device, kPcieBytes, iters) / 1e9;
+    progress("pcie", 1, 2);
+    prof.pcie_linear_d2h_gbs = cuda::measure_copy_bandwidth(device, cuda::CopyDirection::device_to_host, kPcieBytes, iters) / 1e9;
+    log(FT_LOG_INFO, "profile: H2D ", *prof.pcie_linear_h2d_gbs, " GB/s, D2H ", *prof.pcie_linear_d2h_gbs, " GB/s");
+    progress("pcie", 2, 2);
+}
+
+// The production CPU expert kernels at one token (spec 1.4 step 2) over a rotating window of
+// synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
+// consecutive steps share no expert and each reads K experts from DRAM.
+KernelEntry measure_format(cpu::ThreadPool &pool, Format f, double budget_s, size_t mem_cap, size_t llc, double fill_rate,
+                           const Progress &progress) {
+    const char *phase = format_name(f);
+    const uint64_t total_units = kWarmupSteps + kMaxTimedSteps;
+    progress(phase, 0, total_units);
+    const auto t0 = Clock::now();
+
+    const ProfileGeometry g = profile_geometry(f);
+    const size_t eb = expert_bytes(f, g.hidden, g.intermediate);
+    const int64_t K = g.top_k;
+    // The window: what a share of the budget can fill, at most 2 GiB (the original's budget) and
+    // the memory cap, at least 4 x LLC so that it is DRAM-bound, and 2K experts so that
+    // consecutive steps are disjoint.
+    const double fill_fit = fill_rate * budget_s * kFillShare;
+    const size_t window = std::max(static_cast<size_t>(std::min({static_cast<double>(2 * kGiB), static_cast<double>(mem_cap), fill_fit})),
+                                   4 * llc);
+    const int64_t E = std::clamp<int64_t>(static_cast<int64_t>(window / eb), 2 * K, kMaxExperts);
+
+    const std::vector<BankSpec> schema = bank_schema(f, g.hidden, g.intermediate);
+    if (schema.size() > 8) fail(FT_ERR_INTERNAL, "profile: ", phase, " has ", schema.size(), " banks, the executor takes 8");
+    std::vector<HostBuffer> banks;
+    cpu::ExpertSource src;
+    src.format = f;
+    src.num_experts = static_cast<int32_t>(E);
+    src.num_banks = static_cast<int>(schema.size());
+    for (size_t b = 0; b < schema.size(); ++b) {
+        const size_t bytes = schema[b].row_bytes * static_cast<size_t>(E);
+        banks.push_back(alloc_host(bytes, "synthetic expert banks"));
+        fill_bank(pool, fill_of(f, schema[b].name), banks.back().get(), bytes, splitmix64(static_cast<uint64_t>(f) * 16 + b));
+        src.base[b] = banks.back().get();
+        src.row_bytes[b] = schema[b].row_bytes;
+    }
+    const double fill_s = seconds_since(t0);
+
+    cpu::ActivationSpec act;
+    act.kind = g.activation;
+    act.limit = g.swiglu_limit > 0.0f ? g.swiglu_limit : INFINITY;
+    cpu::MoeExecutor exec(pool, f, g.hidden, g.intermediate, g.top_k, 1, act, 0, cpu::default_isa());
+
+    // One token of small activations; routing weights 1/K.
+    std::vector<uint16_t> x(static_cast<size_t>(g.hidden)), y(static_cast<size_t>(g.hidden));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(static_cast<float>(splitmix64(i) % 2001) / 10000.0f - 0.1f);
+    std::vector<int32_t> ids(static_cast<size_t>(K));
+    const std::vector<float> w(static_cast<size_t>(K), 1.0f / static_cast<float>(K));
+
+    int64_t step = 0;
+    auto run_step = [&] {
+        for (int64_t j = 0; j < K; ++j) ids[j] = static_cast<int32_t>((step * K + j) % E);
+        ++step;
+        const auto s0 = Clock::now();
+        exec.run(src, nullptr, 1, x.data(), ids.data(), w.data(), y.data());
+        return seconds_since(s0);
+    };
+
+    double warm_s = 0.0;
+    for (int i = 0; i < kWarmupSteps; ++i) {
+        progress(phase, static_cast<uint64_t>(step), total_units);
+        warm_s += run_step();
+    }
+    // As many timed steps as the rest of the share allows, judged from the warm-up steps.
+    const double per_step = std::max(warm_s / kWarmupSteps, 1e-6);
+    const double left = budget_s - seconds_since(t0);
+    const int timed = std::clamp(static_cast<int>(left / per_step), kMinTimedSteps, kMaxTimedSteps);
+    std::vector<double> times;
+    times.reserve(static_cast<size_t>(timed));
+    for (int i = 0; i < timed; ++i) {
+        progress(phase, static_cast<uint64_t>(step), total_units);
+        times.push_back(run_step());
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    const double median = times[times.size() / 2];
+
+    for (uint16_t v : y) {
+        if ((v & 0x7f80u) == 0x7f80u) {
+            log(FT_LOG_WARN, "profile: ", phase, " gave a non-finite output on synthetic weights (a bug in the profiler's fill)");
+            break;
+        }
+    }
+
+    KernelEntry e;
+    e.expert_bytes = eb;
+    e.synth_experts = E;
+    e.cpu_moe_gbs = static_cast<double>(K) * static_cast<double>(eb) / median / 1e9;
+    e.cpu_moe_isa = exec.kernel_name();
+    e.note = "gather: not built in this version";
+    log(FT_LOG_INFO, "profile: ", phase, " ", *e.cpu_moe_gbs, " GB/s (", e.cpu_moe_isa, ", ", E, " experts of ", eb / 1e6, " MB, fill ",
+        fill_s, " s, ", timed, " timed steps of ", median * 1e3, " ms median)");
+    progress(phase, total_units, total_units);
+    return e;
+}
+
+std::string local_timestamp(std::time_t now) {
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[64];
+    if (std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm) == 0) return {};
+    std::string s = buf;
+    // %z gives +0200; ISO-8601 extended form (and Python's isoformat) writes +02:00.
+    if (s.size() > 5 && (s[s.size() - 5] == '+' || s[s.size() - 5] == '-')) s.insert(s.size() - 2, ":");
+    return s;
+}
+
+std::string host_name() {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return {};
+    return buf;
+}
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            const size_t colon = line.find(':');
+            if (colon == std::string::npos) break;
+            const size_t first = line.find_first_not_of(" \t", colon + 1);
+            return first == std::string::npos ? std::string() : line.substr(first);
+        }
+    }
+    return {};
+}
+
+}  // namespace
+
+ProfileGeometry profile_geometry(Format f) {
+    switch (f) {
+        case Format::bf16: return {2048, 768, 8, FT_ACT_SILU, 0.0f};
+        case Format::nvfp4: return {3072, 1536, 8, FT_ACT_SILU, 0.0f};
+        case Format::fp8_block: return {2048, 512, 8, FT_ACT_SILU, 0.0f};
+        case Format::mxfp4: return {2880, 2880, 4, FT_ACT_SWIGLU_CLAMP, 7.0f};
+        case Format::ds_fp4: return {4096, 2048, 6, FT_ACT_SILU, 7.0f};
+        case Format::q4_0: return {2816, 704, 8, FT_ACT_GELU_TANH, 0.0f};
+    }
+    fail(FT_ERR_INVALID_ARGUMENT, "unknown expert format ", static_cast<int32_t>(f));
+}
+
+Profile measure_profile(const ft_profile_params &p) {
+    if (p.cpu_threads < 0 || p.cpu_threads > 4096) fail(FT_ERR_INVALID_ARGUMENT, "cpu_threads must be in [0, 4096], got ", p.cpu_threads);
+    if (p.device < FT_DEVICE_AUTO) fail(FT_ERR_INVALID_ARGUMENT, "device must be >= -2, got ", p.device);
+    if (!(p.max_seconds > 0.0) || !std::isfinite(p.max_seconds))
+        fail(FT_ERR_INVALID_ARGUMENT, "max_seconds must be a finite number > 0, got ", p.max_seconds);
+    uint32_t known = 0;
+    for (Format f : kAllFormats) known |= 1u << static_cast<int>(f);
+    if (p.formats & ~known) fail(FT_ERR_INVALID_ARGUMENT, "formats has bits set that name no expert format: 0x", std::hex, p.formats & ~known);
+    std::vector<Format> formats;
+    for (Format f : kAllFormats) {
+        if (p.formats == 0 || (p.formats & (1u << static_cast<int>(f)))) formats.push_back(f);
+    }
+
+    // The device first, so an explicit ordinal that is missing fails before anything is measured.
+    int device = FT_DEVICE_NONE;
+    const int count = cuda::device_count();
+    if (p.device == FT_DEVICE_AUTO) {
+        device = count > 0 ? 0 : FT_DEVICE_NONE;
+    } else if (p.device >= 0) {
+        if (!cuda::built_with_cuda()) fail(FT_ERR_NO_DEVICE, "device ", p.device, " asked for, but this build has no CUDA support");
+        if (p.device >= count) fail(FT_ERR_NO_DEVICE, "device ", p.device, " asked for, but ", count, " CUDA device(s) are usable");
+        device = p.device;
+    }
+
+    const auto t0 = Clock::now();
+    const Progress progress(p);
+    Profile prof;
+    const std::time_t now = std::time(nullptr);
+    prof.timestamp = local_timestamp(now);
+    prof.epoch = static_cast<int64_t>(now);
+    prof.host = host_name();
+    prof.threshold = 2.0;
+    prof.library_version = cat(FT_VERSION_MAJOR, ".", FT_VERSION_MINOR, ".", FT_VERSION_PATCH);
+    prof.cpu_model = cpu_model();
+    if (device >= 0) {
+        prof.gpu_index = device;
+        prof.gpu_name = cuda::device_name(device);
+    }
+
+    cpu::ThreadPool pool(p.cpu_threads, true);
+    prof.physical_cores = static_cast<int64_t>(cpu::physical_core_cpus().size());
+    prof.threads_used = pool.size();
+    // Unknown cache sizes are taken as a large server LLC, so windows err on the DRAM side.
+    const size_t llc_read = cpu::last_level_cache_bytes();
+    const size_t llc = llc_read ? llc_read : 32 * kMiB;
+    const size_t mem_cap = std::max<size_t>(available_memory() / 4, 64 * kMiB);
+
+    // Each phase gets its weight's share of the time left, so a phase that finishes early
+    // leaves its time to the ones after it.
+    double weights_left = kReadWeight + (device >= 0 ? kPcieWeight : 0.0) + kFormatWeight * static_cast<double>(formats.size());
+    auto share = [&](double weight) {
+        const double left = std::max(p.max_seconds - seconds_since(t0), 0.0);
+        const double s = left * weight / weights_left;
+        weights_left -= weight;
+        return s;
+    };
+
+    const ReadResult read = measure_read(pool, share(kReadWeight), mem_cap, llc, progress);
+    prof.cpu_stream_read_gbs = read.bytes_per_s / 1e9;
+    if (device >= 0) measure_pcie(device, share(kPcieWeight), prof, progress);
+    for (Format f : formats) {
+        prof.dtype_kernels[profile_format_key(f)] =
+            measure_format(pool, f, share(kFormatWeight), mem_cap, llc, read.fill_bytes_per_s, progress);
+    }
+    log(FT_LOG_INFO, "profile: done in ", seconds_since(t0), " s");
+    return prof;
+}
+
+}  // namespace ft

@@ -1,0 +1,198 @@
+#include "profile_cmd.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "freetoken.h"
+#include "ft/profile.hpp"
+#include "plot.hpp"
+#include "progress.hpp"
+
+namespace ft::tool {
+
+namespace {
+
+struct FormatName {
+    const char *name;
+    int32_t format;
+};
+// The library's names, plus the original bench's keys and aliases.
+const FormatName kFormats[] = {{"bf16", FT_FORMAT_BF16},     {"fp8_block", FT_FORMAT_FP8_BLOCK}, {"fp8", FT_FORMAT_FP8_BLOCK},
+                               {"nvfp4", FT_FORMAT_NVFP4},   {"mxfp4", FT_FORMAT_MXFP4},         {"mxfp4_triton", FT_FORMAT_MXFP4},
+                               {"ds_fp4", FT_FORMAT_DS_FP4}, {"q4_0", FT_FORMAT_Q4_0}};
+
+const char *format_label(int32_t f) {
+    static const char *names[] = {"?", "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
+    return f >= 1 && f <= 6 ? names[f] : "?";
+}
+
+bool parse_formats(const std::string &list, uint32_t *mask) {
+    *mask = 0;
+    std::stringstream in(list);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        if (item.empty()) continue;
+        bool found = false;
+        for (const FormatName &f : kFormats) {
+            if (item == f.name) {
+                *mask |= 1u << f.format;
+                found = true;
+            }
+        }
+        if (!found) {
+            std::fprintf(stderr, "ft: unknown format '%s' (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0)\n", item.c_str());
+            return false;
+        }
+    }
+    return true;
+}
+
+// One progress bar per phase ("read", "pcie", then each format), on standard error.
+struct PhaseBars {
+    std::string phase;
+    std::unique_ptr<ProgressBar> bar;
+};
+
+bool on_progress(void *user, const char *phase, uint64_t done, uint64_t total) {
+    auto *b = static_cast<PhaseBars *>(user);
+    if (!b->bar || b->phase != phase) {
+        if (b->bar) b->bar->finish();
+        b->phase = phase;
+        b->bar = std::make_unique<ProgressBar>(std::string("profile ") + phase);
+    }
+    b->bar->update(done, total);
+    return true;
+}
+
+std::string figure(double v, const char *fmt = "%.1f") {
+    if (!(v > 0)) return "-";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, fmt, v);
+    return buf;
+}
+
+}  // namespace
+
+int cmd_profile(const ProfileOptions &o) {
+    ft_profile_params p;
+    ft_profile_params_init(&p);
+    if (!parse_formats(o.formats, &p.formats)) return 2;
+    p.cpu_threads = o.threads;
+    p.max_seconds = o.seconds;
+    if (o.no_gpu) p.device = FT_DEVICE_NONE;
+    PhaseBars bars;
+    p.progress = on_progress;
+    p.progress_user_data = &bars;
+
+    ft_profile *prof = nullptr;
+    char err[1024];
+    const ft_status s = ft_profile_bandwidth(&p, &prof, err, sizeof err);
+    if (bars.bar) bars.bar->finish();
+    if (s != FT_OK) {
+        std::fprintf(stderr, "ft: profiling failed: %s: %s\n", ft_status_string(s), err);
+        return 1;
+    }
+    std::unique_ptr<ft_profile, void (*)(ft_profile *)> guard(prof, ft_profile_free);
+
+    const std::string path = o.out.empty() ? ft::default_profile_path() : o.out;
+    if (ft_profile_save(prof, path.c_str(), err, sizeof err) != FT_OK) {
+        std::fprintf(stderr, "ft: saving the profile failed: %s\n", err);
+        return 1;
+    }
+
+    ft_profile_machine m;
+    m.struct_size = sizeof m;
+    ft_profile_get_machine(prof, &m);
+    std::vector<ft_profile_format> rows;
+    for (int32_t f = FT_FORMAT_BF16; f <= FT_FORMAT_Q4_0; ++f) {
+        ft_profile_format e;
+        e.struct_size = sizeof e;
+        if (ft_profile_get_format(prof, f, &e) == FT_OK) rows.push_back(e);
+    }
+
+    if (o.json) {
+        // The saved file is the JSON: printing it keeps one writer.
+        std::ifstream in(path);
+        std::fputs(std::string(std::istreambuf_iterator<char>(in), {}).c_str(), stdout);
+    } else {
+        std::printf("cpu         %s, %d physical cores, %d threads measured\n", *m.cpu_model ? m.cpu_model : "unknown CPU",
+                    m.physical_cores, m.threads_used);
+        std::printf("memory      %.1f GB/s read\n", m.cpu_read_gbs);
+        if (*m.gpu_name)
+            std::printf("gpu         %s: %.1f GB/s host-to-device, %.1f GB/s device-to-host (pinned)\n", m.gpu_name, m.h2d_gbs, m.d2h_gbs);
+        else
+            std::printf("gpu         none measured\n");
+        std::printf("\n%-10s %9s %9s %9s %17s %8s %8s  %s\n", "format", "expert MB", "CPU GB/s", "gather", "overlap cpu+gather",
+                    "fetch", "vs read", "CPU kernel");
+        for (const ft_profile_format &e : rows) {
+            const std::string overlap = e.cpu_overlap_gbs > 0 && e.gather_overlap_gbs > 0
+                                            ? figure(e.cpu_overlap_gbs) + " + " + figure(e.gather_overlap_gbs)
+                                            : "-";
+            std::printf("%-10s %9.2f %9s %9s %17s %8s %8s  %s\n", format_label(e.format), e.expert_bytes / 1e6, figure(e.cpu_gbs).c_str(),
+                        figure(e.gather_gbs).c_str(), overlap.c_str(), e.fetch_fraction >= 0 ? figure(e.fetch_fraction, "%.2f").c_str() : "-",
+                        m.cpu_read_gbs > 0 && e.cpu_gbs > 0 ? figure(e.cpu_gbs / m.cpu_read_gbs, "%.2f").c_str() : "-", e.cpu_kernel);
+        }
+        std::printf("\ngather and overlap: not built in this version (no fetch fraction yet)\n");
+        std::printf("saved       %s\n", path.c_str());
+    }
+
+    if (!o.plot.empty()) {
+        PlotData d;
+        d.title = std::string("FreeToken bandwidth profile: ") + (*m.cpu_model ? m.cpu_model : "CPU") + (*m.gpu_name ? std::string(", ") + m.gpu_name : "");
+        d.read_gbs = m.cpu_read_gbs;
+        d.h2d_gbs = m.h2d_gbs;
+        d.d2h_gbs = m.d2h_gbs;
+        for (const ft_profile_format &e : rows) {
+            d.formats.push_back({format_label(e.format), e.cpu_gbs, e.gather_gbs, e.cpu_overlap_gbs, e.gather_overlap_gbs, e.fetch_fraction});
+        }
+        std::ofstream out(o.plot);
+        out << render_svg(d);
+        out.flush();
+        if (!out) {
+            std::fprintf(stderr, "ft: cannot write %s: %s\n", o.plot.c_str(), std::strerror(errno));
+            return 1;
+        }
+        std::fprintf(o.json ? stderr : stdout, "plot        %s\n", o.plot.c_str());
+    }
+    return 0;
+}
+
+void print_profile_line(const char *device_name, int32_t format) {
+    const std::string path = ft::default_profile_path();
+    ft_profile *prof = nullptr;
+    char err[1024];
+    const ft_status s = ft_profile_load(nullptr, &prof, err, sizeof err);
+    if (s == FT_ERR_IO) {
+        std::printf("profile     none at %s (`ft profile` measures this machine)\n", path.c_str());
+        return;
+    }
+    if (s != FT_OK) {
+        std::printf("profile     %s is not usable: %s\n", path.c_str(), err);
+        return;
+    }
+    std::unique_ptr<ft_profile, void (*)(ft_profile *)> guard(prof, ft_profile_free);
+    ft_profile_machine m;
+    m.struct_size = sizeof m;
+    ft_profile_get_machine(prof, &m);
+    // Spec 1.6: a profile of another GPU does not apply; either name unknown means it does.
+    if (*m.gpu_name && device_name && *device_name && std::strcmp(m.gpu_name, device_name) != 0) {
+        std::printf("profile     %s ignored: measured on %s, this engine uses %s\n", path.c_str(), m.gpu_name, device_name);
+        return;
+    }
+    ft_profile_format e;
+    e.struct_size = sizeof e;
+    if (ft_profile_get_format(prof, format, &e) != FT_OK) {
+        std::printf("profile     %s applies, but has no figures for %s\n", path.c_str(), format_label(format));
+        return;
+    }
+    std::printf("profile     %s: %s CPU %s GB/s", path.c_str(), format_label(format), figure(e.cpu_gbs).c_str());
+    if (e.fetch_fraction >= 0) std::printf(", hybrid fetch fraction %.2f", e.fetch_fraction);
+    std::printf("\n");
+}
+
+}  // namespace ft::tool
