@@ -153,7 +153,9 @@ void BM_moe_layer(benchmark::State &state) {
 
 // BM_moe_layer for a quantised format: the same rotating window and routing, banks in the
 // format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, no e8m0 255, moderate
-// scales). Args: format id (ft::Format), H, I, tokens.
+// scales). Args: format id (ft::Format), H, I, tokens, and optionally the batched-path threshold
+// (MoeTuning::quant_batched_min_tokens: 0 = direct kernels only, 1 = batched path for every expert;
+// absent = the default).
 void BM_moe_layer_format(benchmark::State &state) {
     const ft::Format f = ft::Format(state.range(0));
     const int32_t H = int32_t(state.range(1)), I = int32_t(state.range(2)), T = int32_t(state.range(3));
@@ -178,7 +180,9 @@ void BM_moe_layer_format(benchmark::State &state) {
     }
     ft::cpu::ActivationSpec act;
     if (f == ft::Format::mxfp4) act = {FT_ACT_SWIGLU_CLAMP, 1.702f, 7.0f};
-    ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa());
+    ft::cpu::MoeTuning tuning;
+    if (state.range(4) >= 0) tuning.quant_batched_min_tokens = int32_t(state.range(4));
+    ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa(), tuning);
     const double read_before = window_read_gbps(src.base[0], src.row_bytes[0] * E);
     Buffer x(size_t(T) * H);
     std::vector<uint16_t> y(size_t(T) * H);
@@ -208,7 +212,8 @@ void BM_moe_layer_format(benchmark::State &state) {
     state.counters["read_GBps"] = read;
     state.counters["ratio_to_read"] = gbps / read;
     state.counters["us_per_layer"] = secs / state.iterations() * 1e6;
-    state.SetLabel(ex.kernel_name());
+    state.SetLabel(std::string(ex.kernel_name()) +
+                   (ex.quant_batched_min_tokens() > 0 ? "+batched>=" + std::to_string(ex.quant_batched_min_tokens()) : ""));
 }
 
 // M=1 GEMV of one expert's gate_up matrix [2I, H] over a rotating window: the SIMD kernel on the
@@ -277,10 +282,22 @@ void register_all() {
     for (const auto &fs : format_shapes)
         for (int64_t bs : {1, 8})
             benchmark::RegisterBenchmark((std::string("moe_layer_") + ft::format_name(fs.f)).c_str(), BM_moe_layer_format)
-                ->Args({int64_t(fs.f), fs.H, fs.I, bs})
-                ->ArgNames({"fmt", "H", "I", "bs"})
+                ->Args({int64_t(fs.f), fs.H, fs.I, bs, -1})
+                ->ArgNames({"fmt", "H", "I", "bs", "bmin"})
                 ->UseManualTime()
                 ->Unit(benchmark::kMicrosecond);
+    // Batched path of the quantised formats (many tokens per expert, tokens per expert ~ bs / 2
+    // here): direct kernels (bmin 0) against dequantise-to-bf16 + bf16 GEMV for every expert
+    // (bmin 1); decides the default threshold. Formats without a dequantiser run direct either way.
+    for (const auto &fs : format_shapes)
+        for (int64_t bs : {16, 32, 64})
+            for (int64_t bmin : {0, 1})
+                benchmark::RegisterBenchmark((std::string("moe_layer_batched_") + ft::format_name(fs.f)).c_str(),
+                                             BM_moe_layer_format)
+                    ->Args({int64_t(fs.f), fs.H, fs.I, bs, bmin})
+                    ->ArgNames({"fmt", "H", "I", "bs", "bmin"})
+                    ->UseManualTime()
+                    ->Unit(benchmark::kMicrosecond);
     for (auto &s : kShapes)
         for (int64_t od : {0, 1})
             benchmark::RegisterBenchmark("gemv_m1", BM_gemv_m1)

@@ -21,7 +21,8 @@ Isa cpu_best_isa() {
                             __builtin_cpu_supports("avx512vl");
         if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512bf16;
         if (avx512) return Isa::avx512;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+            return Isa::avx2;  // F16C: the quantised AVX2 kernels convert fp16 (every AVX2 CPU has it)
         return Isa::scalar;
     }();
     return best;

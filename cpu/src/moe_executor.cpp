@@ -36,6 +36,10 @@ int32_t default_onednn_min_tokens() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Routes per expert from which quantised experts take the batched path (dequantise to bf16 tile
+// by tile, bf16 multi-token GEMV); measured, cpu/README.md.
+constexpr int32_t kQuantBatchedMinTokens = 8;
+
 BankRoles bank_roles(Format f) {
     switch (f) {
         case Format::fp8_block: return {0, 1, -1, -1, 2, 3, -1, -1};
@@ -86,6 +90,13 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
     quant_ = quant_ops(format, isa);
 
+    if (quant_ && quant_->dequant) {
+        quant_batched_min_tokens_ = tuning.quant_batched_min_tokens;
+        if (quant_batched_min_tokens_ < 0) {
+            std::string v = env_string("FT_CPU_QUANT_BATCHED_MIN_TOKENS");
+            quant_batched_min_tokens_ = v.empty() ? kQuantBatchedMinTokens : std::max(0, std::atoi(v.c_str()));
+        }
+    }
     onednn_min_tokens_ = tuning.onednn_min_tokens;
     if (onednn_min_tokens_ < 0) {
         std::string v = env_string("FT_CPU_ONEDNN_MIN_TOKENS");
@@ -120,6 +131,13 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock);
         s_->aptr.resize(slots);
         s_->mptr.resize(slots);
+        s_->aptr16.resize(slots);
+        s_->mptr16.resize(slots);
+        if (quant_batched_min_tokens_ > 0 && quant_batched_min_tokens_ <= max_group) {
+            s_->deq_ld = std::max(s_->act_in_bytes, s_->act_mid_bytes) / 2;
+            s_->deq.resize(size_t(pool.size()) * 2 * kRowBlock * s_->deq_ld);
+            s_->deq_scale.resize(size_t(pool.size()) * 2 * kRowBlock);
+        }
         if (quant_) {
             s_->act_in.resize(size_t(max_tokens) * s_->act_in_bytes);
             s_->act_mid.resize(size_t(routes) * s_->act_mid_bytes);
@@ -186,8 +204,12 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         s.route_slot[r] = int32_t(slot);
         s.xptr[slot] = x + (r / K) * H;
         s.iptr[slot] = s.inter.data() + slot * I;
-        if (quant_) s.aptr[slot] = s.act_in.data() + size_t(r / K) * s.act_in_bytes;
-        if (quant_) s.mptr[slot] = s.act_mid.data() + size_t(slot) * s.act_mid_bytes;
+        if (quant_) {
+            s.aptr[slot] = s.act_in.data() + size_t(r / K) * s.act_in_bytes;
+            s.mptr[slot] = s.act_mid.data() + size_t(slot) * s.act_mid_bytes;
+            s.aptr16[slot] = reinterpret_cast<const uint16_t *>(s.aptr[slot]);
+            s.mptr16[slot] = reinterpret_cast<const uint16_t *>(s.mptr[slot]);
+        }
         if (ng == 0 || int32_t(s.keys[s.groups[ng - 1].first_slot] >> 32) != e) {
             Group &g = s.groups[ng++];
             for (int b = 0; b < nbanks; ++b) g.rows[b] = src.base[b] + size_t(e) * src.row_bytes[b];
@@ -216,7 +238,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         }
         Group &g = s.groups[ng++];
         g = Group{shared->gate, shared->up, shared->down, shared_inter_, int32_t(nvalid), int32_t(T), shared_inter, false,
-                  false, {}};
+                  false, false, {}};
         stats.bytes_read += uint64_t(3 * Is * H) * 2;
         if (shared->gate_proj) {
             // sigmoid(gate_proj . x[t]): one row against all tokens, done here because it is tiny.
@@ -234,6 +256,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     for (int32_t gi = 0; gi < ng; ++gi) {
         Group &g = s.groups[gi];
         g.onednn = !g.quant && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
+        g.batched = g.quant && quant_batched_min_tokens_ > 0 && g.count >= quant_batched_min_tokens_;
         any_onednn |= g.onednn;
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, kRowBlock));
         s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, g.quant ? s.p2_block : kRowBlock));
@@ -318,7 +341,7 @@ void MoeExecutor::run_pool_passes(int worker, int num_workers, bool with_reduce)
         barrier(s.barrier_count, s.barrier_gen, num_workers);
     }
     guarded([&] {
-        for (int64_t it; (it = s.p2_next.fetch_add(1, std::memory_order_relaxed)) < s.p2_total;) run_item_pass2(it);
+        for (int64_t it; (it = s.p2_next.fetch_add(1, std::memory_order_relaxed)) < s.p2_total;) run_item_pass2(worker, it);
     });
     if (with_reduce) {
         barrier(s.barrier_count, s.barrier_gen, num_workers);
@@ -343,6 +366,16 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
     const int32_t gi = group_of(s.p1_prefix, it);
     const Group &g = s.groups[gi];
     const int64_t i0 = (it - s.p1_prefix[gi]) * kRowBlock;
+    uint16_t *deq = g.batched ? s.deq.data() + size_t(worker) * 2 * kRowBlock * s.deq_ld : nullptr;
+    float *deq_scale = g.batched ? s.deq_scale.data() + size_t(worker) * 2 * kRowBlock : nullptr;
+    if (g.batched) {
+        // Dequantise the item's gate and up rows once, for all the group's routes.
+        const detail::QuantMatrix m{bank(g.rows, s.roles.gu_data), bank(g.rows, s.roles.gu_scale),
+                                    bank(g.rows, s.roles.gu_global), hidden_, 2 * int64_t(inter_)};
+        const int n = int(std::min<int64_t>(kRowBlock, g.inter - i0));
+        quant_->dequant(m, i0, n, deq, s.deq_ld, deq_scale);
+        quant_->dequant(m, inter_ + i0, n, deq + kRowBlock * s.deq_ld, s.deq_ld, deq_scale + kRowBlock);
+    }
     const int ni = int(std::min<int64_t>(kRowBlock, g.inter - i0));
     const bool mxfp4 = g.quant && format_ == Format::mxfp4;
     const bool ds_clamp = g.quant && format_ == Format::ds_fp4 && act_.kind == FT_ACT_SILU &&
@@ -357,6 +390,16 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
             const uint16_t *const *xs = &s.xptr[g.first_slot + c0];
             gemv_(g.gate + i0 * H, H, ni, int(H), xs, n, gate_tile, kRowBlock);
             gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, kRowBlock);
+        } else if (g.batched) {
+            const uint16_t *const *xs = &s.aptr16[g.first_slot + c0];
+            const int cols = int(s.act_in_bytes / 2);
+            gemv_(deq, s.deq_ld, ni, cols, xs, n, gate_tile, kRowBlock);
+            gemv_(deq + kRowBlock * s.deq_ld, s.deq_ld, ni, cols, xs, n, up_tile, kRowBlock);
+            for (int j = 0; j < n; ++j)
+                for (int i = 0; i < ni; ++i) {
+                    gate_tile[j * kRowBlock + i] *= deq_scale[i];
+                    up_tile[j * kRowBlock + i] *= deq_scale[kRowBlock + i];
+                }
         } else if (mxfp4) {
             ld = 2 * kRowBlock;  // one tile of n x 64 floats across both halves of the scratch
             quant_->gemv(m, 2 * i0, 2 * ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
@@ -393,7 +436,7 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
 
 // Pass 2 item: HB output rows of one group's down projection for all its routes (fp32, before
 // the route weight; mxfp4 adds the down bias here).
-void MoeExecutor::run_item_pass2(int64_t it) {
+void MoeExecutor::run_item_pass2(int worker, int64_t it) {
     Scratch &s = *s_;
     const int64_t H = hidden_;
     const int32_t gi = group_of(s.p2_prefix, it);
@@ -404,6 +447,9 @@ void MoeExecutor::run_item_pass2(int64_t it) {
     const BankRoles &ro = s.roles;
     const detail::QuantMatrix m{bank(g.rows, ro.dn_data), bank(g.rows, ro.dn_scale), bank(g.rows, ro.dn_global),
                                 int64_t(inter_), H};
+    uint16_t *deq = g.batched ? s.deq.data() + size_t(worker) * 2 * kRowBlock * s.deq_ld : nullptr;
+    float *deq_scale = g.batched ? s.deq_scale.data() + size_t(worker) * 2 * kRowBlock : nullptr;
+    if (g.batched) quant_->dequant(m, h0, nh, deq, s.deq_ld, deq_scale);
     for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
         const int n = std::min(kRouteChunk, g.count - c0);
         float *out = s.route_out.data() + int64_t(g.first_slot + c0) * H + h0;
@@ -411,7 +457,13 @@ void MoeExecutor::run_item_pass2(int64_t it) {
             gemv_(g.down + h0 * g.inter, g.inter, nh, g.inter, &s.iptr[g.first_slot + c0], n, out, H);
             continue;
         }
-        quant_->gemv(m, h0, nh, &s.mptr[g.first_slot + c0], n, out, H);
+        if (g.batched) {
+            gemv_(deq, s.deq_ld, nh, int(s.act_mid_bytes / 2), &s.mptr16[g.first_slot + c0], n, out, H);
+            for (int j = 0; j < n; ++j)
+                for (int h = 0; h < nh; ++h) out[j * H + h] *= deq_scale[h];
+        } else {
+            quant_->gemv(m, h0, nh, &s.mptr[g.first_slot + c0], n, out, H);
+        }
         if (ro.dn_bias >= 0) {
             const uint8_t *bias = g.rows[ro.dn_bias] + h0 * 2;
             for (int j = 0; j < n; ++j)

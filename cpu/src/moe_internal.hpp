@@ -44,6 +44,7 @@ struct MoeExecutor::Group {
     uint16_t *inter_out;               // intermediate of the first slot; row stride `inter`
     bool onednn;
     bool quant;                        // routed expert in a quantised format: banks in `rows`
+    bool batched;                      // quantised, dequantised tile by tile for the bf16 GEMV
     const uint8_t *rows[8];            // the expert's row of each bank (quantised formats)
 };
 
@@ -75,6 +76,10 @@ struct MoeExecutor::Scratch {
     std::vector<uint8_t> act_mid;            // quantised formats: prepared intermediate per routed slot
     std::vector<const uint8_t *> aptr;       // [slots]: prepared input of each slot's token
     std::vector<const uint8_t *> mptr;       // [slots]: prepared intermediate of each slot
+    std::vector<const uint16_t *> aptr16, mptr16;  // the same as bf16 rows (batched path)
+    std::vector<uint16_t> deq;               // batched path, per worker: 2 * kRowBlock rows of deq_ld
+    std::vector<float> deq_scale;            // batched path, per worker: 2 * kRowBlock row factors
+    size_t deq_ld = 0;                       // bf16 elements per dequantised row
     std::vector<uint16_t> gathered_x;        // oneDNN path: [routes of one expert, H]
     std::vector<float> gate_up_f32;          // oneDNN path: [routes of one expert, 2 * I]
 

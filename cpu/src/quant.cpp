@@ -11,8 +11,9 @@
 //                     float d[K/32] (+1 zero entry).
 // The AVX-512-BF16 tier's kernels (quant_avx512bf16.cpp) read bf16 activations instead:
 //   fp8_block, mxfp4  bf16[K] as is.
-//   nvfp4, ds_fp4     bf16, per 64 elements [32 even, 32 odd], zero-padded to a multiple of 64
-//                     (ds_fp4 after the FP8 round trip, whose results are bf16 values).
+//   nvfp4, ds_fp4     bf16, per 128 elements 4 phases of 32 (phase r, word m = x[4m + r]),
+//                     zero-padded to a multiple of 128 (ds_fp4 after the FP8 round trip, whose
+//                     results are bf16 values).
 // q4_0 with AVX-512-VNNI: the Q8_0 q as above, then per-lane d and -8 * sum(q)
 // (q8_0_vnni_act_bytes in quant_kernels.hpp).
 #include "quant.hpp"
@@ -249,20 +250,21 @@ void prepare_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
     std::memset(dst + K * 2, 0, size_t(round_up(K, 64) - K) * 2);
 }
 
-// bf16 per 64 elements [32 even, 32 odd]; v holds bf16 bits.
-void split64_bf16(const uint16_t *v, int64_t K, uint16_t *y) {
-    for (int64_t c = 0; c < K; c += 64) {
-        uint16_t *e = y + c, *o = y + c + 32;
-        for (int i = 0; i < 32; ++i) {
-            const int64_t k = c + 2 * i;
-            e[i] = k < K ? v[k] : 0;
-            o[i] = k + 1 < K ? v[k + 1] : 0;
-        }
-    }
+size_t bf16_act128_bytes(int64_t K) { return size_t(round_up(K, 128) * 2); }
+
+// bf16 per 128 elements in 4 phases of 32 (phase r, word m = element 4m + r), zero-padded to a
+// multiple of 128; v holds bf16 bits.
+void split128_bf16(const uint16_t *v, int64_t K, uint16_t *y) {
+    for (int64_t c = 0; c < K; c += 128)
+        for (int r = 0; r < 4; ++r)
+            for (int i = 0; i < 32; ++i) {
+                const int64_t k = c + 4 * i + r;
+                y[c + 32 * r + i] = k < K ? v[k] : 0;
+            }
 }
 
 void prepare_split_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
-    split64_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
+    split128_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
 }
 
 void prepare_ds_fp4_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
@@ -272,7 +274,7 @@ void prepare_ds_fp4_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
     for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
         fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
         for (int i = 0; i < kFp8ActBlock; ++i) b[i] = f32_to_bf16(v[i]);  // exact: v is bf16
-        split64_bf16(b, kFp8ActBlock, y + c);
+        split128_bf16(b, kFp8ActBlock, y + c);
     }
 }
 
@@ -297,6 +299,7 @@ struct Kernel {
     const char *suffix = nullptr;
     size_t (*act_bytes)(int64_t) = nullptr;
     void (*prepare)(const uint16_t *, int64_t, uint8_t *) = nullptr;
+    detail::QuantDequant dequant = nullptr;
 };
 
 struct TierKernels {
@@ -304,47 +307,59 @@ struct TierKernels {
     const char *name;
     Kernel tier[4];  // scalar, avx2, avx512, avx512bf16
     Kernel vnni;     // with AVX-512-VNNI, at tiers >= avx512 (q4_0 only)
+    Kernel vbmi;     // with AVX-512-VBMI, at the avx512bf16 tier (mxfp4 only)
 };
 
 const TierKernels kKernels[] = {
     {Format::fp8_block, "fp8_block-w8a16",
      {{detail::fp8_block_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
-      , {} /* AVX2: scalar, see README */, {detail::fp8_block_avx512, "-avx512", f32_act_bytes, prepare_f32},
+      , {detail::fp8_block_avx2, "-avx2", f32_act_bytes, prepare_f32}, {detail::fp8_block_avx512, "-avx512", f32_act_bytes, prepare_f32},
       {detail::fp8_block_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif
-     }, {}},
+     }, {}, {}},
     {Format::nvfp4, "nvfp4-w4a16",
      {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split}
 #if defined(FT_CPU_X86_KERNELS)
-      , {}, {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split},
-      {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_split_bf16}
+      , {detail::nvfp4_avx2, "-avx2", f32_act_bytes, prepare_split},
+      {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split},
+      {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_split_bf16,
+       detail::nvfp4_dequant_avx512bf16}
 #endif
-     }, {}},
+     }, {}, {}},
     {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)",
      {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4}
 #if defined(FT_CPU_X86_KERNELS)
-      , {}, {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4},
-      {detail::ds_fp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_ds_fp4_bf16}
+      , {detail::ds_fp4_avx2, "-avx2", f32_act_bytes, prepare_ds_fp4},
+      {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4},
+      {detail::ds_fp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_ds_fp4_bf16,
+       detail::ds_fp4_dequant_avx512bf16}
 #endif
-     }, {}},
+     }, {}, {}},
     {Format::mxfp4, "mxfp4-w4a16",
      {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
-      , {}, {detail::mxfp4_avx512, "-avx512", f32_act_bytes, prepare_f32},
+      , {detail::mxfp4_avx2, "-avx2", f32_act_bytes, prepare_f32},
+      {detail::mxfp4_avx512, "-avx512", f32_act_bytes, prepare_f32},
       {detail::mxfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif
-     }, {}},
+     }, {},
+#if defined(FT_CPU_X86_KERNELS)
+     {detail::mxfp4_avx512vbmi, "-avx512bf16vbmi", bf16_act_bytes, prepare_bf16}},
+#else
+     {}},
+#endif
     {Format::q4_0, "q4_0-w4a8",
      {{detail::q4_0_scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0}
 #if defined(FT_CPU_X86_KERNELS)
-      , {}, {detail::q4_0_avx512, "-avx512", detail::q8_0_act_bytes, prepare_q8_0}, {}
+      , {detail::q4_0_avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0},
+      {detail::q4_0_avx512, "-avx512", detail::q8_0_act_bytes, prepare_q8_0}, {}
 #endif
      },
 #if defined(FT_CPU_X86_KERNELS)
-     {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}},
+     {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}, {}},
 #else
-     {}},
+     {}, {}},
 #endif
 };
 
@@ -363,31 +378,42 @@ bool use_vnni() {
 
 }  // namespace
 
-const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni) {
+bool cpu_has_vbmi() {
+#if defined(FT_CPU_X86_KERNELS)
+    static const bool v = __builtin_cpu_supports("avx512vbmi");
+    return v;
+#else
+    return false;
+#endif
+}
+
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi) {
     if (f == Format::bf16) return nullptr;
-    // One table of every (format, tier, vnni) triple, built once; tiers without their own kernel
-    // use the next lower one.
+    // One table of every (format, tier, vnni, vbmi) quadruple, built once; tiers without their own
+    // kernel use the next lower one.
     static const std::vector<QuantOps> table = [] {
         std::vector<QuantOps> t;
         static std::vector<std::string> names;
-        names.reserve(64);
+        names.reserve(128);
         for (const TierKernels &k : kKernels)
+            for (int vb = 0; vb < 2; ++vb)
             for (int v = 0; v < 2; ++v)
                 for (int tier = 0; tier < 4; ++tier) {
                     Kernel use = k.tier[0];
                     for (int i = 1; i <= tier; ++i)
                         if (k.tier[i].gemv) use = k.tier[i];
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
+                    if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
                     names.push_back(std::string(k.name) + use.suffix);
-                    t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare});
+                    t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant});
                 }
         return t;
     }();
     for (size_t i = 0; i < std::size(kKernels); ++i)
-        if (kKernels[i].format == f) return &table[i * 8 + (vnni ? 4 : 0) + size_t(isa)];
+        if (kKernels[i].format == f) return &table[i * 16 + (vbmi ? 8 : 0) + (vnni ? 4 : 0) + size_t(isa)];
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
 
-const QuantOps *quant_ops(Format f, Isa isa) { return quant_ops_variant(f, isa, use_vnni()); }
+const QuantOps *quant_ops(Format f, Isa isa) { return quant_ops_variant(f, isa, use_vnni(), cpu_has_vbmi()); }
 
 }  // namespace ft::cpu

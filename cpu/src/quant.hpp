@@ -17,13 +17,19 @@ struct QuantOps {
     size_t (*act_bytes)(int64_t K);
     // x (bf16, K values) -> the layout the kernels of the format read (quant.cpp documents each).
     void (*prepare)(const uint16_t *x, int64_t K, uint8_t *dst);
+    // Batched path (quant_kernels.hpp): dequantise rows to bf16 for the tier's bf16 GEMV over the
+    // prepared activations; nullptr where the format has none at this tier.
+    detail::QuantDequant dequant;
 };
 
 // The kernels of `f` at tier `isa` (the best the format has at or below it; q4_0 uses VNNI at
 // tiers >= avx512 when the CPU has AVX-512-VNNI and FT_CPU_VNNI=1); nullptr for bf16.
 const QuantOps *quant_ops(Format f, Isa isa);
-// The same with VNNI forced on or off (tests; `vnni` must only be true on a VNNI CPU).
-const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni);
+// The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it). VBMI
+// selects mxfp4's avx512bf16vbmi kernel at the avx512bf16 tier (quant_avx512vbmi.cpp), which
+// quant_ops uses whenever the CPU has avx512vbmi.
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi);
+bool cpu_has_vbmi();
 
 // DeepSeek-V4 FP8 round trip per 128 (ft::fp8_round_trip_per128, bit-identical), input bf16.
 void fp8_round_trip_bf16(const uint16_t *x, int64_t K, float *y);

@@ -6,8 +6,9 @@
 // every product is exact and only the fp32 summation order differs from the reference.
 //
 // Decodes (tables filled from the lib/formats reference decoders in quant.cpp):
-//   e2m1   byte b zero-extended to a 16-bit word: `vpermw` with a 32-entry table (the 16 codes
-//          twice) looks up the low nibble from b's low 5 bits without masking; b >> 4 the high one.
+//   e2m1   `vpermw` with a 32-entry table (the 16 codes twice) reads only the low 5 bits of each
+//          word, so a nibble needs no mask: nvfp4/ds_fp4 permute the 64-byte chunk shifted by
+//          0/4/8/12 bits (see e2m1_row), mxfp4 the words b | b << 12 of zero-extended bytes.
 //   e4m3   (em << 4) + (120 << 7) is the bf16 of every normal code; subnormals/zero (E == 0) come
 //          from a masked `vpermw`, NaN codes 0x7F/0xFF become bf16 NaN (so NaN reaches the output,
 //          as the reference says), the sign is or-ed in last.
@@ -63,51 +64,108 @@ inline __m512 e4m3x16(__m512i x, __m512 sub) {
         _mm512_ternarylogic_epi32(_mm512_castps_si512(f), x, _mm512_set1_epi32(int(0x80000000u)), 0xf8));
 }
 
-// ---- nvfp4 / ds_fp4: row-major e2m1, activations bf16 [32 even, 32 odd] per 64 ------------
+// ---- nvfp4 / ds_fp4: row-major e2m1, activations bf16 in 4 phases per 128 ---------------
 //
-// Chunk of 64 elements = 32 packed bytes: lo (words = elements c+2i) and hi (c+2i+1). Lane j of
-// dp(dp(0, lo, x_even), hi, x_odd) sums elements 4j..4j+3, i.e. block j / (B/4): 4 lanes per
-// nvfp4 block of 16, 8 per ds_fp4 block of 32. Scales of 128 elements are decoded at once
-// (16 lanes, 128/B used) and spread to the lanes with `vpermps`.
+// Chunk of 128 elements = 64 packed bytes v, loaded once. Word m of v holds bytes 2m, 2m + 1,
+// i.e. elements 4m .. 4m + 3 as nibbles; `vpermw` reads the low 5 bits of each word (the table
+// repeats the 16 codes, so bit 4 does not matter), so v, v >> 4, v >> 8 and v >> 12 (16-bit
+// shifts) give the bf16 weights of elements 4m, 4m + 1, 4m + 2, 4m + 3: one shift and one
+// permute per 32 weights, nothing else (the previous kernel also zero-extended every 32 bytes).
+// The activation is stored in the same 4 phases (phase r, word m = x[4m + r]). Lane j of the
+// 4 `vdpbf16ps` summed is elements 8j .. 8j + 7, inside block 8j / B: 2 lanes per nvfp4 block of
+// 16, 4 per ds_fp4 block of 32. Scales of 256 (nvfp4) / 512 (ds_fp4) elements are decoded at
+// once (16 lanes) and spread to the lanes of each chunk with `vpermps`.
 template <int B, int NT>
 void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *const *act, float *out, size_t ldo,
               float row_scale, int pf) {
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
     const __m512 sub = _mm512_loadu_ps(g_e4m3);  // entries 0..7: the E == 0 codes
-    constexpr int per_chunk = 64 / B;  // scales per 64 elements
-    const __m512i idx0 = B == 16 ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
-                                 : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(per_chunk));
+    constexpr int per_chunk = 128 / B;             // scales per 128 elements: 8 or 4
+    constexpr int chunks = 16 / per_chunk;         // chunks per 16 decoded scales: 2 or 4
+    const __m512i idx0 = B == 16 ? _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+                                 : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m512 acc[NT][2];
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < K; c += 128) {
-        const int64_t left = K - c;  // elements left, a multiple of B
-        const int ns = int(left >= 128 ? 128 / B : left / B);
-        const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc + c / B);
+    int par = 0;
+    for (int64_t c0 = 0; c0 < K; c0 += 128 * chunks) {
+        const int64_t left = K - c0;  // elements left, a multiple of B
+        const int ns = int(left >= 16 * B ? 16 : left / B);
+        const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc + c0 / B);
         const __m512 s16 = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
-        if (pf) {
-            _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char *>(sc + c / B) + pf / 8, _MM_HINT_T0);
-        }
-        for (int q = 0; q < 2; ++q) {
-            const int64_t cc = c + 64 * q;
-            if (cc >= K) break;
-            __m256i bytes;
-            if (cc + 64 <= K) bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + cc / 2));
-            else bytes = _mm256_maskz_loadu_epi8(__mmask32((1ull << ((K - cc) / 2)) - 1), p + cc / 2);
-            const __m512i w = _mm512_cvtepu8_epi16(bytes);
-            const __m512i lo = _mm512_permutexvar_epi16(w, lut);
-            const __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
-            const __m512 s = _mm512_permutexvar_ps(q ? idx1 : idx0, s16);
+        for (int q = 0; q < chunks; ++q, par ^= 1) {
+            const int64_t c = c0 + 128 * q;
+            if (c >= K) break;
+            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
+            __m512i v;
+            if (c + 128 <= K) v = _mm512_loadu_si512(p + c / 2);
+            else v = _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, p + c / 2);
+            const __m512i w0 = _mm512_permutexvar_epi16(v, lut);
+            const __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
+            const __m512i w2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut);
+            const __m512i w3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut);
+            const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(idx0, _mm512_set1_epi32(q * per_chunk)), s16);
             for (int t = 0; t < NT; ++t) {
-                const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + cc;
-                __m512 d = dp(_mm512_setzero_ps(), lo, _mm512_loadu_si512(x));
-                d = dp(d, hi, _mm512_loadu_si512(x + 32));
-                acc[t][q] = _mm512_fmadd_ps(d, s, acc[t][q]);
+                const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + c;
+                __m512 d = dp(_mm512_setzero_ps(), w0, _mm512_loadu_si512(x));
+                __m512 e = dp(_mm512_setzero_ps(), w1, _mm512_loadu_si512(x + 32));
+                d = dp(d, w2, _mm512_loadu_si512(x + 64));
+                e = dp(e, w3, _mm512_loadu_si512(x + 96));
+                acc[t][par] = _mm512_fmadd_ps(_mm512_add_ps(d, e), s, acc[t][par]);
             }
         }
     }
     for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) * row_scale;
+}
+
+// Row r of the matrix -> bf16 weights x block scale in the 4-phase order of the activation
+// (element 4m + r of each 128 at word 32r + m), zero-padded to a multiple of 128; the nvfp4
+// global is returned separately (it does not fit bf16 exactly with the rest). e2m1 x e4m3 has at
+// most 6 significant bits and e2m1 x e8m0 is a power-of-two scaling, so the products are exact
+// in bf16 (`vcvtne2ps2bf16` of exact values), NaN scales give NaN weights.
+template <int B>
+void e2m1_dequant_row(const uint8_t *p, const uint8_t *sc, int64_t K, uint16_t *dst) {
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
+    const __m512 sub = _mm512_loadu_ps(g_e4m3);
+    const __m512i hi16 = _mm512_set1_epi32(int(0xffff0000u));
+    constexpr int per_chunk = 128 / B;
+    constexpr int chunks = 16 / per_chunk;
+    // Dword lane j of a phase vector holds elements 8j + r and 8j + 4 + r: block 8j / B.
+    const __m512i idx0 = B == 16 ? _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+                                 : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    for (int64_t c0 = 0; c0 < K; c0 += 128 * chunks) {
+        const int64_t left = K - c0;
+        const int ns = int(left >= 16 * B ? 16 : left / B);
+        const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc + c0 / B);
+        const __m512 s16 = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
+        for (int q = 0; q < chunks; ++q) {
+            const int64_t c = c0 + 128 * q;
+            if (c >= K) break;
+            __m512i v;  // bytes past the row are loaded as 0: weight 0 in the padding
+            if (c + 128 <= K) v = _mm512_loadu_si512(p + c / 2);
+            else v = _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, p + c / 2);
+            const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(idx0, _mm512_set1_epi32(q * per_chunk)), s16);
+            for (int r = 0; r < 4; ++r) {
+                const __m512i w = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4 * r), lut);
+                // Even and odd words as fp32, times the lane's scale, back to bf16 by truncation
+                // (the products are exact in bf16).
+                const __m512 ev = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), s);
+                const __m512 od = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(w, hi16)), s);
+                const __m512i o = _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(ev), 16),
+                                                            _mm512_castps_si512(od), hi16, 0xf8);  // a | (b & c)
+                _mm512_storeu_si512(dst + c + 32 * r, o);
+            }
+        }
+    }
+}
+
+template <int B>
+void e2m1_dequant(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld, float *row_scale) {
+    const int64_t K = m.K;
+    for (int j = 0; j < count; ++j) {
+        const int64_t r = first + j;
+        e2m1_dequant_row<B>(m.data + r * (K / 2), m.scale + r * (K / B), K, dst + j * ld);
+        row_scale[j] = B == 16 ? f16(m.global + r * 2) : 1.0f;
+    }
 }
 
 template <int B>
@@ -233,6 +291,16 @@ void ds_fp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uin
 void nvfp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                       float *out, size_t ldo) {
     e2m1_rows<16>(m, first, count, act, ntok, out, ldo);
+}
+
+void nvfp4_dequant_avx512bf16(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld,
+                              float *row_scale) {
+    e2m1_dequant<16>(m, first, count, dst, ld, row_scale);
+}
+
+void ds_fp4_dequant_avx512bf16(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld,
+                               float *row_scale) {
+    e2m1_dequant<32>(m, first, count, dst, ld, row_scale);
 }
 
 void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,

@@ -49,6 +49,12 @@ void ds_fp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, in
 void q4_0_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
+// AVX2 + FMA + F16C (quant_avx2.cpp): fp32 activations in the scalar kernels' layouts.
+void fp8_block_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void nvfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void mxfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 void fp8_block_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -57,11 +63,25 @@ void q4_0_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int,
 void mxfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // AVX-512-BF16 (quant_avx512bf16.cpp): bf16 activations. fp8_block, mxfp4: bf16[K] as is;
-// nvfp4, ds_fp4: bf16 per 64 elements [32 even, 32 odd], zero-padded to a multiple of 64.
+// nvfp4, ds_fp4: bf16 per 128 elements in 4 phases (word m of phase r = x[4m + r]), zero-padded
+// to a multiple of 128.
 void fp8_block_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void ds_fp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+
+// Batched path (many tokens per expert): rows [first, first + count) of the matrix dequantised
+// to bf16 in the K order of the format's prepared activation (nvfp4/ds_fp4: 4 phases per 128),
+// row j at dst + j * ld (ld >= K rounded up to 128), block scales multiplied in (exact), the
+// per-row factor that does not fit bf16 exactly (nvfp4's fp16 global; else 1) in row_scale[j].
+// The bf16 GEMV of the tier then runs on them with the prepared activations.
+using QuantDequant = void (*)(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld,
+                              float *row_scale);
+void nvfp4_dequant_avx512bf16(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
+void ds_fp4_dequant_avx512bf16(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
+
+// AVX-512-BF16 + VBMI (quant_avx512vbmi.cpp): mxfp4, activations bf16[K] as for avx512bf16.
+void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
 void q4_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);

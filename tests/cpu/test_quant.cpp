@@ -281,6 +281,36 @@ TEST(QuantMoe, IdenticalAcrossPoolSizesAndDedupCounts) {
     }
 }
 
+// The batched path (dequantise to bf16 + bf16 GEMV) forced on for every expert and off, against
+// the same reference as the direct kernels; bitwise independent of the pool size.
+TEST(QuantMoe, BatchedPathMatchesReference) {
+    ft::cpu::ThreadPool p1(1, false), p3(3, false);
+    for (const Geometry &geo : kGeometries) {
+        std::mt19937 rng(41 + int(geo.f) + geo.H);
+        QLayer L(rng, geo.f, geo.H, geo.I, 4);
+        const auto act = activations_of(geo.f)[0];
+        for (Isa isa : tiers_here()) {
+            Batch b = random_batch(rng, L.E, L.H, 13, 4);
+            for (int32_t bmin : {1, 0, 5}) {
+                ft::cpu::MoeTuning tu;
+                tu.quant_batched_min_tokens = bmin;
+                std::vector<uint16_t> first;
+                for (ft::cpu::ThreadPool *pool : {&p1, &p3}) {
+                    ft::cpu::MoeExecutor ex(*pool, geo.f, L.H, L.I, 4, 16, act, 0, isa, tu);
+                    std::vector<uint16_t> y(size_t(13) * L.H, 0x7fc0);
+                    auto src = L.source();
+                    ex.run(src, nullptr, 13, b.x.data(), b.ids.data(), b.w.data(), y.data());
+                    EXPECT_LT(ft::testing::relative_error_bf16(y, reference(L, b, act)), bound_of(geo.f))
+                        << ft::format_name(geo.f) << " " << ex.kernel_name() << " bmin " << bmin << " batched from "
+                        << ex.quant_batched_min_tokens();
+                    if (first.empty()) first = y;
+                    else EXPECT_EQ(y, first) << ft::format_name(geo.f) << " bmin " << bmin;
+                }
+            }
+        }
+    }
+}
+
 TEST(QuantMoe, RejectsMismatchedSources) {
     ft::cpu::ThreadPool pool(1, false);
     std::mt19937 rng(2);
@@ -363,13 +393,14 @@ using ft::cpu::detail::QuantMatrix;
 std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     std::vector<const ft::cpu::QuantOps *> v;
     std::set<std::string> seen;
-    const bool vnni = __builtin_cpu_supports("avx512vnni");
+    const bool vnni = __builtin_cpu_supports("avx512vnni"), vbmi = ft::cpu::cpu_has_vbmi();
     for (Isa isa : tiers_here())
-        for (bool vn : {false, true}) {
-            if (vn && !vnni) continue;
-            const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn);
-            if (seen.insert(ops->kernel).second) v.push_back(ops);
-        }
+        for (bool vn : {false, true})
+            for (bool vb : {false, true}) {
+                if ((vn && !vnni) || (vb && !vbmi)) continue;
+                const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb);
+                if (seen.insert(ops->kernel).second) v.push_back(ops);
+            }
     return v;
 }
 
@@ -502,6 +533,23 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
                     << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t;
             for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
         }
+        if (!ops->dequant) continue;
+        // Batched path: dequantise the rows to bf16 (buffer NaN-poisoned, so every element of the
+        // padded rows must be written), then the tier's bf16 GEMV over the same prepared
+        // activations, then the per-row factor.
+        const size_t ld = ops->act_bytes(c.K) / 2 + 8;
+        std::vector<uint16_t> deq(ld * size_t(count), 0x7fc0);
+        std::vector<float> rs(size_t(count), std::numeric_limits<float>::quiet_NaN());
+        ops->dequant(c.m(), first, count, deq.data(), ld, rs.data());
+        std::vector<const uint16_t *> ap16;
+        for (auto &a : act) ap16.push_back(reinterpret_cast<const uint16_t *>(a.data()));
+        std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+        ft::cpu::gemv_kernel(Isa::avx512bf16)(deq.data(), ld, count, int(ops->act_bytes(c.K) / 2), ap16.data(), ntok,
+                                              out.data(), ldo);
+        for (int t = 0; t < ntok; ++t)
+            for (int j = 0; j < count; ++j)
+                ASSERT_NEAR(out[t * ldo + j] * rs[j], ref[t][j], bound * mag[t][j] + 1e-30)
+                    << ops->kernel << " batched K=" << c.K << " j=" << j << " t=" << t;
     }
 }
 

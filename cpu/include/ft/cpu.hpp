@@ -159,6 +159,10 @@ struct MoeStats {
 struct MoeTuning {
     // Experts with at least this many routes in a call go through oneDNN matmul (0 = never).
     int32_t onednn_min_tokens = -1;  // -1: FT_CPU_ONEDNN_MIN_TOKENS, else 16 with AMX-BF16, else 0
+    // Quantised experts with at least this many routes in a call are dequantised to bf16 tile by
+    // tile (per-worker scratch) and run through the bf16 multi-token kernel (0 = never; only
+    // formats/tiers with a dequantiser, see cpu/README.md).
+    int32_t quant_batched_min_tokens = -1;  // -1: FT_CPU_QUANT_BATCHED_MIN_TOKENS, else the measured default
 };
 
 // Kernels and activation preparation of one quantised format at one tier (cpu/src/quant.hpp).
@@ -194,6 +198,8 @@ public:
     // The kernel of the routed experts, e.g. "bf16" or "q4_0-w4a8-avx512".
     const char *kernel_name() const;
     int32_t onednn_min_tokens() const { return onednn_min_tokens_; }
+    // 0 when the format/tier has no batched (dequantise-then-bf16-GEMV) path.
+    int32_t quant_batched_min_tokens() const { return quant_batched_min_tokens_; }
 
 private:
     struct Group;
@@ -202,7 +208,7 @@ private:
     void run_onednn_groups();
     void reduce_rows(int64_t item);
     void run_item_pass1(int worker, int64_t item);
-    void run_item_pass2(int64_t item);
+    void run_item_pass2(int worker, int64_t item);
     int32_t group_of(const std::vector<int64_t> &prefix, int64_t item) const;
 
     ThreadPool &pool_;
@@ -213,6 +219,7 @@ private:
     GemvFn gemv_;
     const QuantOps *quant_ = nullptr;  // nullptr for bf16
     int32_t onednn_min_tokens_;
+    int32_t quant_batched_min_tokens_ = 0;
     std::unique_ptr<Scratch> s_;
 };
 
