@@ -83,6 +83,9 @@ std::vector<ArchCase> cases() {
     return c;
 }
 
+// Test names and failure messages show the case's name, not its bytes.
+void PrintTo(const ArchCase &c, std::ostream *os) { *os << c.name; }
+
 class Checkpoint : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(Checkpoint, RouteAndDecodeMatchTheReference) {

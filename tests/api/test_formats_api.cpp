@@ -44,6 +44,9 @@ std::vector<FormatCase> cases() {
     return c;
 }
 
+// Test names and failure messages show the case's name, not its bytes.
+void PrintTo(const FormatCase &c, std::ostream *os) { *os << c.name; }
+
 class Formats : public ::testing::TestWithParam<FormatCase> {};
 
 TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {

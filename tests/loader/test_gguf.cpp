@@ -92,6 +92,8 @@ struct GCase {
     bool fused;
 };
 
+void PrintTo(const GCase &c, std::ostream *os) { *os << c.name; }
+
 class GgufLoad : public ::testing::TestWithParam<GCase> {};
 
 TEST_P(GgufLoad, BanksByteExact) {
