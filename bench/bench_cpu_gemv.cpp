@@ -97,29 +97,15 @@ void BM_stream_read(benchmark::State &state) {
     state.counters["threads"] = pool().size();
 }
 
-// One MoE layer per iteration through MoeExecutor (K=8). Each token picks 8 distinct experts out
-// of the next 16 of the window, as a router spreads a batch over a few dozen experts; the cursor
-// then moves on, so weights never come from cache. GB/s counts bytes of distinct experts read.
-// Args: H, I, tokens, onednn (0: SIMD kernels only, 1: oneDNN from 16 routes per expert).
-void BM_moe_layer(benchmark::State &state) {
-    const int32_t H = int32_t(state.range(0)), I = int32_t(state.range(1)), T = int32_t(state.range(2));
-    const bool onednn = state.range(3) != 0;
-    const int32_t K = 8, P = 16;
-    const size_t expert_elems = size_t(3) * H * I;
-    const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / (expert_elems * 2)));
-    Buffer gate_up(size_t(E) * 2 * H * I), down(size_t(E) * H * I);
-    ft::cpu::ExpertSource src;
-    src.format = ft::Format::bf16;
-    src.num_experts = E;
-    src.num_banks = 2;
-    src.base[0] = reinterpret_cast<uint8_t *>(gate_up.data);
-    src.row_bytes[0] = size_t(2) * H * I * 2;
-    src.base[1] = reinterpret_cast<uint8_t *>(down.data);
-    src.row_bytes[1] = size_t(H) * I * 2;
-    ft::cpu::MoeTuning tuning;
-    tuning.onednn_min_tokens = onednn ? 16 : 0;
-    ft::cpu::MoeExecutor ex(pool(), ft::Format::bf16, H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
-    const double read_before = window_read_gbps(gate_up.data, gate_up.elems * 2);
+// The timed part shared by the layer benchmarks: each iteration is one MoE layer in which every
+// token picks 8 distinct experts out of the next 16 of the window (as a router spreads a batch
+// over a few dozen experts); the cursor then moves on, so weights never come from cache. GB/s
+// counts bytes of distinct experts read; the bound is the read bandwidth of `probe` (part of the
+// same window) before and after the loop.
+void time_rotating_layers(benchmark::State &state, ft::cpu::MoeExecutor &ex, const ft::cpu::ExpertSource &src,
+                          int32_t H, int32_t T, const void *probe, size_t probe_bytes) {
+    const int32_t K = 8, P = 16, E = src.num_experts;
+    const double read_before = window_read_gbps(probe, probe_bytes);
     Buffer x(size_t(T) * H);
     std::vector<uint16_t> y(size_t(T) * H);
     std::vector<int32_t> ids(size_t(T) * K);
@@ -143,11 +129,34 @@ void BM_moe_layer(benchmark::State &state) {
         bytes += double(st.bytes_read);
     }
     const double gbps = bytes / secs / 1e9;
-    const double read = std::max(read_before, window_read_gbps(gate_up.data, gate_up.elems * 2));
+    const double read = std::max(read_before, window_read_gbps(probe, probe_bytes));
     state.counters["GBps"] = gbps;
     state.counters["read_GBps"] = read;
     state.counters["ratio_to_read"] = gbps / read;
     state.counters["us_per_layer"] = secs / state.iterations() * 1e6;
+}
+
+// bf16 MoE layers through MoeExecutor (K=8), see time_rotating_layers.
+// Args: H, I, tokens, onednn (0: SIMD kernels only, 1: oneDNN from 16 routes per expert).
+void BM_moe_layer(benchmark::State &state) {
+    const int32_t H = int32_t(state.range(0)), I = int32_t(state.range(1)), T = int32_t(state.range(2));
+    const bool onednn = state.range(3) != 0;
+    const int32_t K = 8, P = 16;
+    const size_t expert_elems = size_t(3) * H * I;
+    const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / (expert_elems * 2)));
+    Buffer gate_up(size_t(E) * 2 * H * I), down(size_t(E) * H * I);
+    ft::cpu::ExpertSource src;
+    src.format = ft::Format::bf16;
+    src.num_experts = E;
+    src.num_banks = 2;
+    src.base[0] = reinterpret_cast<uint8_t *>(gate_up.data);
+    src.row_bytes[0] = size_t(2) * H * I * 2;
+    src.base[1] = reinterpret_cast<uint8_t *>(down.data);
+    src.row_bytes[1] = size_t(H) * I * 2;
+    ft::cpu::MoeTuning tuning;
+    tuning.onednn_min_tokens = onednn ? 16 : 0;
+    ft::cpu::MoeExecutor ex(pool(), ft::Format::bf16, H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
+    time_rotating_layers(state, ex, src, H, T, gate_up.data, gate_up.elems * 2);
     state.SetLabel(std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (onednn ? "+onednn" : ""));
 }
 
@@ -183,35 +192,7 @@ void BM_moe_layer_format(benchmark::State &state) {
     ft::cpu::MoeTuning tuning;
     if (state.range(4) >= 0) tuning.quant_batched_min_tokens = int32_t(state.range(4));
     ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa(), tuning);
-    const double read_before = window_read_gbps(src.base[0], src.row_bytes[0] * E);
-    Buffer x(size_t(T) * H);
-    std::vector<uint16_t> y(size_t(T) * H);
-    std::vector<int32_t> ids(size_t(T) * K);
-    std::vector<float> w(size_t(T) * K, 0.125f);
-    std::mt19937 rng(1);
-    int32_t cursor = 0;
-    double bytes = 0, secs = 0;
-    for (auto _ : state) {
-        for (int32_t t = 0; t < T; ++t) {
-            std::vector<int32_t> pick(P);
-            for (int32_t i = 0; i < P; ++i) pick[i] = (cursor + i) % E;
-            std::shuffle(pick.begin(), pick.end(), rng);
-            std::copy(pick.begin(), pick.begin() + K, ids.begin() + size_t(t) * K);
-        }
-        cursor = (cursor + P) % E;
-        auto t0 = Clock::now();
-        ft::cpu::MoeStats st = ex.run(src, nullptr, T, x.data, ids.data(), w.data(), y.data());
-        double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        state.SetIterationTime(s);
-        secs += s;
-        bytes += double(st.bytes_read);
-    }
-    const double gbps = bytes / secs / 1e9;
-    const double read = std::max(read_before, window_read_gbps(src.base[0], src.row_bytes[0] * E));
-    state.counters["GBps"] = gbps;
-    state.counters["read_GBps"] = read;
-    state.counters["ratio_to_read"] = gbps / read;
-    state.counters["us_per_layer"] = secs / state.iterations() * 1e6;
+    time_rotating_layers(state, ex, src, H, T, src.base[0], src.row_bytes[0] * E);
     state.SetLabel(std::string(ex.kernel_name()) +
                    (ex.quant_batched_min_tokens() > 0 ? "+batched>=" + std::to_string(ex.quant_batched_min_tokens()) : ""));
 }
