@@ -22,19 +22,7 @@
 namespace ft::cpu::detail {
 namespace {
 
-inline float f16(const uint8_t *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return _cvtsh_ss(v);
-}
-inline float bf16(const uint8_t *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    const uint32_t bits = uint32_t(v) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
+#include "tier_scalar.inc"
 inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

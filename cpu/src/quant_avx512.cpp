@@ -15,19 +15,7 @@
 namespace ft::cpu::detail {
 namespace {
 
-inline float f16(const uint8_t *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return _cvtsh_ss(v);
-}
-inline float bf16(const uint8_t *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    const uint32_t bits = uint32_t(v) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
+#include "tier_scalar.inc"
 
 // ---- ds_fp4 / nvfp4: row-major e2m1, activations in the [16 even, 16 odd] layout -----------
 
@@ -171,13 +159,7 @@ void q4_0_row(const uint8_t *row, int64_t nb, const uint8_t *const *act, int64_t
 
 // ---- mxfp4: K-outer over a tile of up to 64 columns of the transposed matrix ---------------
 
-inline __m512 e8m0x16(__m512i s) {
-    __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(s, 23));
-    // Code 0 is 2^-127 (the shift would give 0), 255 is NaN (the shift would give +Inf).
-    f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()), _mm512_set1_ps(0x1p-127f));
-    return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(s, _mm512_set1_epi32(255)),
-                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-}
+#include "tier_avx512.inc"
 
 template <int NT>
 void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,

@@ -28,13 +28,7 @@ namespace {
 
 inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
 
-// e8m0 codes (16 lanes) -> fp32: s << 23, code 0 -> 2^-127, 255 -> NaN.
-inline __m512 e8m0x16(__m512i s) {
-    __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(s, 23));
-    f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()), _mm512_set1_ps(0x1p-127f));
-    return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(s, _mm512_set1_epi32(255)),
-                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-}
+#include "tier_avx512.inc"
 
 // Column of lane l in group g.
 constexpr int column_of(int g, int l) { return 8 * (l >> 1) + 2 * g + (l & 1); }
