@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config libdnnl-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-          libbenchmark-dev binutils)
+          libbenchmark-dev binutils golang-go)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

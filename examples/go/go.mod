@@ -1,0 +1,3 @@
+module freetoken.example/decode
+
+go 1.19
