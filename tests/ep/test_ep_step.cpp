@@ -379,7 +379,7 @@ TEST(EpStep, BitIdenticalAcrossChunkCountsAndArrivalOrder) {
                 ASSERT_EQ(many.chunks, C);
                 ASSERT_EQ(many.groups, 1 + 2 * C);  // counts, then C dispatch and C combine groups
                 for (int32_t s = 0; s < R; ++s)
-                    ASSERT_EQ(0, std::memcmp(one.out[s].data(), many.out[s].data(), one.out[s].size() * 2))
+                    ASSERT_TRUE(one.out[s] == many.out[s])  // bf16 bits; empty for a rank without tokens
                         << "R=" << R << " C=" << C << " reverse=" << reverse << " rank " << s;
             }
         }
