@@ -1,6 +1,9 @@
 #include "ft/common.hpp"
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -47,6 +50,25 @@ const char *level_name(int level) {
 std::string env_string(const char *name) {
     const char *v = std::getenv(name);
     return v ? std::string(v) : std::string();
+}
+
+std::string cache_dir() {
+    std::string base = env_string("XDG_CACHE_HOME");
+    if (base.empty()) {
+        const std::string home = env_string("HOME");
+        base = (home.empty() ? std::string("/tmp") : home) + "/.cache";
+    }
+    return base + "/freetoken";
+}
+
+bool make_dirs(const std::string &path) {
+    for (size_t i = 1; i <= path.size(); ++i) {
+        if (i == path.size() || path[i] == '/') {
+            const std::string p = path.substr(0, i);
+            if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) return false;
+        }
+    }
+    return true;
 }
 
 bool log_enabled(int level) { return level <= log_state().level.load(std::memory_order_relaxed); }

@@ -1,6 +1,5 @@
 #include "ft/profile.hpp"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -114,15 +113,6 @@ Json entry_to(const KernelEntry &e) {
 
 bool positive(const std::optional<double> &v) { return v && *v > 0.0; }
 
-bool mkdirs(const std::string &dir) {
-    for (size_t i = 1; i <= dir.size(); ++i) {
-        if (i == dir.size() || dir[i] == '/') {
-            const std::string p = dir.substr(0, i);
-            if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) return false;
-        }
-    }
-    return true;
-}
 
 }  // namespace
 
@@ -222,12 +212,7 @@ std::string profile_to_json(const Profile &p) {
 std::string default_profile_path() {
     const std::string explicit_path = env_string("FT_PROFILE_PATH");
     if (!explicit_path.empty()) return explicit_path;
-    std::string base = env_string("XDG_CACHE_HOME");
-    if (base.empty()) {
-        const std::string home = env_string("HOME");
-        base = (home.empty() ? std::string("/tmp") : home) + "/.cache";
-    }
-    return base + "/freetoken/benchbw.json";
+    return cache_dir() + "/benchbw.json";
 }
 
 Profile load_profile(const std::string &path) {
@@ -244,7 +229,7 @@ Profile load_profile(const std::string &path) {
 
 void save_profile(const Profile &p, const std::string &path) {
     const size_t slash = path.rfind('/');
-    if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash)))
+    if (slash != std::string::npos && slash > 0 && !make_dirs(path.substr(0, slash)))
         fail(FT_ERR_IO, "profile: cannot create the folder of ", path, ": ", std::strerror(errno));
     const std::string tmp = cat(path, ".tmp.", ::getpid());
     {

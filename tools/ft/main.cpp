@@ -229,24 +229,6 @@ int cmd_info(const Options &o) {
     return rc;
 }
 
-std::string default_cache_dir() {
-    std::string base = ft::env_string("XDG_CACHE_HOME");
-    if (base.empty()) {
-        const std::string home = ft::env_string("HOME");
-        base = (home.empty() ? std::string("/tmp") : home) + "/.cache";
-    }
-    return base + "/freetoken";
-}
-
-bool mkdirs(const std::string &path) {
-    for (size_t i = 1; i <= path.size(); ++i) {
-        if (i == path.size() || path[i] == '/') {
-            const std::string p = path.substr(0, i);
-            if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) return false;
-        }
-    }
-    return true;
-}
 
 // The embedded default: Qwen3-MoE geometry per expert (H=2048, I=768, top-8) with fewer
 // experts and layers, so it fits a laptop (about 600 MB in bf16) yet exceeds most CPU caches.
@@ -278,7 +260,7 @@ int ensure_synthetic(const std::string &dir, const std::string &format) {
     const std::string done = dir + "/.complete";
     struct stat st{};
     if (stat(done.c_str(), &st) == 0) return 0;
-    if (!mkdirs(dir)) {
+    if (!ft::make_dirs(dir)) {
         std::fprintf(stderr, "ft: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
         return 1;
     }
@@ -349,7 +331,7 @@ int cmd_run(const Options &o) {
     if (path.empty()) {
         static const char *formats[] = {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
         if (std::find(std::begin(formats), std::end(formats), o.format) == std::end(formats)) usage_error("unknown format '" + o.format + "'");
-        path = (o.cache_dir.empty() ? default_cache_dir() : o.cache_dir) + "/synthetic-" + o.format;
+        path = (o.cache_dir.empty() ? ft::cache_dir() : o.cache_dir) + "/synthetic-" + o.format;
         if (ensure_synthetic(path, o.format)) return 1;
     }
 

@@ -71,4 +71,11 @@ float f16_to_f32(uint16_t h);
 // Reads an environment variable; empty string when unset.
 std::string env_string(const char *name);
 
+// FreeToken's cache folder: $XDG_CACHE_HOME/freetoken, else ~/.cache/freetoken (profiles,
+// synthetic checkpoints).
+std::string cache_dir();
+
+// Creates `path` and its missing parents (mode 0755); false with errno set on failure.
+bool make_dirs(const std::string &path);
+
 }  // namespace ft
