@@ -9,6 +9,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 inline __m256 lo_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 inline __m256 hi_f32(__m256i v) {
     return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
@@ -61,14 +63,10 @@ void tile(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, flo
 template <int R>
 void row_group(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, int ntok,
                float *out, size_t ldo, int pf) {
-    int t = 0;
-    for (; t + 4 <= ntok; t += 4) tile<R, 4>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
-    switch (ntok - t) {
-        case 3: tile<R, 3>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        case 2: tile<R, 2>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        case 1: tile<R, 1>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        default: break;
-    }
+    for_token_tiles(ntok, [&](auto tile_n, int t) {
+        using NT = decltype(tile_n);
+        tile<R, NT::value>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
+    });
 }
 
 }  // namespace

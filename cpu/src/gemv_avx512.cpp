@@ -12,6 +12,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 inline __m512 lo_f32(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
 inline __m512 hi_f32(__m512i v) {
     return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
@@ -57,14 +59,10 @@ void tile(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, flo
 template <int R>
 void row_group(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, int ntok,
                float *out, size_t ldo, int pf) {
-    int t = 0;
-    for (; t + 4 <= ntok; t += 4) tile<R, 4>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
-    switch (ntok - t) {
-        case 3: tile<R, 3>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        case 2: tile<R, 2>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        case 1: tile<R, 1>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        default: break;
-    }
+    for_token_tiles(ntok, [&](auto tile_n, int t) {
+        using NT = decltype(tile_n);
+        tile<R, NT::value>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
+    });
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 // A tile of R weight rows times NT tokens; every weight vector loaded is used NT times.
 template <int R, int NT>
 void tile(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, float *out,
@@ -50,14 +52,10 @@ void tile(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, flo
 template <int R>
 void row_group(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, int ntok,
                float *out, size_t ldo, int pf) {
-    int t = 0;
-    for (; t + 4 <= ntok; t += 4) tile<R, 4>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
-    switch (ntok - t) {
-        case 3: tile<R, 3>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        case 2: tile<R, 2>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        case 1: tile<R, 1>(w, ldw, cols, x + t, out + t * ldo, ldo, pf); break;
-        default: break;
-    }
+    for_token_tiles(ntok, [&](auto tile_n, int t) {
+        using NT = decltype(tile_n);
+        tile<R, NT::value>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
+    });
 }
 
 }  // namespace

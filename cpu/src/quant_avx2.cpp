@@ -22,6 +22,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 #include "tier_scalar.inc"
 inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -47,14 +49,10 @@ inline __m256 e8m0x8(__m256i s) {
 
 template <template <int> class Row, class... A>
 void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A... a) {
-    int t = 0;
-    for (; t + 4 <= ntok; t += 4) Row<4>::run(act + t, out + t * ldo, ldo, a...);
-    switch (ntok - t) {
-        case 3: Row<3>::run(act + t, out + t * ldo, ldo, a...); break;
-        case 2: Row<2>::run(act + t, out + t * ldo, ldo, a...); break;
-        case 1: Row<1>::run(act + t, out + t * ldo, ldo, a...); break;
-        default: break;
-    }
+    for_token_tiles(ntok, [&](auto tile_n, int t) {
+        using NT = decltype(tile_n);
+        Row<NT::value>::run(act + t, out + t * ldo, ldo, a...);
+    });
 }
 
 // ---- nvfp4 / ds_fp4 -------------------------------------------------------------------------

@@ -15,6 +15,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 #include "tier_scalar.inc"
 
 // ---- ds_fp4 / nvfp4: row-major e2m1, activations in the [16 even, 16 odd] layout -----------
@@ -64,14 +66,10 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         const int64_t r = first + j;
         const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / Block);
         const float g = Block == 16 ? f16(m.global + r * 2) : 1.0f;
-        int t = 0;
-        for (; t + 4 <= ntok; t += 4) e2m1_row<Block, 4>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
-        switch (ntok - t) {
-            case 3: e2m1_row<Block, 3>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
-            case 2: e2m1_row<Block, 2>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
-            case 1: e2m1_row<Block, 1>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
-            default: break;
-        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            e2m1_row<Block, NT::value>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
+        });
     }
 }
 
@@ -229,14 +227,10 @@ void fp8_block_avx512(const QuantMatrix &m, int64_t first, int count, const uint
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
         const uint8_t *w = m.data + r * K, *band = m.scale + (r / 128) * (K / 128) * 2;
-        int t = 0;
-        for (; t + 4 <= ntok; t += 4) fp8_row<4>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
-        switch (ntok - t) {
-            case 3: fp8_row<3>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
-            case 2: fp8_row<2>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
-            case 1: fp8_row<1>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
-            default: break;
-        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            fp8_row<NT::value>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
+        });
     }
 }
 
@@ -246,14 +240,10 @@ void q4_0_avx512(const QuantMatrix &m, int64_t first, int count, const uint8_t *
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
     for (int j = 0; j < count; ++j) {
         const uint8_t *row = m.data + (first + j) * nb * 18;
-        int t = 0;
-        for (; t + 4 <= ntok; t += 4) q4_0_row<4>(row, nb, act + t, qbytes, out + t * ldo + j, ldo, pf);
-        switch (ntok - t) {
-            case 3: q4_0_row<3>(row, nb, act + t, qbytes, out + t * ldo + j, ldo, pf); break;
-            case 2: q4_0_row<2>(row, nb, act + t, qbytes, out + t * ldo + j, ldo, pf); break;
-            case 1: q4_0_row<1>(row, nb, act + t, qbytes, out + t * ldo + j, ldo, pf); break;
-            default: break;
-        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            q4_0_row<NT::value>(row, nb, act + t, qbytes, out + t * ldo + j, ldo, pf);
+        });
     }
 }
 

@@ -26,6 +26,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 #include "tier_scalar.inc"
 
 inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
@@ -159,14 +161,10 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         const int64_t r = first + j;
         const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
         const float g = B == 16 ? f16(m.global + r * 2) : 1.0f;
-        int t = 0;
-        for (; t + 4 <= ntok; t += 4) e2m1_row<B, 4>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
-        switch (ntok - t) {
-            case 3: e2m1_row<B, 3>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
-            case 2: e2m1_row<B, 2>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
-            case 1: e2m1_row<B, 1>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf); break;
-            default: break;
-        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            e2m1_row<B, NT::value>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
+        });
     }
 }
 
@@ -292,14 +290,10 @@ void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const 
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
         const uint8_t *w = m.data + r * K, *band = m.scale + (r / 128) * (K / 128) * 2;
-        int t = 0;
-        for (; t + 4 <= ntok; t += 4) fp8_row<4>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
-        switch (ntok - t) {
-            case 3: fp8_row<3>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
-            case 2: fp8_row<2>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
-            case 1: fp8_row<1>(w, band, K, act + t, out + t * ldo + j, ldo, pf); break;
-            default: break;
-        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            fp8_row<NT::value>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
+        });
     }
 }
 

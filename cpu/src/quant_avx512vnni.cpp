@@ -17,6 +17,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 // Blocks b0 and b0 + 18 (or zeros for the second when `pair` is false): 128-bit lanes
 // [lo(qs0), hi(qs0), lo(qs1), hi(qs1)], i.e. the 64 weights in element order.
 inline __m512i q4_pair(const uint8_t *b0, bool pair) {
@@ -64,14 +66,10 @@ void q4_0_avx512vnni(const QuantMatrix &m, int64_t first, int count, const uint8
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
     for (int j = 0; j < count; ++j) {
         const uint8_t *r = m.data + (first + j) * nb * 18;
-        int t = 0;
-        for (; t + 4 <= ntok; t += 4) row<4>(r, nb, act + t, qbytes, out + t * ldo + j, ldo, pf);
-        switch (ntok - t) {
-            case 3: row<3>(r, nb, act + t, qbytes, out + t * ldo + j, ldo, pf); break;
-            case 2: row<2>(r, nb, act + t, qbytes, out + t * ldo + j, ldo, pf); break;
-            case 1: row<1>(r, nb, act + t, qbytes, out + t * ldo + j, ldo, pf); break;
-            default: break;
-        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            row<NT::value>(r, nb, act + t, qbytes, out + t * ldo + j, ldo, pf);
+        });
     }
 }
 
