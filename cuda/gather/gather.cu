@@ -1,0 +1,214 @@
+// The zero-copy gather kernel (spec 4.5): SM loads that go straight to page-locked host memory
+// over PCIe, one launch for every bank of a layer.
+//
+// Work is cut into chunks of one (plan entry, bank) row, at most chunk_bytes each; a persistent
+// grid of CTAs strides over the chunks of the first n = *num_indices entries, so the work (and the
+// number of CTAs that do anything) follows the count read on the device, and count 0 costs one
+// load per CTA. Each thread keeps `unroll` vector loads in flight before storing them: the link
+// needs many outstanding reads (latency x bandwidth is ~100-200 KB on PCIe 5), and a grid-stride
+// loop of one load per iteration would leave one per thread.
+#include "ft/cuda_gather.hpp"
+
+#include <cstdint>
+
+namespace ft::cuda {
+
+namespace detail {
+
+namespace {
+
+struct KernelParams {
+    const uint8_t *host[kMaxGatherBanks];
+    uint8_t *slots[kMaxGatherBanks];
+    uint64_t row_bytes[kMaxGatherBanks];
+    uint64_t chunk_end[kMaxGatherBanks];  // chunks of one entry in banks 0..b together
+    int32_t vec_bytes[kMaxGatherBanks];
+    const int32_t *evict_slots;
+    const int32_t *src_indices;
+    const int64_t *num_indices;
+    uint64_t chunk_bytes;
+    int32_t capacity;
+    int32_t num_banks;
+};
+
+constexpr size_t kMaxChunkBytes = size_t(1) << 30;  // keeps element counts of a chunk in 32 bits
+
+template <GatherLoad L, typename T>
+__device__ __forceinline__ T load(const T *p) {
+    if constexpr (L == GatherLoad::nc) {
+        return __ldg(p);
+    } else if constexpr (L == GatherLoad::streaming) {
+        return __ldcs(p);
+    } else {
+        return *p;
+    }
+}
+
+template <GatherStore S, typename T>
+__device__ __forceinline__ void store(T *p, const T &v) {
+    if constexpr (S == GatherStore::streaming) {
+        __stcs(p, v);
+    } else {
+        *p = v;
+    }
+}
+
+// One chunk by the whole CTA. `bytes` is a multiple of sizeof(T) and both pointers are T-aligned
+// (gather_vector_bytes chose T so that every row and every chunk offset is).
+template <typename T, int U, GatherLoad L, GatherStore S>
+__device__ __forceinline__ void copy_chunk(const uint8_t *src, uint8_t *dst, uint64_t bytes) {
+    const T *s = reinterpret_cast<const T *>(src);
+    T *d = reinterpret_cast<T *>(dst);
+    const uint32_t n = static_cast<uint32_t>(bytes / sizeof(T));
+    const uint32_t stride = blockDim.x;
+    for (uint32_t base = threadIdx.x; base < n; base += stride * U) {
+        T v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t i = base + u * stride;
+            if (i < n) v[u] = load<L>(s + i);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t i = base + u * stride;
+            if (i < n) store<S>(d + i, v[u]);
+        }
+    }
+}
+
+// Eight 16-byte values in flight need more than the 64 registers a 1024-thread bound leaves.
+constexpr int max_threads(int unroll) { return unroll >= 8 ? 512 : 1024; }
+
+template <int U, GatherLoad L, GatherStore S>
+__global__ void __launch_bounds__(max_threads(U)) gather_kernel(const __grid_constant__ KernelParams p) {
+    int64_t n = *p.num_indices;
+    if (n <= 0) return;
+    if (n > p.capacity) n = p.capacity;
+    const uint64_t per_entry = p.chunk_end[p.num_banks - 1];
+    const uint64_t total = static_cast<uint64_t>(n) * per_entry;
+    // Every value below is uniform across the CTA, so the branches and `continue` do not diverge.
+    for (uint64_t v = blockIdx.x; v < total; v += gridDim.x) {
+        const uint64_t entry = v / per_entry;
+        uint64_t chunk = v - entry * per_entry;
+        int b = 0;
+        while (chunk >= p.chunk_end[b]) ++b;
+        if (b > 0) chunk -= p.chunk_end[b - 1];
+        const int32_t dst_slot = p.evict_slots[entry];
+        const int32_t src_row = p.src_indices[entry];
+        if (dst_slot < 0 || src_row < 0) continue;
+        const uint64_t row = p.row_bytes[b];
+        const uint64_t offset = chunk * p.chunk_bytes;
+        const uint64_t bytes = row - offset < p.chunk_bytes ? row - offset : p.chunk_bytes;
+        const uint8_t *src = p.host[b] + static_cast<uint64_t>(src_row) * row + offset;
+        uint8_t *dst = p.slots[b] + static_cast<uint64_t>(dst_slot) * row + offset;
+        switch (p.vec_bytes[b]) {
+        case 16: copy_chunk<uint4, U, L, S>(src, dst, bytes); break;
+        case 8: copy_chunk<uint2, U, L, S>(src, dst, bytes); break;
+        case 4: copy_chunk<unsigned int, U, L, S>(src, dst, bytes); break;
+        case 2: copy_chunk<unsigned short, U, L, S>(src, dst, bytes); break;
+        default: copy_chunk<unsigned char, U, L, S>(src, dst, bytes); break;
+        }
+    }
+}
+
+template <int U, GatherLoad L>
+cudaError_t launch_store(const KernelParams &p, const GatherTuning &t, unsigned grid, cudaStream_t stream) {
+    if (t.store == GatherStore::streaming) {
+        gather_kernel<U, L, GatherStore::streaming><<<grid, t.threads, 0, stream>>>(p);
+    } else {
+        gather_kernel<U, L, GatherStore::plain><<<grid, t.threads, 0, stream>>>(p);
+    }
+    return cudaGetLastError();
+}
+
+template <int U>
+cudaError_t launch_load(const KernelParams &p, const GatherTuning &t, unsigned grid, cudaStream_t stream) {
+    switch (t.load) {
+    case GatherLoad::nc: return launch_store<U, GatherLoad::nc>(p, t, grid, stream);
+    case GatherLoad::streaming: return launch_store<U, GatherLoad::streaming>(p, t, grid, stream);
+    default: return launch_store<U, GatherLoad::plain>(p, t, grid, stream);
+    }
+}
+
+const char *tuning_error(const GatherTuning &t) {
+    if (t.blocks < 1) return "tuning: blocks must be >= 1";
+    if (t.threads < 32 || t.threads > 1024 || t.threads % 32 != 0) return "tuning: threads must be a multiple of 32 in 32..1024";
+    if (t.unroll != 1 && t.unroll != 2 && t.unroll != 4 && t.unroll != 8) return "tuning: unroll must be 1, 2, 4 or 8";
+    if (t.threads > max_threads(t.unroll)) return "tuning: unroll 8 allows at most 512 threads";
+    if (t.chunk_bytes < 16 || t.chunk_bytes % 16 != 0 || t.chunk_bytes > kMaxChunkBytes)
+        return "tuning: chunk_bytes must be a multiple of 16 in 16..1 GiB";
+    return nullptr;
+}
+
+}  // namespace
+
+GatherTuning default_gather_tuning() {
+    // Reasoned, not yet measured on the H200: 64 CTAs x 512 threads x 4 x 16 B keep 2 MiB of reads
+    // requested, ~10x what PCIe 5 needs in flight, while leaving most SMs free for concurrent
+    // work. Streaming loads keep the once-read host bytes from evicting L2 lines; plain stores let
+    // the expert kernel that runs next find recently written slot bytes in L2.
+    return GatherTuning{};
+}
+
+int gather_vector_bytes(const GatherBank &bank) {
+    const uint64_t bits = static_cast<uint64_t>(bank.row_bytes) | reinterpret_cast<uintptr_t>(bank.host_layer) |
+                          reinterpret_cast<uintptr_t>(bank.slots);
+    for (int w = 16; w > 1; w /= 2)
+        if (bits % static_cast<uint64_t>(w) == 0) return w;
+    return 1;
+}
+
+const char *gather_argument_error(const GatherBank *banks, int num_banks, const GatherPlan &plan) {
+    if (num_banks < 1 || num_banks > kMaxGatherBanks) return "num_banks must be in 1..8";
+    if (!banks) return "banks is null";
+    for (int b = 0; b < num_banks; ++b) {
+        if (!banks[b].host_layer || !banks[b].slots) return "a bank has a null host or slot address";
+        if (banks[b].row_bytes == 0) return "a bank has row_bytes 0";
+    }
+    if (plan.capacity < 0) return "plan capacity < 0";
+    if (!plan.evict_slots || !plan.src_indices || !plan.num_indices) return "a plan pointer is null";
+    return nullptr;
+}
+
+cudaError_t launch_gather_zero_copy_tuned(const GatherBank *banks, int num_banks, const GatherPlan &plan,
+                                          const GatherTuning &tuning, cudaStream_t stream) {
+    if (gather_argument_error(banks, num_banks, plan) || tuning_error(tuning)) return cudaErrorInvalidValue;
+    if (plan.capacity == 0) return cudaSuccess;  // no entry can be planned
+
+    KernelParams p{};
+    uint64_t chunks = 0;
+    for (int b = 0; b < num_banks; ++b) {
+        p.host[b] = banks[b].host_layer;
+        p.slots[b] = banks[b].slots;
+        p.row_bytes[b] = banks[b].row_bytes;
+        p.vec_bytes[b] = gather_vector_bytes(banks[b]);
+        chunks += (banks[b].row_bytes + tuning.chunk_bytes - 1) / tuning.chunk_bytes;
+        p.chunk_end[b] = chunks;
+    }
+    p.evict_slots = plan.evict_slots;
+    p.src_indices = plan.src_indices;
+    p.num_indices = plan.num_indices;
+    p.chunk_bytes = tuning.chunk_bytes;
+    p.capacity = plan.capacity;
+    p.num_banks = num_banks;
+
+    // No more CTAs than a full plan has chunks: the rest would only read the count and leave.
+    const uint64_t most = chunks * static_cast<uint64_t>(plan.capacity);
+    const unsigned grid = static_cast<unsigned>(most < static_cast<uint64_t>(tuning.blocks) ? most : tuning.blocks);
+    switch (tuning.unroll) {
+    case 1: return launch_load<1>(p, tuning, grid, stream);
+    case 2: return launch_load<2>(p, tuning, grid, stream);
+    case 4: return launch_load<4>(p, tuning, grid, stream);
+    default: return launch_load<8>(p, tuning, grid, stream);
+    }
+}
+
+}  // namespace detail
+
+cudaError_t launch_gather_zero_copy(const GatherBank *banks, int num_banks, const GatherPlan &plan,
+                                    cudaStream_t stream) {
+    static const detail::GatherTuning tuning = detail::default_gather_tuning();
+    return detail::launch_gather_zero_copy_tuned(banks, num_banks, plan, tuning, stream);
+}
+
+}  // namespace ft::cuda
