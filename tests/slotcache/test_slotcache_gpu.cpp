@@ -1,10 +1,13 @@
 // Device admission kernels against the host mirror, bit for bit (spec 4.3, 4.4): random runs for
-// both algorithms over many shapes, CUDA-graph replays with new ids, and a latency printout.
+// both algorithms over many shapes, crafted large caches (S up to 65536) with heavy usage ties and
+// miss counts up to E, the clock across the fast path's packing limit, CUDA-graph replays with new
+// ids, and a latency printout (bench_admission times the same calls with Google Benchmark).
 // Skips where no CUDA device is usable.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -209,6 +212,219 @@ TEST(SlotCacheGpu, HybridMatchesMirrorOverRandomSteps) {
         SCOPED_TRACE(describe(c.shape));
         run_random(c.shape, true, c.steps, seed++);
         if (HasFatalFailure()) return;
+    }
+}
+
+// ---- Crafted states: large caches, ties, the fast path's limits ------------------------------------
+
+// One call on the mirror and on the device (in place or into a separate output), then routes and
+// every array compared.
+::testing::AssertionResult same_call(const HostSlotCache &mirror, const DeviceCache &device,
+                                     const DeviceArray<int32_t> &d_ids, const DeviceArray<int32_t> &d_out,
+                                     const sctest::Step &step, bool in_place) {
+    const auto n = static_cast<int64_t>(step.ids.size());
+    std::vector<int32_t> want(step.ids.size()), got(step.ids.size());
+    if (step.hybrid) ft::admit_hybrid(mirror.state(), step.layer, step.ids.data(), want.data(), n, step.fetch);
+    else ft::admit_lru(mirror.state(), step.layer, step.ids.data(), want.data(), n);
+    cudaError_t e = d_ids.upload(step.ids);
+    int32_t *out = in_place ? d_ids.get() : d_out.get();
+    if (e == cudaSuccess)
+        e = step.hybrid ? ft::cuda::launch_admit_hybrid(device.state(), step.layer, d_ids.get(), out, n, step.fetch, nullptr)
+                        : ft::cuda::launch_admit_lru(device.state(), step.layer, d_ids.get(), out, n, nullptr);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(got.data(), out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) return ::testing::AssertionFailure() << describe(step) << ": " << cudaGetErrorString(e);
+    if (want != got)
+        return ::testing::AssertionFailure() << describe(step) << ": " << first_route_difference(step.ids, want, got);
+    ::testing::AssertionResult same = device.matches(mirror);
+    if (!same) return ::testing::AssertionFailure() << describe(step) << ": " << same.message();
+    return ::testing::AssertionSuccess();
+}
+
+// Fills a reset mirror: every slot holds a random flat id (L * E >= S) or, with probability
+// `empty`, nothing; usages take only `distinct_usages` values, so ties are everywhere and the slot
+// index decides; the clock stands just above them; recency takes few values too (ties by id).
+void craft_state(const HostSlotCache &mirror, std::mt19937 &rng, int32_t distinct_usages, double empty) {
+    const SlotCacheState &st = mirror.state();
+    const int64_t ids = static_cast<int64_t>(st.shape.layers) * st.shape.experts;
+    std::vector<int32_t> flat(static_cast<size_t>(ids));
+    for (int64_t i = 0; i < ids; ++i) flat[i] = static_cast<int32_t>(i);
+    std::shuffle(flat.begin(), flat.end(), rng);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    std::uniform_int_distribution<int32_t> use(1, distinct_usages);
+    for (int32_t s = 0; s < st.shape.slots; ++s) {
+        if (s < ids && u(rng) >= empty) {
+            st.id_of_slot[s] = flat[s];
+            st.slot_for_id[flat[s]] = s;
+            st.usage[s] = use(rng);
+        }
+    }
+    *st.step = distinct_usages + 1;
+    std::uniform_int_distribution<int64_t> rec(-1, 3);
+    for (int64_t i = 0; i < ids; ++i) st.expert_recency[i] = rec(rng);
+}
+
+// Routing of `tokens` x `k` ids for `layer` with exactly `misses` distinct non-resident experts and
+// up to `hits` distinct resident ones (fewer if the layer lacks them), shuffled, duplicates
+// included when tokens * k exceeds the distinct experts.
+std::vector<int32_t> controlled_ids(const SlotCacheState &st, int32_t layer, int32_t hits, int32_t misses,
+                                    int32_t count, std::mt19937 &rng) {
+    const int32_t E = st.shape.experts;
+    std::vector<int32_t> in, out;
+    for (int32_t e = 0; e < E; ++e) (st.slot_for_id[layer * E + e] >= 0 ? in : out).push_back(e);
+    std::shuffle(in.begin(), in.end(), rng);
+    std::shuffle(out.begin(), out.end(), rng);
+    in.resize(std::min<size_t>(in.size(), static_cast<size_t>(hits)));
+    out.resize(std::min<size_t>(out.size(), static_cast<size_t>(misses)));
+    std::vector<int32_t> distinct = out;
+    distinct.insert(distinct.end(), in.begin(), in.end());
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < count && !distinct.empty(); ++i)
+        ids.push_back(i < static_cast<int32_t>(distinct.size())
+                          ? distinct[i]
+                          : distinct[std::uniform_int_distribution<size_t>(0, distinct.size() - 1)(rng)]);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    return ids;
+}
+
+HybridFetch fetch_rule(double fraction, int32_t cap, FetchOrder order) {
+    HybridFetch f;
+    f.fraction_q16 = ft::fraction_to_q16(fraction);
+    f.max_fetch = cap;
+    f.order = order;
+    return f;
+}
+
+// Decode-sized and batch-sized calls on crafted caches of S = 2048, 8192 and 65536 with heavy
+// usage ties, miss counts on both sides of the fast path's 32, for LRU and for hybrid with the
+// fractions and fixed caps the engine uses.
+TEST(SlotCacheGpu, CraftedLargeCachesWithTiesMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    struct Case {
+        SlotCacheShape shape;
+        int32_t distinct_usages;
+        double empty;
+    };
+    const Case cases[] = {
+        {shape(16, 256, 2048, 1024), 3, 0.0},
+        {shape(64, 256, 8192, 1024), 5, 0.1},
+        {shape(64, 256, 8192, 1024), 1, 0.0},  // every slot ties: the slot index alone orders
+        {shape(16, 1024, 8192, 1024), 40, 0.02},
+        {shape(512, 256, 65536, 1024), 7, 0.05},
+        {shape(4, 1024, 65536, 1024), 2, 0.97},  // nearly cold: M up to E, 60000 empty slots tied at 0
+    };
+    const int32_t miss_counts[] = {1, 8, 31, 32, 33, 64, 256, 1024};
+    const double fractions[] = {0.1, 0.415, 0.7, 1.0};
+    const int32_t caps[] = {0, 1, 8, 40};
+    DeviceArray<int32_t> d_ids(1024), d_out(1024);
+    ASSERT_NE(d_ids.get(), nullptr);
+    uint32_t seed = 700;
+    for (const Case &c : cases) {
+        for (int variant = 0; variant < 2; ++variant) {  // 0: LRU, 1: hybrid
+            SCOPED_TRACE(describe(c.shape) + (variant ? " hybrid" : " lru"));
+            std::mt19937 rng(seed++);
+            HostSlotCache mirror(c.shape);
+            craft_state(mirror, rng, c.distinct_usages, c.empty);
+            DeviceCache device(mirror);
+            ASSERT_TRUE(device.ok());
+            int call = 0;
+            for (int32_t misses : miss_counts) {
+                if (misses > c.shape.experts) continue;
+                for (int rep = 0; rep < 3; ++rep, ++call) {
+                    sctest::Step step;
+                    step.hybrid = variant == 1;
+                    step.layer = std::uniform_int_distribution<int32_t>(0, c.shape.layers - 1)(rng);
+                    const int32_t count = misses <= 8 ? 64 : std::min(1024, 2 * misses);
+                    step.ids = controlled_ids(mirror.state(), step.layer, 8, misses, count, rng);
+                    if (step.hybrid) {
+                        const FetchOrder order = rep == 2 ? FetchOrder::LowestId : FetchOrder::Recency;
+                        step.fetch = call % 2 ? fetch_rule(fractions[(call / 2) % 4], 0, order)
+                                              : fetch_rule(0.0, caps[(call / 2) % 4], order);
+                    }
+                    ASSERT_TRUE(same_call(mirror, device, d_ids, d_out, step, call % 2 == 1))
+                        << "call " << call << ", " << misses << " misses asked";
+                }
+            }
+        }
+    }
+}
+
+// The packed keys of the fast path are exact only while step < 2^(63 - slot bits); calls across
+// that limit (the general path takes over) and usages outside [0, step] (a state the API never
+// makes; the general path again) still match the mirror.
+TEST(SlotCacheGpu, ClockNearThePackingLimitAndOddUsagesMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    for (const SlotCacheShape s : {shape(64, 256, 8192, 256), shape(256, 256, 65536, 256), shape(4, 32, 40, 32)}) {
+        SCOPED_TRACE(describe(s));
+        int32_t bits = 0;
+        while ((int64_t{1} << bits) < s.slots) ++bits;
+        const int64_t limit = int64_t{1} << (63 - bits);
+        std::mt19937 rng(static_cast<uint32_t>(s.slots));
+        HostSlotCache mirror(s);
+        craft_state(mirror, rng, 6, 0.0);
+        const SlotCacheState &st = mirror.state();
+        for (int32_t i = 0; i < s.slots; ++i) st.usage[i] += limit - 12;  // ties kept, clock near the limit
+        *st.step += limit - 12;
+        DeviceCache device(mirror);
+        ASSERT_TRUE(device.ok());
+        DeviceArray<int32_t> d_ids(64), d_out(64);
+        for (int call = 0; call < 12; ++call) {  // the clock passes the limit half-way
+            sctest::Step step;
+            step.hybrid = call % 3 == 2;
+            step.layer = call % s.layers;
+            step.ids = controlled_ids(st, step.layer, 4, 1 + call % 8, 64, rng);
+            step.fetch = fetch_rule(0.7, 0, FetchOrder::Recency);
+            ASSERT_TRUE(same_call(mirror, device, d_ids, d_out, step, false))
+                << "call " << call << ", step " << *st.step << ", limit " << limit;
+        }
+
+        // Usages from the future and negative ones (the mirror orders them as plain integers).
+        HostSlotCache odd(s);
+        craft_state(odd, rng, 6, 0.0);
+        odd.state().usage[s.slots - 1] = -5;
+        odd.state().usage[s.slots / 2] = *odd.state().step + 1000;
+        odd.state().usage[1] = INT64_MIN + 3;
+        DeviceCache odd_device(odd);
+        ASSERT_TRUE(odd_device.ok());
+        for (int call = 0; call < 6; ++call) {
+            sctest::Step step;
+            step.hybrid = call % 2 == 1;
+            step.layer = call % s.layers;
+            step.ids = controlled_ids(odd.state(), step.layer, 4, 8, 64, rng);
+            step.fetch = fetch_rule(1.0, 0, FetchOrder::Recency);
+            ASSERT_TRUE(same_call(odd, odd_device, d_ids, d_out, step, true)) << "odd usages, call " << call;
+        }
+    }
+}
+
+// Decode shape from a cold start: S = 8192 and 65536, 8 tokens x K = 8, long runs so that empty
+// slots (usage 0, all tied) run out and the LRU order of earlier installs (8 slots per step share
+// a usage) decides.
+TEST(SlotCacheGpu, DecodeRunsOnLargeCachesMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    struct Case {
+        SlotCacheShape shape;
+        int calls;
+    };
+    const Case cases[] = {{shape(64, 256, 8192, 64), 300}, {shape(512, 256, 65536, 64), 60}};
+    DeviceArray<int32_t> d_ids(64), d_out(64);
+    uint32_t seed = 900;
+    for (const Case &c : cases) {
+        for (bool hybrid : {false, true}) {
+            SCOPED_TRACE(describe(c.shape) + (hybrid ? " hybrid" : " lru"));
+            std::mt19937 rng(seed++);
+            HostSlotCache mirror(c.shape);
+            DeviceCache device(mirror);
+            ASSERT_TRUE(device.ok());
+            for (int call = 0; call < c.calls; ++call) {
+                sctest::Step step;
+                step.hybrid = hybrid;
+                step.layer = call % c.shape.layers;
+                step.ids = controlled_ids(mirror.state(), step.layer, 56, 1 + call % 16, 64, rng);
+                step.fetch = fetch_rule(call % 5 == 4 ? 0.0 : 0.415 + 0.1 * (call % 4), call % 5, FetchOrder::Recency);
+                ASSERT_TRUE(same_call(mirror, device, d_ids, d_out, step, call % 2 == 0)) << "call " << call;
+            }
+        }
     }
 }
 
