@@ -1,0 +1,306 @@
+// One rank's EP step (expert-parallel.md 5.2): buffers allocated once, then per call the layout,
+// pack, exchanges through the Transport, expert rows for the caller's experts, local reduction,
+// return exchange and the rank-ordered combine.
+#include <algorithm>
+#include <cstring>
+
+#include "ft/common.hpp"
+#include "ft/ep_cuda.hpp"
+
+namespace ft::ep::cuda {
+
+namespace {
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+template <typename T>
+T *take(uint8_t *&p, size_t bytes) {
+    T *out = reinterpret_cast<T *>(p);
+    p += align256(bytes);
+    return out;
+}
+
+}  // namespace
+
+EpRank::EpRank(Transport &transport, const Placement &placement, const EpConfig &config)
+    : net_(transport), placement_(placement), config_(config) {
+    R_ = placement.num_ranks;
+    S_ = placement.slots_per_rank;
+    me_ = transport.rank();
+    const EpConfig &c = config_;
+    if (transport.size() != R_)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP: placement for ", R_, " ranks on a group of ", transport.size());
+    if (R_ < 1 || R_ > kMaxRanks) fail(FT_ERR_UNSUPPORTED, "EP on the GPU supports 1..", kMaxRanks, " ranks, not ", R_);
+    if (c.top_k < 1 || c.top_k > kMaxTopK || c.max_tokens < 1 || c.max_tokens > INT32_MAX / kMaxRanks ||
+        c.hidden <= 0 || c.hidden % kWireBlock != 0 || c.chunks < 0 || c.max_expert_rows < 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP config: top-k ", c.top_k, ", hidden ", c.hidden, ", max tokens ",
+             c.max_tokens, ", chunks ", c.chunks);
+    if (S_ > INT16_MAX) fail(FT_ERR_UNSUPPORTED, "EP: ", S_, " slots per rank do not fit the record's int16 slot");
+    rec_ = record_layout(c.hidden, c.top_k, c.dispatch_dtype);
+    dplace_ = std::make_unique<PlacementBuffer>(placement);
+
+    const size_t T = static_cast<size_t>(c.max_tokens), R = static_cast<size_t>(R_), H = static_cast<size_t>(c.hidden);
+    const size_t positions = R * T;
+    const int64_t rows = c.max_expert_rows ? c.max_expert_rows : static_cast<int64_t>(positions) * c.top_k;
+    peer_bytes_ = latency_peer_bytes(c.hidden, c.top_k, c.dispatch_dtype, c.max_tokens);
+    const size_t wire = c.mode == Mode::Latency ? R * peer_bytes_ : positions * rec_.bytes;
+    const size_t lb = layout_bytes(R_, S_, c.top_k, c.max_tokens);
+    const size_t rb = receive_bytes(R_, S_, c.top_k, c.max_tokens, rows);
+    const size_t row_bytes = static_cast<size_t>(rows) * H * 2, part_bytes = positions * H * 2;
+    const size_t total = align256(lb) + align256(rb) + 2 * align256(wire) + 2 * align256(row_bytes) +
+                         2 * align256(part_bytes) + align256(R * R * 8);
+    check_cuda(cudaMalloc(&mem_, total), "EP buffers");
+    uint8_t *p = static_cast<uint8_t *>(mem_);
+    layout_ = carve_layout(take<uint8_t>(p, lb), R_, S_, c.top_k, c.max_tokens);
+    recv_ = carve_receive(take<uint8_t>(p, rb), R_, S_, c.top_k, c.max_tokens, rows);
+    send_ = take<uint8_t>(p, wire);
+    recvbuf_ = take<uint8_t>(p, wire);
+    x_rows_ = take<uint16_t>(p, row_bytes);
+    y_rows_ = take<uint16_t>(p, row_bytes);
+    partial_ = take<uint16_t>(p, part_bytes);
+    back_ = take<uint16_t>(p, part_bytes);
+    count_matrix_ = take<int64_t>(p, R * R * 8);
+    // Padding rows of latency-mode regions travel on the wire: defined bytes keep tools quiet.
+    check_cuda(cudaMemset(mem_, 0, total), "EP buffer clear");
+    check_cuda(cudaMallocHost(reinterpret_cast<void **>(&count_pinned_), R * R * 8), "EP pinned counts");
+    count_host_.assign(R * R, 0);
+    int lo = 0, hi = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "stream priorities");
+    check_cuda(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, hi), "EP comm stream");
+    events_.resize(2 * static_cast<size_t>(std::max(c.policy.max_chunks, std::max(c.chunks, 1))) + 2);
+    for (cudaEvent_t &e : events_) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "EP events");
+}
+
+EpRank::~EpRank() {
+    for (cudaEvent_t e : events_)
+        if (e) cudaEventDestroy(e);
+    if (comm_) cudaStreamDestroy(comm_);
+    if (count_pinned_) cudaFreeHost(count_pinned_);
+    cudaFree(mem_);
+}
+
+void EpRank::set_placement(const Placement &placement) {
+    if (placement.num_ranks != R_ || placement.slots_per_rank != S_)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP placement: ", placement.num_ranks, " ranks x ", placement.slots_per_rank,
+             " slots, the group has ", R_, " x ", S_);
+    auto fresh = std::make_unique<PlacementBuffer>(placement);
+    dplace_ = std::move(fresh);  // cudaFree in the old buffer's destructor waits for its readers
+    placement_ = placement;
+}
+
+RecvRegion EpRank::recv_region() const {
+    if (config_.mode == Mode::Latency) return {recvbuf_, peer_bytes_, config_.max_tokens};
+    return {recvbuf_, 0, config_.max_tokens};
+}
+
+ExpertBatch EpRank::batch() const {
+    ExpertBatch b;
+    b.slots = S_;
+    b.hidden = config_.hidden;
+    b.max_rows = recv_.max_rows;
+    b.offset = recv_.expert_offset;
+    b.x = x_rows_;
+    b.y = y_rows_;
+    b.row_source = recv_.row_source;
+    b.row_token = recv_.row_token;
+    b.row_weight = recv_.row_weight;
+    return b;
+}
+
+bool EpRank::overflowed(cudaStream_t stream) const {
+    int32_t flag = 0;
+    check_cuda(cudaMemcpyAsync(&flag, recv_.overflow, sizeof flag, cudaMemcpyDeviceToHost, stream), "EP overflow flag");
+    check_cuda(cudaStreamSynchronize(stream), "EP overflow flag");
+    return flag != 0;
+}
+
+// ---- throughput mode -------------------------------------------------------------------------
+
+void EpRank::count_exchange(cudaStream_t stream) {
+    const size_t R = static_cast<size_t>(R_);
+    net_.all_gather(layout_.count, count_matrix_, R * sizeof(int64_t), stream);
+    check_cuda(cudaMemcpyAsync(count_pinned_, count_matrix_, R * R * 8, cudaMemcpyDeviceToHost, stream), "EP counts");
+    // The one host synchronisation of a throughput-mode layer: NCCL's sizes are host arguments.
+    check_cuda(cudaStreamSynchronize(stream), "EP count exchange");
+    std::memcpy(count_host_.data(), count_pinned_, R * R * 8);
+}
+
+// Chunk c of C of every pair, the boundaries of ChunkPlan::begin (sender and receiver agree).
+void EpRank::exchange_chunk(bool combine, int32_t c, int32_t C, cudaStream_t stream) {
+    const int32_t R = R_;
+    auto n = [&](int32_t s, int32_t d) { return count_host_[static_cast<size_t>(s) * R + d]; };
+    auto begin = [&](int32_t s, int32_t d, int32_t k) { return n(s, d) * k / C; };
+    std::vector<int64_t> send_at(R + 1, 0), recv_at(R + 1, 0);  // my rows per destination / source
+    for (int32_t p = 0; p < R; ++p) {
+        send_at[p + 1] = send_at[p] + n(me_, p);
+        recv_at[p + 1] = recv_at[p] + n(p, me_);
+    }
+    std::vector<PeerRange> ranges(R);
+    const size_t rb = rec_.bytes, pb = static_cast<size_t>(config_.hidden) * 2;
+    for (int32_t p = 0; p < R; ++p) {
+        const int64_t out0 = begin(me_, p, c), out1 = begin(me_, p, c + 1);  // my rows for p
+        const int64_t in0 = begin(p, me_, c), in1 = begin(p, me_, c + 1);    // p's rows for me
+        PeerRange &r = ranges[p];
+        if (!combine) {
+            r.send_offset = (send_at[p] + out0) * rb;
+            r.send_bytes = (out1 - out0) * rb;
+            r.recv_offset = (recv_at[p] + in0) * rb;
+            r.recv_bytes = (in1 - in0) * rb;
+        } else {  // partials go back the way the records came
+            r.send_offset = (recv_at[p] + in0) * pb;
+            r.send_bytes = (in1 - in0) * pb;
+            r.recv_offset = (send_at[p] + out0) * pb;
+            r.recv_bytes = (out1 - out0) * pb;
+        }
+        if (p != me_) last_bytes_sent_ += r.send_bytes;
+    }
+    if (!combine)
+        net_.exchange(send_, recvbuf_, ranges.data(), stream);
+    else
+        net_.exchange(partial_, back_, ranges.data(), stream);
+}
+
+void EpRank::receive_chunk(int32_t c, int32_t C, cudaStream_t stream) {
+    const RecvRegion src = recv_region();
+    launch_group(recv_, src, config_.hidden, config_.dispatch_dtype, c, C, stream);
+    launch_unpack(recv_, src, config_.hidden, config_.dispatch_dtype, x_rows_, nullptr, stream);
+}
+
+void EpRank::dispatch(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
+                      cudaStream_t stream) {
+    if (config_.mode == Mode::Latency) {
+        dispatch_send(ids, weights, x, tokens, stream);
+        dispatch_recv(stream);
+        return;
+    }
+    if (tokens < 0 || tokens > config_.max_tokens)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP dispatch: ", tokens, " tokens, the group holds ", config_.max_tokens);
+    tokens_ = tokens;
+    last_bytes_sent_ = 0;
+    last_chunks_ = 1;
+    check_cuda(cudaMemsetAsync(recv_.overflow, 0, sizeof(int32_t), stream), "EP overflow clear");
+    launch_layout(dplace_->view(), ids, weights, tokens, config_.top_k, me_, nullptr, layout_, stream);
+    launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
+                {send_, 0}, stream);
+    count_exchange(stream);
+    launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream);
+    exchange_chunk(false, 0, 1, stream);
+    receive_chunk(0, 1, stream);
+}
+
+void EpRank::combine(uint16_t *out, cudaStream_t stream) {
+    if (config_.mode == Mode::Latency) {
+        combine_send(stream);
+        combine_recv(out, stream);
+        return;
+    }
+    launch_reduce(recv_, recv_region(), config_.hidden, config_.dispatch_dtype, 0, 1, y_rows_, partial_, stream);
+    exchange_chunk(true, 0, 1, stream);
+    launch_combine(layout_, tokens_, back_, 0, config_.hidden, out, stream);
+}
+
+void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
+                     const ExpertFn &expert, uint16_t *out, cudaStream_t stream) {
+    if (config_.mode == Mode::Latency) {
+        dispatch(ids, weights, x, tokens, stream);
+        expert(batch(), stream);
+        combine(out, stream);
+        return;
+    }
+    if (tokens < 0 || tokens > config_.max_tokens)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP forward: ", tokens, " tokens, the group holds ", config_.max_tokens);
+    tokens_ = tokens;
+    last_bytes_sent_ = 0;
+    check_cuda(cudaMemsetAsync(recv_.overflow, 0, sizeof(int32_t), stream), "EP overflow clear");
+    launch_layout(dplace_->view(), ids, weights, tokens, config_.top_k, me_, nullptr, layout_, stream);
+    launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
+                {send_, 0}, stream);
+    count_exchange(stream);
+    launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream);
+
+    int32_t C = config_.chunks;
+    if (C == 0) C = plan_chunks(count_host_, R_, rec_.bytes, config_.link_bytes_per_s, config_.policy).chunks;
+    C = std::clamp(C, 1, static_cast<int32_t>(events_.size() / 2 - 1));
+    last_chunks_ = C;
+    cudaEvent_t *dispatched = events_.data(), *reduced = events_.data() + C, start = events_[2 * C],
+                end = events_[2 * C + 1];
+
+    // The comm stream runs d0 d1 c0 d2 c1 ... : dispatch of chunk i+1 overlaps the experts of
+    // chunk i, and each combine chunk leaves as soon as its partials exist.
+    const RecvRegion src = recv_region();
+    const ExpertBatch b = batch();
+    auto compute = [&](int32_t i) {
+        check_cuda(cudaStreamWaitEvent(stream, dispatched[i], 0), "EP chunk wait");
+        receive_chunk(i, C, stream);
+        expert(b, stream);
+        launch_reduce(recv_, src, config_.hidden, config_.dispatch_dtype, i, C, y_rows_, partial_, stream);
+        check_cuda(cudaEventRecord(reduced[i], stream), "EP chunk event");
+    };
+    auto send_back = [&](int32_t i) {
+        check_cuda(cudaStreamWaitEvent(comm_, reduced[i], 0), "EP chunk wait");
+        exchange_chunk(true, i, C, comm_);
+    };
+    check_cuda(cudaEventRecord(start, stream), "EP start event");
+    check_cuda(cudaStreamWaitEvent(comm_, start, 0), "EP start wait");
+    exchange_chunk(false, 0, C, comm_);
+    check_cuda(cudaEventRecord(dispatched[0], comm_), "EP chunk event");
+    compute(0);
+    for (int32_t i = 1; i < C; ++i) {
+        exchange_chunk(false, i, C, comm_);
+        check_cuda(cudaEventRecord(dispatched[i], comm_), "EP chunk event");
+        send_back(i - 1);
+        compute(i);
+    }
+    send_back(C - 1);
+    check_cuda(cudaEventRecord(end, comm_), "EP end event");
+    check_cuda(cudaStreamWaitEvent(stream, end, 0), "EP end wait");
+    launch_combine(layout_, tokens, back_, 0, config_.hidden, out, stream);
+}
+
+// ---- latency mode ----------------------------------------------------------------------------
+
+void EpRank::dispatch_send(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
+                           cudaStream_t stream) {
+    if (config_.mode != Mode::Latency) fail(FT_ERR_STATE, "EP: dispatch_send is a latency-mode phase");
+    if (tokens < 0 || tokens > config_.max_tokens)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP dispatch: ", tokens, " tokens, capacity ", config_.max_tokens);
+    tokens_ = tokens;
+    last_bytes_sent_ = 0;
+    last_chunks_ = 1;
+    check_cuda(cudaMemsetAsync(recv_.overflow, 0, sizeof(int32_t), stream), "EP overflow clear");
+    launch_layout(dplace_->view(), ids, weights, tokens, config_.top_k, me_, nullptr, layout_, stream);
+    launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
+                {send_, peer_bytes_}, stream);
+    // Fixed sizes: every peer gets its whole region, the header says how many rows are real.
+    std::vector<PeerRange> ranges(R_);
+    for (int32_t p = 0; p < R_; ++p) {
+        ranges[p] = {p * peer_bytes_, peer_bytes_, p * peer_bytes_, peer_bytes_};
+        if (p != me_) last_bytes_sent_ += peer_bytes_;
+    }
+    net_.exchange(send_, recvbuf_, ranges.data(), stream);
+}
+
+void EpRank::dispatch_recv(cudaStream_t stream) {
+    if (config_.mode != Mode::Latency) fail(FT_ERR_STATE, "EP: dispatch_recv is a latency-mode phase");
+    launch_receive_counts(recv_, recv_region(), nullptr, me_, stream);
+    receive_chunk(0, 1, stream);
+}
+
+void EpRank::combine_send(cudaStream_t stream) {
+    if (config_.mode != Mode::Latency) fail(FT_ERR_STATE, "EP: combine_send is a latency-mode phase");
+    launch_reduce(recv_, recv_region(), config_.hidden, config_.dispatch_dtype, 0, 1, y_rows_, partial_, stream);
+    const size_t region = static_cast<size_t>(config_.max_tokens) * config_.hidden * 2;
+    std::vector<PeerRange> ranges(R_);
+    for (int32_t p = 0; p < R_; ++p) {
+        ranges[p] = {p * region, region, p * region, region};
+        if (p != me_) last_bytes_sent_ += region;
+    }
+    net_.exchange(partial_, back_, ranges.data(), stream);
+}
+
+void EpRank::combine_recv(uint16_t *out, cudaStream_t stream) {
+    if (config_.mode != Mode::Latency) fail(FT_ERR_STATE, "EP: combine_recv is a latency-mode phase");
+    launch_combine(layout_, tokens_, back_, config_.max_tokens, config_.hidden, out, stream);
+}
+
+}  // namespace ft::ep::cuda

@@ -1,0 +1,683 @@
+// The EP kernels: device twins of ft/ep.hpp's layout, pack_dispatch, group_by_expert,
+// unpack_payload, reduce_partials and combine_at_source. Comments name the host rule each one
+// mirrors; the tests compare them bit for bit.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ft/common.hpp"
+#include "ft/cuda_numerics.cuh"
+#include "ft/ep_cuda.hpp"
+
+namespace ft::ep::cuda {
+
+void check_cuda(cudaError_t err, const char *what) {
+    if (err == cudaSuccess) return;
+    cudaGetLastError();  // clear a non-sticky error so later calls are not blamed for it
+    fail(err == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE, "EP: ", what, ": ",
+         cudaGetErrorString(err));
+}
+
+namespace {
+
+// The device decoders of the expert kernels (ft::cuda), not the host ones of ft/common.hpp.
+using ::ft::cuda::bf16_to_f32;
+using ::ft::cuda::e4m3_to_f32;
+using ::ft::cuda::e8m0_to_f32;
+
+constexpr int kScanThreads = 256;
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+template <typename T>
+T *take(uint8_t *&p, size_t count) {
+    T *out = reinterpret_cast<T *>(p);
+    p += align256(count * sizeof(T));
+    return out;
+}
+
+int grid_for(int64_t items, int per_block, int cap = 8192) {
+    const int64_t g = (items + per_block - 1) / per_block;
+    return static_cast<int>(std::clamp<int64_t>(g, 1, cap));
+}
+
+// Host ft::f32_to_bf16 exactly (NaN keeps its payload with the quiet bit set), so even NaN rows
+// match the reference byte for byte.
+__device__ __forceinline__ uint16_t to_bf16(float f) {
+    uint32_t bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+// Host ft::f32_to_e4m3: round to nearest even, saturating, NaN -> 0x7F whatever its sign.
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+    if (isnan(v)) return 0x7f;
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ int32_t rank_of(const DevicePlacement &p, int32_t phy) { return phy / p.slots_per_rank; }
+
+// ---- layout ------------------------------------------------------------------------------------
+
+// forced_rank_load(): ranks of each token's single-copy experts, one count per token and rank.
+__global__ void forced_load_kernel(DevicePlacement p, const int32_t *ids, int64_t tokens, int32_t K, int64_t *load) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
+        uint64_t hit = 0;
+        for (int32_t j = 0; j < K; ++j) {
+            const int32_t e = ids[t * K + j];
+            if (e >= 0 && e < p.num_experts && p.logcnt[e] == 1)
+                hit |= 1ull << rank_of(p, p.log2phy[int64_t(e) * p.num_ranks]);
+        }
+        while (hit) {
+            const int r = __ffsll(static_cast<long long>(hit)) - 1;
+            hit &= hit - 1;
+            atomicAdd(reinterpret_cast<unsigned long long *>(load + r), 1ull);
+        }
+    }
+}
+
+// Replica choice and the dedup mask of dispatch_layout(), one thread per token.
+__global__ void choose_kernel(DevicePlacement p, const int32_t *ids, int64_t tokens, int32_t K, const int64_t *load,
+                              int32_t *route_phy, uint64_t *mask) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t *id = ids + t * K;
+        uint64_t goes = 0;
+        for (int32_t j = 0; j < K; ++j) {
+            const int32_t e = id[j];
+            if (e >= 0 && e < p.num_experts && p.logcnt[e] == 1)
+                goes |= 1ull << rank_of(p, p.log2phy[int64_t(e) * p.num_ranks]);
+        }
+        for (int32_t j = 0; j < K; ++j) {
+            const int32_t e = id[j];
+            if (e < 0 || e >= p.num_experts) {
+                route_phy[t * K + j] = -1;
+                continue;
+            }
+            const int32_t n = p.logcnt[e];
+            const int32_t *reps = p.log2phy + int64_t(e) * p.num_ranks;
+            int32_t choice = reps[0];
+            if (n > 1) {
+                bool any_going = false;
+                for (int32_t i = 0; i < n; ++i) any_going = any_going || ((goes >> rank_of(p, reps[i])) & 1);
+                choice = -1;
+                for (int32_t i = 0; i < n; ++i) {
+                    const int32_t r = rank_of(p, reps[i]);
+                    if (any_going && !((goes >> r) & 1)) continue;
+                    if (choice < 0) {
+                        choice = reps[i];
+                        continue;
+                    }
+                    const int32_t c = rank_of(p, choice);
+                    if (load[r] < load[c] || (load[r] == load[c] && r < c)) choice = reps[i];
+                }
+            }
+            route_phy[t * K + j] = choice;
+            goes |= 1ull << rank_of(p, choice);
+        }
+        mask[t] = goes;
+    }
+}
+
+// row[r][t]: rows of rank r in ascending token order (an exclusive scan of bit r), one block per
+// rank; count[r] the total.
+__global__ void row_scan_kernel(const uint64_t *mask, int64_t tokens, int32_t *row, int64_t *count) {
+    using Scan = cub::BlockScan<int32_t, kScanThreads>;
+    __shared__ typename Scan::TempStorage tmp;
+    const int r = blockIdx.x;
+    int64_t running = 0;
+    for (int64_t base = 0; base < tokens; base += kScanThreads) {
+        const int64_t t = base + threadIdx.x;
+        const int32_t flag = t < tokens ? static_cast<int32_t>((mask[t] >> r) & 1) : 0;
+        int32_t excl, total;
+        Scan(tmp).ExclusiveSum(flag, excl, total);
+        if (t < tokens) row[int64_t(r) * tokens + t] = flag ? static_cast<int32_t>(running + excl) : -1;
+        running += total;
+        __syncthreads();  // tmp is reused by the next tile
+    }
+    if (threadIdx.x == 0) count[r] = running;
+}
+
+__global__ void offset_kernel(const int64_t *count, int32_t R, int64_t *offset) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int64_t s = 0;
+    offset[0] = 0;
+    for (int32_t r = 0; r < R; ++r) offset[r + 1] = s += count[r];
+}
+
+// Send rows: routes in ascending logical id (ties: lower j), per destination rank.
+__global__ void send_rows_kernel(DevicePlacement p, const int32_t *ids, const float *weights, int64_t tokens, int32_t K,
+                                 const int32_t *route_phy, const uint64_t *mask, const int32_t *row,
+                                 const int64_t *offset, int64_t *expert_count, int32_t *send_token, int32_t *send_n,
+                                 int32_t *send_slot, float *send_weight) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t *id = ids + t * K;
+        const int32_t *phy = route_phy + t * K;
+        int32_t order[kMaxTopK];
+        int32_t m = 0;
+        for (int32_t j = 0; j < K; ++j) {
+            if (phy[j] < 0) continue;
+            // Stable insertion: equal ids keep ascending j.
+            int32_t at = m++;
+            while (at > 0 && id[order[at - 1]] > id[j]) {
+                order[at] = order[at - 1];
+                --at;
+            }
+            order[at] = j;
+        }
+        uint64_t goes = mask[t];
+        while (goes) {
+            const int r = __ffsll(static_cast<long long>(goes)) - 1;
+            goes &= goes - 1;
+            const int64_t out = offset[r] + row[int64_t(r) * tokens + t];
+            send_token[out] = static_cast<int32_t>(t);
+            int32_t n = 0;
+            for (int32_t i = 0; i < m; ++i) {
+                const int32_t j = order[i];
+                if (rank_of(p, phy[j]) != r) continue;
+                send_slot[out * K + n] = phy[j] % p.slots_per_rank;
+                send_weight[out * K + n] = weights ? weights[t * K + j] : 1.0f;
+                atomicAdd(reinterpret_cast<unsigned long long *>(expert_count + phy[j]), 1ull);
+                ++n;
+            }
+            send_n[out] = n;
+            for (int32_t i = n; i < K; ++i) {
+                send_slot[out * K + i] = -1;
+                send_weight[out * K + i] = 0.0f;
+            }
+        }
+    }
+}
+
+// ---- pack + quantise ---------------------------------------------------------------------------
+
+struct RecordGeom {
+    uint32_t payload_bytes, scales, scale_bytes, token, source, n, weight, slot, bytes;
+};
+
+RecordGeom geom(int64_t hidden, int32_t K, WireDtype dtype) {
+    const RecordLayout L = record_layout(hidden, K, dtype);
+    return {static_cast<uint32_t>(L.payload_bytes), static_cast<uint32_t>(L.scales), static_cast<uint32_t>(L.scale_bytes),
+            static_cast<uint32_t>(L.token), static_cast<uint32_t>(L.source), static_cast<uint32_t>(L.n),
+            static_cast<uint32_t>(L.weight), static_cast<uint32_t>(L.slot), static_cast<uint32_t>(L.bytes)};
+}
+
+constexpr int kPackThreads = 128;  // 4 warps; each warp quantises one 128-channel block at a time
+
+// One 128-channel block: lane holds channels 4*lane .. 4*lane+3.
+__device__ __forceinline__ void quantise_block(const uint16_t *xb, uint8_t *qb, uint8_t *scale_at, WireDtype dtype,
+                                               int lane) {
+    const uint2 raw = *reinterpret_cast<const uint2 *>(xb + 4 * lane);
+    const float v[4] = {bf16_to_f32(raw.x & 0xffffu), bf16_to_f32(raw.x >> 16), bf16_to_f32(raw.y & 0xffffu),
+                        bf16_to_f32(raw.y >> 16)};
+    float amax = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+        const float a = fabsf(v[i]);
+        if (isfinite(a)) amax = fmaxf(amax, a);
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = fmaxf(amax, kAmaxFloor);
+    uint32_t word = 0;
+    if (dtype == WireDtype::Fp8Fp32) {
+        const float inv = kE4m3Max / amax;
+        for (int i = 0; i < 4; ++i) word |= uint32_t(to_e4m3(v[i] * inv)) << (8 * i);
+        if (lane == 0) *reinterpret_cast<float *>(scale_at) = amax / kE4m3Max;
+    } else {
+        const uint32_t bits = __float_as_uint(amax / kE4m3Max);
+        const int e = int((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
+        for (int i = 0; i < 4; ++i) word |= uint32_t(to_e4m3(ldexpf(v[i], -e))) << (8 * i);
+        if (lane == 0) *scale_at = static_cast<uint8_t>(e + 127);
+    }
+    *reinterpret_cast<uint32_t *>(qb + 4 * lane) = word;
+}
+
+__global__ void pack_kernel(const int64_t *offset, int32_t R, const int32_t *send_token, const int32_t *send_n,
+                            const int32_t *send_slot, const float *send_weight, int32_t K, const uint16_t *x,
+                            int64_t hidden, WireDtype dtype, int32_t source_rank, uint8_t *base, size_t peer_bytes,
+                            RecordGeom g) {
+    const int64_t total = offset[R];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+        uint8_t *rec;
+        if (peer_bytes == 0) {
+            rec = base + i * g.bytes;
+        } else {
+            int32_t r = 0;
+            while (r + 1 < R && offset[r + 1] <= i) ++r;
+            rec = base + r * peer_bytes + kPeerHeaderBytes + (i - offset[r]) * g.bytes;
+        }
+        const uint16_t *xt = x + int64_t(send_token[i]) * hidden;
+        const int64_t blocks = hidden / kWireBlock;
+        if (dtype == WireDtype::Bf16) {
+            // 8 bytes per thread, in order.
+            for (int64_t c = threadIdx.x; c < hidden / 4; c += blockDim.x)
+                reinterpret_cast<uint2 *>(rec)[c] = reinterpret_cast<const uint2 *>(xt)[c];
+        } else {
+            const size_t sb = dtype == WireDtype::Fp8Fp32 ? 4 : 1;
+            for (int64_t b = warp; b < blocks; b += kPackThreads / 32)
+                quantise_block(xt + b * kWireBlock, rec + b * kWireBlock, rec + g.scales + b * sb, dtype, lane);
+        }
+        // Metadata, and zero in every padding byte (the host memsets the record first).
+        const uint32_t scales_end = g.scales + g.scale_bytes;
+        for (uint32_t at = scales_end + threadIdx.x; at < g.token; at += blockDim.x) rec[at] = 0;
+        if (threadIdx.x == 0) {
+            *reinterpret_cast<int32_t *>(rec + g.token) = send_token[i];
+            *reinterpret_cast<int16_t *>(rec + g.source) = static_cast<int16_t>(source_rank);
+            *reinterpret_cast<int16_t *>(rec + g.n) = static_cast<int16_t>(send_n[i]);
+        }
+        for (int32_t j = threadIdx.x; j < K; j += blockDim.x) {
+            *reinterpret_cast<float *>(rec + g.weight + 4 * j) = send_weight[i * K + j];
+            *reinterpret_cast<int16_t *>(rec + g.slot + 2 * j) = static_cast<int16_t>(send_slot[i * K + j]);
+        }
+        for (uint32_t at = g.slot + 2 * K + threadIdx.x; at < g.bytes; at += blockDim.x) rec[at] = 0;
+    }
+}
+
+__global__ void header_kernel(const int64_t *count, int32_t R, uint8_t *base, size_t peer_bytes) {
+    const int r = threadIdx.x;
+    if (r >= R) return;
+    int64_t *h = reinterpret_cast<int64_t *>(base + r * peer_bytes);
+    h[0] = count[r];
+    h[1] = 0;
+}
+
+// ---- receive side ----------------------------------------------------------------------------
+
+__global__ void receive_counts_kernel(int64_t *count, int64_t *prefix, int32_t R, const uint8_t *base,
+                                      size_t peer_bytes, int64_t capacity, const int64_t *matrix, int32_t me) {
+    if (threadIdx.x != 0) return;
+    prefix[0] = 0;
+    for (int32_t s = 0; s < R; ++s) {
+        int64_t c = matrix ? matrix[int64_t(s) * R + me] : *reinterpret_cast<const int64_t *>(base + s * peer_bytes);
+        // A header can only come from a peer's pack kernel; clamping keeps a corrupt one in bounds.
+        if (!matrix) c = c < 0 ? 0 : (c > capacity ? capacity : c);
+        count[s] = c;
+        prefix[s + 1] = prefix[s] + c;
+    }
+}
+
+// Records of chunk c: source s contributes [count*c/C, count*(c+1)/C) (ChunkPlan::begin/end);
+// the virtual index v runs over them, sources ascending.
+struct ChunkTable {
+    int64_t begin[kMaxRanks];
+    int64_t vstart[kMaxRanks + 1];
+};
+
+__device__ void load_chunk_table(ChunkTable &tab, const int64_t *count, int32_t R, int32_t c, int32_t C) {
+    if (threadIdx.x == 0) {
+        tab.vstart[0] = 0;
+        for (int32_t s = 0; s < R; ++s) {
+            const int64_t n = count[s];
+            tab.begin[s] = n * c / C;
+            tab.vstart[s + 1] = tab.vstart[s] + n * (c + 1) / C - tab.begin[s];
+        }
+    }
+    __syncthreads();
+}
+
+struct RecvGeom {
+    const uint8_t *base;
+    size_t peer_bytes;
+    int64_t capacity;
+    uint32_t bytes;
+};
+
+// (source, index) of virtual record v -> its position and bytes.
+__device__ __forceinline__ int64_t position_of(const ChunkTable &tab, const int64_t *prefix, int32_t R,
+                                               const RecvGeom &rg, int64_t v, int32_t &source) {
+    int32_t s = 0;
+    while (s + 1 < R && tab.vstart[s + 1] <= v) ++s;
+    source = s;
+    const int64_t i = tab.begin[s] + (v - tab.vstart[s]);
+    return rg.peer_bytes ? s * rg.capacity + i : prefix[s] + i;
+}
+
+__device__ __forceinline__ const uint8_t *record_at(const RecvGeom &rg, int64_t pos) {
+    if (rg.peer_bytes == 0) return rg.base + pos * rg.bytes;
+    const int64_t s = pos / rg.capacity, i = pos % rg.capacity;
+    return rg.base + s * rg.peer_bytes + kPeerHeaderBytes + i * rg.bytes;
+}
+
+__device__ __forceinline__ int32_t rec_n(const uint8_t *rec, const RecordGeom &g) {
+    return *reinterpret_cast<const int16_t *>(rec + g.n);
+}
+__device__ __forceinline__ int32_t rec_slot(const uint8_t *rec, const RecordGeom &g, int32_t j) {
+    return *reinterpret_cast<const int16_t *>(rec + g.slot + 2 * j);
+}
+
+// Counting pass of group_by_expert; also clears route_row of every record in the chunk.
+__global__ void group_count_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
+                                   int32_t K, int32_t S, int32_t c, int32_t C, int64_t *fill, int32_t *route_row) {
+    __shared__ ChunkTable tab;
+    load_chunk_table(tab, count, R, c, C);
+    const int64_t total = tab.vstart[R];
+    for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
+        int32_t s;
+        const int64_t pos = position_of(tab, prefix, R, rg, v, s);
+        const uint8_t *rec = record_at(rg, pos);
+        const int32_t n = rec_n(rec, g);
+        for (int32_t j = 0; j < K; ++j) route_row[pos * K + j] = -1;
+        for (int32_t j = 0; j < n && j < K; ++j) {
+            const int32_t slot = rec_slot(rec, g, j);
+            if (slot >= 0 && slot < S) atomicAdd(reinterpret_cast<unsigned long long *>(fill + slot), 1ull);
+        }
+    }
+}
+
+__global__ void group_scan_kernel(const int64_t *fill, int32_t S, int64_t max_rows, int64_t *offset, int32_t *overflow) {
+    if (threadIdx.x != 0) return;
+    offset[0] = 0;
+    for (int32_t s = 0; s < S; ++s) offset[s + 1] = offset[s] + fill[s];
+    if (offset[S] > max_rows) *overflow = 1;
+}
+
+// Placement pass: one block per local slot scans the chunk's records in order, so each slot's
+// rows come out in (record, route) order without atomics.
+__global__ void group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
+                                  int32_t K, int32_t c, int32_t C, const int64_t *offset, int64_t max_rows,
+                                  int32_t *route_row, int64_t *row_position, int32_t *row_route) {
+    using Scan = cub::BlockScan<int32_t, kScanThreads>;
+    __shared__ ChunkTable tab;
+    __shared__ typename Scan::TempStorage tmp;
+    load_chunk_table(tab, count, R, c, C);
+    const int32_t slot = blockIdx.x;
+    const int64_t total = tab.vstart[R];
+    int64_t running = offset[slot];
+    for (int64_t base = 0; base < total; base += kScanThreads) {
+        const int64_t v = base + threadIdx.x;
+        int64_t pos = 0;
+        const uint8_t *rec = nullptr;
+        int32_t mine = 0, n = 0;
+        if (v < total) {
+            int32_t s;
+            pos = position_of(tab, prefix, R, rg, v, s);
+            rec = record_at(rg, pos);
+            n = min(rec_n(rec, g), K);
+            for (int32_t j = 0; j < n; ++j) mine += rec_slot(rec, g, j) == slot;
+        }
+        int32_t excl, tile;
+        Scan(tmp).ExclusiveSum(mine, excl, tile);
+        if (mine) {
+            int64_t row = running + excl;
+            for (int32_t j = 0; j < n; ++j) {
+                if (rec_slot(rec, g, j) != slot) continue;
+                if (row < max_rows) {
+                    row_position[row] = pos;
+                    row_route[row] = j;
+                    route_row[pos * K + j] = static_cast<int32_t>(row);
+                }
+                ++row;
+            }
+        }
+        running += tile;
+        __syncthreads();
+    }
+}
+
+constexpr int kUnpackThreads = 128;
+
+// unpack_payload(): e4m3 * scale in fp32 (or the bf16 values), per expert row.
+__global__ void unpack_kernel(const int64_t *offset, int32_t S, int64_t max_rows, RecvGeom rg, RecordGeom g,
+                              int64_t hidden, WireDtype dtype, const int64_t *row_position, const int32_t *row_route,
+                              uint16_t *x_bf16, float *x_f32, int32_t *row_source, int32_t *row_token,
+                              float *row_weight) {
+    const int64_t rows = min(offset[S], max_rows);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const uint8_t *rec = record_at(rg, row_position[row]);
+        if (threadIdx.x == 0) {
+            row_source[row] = *reinterpret_cast<const int16_t *>(rec + g.source);
+            row_token[row] = *reinterpret_cast<const int32_t *>(rec + g.token);
+            row_weight[row] = *reinterpret_cast<const float *>(rec + g.weight + 4 * row_route[row]);
+        }
+        for (int64_t c4 = threadIdx.x; c4 < hidden / 4; c4 += blockDim.x) {
+            float v[4];
+            if (dtype == WireDtype::Bf16) {
+                const uint2 raw = reinterpret_cast<const uint2 *>(rec)[c4];
+                v[0] = bf16_to_f32(raw.x & 0xffffu);
+                v[1] = bf16_to_f32(raw.x >> 16);
+                v[2] = bf16_to_f32(raw.y & 0xffffu);
+                v[3] = bf16_to_f32(raw.y >> 16);
+            } else {
+                const int64_t b = c4 * 4 / kWireBlock;
+                const float s = dtype == WireDtype::Fp8Fp32
+                                    ? reinterpret_cast<const float *>(rec + g.scales)[b]
+                                    : e8m0_to_f32(rec[g.scales + b]);
+                const uint32_t q = reinterpret_cast<const uint32_t *>(rec)[c4];
+                for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(e4m3_to_f32(static_cast<uint8_t>(q >> (8 * i))), s);
+            }
+            if (x_bf16) {
+                uint2 out;
+                out.x = uint32_t(to_bf16(v[0])) | (uint32_t(to_bf16(v[1])) << 16);
+                out.y = uint32_t(to_bf16(v[2])) | (uint32_t(to_bf16(v[3])) << 16);
+                reinterpret_cast<uint2 *>(x_bf16 + row * hidden)[c4] = out;
+            }
+            if (x_f32) reinterpret_cast<float4 *>(x_f32 + row * hidden)[c4] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+}
+
+constexpr int kReduceThreads = 256;
+
+// reduce_partials(): acc = fma(weight_j, y_j, acc) over the record's routes in order.
+__global__ void reduce_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
+                              int32_t K, int32_t c, int32_t C, int64_t hidden, const int32_t *route_row,
+                              const uint16_t *y, uint16_t *partial) {
+    __shared__ ChunkTable tab;
+    __shared__ float w[kMaxTopK];
+    __shared__ int32_t yrow[kMaxTopK];
+    __shared__ int32_t n;
+    load_chunk_table(tab, count, R, c, C);
+    const int64_t total = tab.vstart[R];
+    for (int64_t v = blockIdx.x; v < total; v += gridDim.x) {
+        int32_t s;
+        const int64_t pos = position_of(tab, prefix, R, rg, v, s);
+        const uint8_t *rec = record_at(rg, pos);
+        if (threadIdx.x == 0) n = min(rec_n(rec, g), K);
+        if (threadIdx.x < K) {
+            w[threadIdx.x] = *reinterpret_cast<const float *>(rec + g.weight + 4 * threadIdx.x);
+            yrow[threadIdx.x] = route_row[pos * K + threadIdx.x];
+        }
+        __syncthreads();
+        for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+            float acc = 0.0f;
+            for (int32_t j = 0; j < n; ++j)
+                if (yrow[j] >= 0) acc = fmaf(w[j], bf16_to_f32(y[int64_t(yrow[j]) * hidden + h]), acc);
+            partial[pos * hidden + h] = to_bf16(acc);
+        }
+        __syncthreads();
+    }
+}
+
+// combine_at_source(): fp32 sum from 0 over ranks in ascending order, then bf16.
+__global__ void combine_kernel(const int32_t *row, const int64_t *offset, int32_t R, int64_t tokens,
+                               const uint16_t *partial, int64_t peer_rows, int64_t hidden, uint16_t *out) {
+    __shared__ int64_t base[kMaxRanks];
+    for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+        for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
+            const int32_t rr = row[int64_t(r) * tokens + t];
+            base[r] = rr < 0 ? -1 : ((peer_rows ? r * peer_rows : offset[r]) + rr) * hidden;
+        }
+        __syncthreads();
+        for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+            float sum = 0.0f;
+            for (int32_t r = 0; r < R; ++r)
+                if (base[r] >= 0) sum = __fadd_rn(sum, bf16_to_f32(partial[base[r] + h]));
+            out[t * hidden + h] = to_bf16(sum);
+        }
+        __syncthreads();  // base is rewritten for the next token
+    }
+}
+
+void check_launch(const char *what) { check_cuda(cudaGetLastError(), what); }
+
+RecvGeom recv_geom(const RecvRegion &src, const RecordGeom &g) {
+    return {src.base, src.peer_bytes, src.capacity, g.bytes};
+}
+
+}  // namespace
+
+// ---- placement ---------------------------------------------------------------------------------
+
+PlacementBuffer::PlacementBuffer(const Placement &p) {
+    const size_t E = static_cast<size_t>(p.num_experts), R = static_cast<size_t>(p.num_ranks);
+    if (p.num_ranks < 1 || p.num_ranks > kMaxRanks)
+        fail(FT_ERR_UNSUPPORTED, "EP on the GPU supports 1..", kMaxRanks, " ranks, not ", p.num_ranks);
+    check_cuda(cudaMalloc(&mem_, (E + E * R) * sizeof(int32_t)), "placement allocation");
+    check_cuda(cudaMemcpy(mem_, p.logcnt.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice), "placement upload");
+    check_cuda(cudaMemcpy(mem_ + E, p.log2phy.data(), E * R * sizeof(int32_t), cudaMemcpyHostToDevice),
+               "placement upload");
+    view_ = {p.num_experts, p.num_ranks, p.slots_per_rank, mem_, mem_ + E};
+}
+
+PlacementBuffer::~PlacementBuffer() { cudaFree(mem_); }
+
+// ---- layout ------------------------------------------------------------------------------------
+
+size_t layout_bytes(int32_t R, int32_t S, int32_t K, int64_t T) {
+    const size_t t = static_cast<size_t>(T), r = static_cast<size_t>(R), k = static_cast<size_t>(K);
+    return align256(t * k * 4) + align256(t * 8) + align256(r * 8) + align256(r * t * 4) + align256(r * 8) +
+           align256((r + 1) * 8) + align256(r * S * 8) + 2 * align256(r * t * 4) + 2 * align256(r * t * k * 4);
+}
+
+LayoutBuffers carve_layout(void *base, int32_t R, int32_t S, int32_t K, int64_t T) {
+    uint8_t *p = static_cast<uint8_t *>(base);
+    const size_t t = static_cast<size_t>(T), r = static_cast<size_t>(R), k = static_cast<size_t>(K);
+    LayoutBuffers L;
+    L.num_ranks = R;
+    L.slots = S;
+    L.top_k = K;
+    L.max_tokens = T;
+    L.route_phy = take<int32_t>(p, t * k);
+    L.mask = take<uint64_t>(p, t);
+    L.forced_load = take<int64_t>(p, r);
+    L.row = take<int32_t>(p, r * t);
+    L.count = take<int64_t>(p, r);
+    L.offset = take<int64_t>(p, r + 1);
+    L.expert_count = take<int64_t>(p, r * S);
+    L.send_token = take<int32_t>(p, r * t);
+    L.send_n = take<int32_t>(p, r * t);
+    L.send_slot = take<int32_t>(p, r * t * k);
+    L.send_weight = take<float>(p, r * t * k);
+    return L;
+}
+
+void launch_layout(const DevicePlacement &p, const int32_t *ids, const float *weights, int64_t tokens, int32_t K,
+                   int32_t source_rank, const int64_t *rank_load, const LayoutBuffers &L, cudaStream_t st) {
+    const int32_t R = p.num_ranks;
+    if (tokens < 0 || tokens > L.max_tokens || K != L.top_k || K < 1 || K > kMaxTopK || R != L.num_ranks ||
+        source_rank < 0 || source_rank >= R)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP layout: ", tokens, " tokens (max ", L.max_tokens, "), top-k ", K,
+             ", source ", source_rank, " of ", R);
+    check_cuda(cudaMemsetAsync(L.expert_count, 0, sizeof(int64_t) * R * p.slots_per_rank, st), "layout clear");
+    if (rank_load == nullptr) {
+        check_cuda(cudaMemsetAsync(L.forced_load, 0, sizeof(int64_t) * R, st), "layout clear");
+        if (tokens > 0) forced_load_kernel<<<grid_for(tokens, 256), 256, 0, st>>>(p, ids, tokens, K, L.forced_load);
+        rank_load = L.forced_load;
+    }
+    if (tokens > 0)
+        choose_kernel<<<grid_for(tokens, 256), 256, 0, st>>>(p, ids, tokens, K, rank_load, L.route_phy, L.mask);
+    row_scan_kernel<<<R, kScanThreads, 0, st>>>(L.mask, tokens, L.row, L.count);
+    offset_kernel<<<1, 1, 0, st>>>(L.count, R, L.offset);
+    if (tokens > 0)
+        send_rows_kernel<<<grid_for(tokens, 128), 128, 0, st>>>(p, ids, weights, tokens, K, L.route_phy, L.mask, L.row,
+                                                               L.offset, L.expert_count, L.send_token, L.send_n,
+                                                               L.send_slot, L.send_weight);
+    check_launch("layout kernels");
+}
+
+void launch_pack(const LayoutBuffers &L, int64_t max_rows, const uint16_t *x, int64_t hidden, WireDtype dtype,
+                 int32_t source_rank, const WireRegion &dst, cudaStream_t st) {
+    const RecordGeom g = geom(hidden, L.top_k, dtype);
+    if (dst.peer_bytes)
+        header_kernel<<<1, kMaxRanks, 0, st>>>(L.count, L.num_ranks, dst.base, dst.peer_bytes);
+    if (max_rows > 0)
+        pack_kernel<<<grid_for(max_rows, 1, 16384), kPackThreads, 0, st>>>(
+            L.offset, L.num_ranks, L.send_token, L.send_n, L.send_slot, L.send_weight, L.top_k, x, hidden, dtype,
+            source_rank, dst.base, dst.peer_bytes, g);
+    check_launch("pack kernel");
+}
+
+// ---- receive -----------------------------------------------------------------------------------
+
+size_t receive_bytes(int32_t R, int32_t S, int32_t K, int64_t T, int64_t rows) {
+    const size_t pos = static_cast<size_t>(R) * static_cast<size_t>(T), r = static_cast<size_t>(R);
+    const size_t n = static_cast<size_t>(rows);
+    return align256(r * 8) + align256((r + 1) * 8) + align256((S + 1) * 8) + align256(S * 8) + align256(pos * K * 4) +
+           align256(n * 8) + 4 * align256(n * 4) + align256(4);
+}
+
+ReceiveBuffers carve_receive(void *base, int32_t R, int32_t S, int32_t K, int64_t T, int64_t rows) {
+    uint8_t *p = static_cast<uint8_t *>(base);
+    const size_t pos = static_cast<size_t>(R) * static_cast<size_t>(T), n = static_cast<size_t>(rows);
+    ReceiveBuffers B;
+    B.num_ranks = R;
+    B.slots = S;
+    B.top_k = K;
+    B.max_positions = static_cast<int64_t>(pos);
+    B.max_rows = rows;
+    B.count = take<int64_t>(p, R);
+    B.prefix = take<int64_t>(p, R + 1);
+    B.expert_offset = take<int64_t>(p, S + 1);
+    B.expert_fill = take<int64_t>(p, S);
+    B.route_row = take<int32_t>(p, pos * K);
+    B.row_position = take<int64_t>(p, n);
+    B.row_route = take<int32_t>(p, n);
+    B.row_source = take<int32_t>(p, n);
+    B.row_token = take<int32_t>(p, n);
+    B.row_weight = take<float>(p, n);
+    B.overflow = take<int32_t>(p, 1);
+    return B;
+}
+
+void launch_receive_counts(const ReceiveBuffers &B, const RecvRegion &src, const int64_t *count_matrix, int32_t me,
+                           cudaStream_t st) {
+    receive_counts_kernel<<<1, 32, 0, st>>>(B.count, B.prefix, B.num_ranks, src.base, src.peer_bytes, src.capacity,
+                                            count_matrix, me);
+    check_launch("receive counts");
+}
+
+void launch_group(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden, WireDtype dtype, int32_t c,
+                  int32_t C, cudaStream_t st) {
+    if (C < 1 || c < 0 || c >= C) fail(FT_ERR_INVALID_ARGUMENT, "EP group: chunk ", c, " of ", C);
+    const RecordGeom g = geom(hidden, B.top_k, dtype);
+    const RecvGeom rg = recv_geom(src, g);
+    check_cuda(cudaMemsetAsync(B.expert_fill, 0, sizeof(int64_t) * B.slots, st), "group clear");
+    group_count_kernel<<<grid_for(B.max_positions, 256, 1024), 256, 0, st>>>(
+        B.count, B.prefix, B.num_ranks, rg, g, B.top_k, B.slots, c, C, B.expert_fill, B.route_row);
+    group_scan_kernel<<<1, 1, 0, st>>>(B.expert_fill, B.slots, B.max_rows, B.expert_offset, B.overflow);
+    group_fill_kernel<<<B.slots, kScanThreads, 0, st>>>(B.count, B.prefix, B.num_ranks, rg, g, B.top_k, c, C,
+                                                        B.expert_offset, B.max_rows, B.route_row, B.row_position,
+                                                        B.row_route);
+    check_launch("group kernels");
+}
+
+void launch_unpack(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden, WireDtype dtype, uint16_t *x_bf16,
+                   float *x_f32, cudaStream_t st) {
+    const RecordGeom g = geom(hidden, B.top_k, dtype);
+    if (B.max_rows > 0)
+        unpack_kernel<<<grid_for(B.max_rows, 1, 16384), kUnpackThreads, 0, st>>>(
+            B.expert_offset, B.slots, B.max_rows, recv_geom(src, g), g, hidden, dtype, B.row_position, B.row_route,
+            x_bf16, x_f32, B.row_source, B.row_token, B.row_weight);
+    check_launch("unpack kernel");
+}
+
+void launch_reduce(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden, WireDtype dtype, int32_t c,
+                   int32_t C, const uint16_t *y, uint16_t *partial, cudaStream_t st) {
+    if (C < 1 || c < 0 || c >= C) fail(FT_ERR_INVALID_ARGUMENT, "EP reduce: chunk ", c, " of ", C);
+    const RecordGeom g = geom(hidden, B.top_k, dtype);
+    if (B.max_positions > 0)
+        reduce_kernel<<<grid_for(B.max_positions, 1, 16384), kReduceThreads, 0, st>>>(
+            B.count, B.prefix, B.num_ranks, recv_geom(src, g), g, B.top_k, c, C, hidden, B.route_row, y, partial);
+    check_launch("reduce kernel");
+}
+
+void launch_combine(const LayoutBuffers &L, int64_t tokens, const uint16_t *partial, int64_t peer_rows, int64_t hidden,
+                    uint16_t *out, cudaStream_t st) {
+    if (tokens > 0)
+        combine_kernel<<<grid_for(tokens, 1, 16384), 256, 0, st>>>(L.row, L.offset, L.num_ranks, tokens, partial,
+                                                                   peer_rows, hidden, out);
+    check_launch("combine kernel");
+}
+
+}  // namespace ft::ep::cuda

@@ -1,0 +1,92 @@
+// Shared by the EP GPU test, the multi-GPU program and the benchmark: the toy expert that mixes
+// channels (y[h] = bf16(a_e x[h] + b_e x[h+1 mod H]), the host test's expert), its host twin with
+// the same roundings, and small CUDA helpers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/ep_cuda.hpp"
+
+namespace ft::ep::test {
+
+inline void cuda_ok(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <typename T>
+struct DeviceArray {
+    T *ptr = nullptr;
+    size_t n = 0;
+    DeviceArray() = default;
+    explicit DeviceArray(size_t count) : n(count) { cuda_ok(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
+    explicit DeviceArray(const std::vector<T> &v) : DeviceArray(v.size()) { upload(v); }
+    ~DeviceArray() { cudaFree(ptr); }
+    DeviceArray(const DeviceArray &) = delete;
+    DeviceArray &operator=(const DeviceArray &) = delete;
+    DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
+    DeviceArray &operator=(DeviceArray &&o) noexcept {
+        std::swap(ptr, o.ptr);
+        std::swap(n, o.n);
+        return *this;
+    }
+    void upload(const std::vector<T> &v) {
+        if (!v.empty()) cuda_ok(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    }
+    std::vector<T> download(size_t count) const {
+        std::vector<T> v(count);
+        if (count) cuda_ok(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+        return v;
+    }
+};
+
+template <typename T>
+std::vector<T> fetch(const T *device, size_t count) {
+    std::vector<T> v(count);
+    if (count) cuda_ok(cudaMemcpy(v.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), "fetch");
+    return v;
+}
+
+// Host twin: each product and the sum rounded once (volatile stops a contraction into fma).
+inline uint16_t toy_expert_host(float a, float b, float x0, float x1) {
+    volatile float p = a * x0;
+    volatile float q = b * x1;
+    volatile float s = p + q;
+    return ft::f32_to_bf16(s);
+}
+
+// One block per expert row; the slot from the batch's offsets, the logical expert from phy2log.
+__global__ void toy_expert_kernel(cuda::ExpertBatch b, const int32_t *phy2log_rank, const float *a, const float *bb) {
+    const int64_t rows = min(b.offset[b.slots], b.max_rows);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        int32_t slot = 0;
+        while (slot + 1 < b.slots && b.offset[slot + 1] <= row) ++slot;
+        const int32_t e = phy2log_rank[slot];
+        const float ae = a[e], be = bb[e];
+        const uint16_t *x = b.x + row * b.hidden;
+        for (int64_t h = threadIdx.x; h < b.hidden; h += blockDim.x) {
+            const float x0 = __uint_as_float(uint32_t(x[h]) << 16);
+            const float x1 = __uint_as_float(uint32_t(x[(h + 1) % b.hidden]) << 16);
+            const float s = __fadd_rn(__fmul_rn(ae, x0), __fmul_rn(be, x1));
+            b.y[row * b.hidden + h] = __bfloat16_as_ushort(__float2bfloat16_rn(s));
+        }
+    }
+}
+
+// The ExpertFn running the toy expert of one rank (device arrays owned by the caller).
+inline cuda::ExpertFn toy_expert(const int32_t *phy2log_rank, const float *a, const float *b) {
+    return [=](const cuda::ExpertBatch &batch, cudaStream_t stream) {
+        const int grid = static_cast<int>(std::min<int64_t>(std::max<int64_t>(batch.max_rows, 1), 4096));
+        toy_expert_kernel<<<grid, 256, 0, stream>>>(batch, phy2log_rank, a, b);
+    };
+}
+
+}  // namespace ft::ep::test
