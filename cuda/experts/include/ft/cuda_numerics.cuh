@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "freetoken.h"
+#include "ft/cuda_activation.hpp"  // DeviceActivation, shared with host code
 
 namespace ft::cuda {
 
@@ -74,13 +75,6 @@ __device__ __forceinline__ float fp8_round_trip(float x, float s) {
     return round_bf16(round_e4m3(c) * s);
 }
 
-// Activation parameters (the CPU executor's ft::cpu::ActivationSpec, as plain data).
-struct DeviceActivation {
-    int32_t kind = FT_ACT_SILU;
-    float alpha = 1.702f;
-    float limit = 7.0f;
-};
-
 // out = act(g) * u, exactly the formulas of the CPU executor (cpu/src/moe_internal.hpp).
 __device__ __forceinline__ float activate(const DeviceActivation &a, float g, float u) {
     switch (a.kind) {
@@ -96,6 +90,22 @@ __device__ __forceinline__ float activate(const DeviceActivation &a, float g, fl
         }
         default: return g / (1.0f + expf(-g)) * u;
     }
+}
+
+// e2m1 code in the low 4 bits of `code` (higher bits ignored), decoded without branches: the three
+// magnitude bits become the exponent and top mantissa bit of an fp32 2^-126 below the value (code 1
+// a subnormal), so one exact multiply by 2^126 finishes it. Equal to e2m1_to_f32 for all 16 codes;
+// needs fp32 subnormals (no -ftz), which is nvcc's default.
+__device__ __forceinline__ float e2m1_to_f32_mul(uint32_t code) {
+    const uint32_t bits = ((code & 7u) << 22) | ((code & 8u) << 28);
+    return __uint_as_float(bits) * 0x1p126f;
+}
+
+// Two e4m3 codes (low byte first) to fp32 through the hardware e4m3x2 -> f16x2 conversion: every
+// finite e4m3 value (subnormals included) is exact in f16, and NaN codes stay NaN.
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint16_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2 *>(&h));
 }
 
 }  // namespace ft::cuda

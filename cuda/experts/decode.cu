@@ -1,0 +1,867 @@
+// Decode-time expert kernels (ft/cuda_experts.hpp). One decode call is, in stream order:
+//   prep     one CTA groups the routes by slot on the device (distinct slots in order of first
+//            appearance, each with its routes in ascending order); the other CTAs stage the input
+//            (ds_fp4: FP8 round trip per 128; otherwise only a copy when x is not 16-byte aligned)
+//   gate_up  grid (row tiles, distinct-slot capacity): CTAs past the device's group count return
+//            at once; each streams its weight rows once and dots them with all the group's routes
+//            (register chunks of kRouteChunk), epilogue = format clamp/bias + activation -> bf16
+//   [ds_fp4] the intermediate is FP8-round-tripped per 128 in place
+//   down     the same over the down rows -> f32 per route (mxfp4: + down bias)
+//   combine  y[t] = sum_k w * route (+ addend), one bf16 rounding
+// Row-major formats: a warp owns two output rows (gate j and up j, or down h and h+1); its lanes
+// split the reduction in 16-byte (nvfp4: 8-byte) chunks and finish with a shuffle reduction.
+// mxfp4 (transposed, N innermost): a lane owns 4 consecutive columns (one 4-byte load per K pair
+// row, so a warp reads 128 contiguous bytes), the 8 warps split K and reduce through shared memory.
+// Every sum runs in a fixed order, so results are deterministic run to run.
+#include "ft/cuda_experts.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "ft/common.hpp"
+#include "ft/cuda_numerics.cuh"
+
+namespace ft::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRouteChunk = 4;  // routes whose accumulators live in registers at once
+constexpr int kMaxGridY = 65535;
+constexpr int kGroupThreads = 512;
+constexpr int kMxCols = 128;  // mxfp4 columns per CTA: 32 lanes x 4
+
+// ---- loads ----------------------------------------------------------------------------------
+
+// Weights are read once: stream them past L1 so the activations (reused by every row) stay there.
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_stream8(const void *p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_stream4(const void *p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_stream2(const void *p) {
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- kernel arguments -----------------------------------------------------------------------
+
+struct GroupView {
+    const int32_t *num, *slot, *start, *count, *routes;
+};
+
+// One projection (gate_up or down) of the grouped experts.
+struct ProjArgs {
+    GroupView g;
+    const uint8_t *data, *scale, *extra;  // banks; extra = nvfp4 global / mxfp4 bias
+    size_t data_rb, scale_rb, extra_rb;   // bytes per slot
+    int32_t K, N;                         // reduction length, output rows (gate_up: 2I)
+    int32_t inter, top_k;
+    const uint16_t *act;  // gate_up: [T, K] by token; down: [R, K] by route
+    bool act_by_token;
+    uint16_t *inter_out;  // gate_up: [R, I]
+    float *route_out;     // down: [R, N]
+    DeviceActivation activation;
+    bool ds_fp4, ds_clamp;
+};
+
+// ---- row-major formats: chunk decoders --------------------------------------------------------
+// Each format: E elements per chunk; Raw = the chunk's weight bytes; Act = its activations;
+// load(n, c) reads chunk c of row n; dot() adds the chunk's (scaled) dot product to acc; finish()
+// applies what is per row (nvfp4 global).
+
+struct Bf16Vec {
+    static constexpr int E = 8;
+    using Raw = uint4;
+    using Act = uint4;
+    const uint8_t *data;
+    int64_t ld;
+    __device__ Bf16Vec(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
+    __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
+    __device__ static Act load_act(const uint16_t *a, int c) { return __ldg(reinterpret_cast<const uint4 *>(a) + c); }
+    __device__ float dot(const Raw &w, int, int, const Act &a, float acc) const {
+        const uint32_t wv[4] = {w.x, w.y, w.z, w.w}, av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            acc = fmaf(lo_bf16(wv[i]), lo_bf16(av[i]), acc);
+            acc = fmaf(hi_bf16(wv[i]), hi_bf16(av[i]), acc);
+        }
+        return acc;
+    }
+    __device__ float finish(int, float acc) const { return acc; }
+};
+
+// bf16 rows whose length is not a multiple of 8 elements: one element per chunk.
+struct Bf16Scalar {
+    static constexpr int E = 1;
+    using Raw = uint32_t;
+    using Act = uint32_t;
+    const uint8_t *data;
+    int64_t ld;
+    __device__ Bf16Scalar(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
+    __device__ Raw load(int n, int c) const { return ld_stream2(data + n * ld + int64_t(c) * 2); }
+    __device__ static Act load_act(const uint16_t *a, int c) { return __ldg(reinterpret_cast<const unsigned short *>(a) + c); }
+    __device__ float dot(const Raw &w, int, int, const Act &a, float acc) const { return fmaf(lo_bf16(w), lo_bf16(a), acc); }
+    __device__ float finish(int, float acc) const { return acc; }
+};
+
+struct Act16 {
+    uint4 v[2];
+};
+struct Act32 {
+    uint4 v[4];
+};
+__device__ __forceinline__ Act16 load_act16(const uint16_t *a, int c) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(a) + 2 * c;
+    return Act16{{__ldg(p), __ldg(p + 1)}};
+}
+__device__ __forceinline__ Act32 load_act32(const uint16_t *a, int c) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(a) + 4 * c;
+    return Act32{{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)}};
+}
+__device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// fp8_block: 16 e4m3 per chunk, all in one 128-column tile: one bf16 scale_inv per chunk.
+struct Fp8Block {
+    static constexpr int E = 16;
+    using Raw = uint4;
+    using Act = Act16;
+    const uint8_t *data, *scale;
+    int64_t ld;
+    int32_t tiles;  // K / 128
+    __device__ Fp8Block(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), scale(p.scale + size_t(slot) * p.scale_rb), ld(p.K), tiles(p.K / 128) {}
+    __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
+    __device__ static Act load_act(const uint16_t *a, int c) { return load_act16(a, c); }
+    __device__ float dot(const Raw &w, int n, int c, const Act &a, float acc) const {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t wi = word(w, i);
+            const float2 f0 = e4m3x2_to_f32x2(uint16_t(wi & 0xffffu)), f1 = e4m3x2_to_f32x2(uint16_t(wi >> 16));
+            const uint32_t a0 = word(a.v[i >> 1], (2 * i) & 3), a1 = word(a.v[i >> 1], (2 * i + 1) & 3);
+            s = fmaf(f0.x, lo_bf16(a0), s);
+            s = fmaf(f0.y, hi_bf16(a0), s);
+            s = fmaf(f1.x, lo_bf16(a1), s);
+            s = fmaf(f1.y, hi_bf16(a1), s);
+        }
+        const uint16_t sb = __ldg(reinterpret_cast<const unsigned short *>(scale) + int64_t(n / 128) * tiles + c / 8);
+        return fmaf(s, bf16_to_f32(sb), acc);
+    }
+    __device__ float finish(int, float acc) const { return acc; }
+};
+
+// Dot of 8 e2m1 codes (one word, element i = nibble i) with 8 bf16 activations (4 words).
+__device__ __forceinline__ float e2m1_dot8(uint32_t w, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, float s) {
+    s = fmaf(e2m1_to_f32_mul(w), lo_bf16(a0), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 4), hi_bf16(a0), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 8), lo_bf16(a1), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 12), hi_bf16(a1), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 16), lo_bf16(a2), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 20), hi_bf16(a2), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 24), lo_bf16(a3), s);
+    s = fmaf(e2m1_to_f32_mul(w >> 28), hi_bf16(a3), s);
+    return s;
+}
+
+// nvfp4: 16 elements (8 bytes, one e4m3-scaled block) per chunk, so rows need only K % 16 == 0.
+struct Nvfp4 {
+    static constexpr int E = 16;
+    using Raw = uint2;
+    using Act = Act16;
+    const uint8_t *data, *scale, *global;
+    int64_t ld, sld;
+    __device__ Nvfp4(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), scale(p.scale + size_t(slot) * p.scale_rb),
+          global(p.extra + size_t(slot) * p.extra_rb), ld(p.K / 2), sld(p.K / 16) {}
+    __device__ Raw load(int n, int c) const { return ld_stream8(data + n * ld + int64_t(c) * 8); }
+    __device__ static Act load_act(const uint16_t *a, int c) { return load_act16(a, c); }
+    __device__ float dot(const Raw &w, int n, int c, const Act &a, float acc) const {
+        float s = e2m1_dot8(w.x, a.v[0].x, a.v[0].y, a.v[0].z, a.v[0].w, 0.0f);
+        s = e2m1_dot8(w.y, a.v[1].x, a.v[1].y, a.v[1].z, a.v[1].w, s);
+        return fmaf(s, e4m3_to_f32(__ldg(scale + n * sld + c)), acc);
+    }
+    __device__ float finish(int n, float acc) const {
+        return acc * f16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(global) + n));
+    }
+};
+
+// ds_fp4: 32 elements (16 bytes, one e8m0-scaled block) per chunk.
+struct DsFp4 {
+    static constexpr int E = 32;
+    using Raw = uint4;
+    using Act = Act32;
+    const uint8_t *data, *scale;
+    int64_t ld, sld;
+    __device__ DsFp4(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), scale(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2), sld(p.K / 32) {}
+    __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
+    __device__ static Act load_act(const uint16_t *a, int c) { return load_act32(a, c); }
+    __device__ float dot(const Raw &w, int n, int c, const Act &a, float acc) const {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            s = e2m1_dot8(word(w, i), a.v[i].x, a.v[i].y, a.v[i].z, a.v[i].w, s);
+        return fmaf(s, e8m0_to_f32(__ldg(scale + n * sld + c)), acc);
+    }
+    __device__ float finish(int, float acc) const { return acc; }
+};
+
+// q4_0: one 18-byte block per chunk. Blocks are only 2-byte aligned (18 = 2 mod 4): read the
+// aligned words that cover the block and realign them with funnel shifts.
+struct Q4_0 {
+    static constexpr int E = 32;
+    struct Raw {
+        uint32_t w[5];
+        bool shifted;  // block starts 2 bytes into a word
+    };
+    using Act = Act32;
+    const uint8_t *data;
+    int64_t ld;
+    __device__ Q4_0(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K / 32) * 18) {}
+    __device__ Raw load(int n, int c) const {
+        const uint8_t *b = data + n * ld + int64_t(c) * 18;
+        Raw r;
+        r.shifted = (reinterpret_cast<uintptr_t>(b) & 3u) != 0;
+        const uint8_t *w = b - (r.shifted ? 2 : 0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.w[i] = ld_stream4(w + 4 * i);
+        // The fifth word: the whole word when shifted (it ends at the block's end), else only the
+        // block's last two bytes, so nothing past the block is read.
+        r.w[4] = r.shifted ? ld_stream4(w + 16) : ld_stream2(w + 16);
+        return r;
+    }
+    __device__ static Act load_act(const uint16_t *a, int c) { return load_act32(a, c); }
+    __device__ float dot(const Raw &r, int, int, const Act &a, float acc) const {
+        // Normalise: d, then qs as 4 words (bytes 4i..4i+3 of qs).
+        uint32_t d, q[4];
+        if (r.shifted) {
+            d = r.w[0] >> 16;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[i] = r.w[i + 1];
+        } else {
+            d = r.w[0] & 0xffffu;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[i] = __funnelshift_r(r.w[i], r.w[i + 1], 16);
+        }
+        const uint32_t av[16] = {a.v[0].x, a.v[0].y, a.v[0].z, a.v[0].w, a.v[1].x, a.v[1].y, a.v[1].z, a.v[1].w,
+                                 a.v[2].x, a.v[2].y, a.v[2].z, a.v[2].w, a.v[3].x, a.v[3].y, a.v[3].z, a.v[3].w};
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // Low nibbles of qs bytes 4i..4i+3 are elements 4i..4i+3; high nibbles 16+4i.. .
+            // (q - 8) exactly: 2^23 + q from the bits, minus 2^23 + 8.
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float lo = __uint_as_float(0x4b000000u | ((q[i] >> (8 * j)) & 0xfu)) - 8388616.0f;
+                const float hi = __uint_as_float(0x4b000000u | ((q[i] >> (8 * j + 4)) & 0xfu)) - 8388616.0f;
+                const uint32_t al = av[2 * i + (j >> 1)], ah = av[8 + 2 * i + (j >> 1)];
+                s = fmaf(lo, (j & 1) ? hi_bf16(al) : lo_bf16(al), s);
+                s = fmaf(hi, (j & 1) ? hi_bf16(ah) : lo_bf16(ah), s);
+            }
+        }
+        return fmaf(s, f16_to_f32(uint16_t(d)), acc);
+    }
+    __device__ float finish(int, float acc) const { return acc; }
+};
+
+// The gate_up epilogue shared by all formats: format clamp, activation, bf16 store.
+__device__ __forceinline__ uint16_t gate_up_out(const ProjArgs &p, float g, float u) {
+    if (p.ds_fp4) {
+        // DeepSeek-V4 keeps the GEMM outputs in bf16, then clamps at swiglu_limit.
+        g = round_bf16(g);
+        u = round_bf16(u);
+        if (p.ds_clamp) {
+            g = fminf(g, p.activation.limit);
+            u = fmaxf(fminf(u, p.activation.limit), -p.activation.limit);
+        }
+    }
+    return f32_to_bf16(activate(p.activation, g, u));
+}
+
+// gate_up (GATE_UP): warp w of CTA x owns unit j = x * 8 + w: rows j (gate) and I + j (up).
+// down: rows 2j and 2j + 1 of the N = H outputs.
+template <class F, bool GATE_UP>
+__global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int unit = blockIdx.x * kWarps + warp;
+    int n0, n1;
+    bool has1;
+    if (GATE_UP) {
+        if (unit >= p.inter) return;
+        n0 = unit;
+        n1 = p.inter + unit;
+        has1 = true;
+    } else {
+        n0 = 2 * unit;
+        n1 = n0 + 1;
+        if (n0 >= p.N) return;
+        has1 = n1 < p.N;
+    }
+    const int chunks = p.K / F::E;
+    const int ngroups = *p.g.num;
+    for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
+        const F f(p, p.g.slot[gi]);
+        const int first = p.g.start[gi], count = p.g.count[gi];
+        for (int r0 = 0; r0 < count; r0 += kRouteChunk) {
+            const int nr = min(kRouteChunk, count - r0);
+            const uint16_t *arow[kRouteChunk];
+            int route[kRouteChunk];
+#pragma unroll
+            for (int j = 0; j < kRouteChunk; ++j) {
+                route[j] = p.g.routes[first + r0 + min(j, nr - 1)];
+                const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
+                arow[j] = p.act + arow_index * p.K;
+            }
+            float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
+            for (int c = lane; c < chunks; c += 64) {
+                const int c1 = c + 32;
+                const bool two = c1 < chunks;
+                const typename F::Raw w00 = f.load(n0, c);
+                const typename F::Raw w10 = has1 ? f.load(n1, c) : w00;
+                typename F::Raw w01 = w00, w11 = w00;
+                if (two) {
+                    w01 = f.load(n0, c1);
+                    w11 = has1 ? f.load(n1, c1) : w01;
+                }
+#pragma unroll
+                for (int j = 0; j < kRouteChunk; ++j) {
+                    if (j < nr) {
+                        const typename F::Act a0 = F::load_act(arow[j], c);
+                        acc0[j] = f.dot(w00, n0, c, a0, acc0[j]);
+                        if (has1) acc1[j] = f.dot(w10, n1, c, a0, acc1[j]);
+                        if (two) {
+                            const typename F::Act a1 = F::load_act(arow[j], c1);
+                            acc0[j] = f.dot(w01, n0, c1, a1, acc0[j]);
+                            if (has1) acc1[j] = f.dot(w11, n1, c1, a1, acc1[j]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kRouteChunk; ++j) {
+                if (j < nr) {
+                    const float v0 = f.finish(n0, warp_sum(acc0[j]));
+                    const float v1 = has1 ? f.finish(n1, warp_sum(acc1[j])) : 0.0f;
+                    if (lane == j) {
+                        if (GATE_UP)
+                            p.inter_out[int64_t(route[j]) * p.inter + unit] = gate_up_out(p, v0, v1);
+                        else {
+                            float *o = p.route_out + int64_t(route[j]) * p.N;
+                            o[n0] = v0;
+                            if (has1) o[n1] = v1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// mxfp4, transposed: blocks [K/2][N] (byte (kb, n) = W[n, 2kb] low nibble, W[n, 2kb+1] high),
+// scales [K/32][N] e8m0, bias [N] bf16. Lane owns columns c0..c0+3; warp w sums K blocks w, w+8, ..
+__global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_up) {
+    __shared__ float red[kWarps][kRouteChunk][kMxCols];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int N = p.N, nblk = p.K / 32;
+    const int col0 = blockIdx.x * kMxCols + lane * 4;
+    const bool cv = col0 < N;  // N is a multiple of 32: all four columns or none
+    const int ngroups = *p.g.num;
+    for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
+        const int32_t slot = p.g.slot[gi];
+        const uint8_t *data = p.data + size_t(slot) * p.data_rb;
+        const uint8_t *scale = p.scale + size_t(slot) * p.scale_rb;
+        const uint16_t *bias = reinterpret_cast<const uint16_t *>(p.extra + size_t(slot) * p.extra_rb);
+        const int first = p.g.start[gi], count = p.g.count[gi];
+        for (int r0 = 0; r0 < count; r0 += kRouteChunk) {
+            const int nr = min(kRouteChunk, count - r0);
+            const uint16_t *arow[kRouteChunk];
+            int route[kRouteChunk];
+#pragma unroll
+            for (int j = 0; j < kRouteChunk; ++j) {
+                route[j] = p.g.routes[first + r0 + min(j, nr - 1)];
+                const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
+                arow[j] = p.act + arow_index * p.K;
+            }
+            float acc[kRouteChunk][4] = {};
+            if (cv) {
+                for (int b = warp; b < nblk; b += kWarps) {
+                    const uint32_t sc = ld_stream4(scale + int64_t(b) * N + col0);
+                    uint32_t w[16];
+#pragma unroll
+                    for (int kk = 0; kk < 16; ++kk) w[kk] = ld_stream4(data + (int64_t(b) * 16 + kk) * N + col0);
+                    float part[kRouteChunk][4] = {};
+#pragma unroll
+                    for (int j = 0; j < kRouteChunk; ++j) {
+                        if (j < nr) {
+                            const uint32_t *ap = reinterpret_cast<const uint32_t *>(arow[j]) + b * 16;
+#pragma unroll
+                            for (int kk = 0; kk < 16; ++kk) {
+                                const uint32_t a = __ldg(ap + kk);
+                                const float a0 = lo_bf16(a), a1 = hi_bf16(a);
+#pragma unroll
+                                for (int q = 0; q < 4; ++q) {
+                                    part[j][q] = fmaf(e2m1_to_f32_mul(w[kk] >> (8 * q)), a0, part[j][q]);
+                                    part[j][q] = fmaf(e2m1_to_f32_mul(w[kk] >> (8 * q + 4)), a1, part[j][q]);
+                                }
+                            }
+#pragma unroll
+                            for (int q = 0; q < 4; ++q)
+                                acc[j][q] = fmaf(part[j][q], e8m0_to_f32(uint8_t(sc >> (8 * q))), acc[j][q]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kRouteChunk; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) red[warp][j][lane * 4 + q] = acc[j][q];
+            __syncthreads();
+            if (warp == 0 && cv) {
+                for (int j = 0; j < nr; ++j) {
+                    float v[4];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        float s = 0.0f;
+#pragma unroll
+                        for (int w2 = 0; w2 < kWarps; ++w2) s += red[w2][j][lane * 4 + q];
+                        v[q] = s + bf16_to_f32(__ldg(bias + col0 + q));
+                    }
+                    if (gate_up) {
+                        // Columns 2u (gate) and 2u + 1 (up) of units u = col0 / 2 and col0 / 2 + 1.
+                        uint16_t *o = p.inter_out + int64_t(route[j]) * p.inter + col0 / 2;
+                        o[0] = f32_to_bf16(activate(p.activation, v[0], v[1]));
+                        o[1] = f32_to_bf16(activate(p.activation, v[2], v[3]));
+                    } else {
+                        float4 *o = reinterpret_cast<float4 *>(p.route_out + int64_t(route[j]) * N + col0);
+                        *o = make_float4(v[0], v[1], v[2], v[3]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// ---- prep: grouping and input staging ---------------------------------------------------------
+
+struct GroupScratch {
+    int32_t *num, *slot, *start, *count, *routes;
+    int32_t *first, *rank, *leader_group;  // per route
+};
+
+// Exclusive block scan of two counters; `total` gets the block sums. All threads must call it.
+__device__ int2 block_exclusive_scan2(int2 v, int2 *total) {
+    __shared__ int2 ws[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    int2 inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, inc.x, o), y = __shfl_up_sync(0xffffffffu, inc.y, o);
+        if (lane >= o) {
+            inc.x += x;
+            inc.y += y;
+        }
+    }
+    if (lane == 31) ws[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int2 s = lane < nw ? ws[lane] : make_int2(0, 0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, s.x, o), y = __shfl_up_sync(0xffffffffu, s.y, o);
+            if (lane >= o) {
+                s.x += x;
+                s.y += y;
+            }
+        }
+        ws[lane] = s;
+    }
+    __syncthreads();
+    const int2 before = warp > 0 ? ws[warp - 1] : make_int2(0, 0);
+    *total = ws[nw - 1];
+    __syncthreads();  // ws is reused by the next call
+    return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
+}
+
+// Groups routes by slot: groups in order of their first route, routes ascending within a group.
+// O(R^2 / threads) comparisons, fine for decode-sized R (a few thousand routes).
+__device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g) {
+    __shared__ int2 carry;
+    if (threadIdx.x == 0) carry = make_int2(0, 0);
+    __syncthreads();
+    for (int base = 0; base < R; base += blockDim.x) {
+        const int r = base + threadIdx.x;
+        const int32_t s = r < R ? slots[r] : -1;
+        int first = -1, rank = 0, after = 0;
+        if (s >= 0) {
+            for (int q = 0; q < R; ++q) {
+                if (slots[q] != s) continue;
+                if (q < r) {
+                    if (first < 0) first = q;
+                    ++rank;
+                } else if (q > r) {
+                    ++after;
+                }
+            }
+            if (first < 0) first = r;
+            g.first[r] = first;
+            g.rank[r] = rank;
+        }
+        const bool leader = s >= 0 && first == r;
+        int2 total;
+        const int2 pos = block_exclusive_scan2(make_int2(leader ? 1 : 0, leader ? 1 + after : 0), &total);
+        if (leader) {
+            const int gi = carry.x + pos.x;
+            g.slot[gi] = s;
+            g.start[gi] = carry.y + pos.y;
+            g.count[gi] = 1 + after;
+            g.leader_group[r] = gi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            carry.x += total.x;
+            carry.y += total.y;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *g.num = carry.x;
+    __syncthreads();  // makes the leaders' writes visible to the whole block
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        if (slots[r] < 0) continue;
+        const int gi = g.leader_group[g.first[r]];
+        g.routes[g.start[gi] + g.rank[r]] = r;
+    }
+}
+
+// One warp: the DeepSeek-V4 FP8 round trip of 128 bf16 values (4 per lane), in to out.
+__device__ __forceinline__ void round_trip_128(const uint16_t *in, uint16_t *out, int lane) {
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[i] = bf16_to_f32(in[lane * 4 + i]);
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = fp8_group_scale(amax);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[lane * 4 + i] = f32_to_bf16(fp8_round_trip(v[i], s));
+}
+
+// Block 0 groups the routes; blocks 1.. stage x into xin (mode 1: copy, 2: FP8 round trip).
+__global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slots, int R, GroupScratch g,
+                                                            const uint16_t *x, uint16_t *xin, int64_t elems,
+                                                            int mode) {
+    if (blockIdx.x == 0) {
+        build_groups(slots, R, g);
+        return;
+    }
+    const int64_t tid = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x;
+    const int64_t nthreads = int64_t(gridDim.x - 1) * blockDim.x;
+    if (mode == 1) {
+        for (int64_t i = tid; i < elems; i += nthreads) xin[i] = x[i];
+    } else {
+        const int lane = threadIdx.x & 31;
+        for (int64_t grp = tid >> 5; grp < elems / 128; grp += nthreads >> 5)
+            round_trip_128(x + grp * 128, xin + grp * 128, lane);
+    }
+}
+
+// ds_fp4: the intermediate of every valid route, round-tripped per 128 in place.
+__global__ void __launch_bounds__(kThreads) inter_round_trip_kernel(const int32_t *slots, uint16_t *inter,
+                                                                   int64_t R, int32_t I) {
+    const int lane = threadIdx.x & 31;
+    const int64_t per_row = I / 128, total = R * per_row;
+    for (int64_t grp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; grp < total;
+         grp += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+        const int64_t r = grp / per_row;
+        if (slots[r] < 0) continue;
+        round_trip_128(inter + grp * 128, inter + grp * 128, lane);
+    }
+}
+
+__global__ void combine_kernel(const float *route_out, const int32_t *slots, const float *w, const uint16_t *addend,
+                               uint16_t *y, int32_t tokens, int32_t K, int32_t H, bool ds) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    for (int t = blockIdx.y; t < tokens; t += gridDim.y) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const int64_t r = int64_t(t) * K + k;
+            if (slots[r] < 0) continue;
+            const float o = route_out[r * H + h];
+            if (ds)
+                acc += round_bf16(__fmul_rn(w[r], o));  // DeepSeek-V4: each route rounded to bf16
+            else
+                acc = fmaf(w[r], o, acc);
+        }
+        if (addend) acc += bf16_to_f32(addend[int64_t(t) * H + h]);
+        y[int64_t(t) * H + h] = f32_to_bf16(acc);
+    }
+}
+
+// ---- host helpers -----------------------------------------------------------------------------
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+bool aligned(const void *p, size_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+}  // namespace
+
+cudaError_t launch_combine_routes(const float *route_out, const int32_t *slots, const float *w,
+                                  const uint16_t *addend, uint16_t *y, int32_t tokens, int32_t top_k,
+                                  int32_t hidden, bool ds_fp4_rounding, cudaStream_t stream) {
+    if (tokens < 0 || top_k <= 0 || hidden <= 0) return cudaErrorInvalidValue;
+    if (tokens == 0) return cudaSuccess;
+    if (!route_out || !slots || !w || !y) return cudaErrorInvalidValue;
+    const dim3 grid((hidden + 255) / 256, unsigned(tokens < kMaxGridY ? tokens : kMaxGridY));
+    combine_kernel<<<grid, 256, 0, stream>>>(route_out, slots, w, addend, y, tokens, top_k, hidden, ds_fp4_rounding);
+    return cudaGetLastError();
+}
+
+ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
+                             DeviceActivation act)
+    : format_(format), hidden_(hidden), inter_(inter), top_k_(top_k), max_tokens_(max_tokens), act_(act) {
+    if (!format_known(int32_t(format)))
+        fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: unknown format ", int32_t(format));
+    if (hidden <= 0 || inter <= 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: hidden ", hidden, " and intermediate ", inter, " must be > 0");
+    const std::string geo = format_geometry_error(format, hidden, inter);
+    if (!geo.empty()) fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: ", geo);
+    if (top_k <= 0 || max_tokens <= 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: top_k ", top_k, " and max_tokens ", max_tokens, " must be > 0");
+    vec_ = format != Format::bf16 || (hidden % 8 == 0 && inter % 8 == 0);
+
+    const size_t R = size_t(max_tokens) * size_t(top_k);
+    size_t off = 0;
+    auto take = [&off](size_t bytes) {
+        const size_t at = off;
+        off = align_up(off + bytes, 256);
+        return at;
+    };
+    const size_t o_num = take(sizeof(int32_t));
+    const size_t o_ints = take(8 * R * sizeof(int32_t));
+    const size_t o_xin = take(size_t(max_tokens) * size_t(hidden) * 2);
+    const size_t o_inter = take(R * size_t(inter) * 2);
+    const size_t o_out = take(R * size_t(hidden) * 4);
+    scratch_bytes_ = off;
+
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail(FT_ERR_DEVICE, "expert decoder: no usable CUDA device: ", cudaGetErrorString(e));
+    }
+    e = cudaMalloc(&scratch_, scratch_bytes_);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        scratch_ = nullptr;
+        fail(e == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE, "expert decoder: cannot allocate ",
+             scratch_bytes_, " bytes of scratch: ", cudaGetErrorString(e));
+    }
+    uint8_t *base = static_cast<uint8_t *>(scratch_);
+    num_groups_ = reinterpret_cast<int32_t *>(base + o_num);
+    int32_t *ints = reinterpret_cast<int32_t *>(base + o_ints);
+    group_slot_ = ints;
+    group_start_ = ints + R;
+    group_count_ = ints + 2 * R;
+    group_routes_ = ints + 3 * R;  // [3R, 4R); [4R, 7R) holds the per-route grouping temporaries
+    xin_ = reinterpret_cast<uint16_t *>(base + o_xin);
+    inter_buf_ = reinterpret_cast<uint16_t *>(base + o_inter);
+    route_out_ = reinterpret_cast<float *>(base + o_out);
+    // Before the first call the group count must read as "no groups" for a stray launch.
+    e = cudaMemset(num_groups_, 0, sizeof(int32_t));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(scratch_);
+        scratch_ = nullptr;
+        fail(FT_ERR_DEVICE, "expert decoder: cudaMemset failed: ", cudaGetErrorString(e));
+    }
+}
+
+ExpertDecoder::~ExpertDecoder() {
+    if (scratch_) cudaFree(scratch_);
+}
+
+const char *ExpertDecoder::kernel_name() const {
+    switch (format_) {
+        case Format::bf16: return vec_ ? "bf16-gemv" : "bf16-gemv-scalar";
+        case Format::fp8_block: return "fp8_block-w8a16";
+        case Format::nvfp4: return "nvfp4-w4a16";
+        case Format::mxfp4: return "mxfp4-w4a16";
+        case Format::ds_fp4: return "ds_fp4-w4a16(fp8 act)";
+        case Format::q4_0: return "q4_0-w4a16";
+    }
+    return "unknown";
+}
+
+cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots, int32_t tokens,
+                                   cudaStream_t stream) {
+    if (tokens < 0 || tokens > max_tokens_) return cudaErrorInvalidValue;
+    if (tokens == 0) return cudaSuccess;
+    if (!x || !slots) return cudaErrorInvalidValue;
+    if (ex.format != format_ || ex.hidden != hidden_ || ex.inter != inter_) return cudaErrorInvalidValue;
+    // Bank roles per format: [gate_up data, scale, extra], [down data, scale, extra]; -1 = none.
+    int gu[3] = {0, -1, -1}, dn[3] = {1, -1, -1};
+    int nbanks = 2;
+    size_t need_align = vec_ ? 16 : 2;
+    switch (format_) {
+        case Format::bf16: break;
+        case Format::fp8_block:
+            gu[1] = 1, dn[0] = 2, dn[1] = 3, nbanks = 4;
+            break;
+        case Format::nvfp4:
+            gu[1] = 1, gu[2] = 2, dn[0] = 3, dn[1] = 4, dn[2] = 5, nbanks = 6, need_align = 8;
+            break;
+        case Format::mxfp4:
+            gu[1] = 1, gu[2] = 2, dn[0] = 3, dn[1] = 4, dn[2] = 5, nbanks = 6, need_align = 4;
+            break;
+        case Format::ds_fp4:
+            gu[1] = 1, dn[0] = 2, dn[1] = 3, nbanks = 4;
+            break;
+        case Format::q4_0: need_align = 4; break;
+    }
+    if (ex.num_banks != nbanks) return cudaErrorInvalidValue;
+    for (int b = 0; b < nbanks; ++b) {
+        // Data banks carry the vector loads; scales/biases/globals need 2-byte alignment at most.
+        const bool data_bank = b == gu[0] || b == dn[0];
+        const bool mx_scale = format_ == Format::mxfp4 && (b == gu[1] || b == dn[1]);  // 4-byte loads
+        const size_t a = data_bank ? need_align : mx_scale ? 4 : 2;
+        if (!ex.base[b] || !aligned(ex.base[b], a) || ex.row_bytes[b] % a != 0) return cudaErrorInvalidValue;
+    }
+
+    const int64_t H = hidden_, I = inter_, R = int64_t(tokens) * top_k_;
+    const size_t Rmax = size_t(max_tokens_) * size_t(top_k_);
+    GroupScratch gs{num_groups_, group_slot_, group_start_, group_count_, group_routes_,
+                    group_routes_ + Rmax, group_routes_ + 2 * Rmax, group_routes_ + 3 * Rmax};
+    const bool ds = format_ == Format::ds_fp4;
+    const int mode = ds ? 2 : (!aligned(x, 16) ? 1 : 0);
+    const uint16_t *xact = mode ? xin_ : x;
+    const int64_t elems = int64_t(tokens) * H;
+    int prep_blocks = 0;
+    if (mode == 1) prep_blocks = int((elems + kGroupThreads - 1) / kGroupThreads);
+    if (mode == 2) prep_blocks = int((elems / 128 + kGroupThreads / 32 - 1) / (kGroupThreads / 32));
+    prep_blocks = prep_blocks > 1024 ? 1024 : prep_blocks;
+    prep_kernel<<<1 + prep_blocks, kGroupThreads, 0, stream>>>(slots, int(R), gs, x, xin_, elems, mode);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+
+    ProjArgs p{};
+    p.g = GroupView{num_groups_, group_slot_, group_start_, group_count_, group_routes_};
+    p.inter = inter_;
+    p.top_k = top_k_;
+    p.activation = act_;
+    p.ds_fp4 = ds;
+    p.ds_clamp = ds && act_.kind == FT_ACT_SILU && std::isfinite(act_.limit) && act_.limit > 0.0f;
+    p.inter_out = inter_buf_;
+    p.route_out = route_out_;
+    auto set_banks = [&](const int *roles) {
+        p.data = ex.base[roles[0]];
+        p.data_rb = ex.row_bytes[roles[0]];
+        p.scale = roles[1] >= 0 ? ex.base[roles[1]] : nullptr;
+        p.scale_rb = roles[1] >= 0 ? ex.row_bytes[roles[1]] : 0;
+        p.extra = roles[2] >= 0 ? ex.base[roles[2]] : nullptr;
+        p.extra_rb = roles[2] >= 0 ? ex.row_bytes[roles[2]] : 0;
+    };
+    const unsigned gy = unsigned(R < kMaxGridY ? R : kMaxGridY);
+
+    // gate_up
+    set_banks(gu);
+    p.K = hidden_;
+    p.N = 2 * inter_;
+    p.act = xact;
+    p.act_by_token = true;
+    const dim3 grid_gu(unsigned((I + kWarps - 1) / kWarps), gy);
+    switch (format_) {
+        case Format::bf16:
+            if (vec_)
+                rowmajor_kernel<Bf16Vec, true><<<grid_gu, kThreads, 0, stream>>>(p);
+            else
+                rowmajor_kernel<Bf16Scalar, true><<<grid_gu, kThreads, 0, stream>>>(p);
+            break;
+        case Format::fp8_block: rowmajor_kernel<Fp8Block, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
+        case Format::nvfp4: rowmajor_kernel<Nvfp4, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
+        case Format::ds_fp4: rowmajor_kernel<DsFp4, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
+        case Format::q4_0: rowmajor_kernel<Q4_0, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
+        case Format::mxfp4:
+            mxfp4_kernel<<<dim3(unsigned((2 * I + kMxCols - 1) / kMxCols), gy), kThreads, 0, stream>>>(p, true);
+            break;
+    }
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+
+    if (ds) {
+        const int64_t groups = R * (I / 128);
+        int64_t blocks = (groups + kWarps - 1) / kWarps;
+        blocks = blocks > 4096 ? 4096 : blocks;
+        inter_round_trip_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(slots, inter_buf_, R, inter_);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+
+    // down
+    set_banks(dn);
+    p.K = inter_;
+    p.N = hidden_;
+    p.act = inter_buf_;
+    p.act_by_token = false;
+    const dim3 grid_dn(unsigned((H + 2 * kWarps - 1) / (2 * kWarps)), gy);
+    switch (format_) {
+        case Format::bf16:
+            if (vec_)
+                rowmajor_kernel<Bf16Vec, false><<<grid_dn, kThreads, 0, stream>>>(p);
+            else
+                rowmajor_kernel<Bf16Scalar, false><<<grid_dn, kThreads, 0, stream>>>(p);
+            break;
+        case Format::fp8_block: rowmajor_kernel<Fp8Block, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
+        case Format::nvfp4: rowmajor_kernel<Nvfp4, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
+        case Format::ds_fp4: rowmajor_kernel<DsFp4, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
+        case Format::q4_0: rowmajor_kernel<Q4_0, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
+        case Format::mxfp4:
+            mxfp4_kernel<<<dim3(unsigned((H + kMxCols - 1) / kMxCols), gy), kThreads, 0, stream>>>(p, false);
+            break;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t ExpertDecoder::combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,
+                                   int32_t tokens, cudaStream_t stream) {
+    if (tokens < 0 || tokens > max_tokens_) return cudaErrorInvalidValue;
+    return launch_combine_routes(route_out_, slots, w, addend, y, tokens, top_k_, hidden_, format_ == Format::ds_fp4,
+                                 stream);
+}
+
+cudaError_t ExpertDecoder::decode(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
+                                  const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens,
+                                  cudaStream_t stream) {
+    const cudaError_t e = compute(experts, x, slots, tokens, stream);
+    if (e != cudaSuccess) return e;
+    return combine(slots, w, addend, y, tokens, stream);
+}
+
+}  // namespace ft::cuda

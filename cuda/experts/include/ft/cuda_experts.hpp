@@ -1,0 +1,101 @@
+// GPU expert kernels for decode (spec 4, 5.5, 6): the routed experts of one MoE layer computed
+// from weights already resident in device-readable memory (slot arrays or mapped host banks), in
+// every expert format, with the numerics of the CPU executor (cpu/README.md "Executor math and
+// order"). Launchers take device pointers and a stream, never synchronise and never allocate, so a
+// whole decode step can be captured in a CUDA graph.
+//
+// Numerics (the same function as ft::cpu::MoeExecutor, up to fp32 summation order):
+//   fp32 accumulation; gate/up outputs -> act -> intermediate rounded to bf16; down -> f32 per
+//   route; y = sum_k w * route (k order) + addend, rounded once to bf16.
+//   bf16 W16A16; fp8_block W8A16 (e4m3 x bf16 scale_inv per 128x128); nvfp4 W4A16 (e2m1 x e4m3
+//   per 16 x fp16 global per row); mxfp4 W4A16 (transposed, biases before the clamped SwiGLU and
+//   per route after down); ds_fp4 W4A16 on FP8-round-tripped activations (input and
+//   intermediate, per 128), gate/up rounded to bf16 then clamped (silu with finite limit > 0),
+//   each weighted route rounded to bf16 before the sum; q4_0 W4A16 (the CPU quantises activations
+//   to Q8_0; the GPU keeps the bf16 activations, so it is closer to the exact layer: both are
+//   within 1e-2 of max|y| of the fp64 reference at the tested shapes, GPU vs CPU within 3e-2).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ft/cuda_activation.hpp"
+#include "ft/formats.hpp"
+
+namespace ft::cuda {
+
+// One layer's experts in device-readable memory: bank b (bank_schema order) of the expert in
+// slot s starts at base[b] + s * row_bytes[b].
+struct DeviceExperts {
+    Format format = Format::bf16;
+    int32_t hidden = 0, inter = 0;
+    int num_banks = 0;
+    const uint8_t *base[8] = {};
+    size_t row_bytes[8] = {};
+};
+
+// y[t] = sum over k in order of w[t,k] * route_out[t*K+k] over routes with slots[t*K+k] >= 0
+// (ds_fp4: each weighted route term rounded to bf16 before the sum), + addend[t] (bf16 [T,H],
+// may be nullptr), rounded once to bf16. A token with no routes and no addend gets zeros.
+// route_out: f32 [T*K, H]. Capturable; never syncs. Used also by the prefill path.
+cudaError_t launch_combine_routes(const float *route_out, const int32_t *slots, const float *w,
+                                  const uint16_t *addend, uint16_t *y, int32_t tokens, int32_t top_k,
+                                  int32_t hidden, bool ds_fp4_rounding, cudaStream_t stream);
+
+// The decode path of one layer geometry: owns the device scratch for max_tokens tokens of top_k
+// routes (route grouping, activations, intermediate, per-route outputs). One decoder is used by
+// one stream at a time (its scratch is reused by every call).
+class ExpertDecoder {
+public:
+    // Allocates all scratch (cudaMalloc on the current device) for max_tokens tokens of top_k
+    // routes. Throws ft::Error: FT_ERR_INVALID_ARGUMENT (geometry per format_geometry_error,
+    // top_k/max_tokens <= 0), FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE.
+    ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
+                  DeviceActivation act);
+    ~ExpertDecoder();  // frees; non-copyable
+    ExpertDecoder(const ExpertDecoder &) = delete;
+    ExpertDecoder &operator=(const ExpertDecoder &) = delete;
+
+    // Phase 1: route_out[t*K+k] = expert(slots[t*K+k])(x[t]) (down output incl. mxfp4 down bias,
+    // before the route weight) for every route with slot >= 0; routes with slot < 0 are skipped
+    // (never read slot 0 times zero: a NaN-poisoned slot must never reach an output). Each distinct
+    // slot's weights are read once per call for all tokens routed to it (dedup on the device).
+    // x bf16 [T,H] device; slots int32 [T,K] device. tokens in [0, max_tokens] (0: no-op).
+    // Capturable in a CUDA graph: no sync, no allocation, no host reads of device data.
+    // cudaErrorInvalidValue for a format/geometry other than the decoder's, tokens outside
+    // [0, max_tokens], NULL pointers or bank pointers not aligned as the kernels need (16 bytes
+    // for base[b] and row_bytes[b] multiples of 16, 4 for q4_0/mxfp4, 2 for unaligned bf16 shapes).
+    cudaError_t compute(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
+                        int32_t tokens, cudaStream_t stream);
+    // Phase 2: launch_combine_routes over this decoder's route_out.
+    cudaError_t combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,
+                        int32_t tokens, cudaStream_t stream);
+    // compute + combine.
+    cudaError_t decode(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
+                       const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens,
+                       cudaStream_t stream);
+
+    const float *route_out() const { return route_out_; }  // f32 [max_tokens*K, H]
+    size_t scratch_bytes() const { return scratch_bytes_; }
+    const char *kernel_name() const;  // e.g. "bf16-gemv"
+
+private:
+    Format format_;
+    int32_t hidden_, inter_, top_k_, max_tokens_;
+    DeviceActivation act_;
+    bool vec_ = true;  // bf16 only: rows are whole 16-byte vectors (H and I multiples of 8)
+    size_t scratch_bytes_ = 0;
+    void *scratch_ = nullptr;  // one allocation, carved below
+    int32_t *num_groups_ = nullptr;    // [1]
+    int32_t *group_slot_ = nullptr;    // [R]  distinct slots in order of first appearance
+    int32_t *group_start_ = nullptr;   // [R]  first entry of the group in group_routes_
+    int32_t *group_count_ = nullptr;   // [R]
+    int32_t *group_routes_ = nullptr;  // [R]  route indices t*K+k, grouped, ascending per group
+    uint16_t *xin_ = nullptr;          // [max_tokens, H] bf16: aligned or FP8-round-tripped input
+    uint16_t *inter_buf_ = nullptr;    // [R, I] bf16 intermediate
+    float *route_out_ = nullptr;       // [R, H] f32
+};
+
+}  // namespace ft::cuda

@@ -1,0 +1,571 @@
+// GPU decode expert kernels (ft/cuda_experts.hpp) against the fp64 reference of the layer
+// (tests/support/moe_reference.hpp, built from ft::dequant_projection / projection_bias with the
+// executor's rounding points) and against the CPU executor, for every format and activation;
+// device decoders against the host ones bit for bit; routes with slot -1 never read anything
+// (a NaN-filled slot stays out of the outputs); CUDA-graph replays equal eager runs; tokens = 0
+// is a no-op. Skips where no CUDA device is usable.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+#include "ft/cuda_device.hpp"
+#include "ft/cuda_experts.hpp"
+#include "ft/cuda_numerics.cuh"
+#include "ft/dequant.hpp"
+#include "ft/formats.hpp"
+#include "moe_reference.hpp"
+
+namespace {
+
+using ft::Format;
+
+#define SKIP_WITHOUT_GPU()                                                 \
+    do {                                                                   \
+        if (ft::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+    } while (0)
+
+#define CUDA_OK(expr)                                                                                    \
+    do {                                                                                                 \
+        const cudaError_t e_ = (expr);                                                                   \
+        ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorName(e_) << " " << cudaGetErrorString(e_); \
+    } while (0)
+
+// Device buffer that frees itself.
+struct DevBuf {
+    void *p = nullptr;
+    size_t n = 0;
+    explicit DevBuf(size_t bytes) : n(bytes) {
+        if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) p = nullptr;
+    }
+    ~DevBuf() {
+        if (p) cudaFree(p);
+    }
+    DevBuf(const DevBuf &) = delete;
+    DevBuf &operator=(const DevBuf &) = delete;
+    template <typename T>
+    T *as() const {
+        return static_cast<T *>(p);
+    }
+    template <typename T>
+    void put(const std::vector<T> &v) const {
+        ASSERT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+};
+
+template <typename T>
+std::vector<T> get(const DevBuf &b, size_t count) {
+    std::vector<T> v(count);
+    EXPECT_EQ(cudaMemcpy(v.data(), b.p, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+}
+
+void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Random banks of E experts plus one extra slot (index E) filled with 0xFF bytes, which is NaN in
+// every element and scale encoding the formats use (bf16, fp16, e4m3, e8m0); routes never name it.
+struct Layer {
+    Format f;
+    int32_t H, I, E;
+    std::vector<ft::BankSpec> schema;
+    std::vector<std::vector<uint8_t>> banks;
+    std::vector<std::vector<float>> gate, up, down, bgate, bup, bdown;
+
+    Layer(std::mt19937 &rng, Format fmt, int32_t h, int32_t i, int32_t e) : f(fmt), H(h), I(i), E(e) {
+        schema = ft::bank_schema(f, H, I);
+        std::uniform_int_distribution<int> byte(0, 255);
+        for (const auto &b : schema) {
+            std::vector<uint8_t> v(b.row_bytes * (E + 1));
+            for (auto &x : v) x = uint8_t(byte(rng));
+            std::fill(v.begin() + b.row_bytes * E, v.end(), uint8_t(0xff));
+            banks.push_back(std::move(v));
+        }
+        for (int32_t x = 0; x < E; ++x) fix_expert(rng, x);
+        for (int32_t x = 0; x < E; ++x) {
+            const uint8_t *rows[8];
+            for (size_t b = 0; b < schema.size(); ++b) rows[b] = banks[b].data() + x * schema[b].row_bytes;
+            auto proj = [&](int p, size_t n) {
+                std::vector<float> o(n);
+                ft::dequant_projection(f, rows, H, I, p, o.data());
+                return o;
+            };
+            gate.push_back(proj(FT_PROJ_GATE, size_t(I) * H));
+            up.push_back(proj(FT_PROJ_UP, size_t(I) * H));
+            down.push_back(proj(FT_PROJ_DOWN, size_t(H) * I));
+            std::vector<float> bg(I), bu(I), bd(H);
+            if (ft::projection_bias(f, rows, H, I, FT_PROJ_GATE, bg.data())) {
+                ft::projection_bias(f, rows, H, I, FT_PROJ_UP, bu.data());
+                ft::projection_bias(f, rows, H, I, FT_PROJ_DOWN, bd.data());
+                bgate.push_back(bg), bup.push_back(bu), bdown.push_back(bd);
+            }
+        }
+    }
+
+    // Valid codes from the ranges real quantisers produce (no NaN codes, e8m0 scales near 2^0
+    // scaled so outputs stay O(1), finite fp16 globals), with e8m0 0 and e4m3 subnormals mixed in.
+    void fix_expert(std::mt19937 &rng, int32_t x) {
+        auto row = [&](int b) { return banks[b].data() + x * schema[b].row_bytes; };
+        auto len = [&](int b) { return schema[b].row_bytes; };
+        std::uniform_int_distribution<int> coin(0, 15);
+        auto e8m0_fill = [&](int b, int64_t K) {
+            const int center = 127 - int(std::lround(std::log2(std::sqrt(double(K))))) - 2;
+            std::uniform_int_distribution<int> c(center - 1, center + 1);
+            for (size_t i = 0; i < len(b); ++i) row(b)[i] = coin(rng) == 0 ? 0 : uint8_t(c(rng));
+        };
+        auto bf16_fill = [&](int b, double mag) {
+            std::uniform_real_distribution<float> d(float(mag) * 0.5f, float(mag));
+            for (size_t i = 0; i < len(b); i += 2)
+                put_u16(row(b) + i, ft::f32_to_bf16(d(rng) * (coin(rng) & 1 ? 1.0f : -1.0f)));
+        };
+        switch (f) {
+            case Format::bf16: {
+                std::normal_distribution<float> d(0.0f, 1.0f);
+                const float sg = float(1.0 / std::sqrt(double(H))), sd = float(1.0 / std::sqrt(double(I)));
+                for (size_t i = 0; i < len(0); i += 2) put_u16(row(0) + i, ft::f32_to_bf16(d(rng) * sg));
+                for (size_t i = 0; i < len(1); i += 2) put_u16(row(1) + i, ft::f32_to_bf16(d(rng) * sd));
+                break;
+            }
+            case Format::fp8_block:
+                for (int b : {0, 2})
+                    for (size_t i = 0; i < len(b); ++i)
+                        if ((row(b)[i] & 0x7f) == 0x7f) row(b)[i] ^= 1;  // no NaN codes
+                bf16_fill(1, 1.0 / (40 * std::sqrt(double(H))));
+                bf16_fill(3, 1.0 / (40 * std::sqrt(double(I))));
+                break;
+            case Format::nvfp4: {
+                std::uniform_int_distribution<int> c(0x02, 0x40);  // subnormal to 2.0
+                for (int b : {1, 4})
+                    for (size_t i = 0; i < len(b); ++i) row(b)[i] = uint8_t(c(rng));
+                for (int b : {2, 5})
+                    for (size_t i = 0; i < len(b); i += 2)
+                        put_u16(row(b) + i, ft::f32_to_f16(float(0.3 / std::sqrt(double(b == 2 ? H : I)))));
+                break;
+            }
+            case Format::mxfp4:
+                e8m0_fill(1, H);
+                e8m0_fill(4, I);
+                bf16_fill(2, 0.1);
+                bf16_fill(5, 0.1);
+                break;
+            case Format::ds_fp4:
+                e8m0_fill(1, H);
+                e8m0_fill(3, I);
+                break;
+            case Format::q4_0:
+                for (int b : {0, 1}) {
+                    const int64_t K = b == 0 ? H : I;
+                    std::uniform_real_distribution<float> d(0.02f / float(std::sqrt(double(K))),
+                                                            0.1f / float(std::sqrt(double(K))));
+                    for (size_t i = 0; i < len(b); i += 18) put_u16(row(b) + i, ft::f32_to_f16(d(rng)));
+                }
+                break;
+        }
+    }
+
+    ft::cpu::ExpertSource cpu_source() const {
+        ft::cpu::ExpertSource s;
+        s.format = f;
+        s.num_experts = E;
+        s.num_banks = int(schema.size());
+        for (size_t b = 0; b < schema.size(); ++b) {
+            s.base[b] = banks[b].data();
+            s.row_bytes[b] = schema[b].row_bytes;
+        }
+        return s;
+    }
+
+    ft::testing::ExpertF32 expert(int32_t e) const {
+        ft::testing::ExpertF32 x{gate[e].data(), up[e].data(), down[e].data()};
+        if (!bgate.empty()) x.bias_gate = bgate[e].data(), x.bias_up = bup[e].data(), x.bias_down = bdown[e].data();
+        return x;
+    }
+};
+
+// The banks copied to the device (one allocation per bank, E + 1 slots).
+struct DeviceLayer {
+    std::vector<std::unique_ptr<DevBuf>> bufs;
+    ft::cuda::DeviceExperts dx;
+    explicit DeviceLayer(const Layer &L) {
+        dx.format = L.f;
+        dx.hidden = L.H;
+        dx.inter = L.I;
+        dx.num_banks = int(L.schema.size());
+        for (size_t b = 0; b < L.schema.size(); ++b) {
+            bufs.push_back(std::make_unique<DevBuf>(L.banks[b].size()));
+            bufs.back()->put(L.banks[b]);
+            dx.base[b] = bufs.back()->as<uint8_t>();
+            dx.row_bytes[b] = L.schema[b].row_bytes;
+        }
+    }
+};
+
+struct Batch {
+    int32_t T, K;
+    std::vector<uint16_t> x, addend;
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+};
+
+// Ids in [-1, E): duplicates across tokens (E is small), a duplicate inside token 0, and (T >= 2)
+// an all-skipped last token.
+Batch random_batch(std::mt19937 &rng, int32_t E, int32_t H, int32_t T, int32_t K, bool addend) {
+    Batch b{T, K, std::vector<uint16_t>(size_t(T) * H), {}, std::vector<int32_t>(size_t(T) * K), std::vector<float>(size_t(T) * K)};
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f), wd(0.05f, 1.0f);
+    for (auto &v : b.x) {
+        const float f = xd(rng);
+        v = ft::f32_to_bf16(f == 0.0f ? 0.5f : f);
+    }
+    if (addend) {
+        b.addend.resize(size_t(T) * H);
+        for (auto &v : b.addend) v = ft::f32_to_bf16(0.1f * xd(rng));
+    }
+    std::uniform_int_distribution<int32_t> id(-1, E - 1);
+    for (int32_t r = 0; r < T * K; ++r) b.ids[r] = id(rng), b.w[r] = wd(rng);
+    if (K >= 2) b.ids[1] = b.ids[0] = std::abs(b.ids[0]) % E;
+    if (T >= 2)
+        for (int32_t k = 0; k < K; ++k) b.ids[size_t(T - 1) * K + k] = -1;
+    return b;
+}
+
+std::vector<double> reference(const Layer &L, const Batch &b, const ft::cuda::DeviceActivation &act) {
+    ft::testing::ActivationRef a{act.kind, act.alpha, act.limit};
+    ft::testing::FormatNumerics fmt;
+    if (L.f == Format::ds_fp4) {
+        fmt.ds_fp4 = true;
+        fmt.ds_limit = act.kind == FT_ACT_SILU && std::isfinite(act.limit) ? act.limit : 0.0;
+        fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
+    }
+    std::vector<double> ref = ft::testing::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H,
+                                                             L.I, b.T, b.K, b.x.data(), b.ids.data(), b.w.data());
+    if (!b.addend.empty())
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += ft::bf16_to_f32(b.addend[i]);
+    return ref;
+}
+
+std::vector<ft::cuda::DeviceActivation> activations_of(Format f) {
+    const float inf = std::numeric_limits<float>::infinity();
+    switch (f) {
+        case Format::mxfp4: return {{FT_ACT_SWIGLU_CLAMP, 1.702f, 7.0f}, {FT_ACT_SWIGLU_CLAMP, 1.702f, 0.3f}};
+        case Format::ds_fp4:
+            return {{FT_ACT_SILU, 1.702f, 0.0f}, {FT_ACT_SILU, 1.702f, 0.25f}, {FT_ACT_SILU, 1.702f, inf}};
+        case Format::bf16:
+            return {{FT_ACT_SILU, 1.702f, 7.0f}, {FT_ACT_GELU, 1.702f, 7.0f}, {FT_ACT_GELU_TANH, 1.702f, 7.0f}};
+        default: return {{FT_ACT_SILU, 1.702f, 7.0f}};
+    }
+}
+
+// Max relative error (vs max |y|) of the GPU layer against the fp64 reference: every format is
+// W16A16 / W8A16 / W4A16 on the GPU (exact weights, bf16 activations, fp32 sums), so the error is
+// the bf16 output rounding (2^-9) plus fp32 summation and the bf16 intermediate: 1e-2 is loose.
+// Against the CPU executor: the same, except q4_0 whose CPU kernels quantise activations to Q8_0.
+double gpu_bound(Format) { return 1e-2; }
+double cpu_bound(Format f) { return f == Format::q4_0 ? 3e-2 : 1.5e-2; }
+
+struct Geometry {
+    Format f;
+    int32_t H, I;
+};
+const Geometry kGeometries[] = {
+    {Format::bf16, 256, 128},      {Format::bf16, 100, 36},  // 100 x 36: the scalar bf16 path
+    {Format::fp8_block, 256, 128}, {Format::nvfp4, 272, 48},  // rows of an odd number of 16-blocks
+    {Format::nvfp4, 256, 96},      {Format::mxfp4, 192, 96},  // a partial 128-column tile
+    {Format::ds_fp4, 256, 128},    {Format::q4_0, 224, 96},   // odd block count: both alignments
+};
+
+std::string label(const Geometry &g, const ft::cuda::DeviceActivation &a, int32_t T) {
+    return ft::cat(ft::format_name(g.f), " H=", g.H, " I=", g.I, " act=", a.kind, " limit=", a.limit, " T=", T);
+}
+
+std::vector<double> to_f64(const std::vector<uint16_t> &y) {
+    std::vector<double> v(y.size());
+    for (size_t i = 0; i < y.size(); ++i) v[i] = ft::bf16_to_f32(y[i]);
+    return v;
+}
+
+TEST(ExpertDecoderGpu, MatchesReferenceAndCpuEveryFormat) {
+    SKIP_WITHOUT_GPU();
+    ft::cpu::ThreadPool pool(2, false);
+    const int32_t K = 4, max_tokens = 64;
+    for (const Geometry &geo : kGeometries) {
+        std::mt19937 rng(100 + int(geo.f) * 7 + geo.H);
+        const Layer L(rng, geo.f, geo.H, geo.I, 6);
+        const DeviceLayer D(L);
+        for (const auto &act : activations_of(geo.f)) {
+            ft::cuda::ExpertDecoder dec(geo.f, L.H, L.I, K, max_tokens, act);
+            const ft::cpu::ActivationSpec cact{act.kind, act.alpha, act.limit};
+            ft::cpu::MoeExecutor cpu(pool, geo.f, L.H, L.I, K, max_tokens, cact, 0, ft::cpu::cpu_best_isa());
+            for (int32_t T : {1, 3, 8, 64}) {
+                const Batch b = random_batch(rng, L.E, L.H, T, K, T == 3);
+                DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * L.H * 2),
+                    add(b.addend.size() * 2);
+                x.put(b.x), ids.put(b.ids), w.put(b.w);
+                if (!b.addend.empty()) add.put(b.addend);
+                CUDA_OK(cudaMemset(y.p, 0xff, y.n));
+                CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(),
+                                   b.addend.empty() ? nullptr : add.as<uint16_t>(), y.as<uint16_t>(), T, nullptr));
+                CUDA_OK(cudaDeviceSynchronize());
+                const std::vector<uint16_t> yg = get<uint16_t>(y, size_t(T) * L.H);
+                const std::vector<double> ref = reference(L, b, act);
+                const double err = ft::testing::relative_error_bf16(yg, ref);
+                EXPECT_LT(err, gpu_bound(geo.f)) << label(geo, act, T) << " " << dec.kernel_name();
+                if (T >= 2)  // all routes skipped, no addend: zeros
+                    for (int32_t h = 0; h < L.H && b.addend.empty(); ++h)
+                        ASSERT_EQ(yg[size_t(T - 1) * L.H + h], 0) << label(geo, act, T) << " skipped token";
+
+                // The CPU executor (ids outside [0, E) skipped the same way); no addend there.
+                if (b.addend.empty()) {
+                    std::vector<uint16_t> yc(size_t(T) * L.H);
+                    cpu.run(L.cpu_source(), nullptr, T, b.x.data(), b.ids.data(), b.w.data(), yc.data());
+                    const double cerr = ft::testing::relative_error(to_f64(yg), to_f64(yc));
+                    EXPECT_LT(cerr, cpu_bound(geo.f)) << label(geo, act, T) << " vs CPU " << cpu.kernel_name();
+                }
+
+                // Same inputs again: bitwise the same output (fixed summation order).
+                if (T != 8) continue;
+                CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(),
+                                   b.addend.empty() ? nullptr : add.as<uint16_t>(), y.as<uint16_t>(), T, nullptr));
+                CUDA_OK(cudaDeviceSynchronize());
+                EXPECT_EQ(get<uint16_t>(y, size_t(T) * L.H), yg) << label(geo, act, T) << " not deterministic";
+            }
+        }
+    }
+}
+
+// A misaligned x (staged into the decoder's scratch) and more routes than one grouping pass
+// (T * K = 800 > 512 threads) give the reference result too.
+TEST(ExpertDecoderGpu, MisalignedInputAndManyRoutes) {
+    SKIP_WITHOUT_GPU();
+    const int32_t K = 8, T = 100;
+    for (Format f : {Format::bf16, Format::ds_fp4, Format::q4_0}) {
+        std::mt19937 rng(7 + int(f));
+        const Layer L(rng, f, 256, 128, 40);
+        const DeviceLayer D(L);
+        const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
+        ft::cuda::ExpertDecoder dec(f, L.H, L.I, K, T, act);
+        const Batch b = random_batch(rng, L.E, L.H, T, K, false);
+        DevBuf x(b.x.size() * 2 + 16), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * L.H * 2);
+        uint16_t *xm = x.as<uint16_t>() + 1;  // 2-byte aligned only
+        CUDA_OK(cudaMemcpy(xm, b.x.data(), b.x.size() * 2, cudaMemcpyHostToDevice));
+        ids.put(b.ids), w.put(b.w);
+        CUDA_OK(dec.decode(D.dx, xm, ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const double err = ft::testing::relative_error_bf16(get<uint16_t>(y, size_t(T) * L.H), reference(L, b, act));
+        EXPECT_LT(err, gpu_bound(f)) << ft::format_name(f);
+    }
+}
+
+// Routes with slot -1 read nothing: with every unused slot NaN (0xFF bytes in every bank) and
+// the routes naming only other slots, all outputs are finite; a route naming the NaN slot makes
+// its token non-finite (so the check can fail).
+TEST(ExpertDecoderGpu, SkippedRoutesNeverReadPoisonedSlot) {
+    SKIP_WITHOUT_GPU();
+    for (const Geometry &geo : kGeometries) {
+        std::mt19937 rng(3 + int(geo.f));
+        const Layer L(rng, geo.f, geo.H, geo.I, 4);
+        const DeviceLayer D(L);
+        const int32_t K = 4, T = 8;
+        const ft::cuda::DeviceActivation act = activations_of(geo.f)[0];
+        ft::cuda::ExpertDecoder dec(geo.f, L.H, L.I, K, T, act);
+        Batch b = random_batch(rng, L.E, L.H, T, K, false);
+        for (int32_t r = 0; r < T * K; r += 3) b.ids[r] = -1;
+        DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * L.H * 2);
+        x.put(b.x), ids.put(b.ids), w.put(b.w);
+        CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        for (uint16_t v : get<uint16_t>(y, size_t(T) * L.H))
+            ASSERT_TRUE(std::isfinite(ft::bf16_to_f32(v))) << ft::format_name(geo.f) << " NaN slot leaked";
+        b.ids[0] = L.E;  // the poisoned slot, in token 0
+        ids.put(b.ids);
+        CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> yp = get<uint16_t>(y, size_t(T) * L.H);
+        bool any_nan = false;
+        for (int32_t h = 0; h < L.H; ++h) any_nan |= !std::isfinite(ft::bf16_to_f32(yp[h]));
+        EXPECT_TRUE(any_nan) << ft::format_name(geo.f) << ": the poisoned slot did not poison its own route";
+        for (size_t i = L.H; i < yp.size(); ++i)
+            ASSERT_TRUE(std::isfinite(ft::bf16_to_f32(yp[i]))) << ft::format_name(geo.f) << " NaN leaked across tokens";
+    }
+}
+
+// decode() captured in a graph and replayed with new x / slots / weights in the same buffers gives
+// the bytes of an eager call on those inputs.
+TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
+    SKIP_WITHOUT_GPU();
+    for (Format f : {Format::bf16, Format::mxfp4, Format::ds_fp4}) {
+        std::mt19937 rng(11 + int(f));
+        const Layer L(rng, f, f == Format::mxfp4 ? 192 : 256, f == Format::mxfp4 ? 96 : 128, 8);
+        const DeviceLayer D(L);
+        const int32_t K = 4, T = 5;
+        const ft::cuda::DeviceActivation act = activations_of(f)[0];
+        ft::cuda::ExpertDecoder dec(f, L.H, L.I, K, T, act);
+        DevBuf x(size_t(T) * L.H * 2), ids(size_t(T) * K * 4), w(size_t(T) * K * 4), add(size_t(T) * L.H * 2),
+            y(size_t(T) * L.H * 2);
+        Batch b0 = random_batch(rng, L.E, L.H, T, K, true);
+        x.put(b0.x), ids.put(b0.ids), w.put(b0.w), add.put(b0.addend);
+        cudaStream_t s;
+        CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        const cudaError_t le = dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), add.as<uint16_t>(),
+                                          y.as<uint16_t>(), T, s);
+        CUDA_OK(cudaStreamEndCapture(s, &g));
+        CUDA_OK(le);
+        CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+        for (int rep = 0; rep < 3; ++rep) {
+            const Batch b = random_batch(rng, L.E, L.H, T, K, true);
+            x.put(b.x), ids.put(b.ids), w.put(b.w), add.put(b.addend);
+            CUDA_OK(cudaGraphLaunch(ge, s));
+            CUDA_OK(cudaStreamSynchronize(s));
+            const std::vector<uint16_t> yg = get<uint16_t>(y, size_t(T) * L.H);
+            CUDA_OK(cudaMemset(y.p, 0, y.n));
+            CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), add.as<uint16_t>(),
+                               y.as<uint16_t>(), T, s));
+            CUDA_OK(cudaStreamSynchronize(s));
+            EXPECT_EQ(get<uint16_t>(y, size_t(T) * L.H), yg) << ft::format_name(f) << " replay " << rep;
+            EXPECT_LT(ft::testing::relative_error_bf16(yg, reference(L, b, act)), gpu_bound(f)) << ft::format_name(f);
+        }
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(s);
+    }
+}
+
+TEST(ExpertDecoderGpu, ZeroTokensAndBadArguments) {
+    SKIP_WITHOUT_GPU();
+    std::mt19937 rng(5);
+    const Layer L(rng, Format::bf16, 64, 32, 2);
+    const DeviceLayer D(L);
+    ft::cuda::ExpertDecoder dec(Format::bf16, 64, 32, 2, 4, {});
+    EXPECT_GT(dec.scratch_bytes(), 0u);
+    EXPECT_STREQ(dec.kernel_name(), "bf16-gemv");
+    DevBuf y(64 * 2);
+    CUDA_OK(cudaMemset(y.p, 0x5a, y.n));
+    CUDA_OK(dec.decode(D.dx, nullptr, nullptr, nullptr, nullptr, y.as<uint16_t>(), 0, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (uint16_t v : get<uint16_t>(y, 64)) ASSERT_EQ(v, 0x5a5a);
+    EXPECT_EQ(dec.decode(D.dx, nullptr, nullptr, nullptr, nullptr, y.as<uint16_t>(), 5, nullptr), cudaErrorInvalidValue);
+    ft::cuda::DeviceExperts wrong = D.dx;
+    wrong.format = Format::q4_0;
+    DevBuf x(64 * 2), ids(2 * 4), w(2 * 4);
+    EXPECT_EQ(dec.compute(wrong, x.as<uint16_t>(), ids.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue);
+    EXPECT_THROW(ft::cuda::ExpertDecoder(Format::ds_fp4, 100, 128, 2, 4, {}), ft::Error);
+    EXPECT_THROW(ft::cuda::ExpertDecoder(Format::bf16, 64, 32, 0, 4, {}), ft::Error);
+    EXPECT_THROW(ft::cuda::ExpertDecoder(Format::bf16, 64, 32, 2, 0, {}), ft::Error);
+}
+
+// ---- device decoders against the host reference, bit for bit -----------------------------------
+
+__global__ void decode_codes_kernel(float *e4m3, float *e8m0, float *e2m1, float *e2m1_mul, float *e4m3x2) {
+    const int c = threadIdx.x;  // 256 threads
+    e4m3[c] = ft::cuda::e4m3_to_f32(uint8_t(c));
+    e8m0[c] = ft::cuda::e8m0_to_f32(uint8_t(c));
+    e2m1[c] = ft::cuda::e2m1_to_f32(uint32_t(c) & 15u);
+    e2m1_mul[c] = ft::cuda::e2m1_to_f32_mul(uint32_t(c));
+    const float2 two = ft::cuda::e4m3x2_to_f32x2(uint16_t(c | ((255 - c) << 8)));
+    e4m3x2[2 * c] = two.x;
+    e4m3x2[2 * c + 1] = two.y;
+}
+
+__global__ void round_kernel(const float *in, float *e4m3, uint16_t *bf16, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        e4m3[i] = ft::cuda::round_e4m3(in[i]);
+        bf16[i] = ft::cuda::f32_to_bf16(in[i]);
+    }
+}
+
+// One warp per group of 128, the same steps as the decoder's round trip.
+__global__ void round_trip_kernel(const float *in, float *out, int groups) {
+    const int g = blockIdx.x, lane = threadIdx.x;
+    if (g >= groups) return;
+    float v[4], amax = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+        v[i] = in[g * 128 + lane * 4 + i];
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = ft::cuda::fp8_group_scale(amax);
+    for (int i = 0; i < 4; ++i) out[g * 128 + lane * 4 + i] = ft::cuda::fp8_round_trip(v[i], s);
+}
+
+bool same_value(float a, float b) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    uint32_t x, y;
+    std::memcpy(&x, &a, 4);
+    std::memcpy(&y, &b, 4);
+    return x == y;
+}
+
+TEST(CudaNumerics, DecodersMatchHostForAllCodes) {
+    SKIP_WITHOUT_GPU();
+    DevBuf a(256 * 4), b(256 * 4), c(256 * 4), d(256 * 4), e(512 * 4);
+    decode_codes_kernel<<<1, 256>>>(a.as<float>(), b.as<float>(), c.as<float>(), d.as<float>(), e.as<float>());
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto e4 = get<float>(a, 256), e8 = get<float>(b, 256), e2 = get<float>(c, 256), e2m = get<float>(d, 256),
+               e4x2 = get<float>(e, 512);
+    for (int k = 0; k < 256; ++k) {
+        EXPECT_TRUE(same_value(e4[k], ft::e4m3_to_f32(uint8_t(k)))) << "e4m3 " << k;
+        EXPECT_TRUE(same_value(e8[k], ft::e8m0_to_f32(uint8_t(k)))) << "e8m0 " << k;
+        EXPECT_TRUE(same_value(e2[k], ft::e2m1_to_f32(uint8_t(k & 15)))) << "e2m1 " << k;
+        EXPECT_TRUE(same_value(e2m[k], ft::e2m1_to_f32(uint8_t(k & 15)))) << "e2m1_mul " << k;
+        EXPECT_TRUE(same_value(e4x2[2 * k], ft::e4m3_to_f32(uint8_t(k)))) << "e4m3x2 lo " << k;
+        EXPECT_TRUE(same_value(e4x2[2 * k + 1], ft::e4m3_to_f32(uint8_t(255 - k)))) << "e4m3x2 hi " << k;
+    }
+}
+
+TEST(CudaNumerics, RoundingMatchesHost) {
+    SKIP_WITHOUT_GPU();
+    std::mt19937 rng(9);
+    std::vector<float> in;
+    // Every e4m3 midpoint region: values around each code, plus wide random magnitudes.
+    for (int k = 0; k < 256; ++k) {
+        const float v = ft::e4m3_to_f32(uint8_t(k));
+        if (std::isnan(v)) continue;
+        for (float f : {0.999f, 0.9999f, 1.0f, 1.0001f, 1.001f, 1.03125f, 1.0625f, 0.96875f}) in.push_back(v * f);
+    }
+    std::uniform_real_distribution<float> ex(-14.0f, 10.0f);
+    std::uniform_int_distribution<int> sign(0, 1);
+    for (int i = 0; i < 100000; ++i) in.push_back(std::exp2(ex(rng)) * (sign(rng) ? 1.0f : -1.0f));
+    in.push_back(0.0f), in.push_back(-0.0f), in.push_back(500.0f), in.push_back(-1e30f);
+    const int n = int(in.size());
+    DevBuf din(n * 4), de(n * 4), db(n * 2);
+    din.put(in);
+    round_kernel<<<64, 256>>>(din.as<float>(), de.as<float>(), db.as<uint16_t>(), n);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto re = get<float>(de, n);
+    const auto rb = get<uint16_t>(db, n);
+    for (int i = 0; i < n; ++i) {
+        ASSERT_TRUE(same_value(re[i], ft::round_e4m3(in[i]))) << "round_e4m3(" << in[i] << ")";
+        ASSERT_EQ(rb[i], ft::f32_to_bf16(in[i])) << "bf16(" << in[i] << ")";
+    }
+
+    // The FP8 round trip per 128 on groups of very different scales (including all-zero).
+    const int groups = 64;
+    std::vector<float> x(groups * 128), yh(groups * 128);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int g = 0; g < groups; ++g) {
+        const float scale = g == 0 ? 0.0f : std::exp2(float(g % 40) - 20.0f);
+        for (int i = 0; i < 128; ++i) x[g * 128 + i] = float(ft::bf16_to_f32(ft::f32_to_bf16(nd(rng) * scale)));
+    }
+    ft::fp8_round_trip_per128(x.data(), int64_t(x.size()), yh.data());
+    DevBuf dx(x.size() * 4), dy(x.size() * 4);
+    dx.put(x);
+    round_trip_kernel<<<groups, 32>>>(dx.as<float>(), dy.as<float>(), groups);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto yd = get<float>(dy, x.size());
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(same_value(yd[i], yh[i])) << "round trip " << i << " x=" << x[i];
+}
+
+}  // namespace
