@@ -201,7 +201,7 @@ void run(benchmark::State &state, Rig &rig, int32_t count, Fn &&fn) {
 }
 
 std::string tuning_name(const GatherTuning &t) {
-    static const char *loads[] = {"plain", "nc", "cs"};
+    static const char *loads[] = {"plain", "nc", "cs", "ncL2_256"};
     static const char *stores[] = {"plain", "cs"};
     return "b" + std::to_string(t.blocks) + "_t" + std::to_string(t.threads) + "_u" + std::to_string(t.unroll) + "_c" +
            std::to_string(t.chunk_bytes >> 10) + "k_ld" + loads[static_cast<int>(t.load)] + "_st" +
@@ -227,7 +227,8 @@ std::vector<GatherTuning> tunings() {
         t.chunk_bytes = chunk;
         out.push_back(t);
     }
-    for (const GatherLoad load : {GatherLoad::plain, GatherLoad::nc, GatherLoad::streaming})
+    for (const GatherLoad load :
+         {GatherLoad::plain, GatherLoad::nc, GatherLoad::streaming, GatherLoad::nc_l2_256})
         for (const GatherStore store : {GatherStore::plain, GatherStore::streaming}) {
             GatherTuning t;
             t.load = load;

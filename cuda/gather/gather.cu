@@ -35,7 +35,16 @@ constexpr size_t kMaxChunkBytes = size_t(1) << 30;  // keeps element counts of a
 
 template <GatherLoad L, typename T>
 __device__ __forceinline__ T load(const T *p) {
-    if constexpr (L == GatherLoad::nc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (L == GatherLoad::nc_l2_256 && sizeof(T) == 16) {
+        uint4 v;
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+        return v;
+    }
+#endif
+    if constexpr (L == GatherLoad::nc || L == GatherLoad::nc_l2_256) {
         return __ldg(p);
     } else if constexpr (L == GatherLoad::streaming) {
         return __ldcs(p);
@@ -61,18 +70,24 @@ __device__ __forceinline__ void copy_chunk(const uint8_t *src, uint8_t *dst, uin
     T *d = reinterpret_cast<T *>(dst);
     const uint32_t n = static_cast<uint32_t>(bytes / sizeof(T));
     const uint32_t stride = blockDim.x;
-    for (uint32_t base = threadIdx.x; base < n; base += stride * U) {
+    uint32_t i = threadIdx.x;
+    // Whole rounds: U independent loads issued before the first store waits on any of them.
+    // (n < 2^30 and stride * U <= 4096, so nothing below wraps.)
+    for (; i + (U - 1) * stride < n; i += U * stride) {
         T v[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const uint32_t i = base + u * stride;
-            if (i < n) v[u] = load<L>(s + i);
-        }
+        for (int u = 0; u < U; ++u) v[u] = load<L>(s + i + u * stride);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const uint32_t i = base + u * stride;
-            if (i < n) store<S>(d + i, v[u]);
-        }
+        for (int u = 0; u < U; ++u) store<S>(d + i + u * stride, v[u]);
+    }
+    if (i < n) {  // the last partial round, its loads also all in flight at once
+        T v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (i + u * stride < n) v[u] = load<L>(s + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (i + u * stride < n) store<S>(d + i + u * stride, v[u]);
     }
 }
 
@@ -126,6 +141,7 @@ cudaError_t launch_load(const KernelParams &p, const GatherTuning &t, unsigned g
     switch (t.load) {
     case GatherLoad::nc: return launch_store<U, GatherLoad::nc>(p, t, grid, stream);
     case GatherLoad::streaming: return launch_store<U, GatherLoad::streaming>(p, t, grid, stream);
+    case GatherLoad::nc_l2_256: return launch_store<U, GatherLoad::nc_l2_256>(p, t, grid, stream);
     default: return launch_store<U, GatherLoad::plain>(p, t, grid, stream);
     }
 }

@@ -348,7 +348,8 @@ TEST(Gather, EveryTuningIsExact) {
     std::vector<GatherTuning> tunings;
     for (const int unroll : {1, 2, 4, 8})
         for (const int threads : {32, 256, 512, 1024})
-            for (const GatherLoad load : {GatherLoad::plain, GatherLoad::nc, GatherLoad::streaming}) {
+            for (const GatherLoad load :
+                 {GatherLoad::plain, GatherLoad::nc, GatherLoad::streaming, GatherLoad::nc_l2_256}) {
                 if (unroll == 8 && threads > 512) continue;
                 GatherTuning t;
                 t.unroll = unroll;
