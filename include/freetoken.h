@@ -69,7 +69,7 @@ extern "C" {
  * ========================================================================================== */
 
 #define FT_VERSION_MAJOR 0
-#define FT_VERSION_MINOR 1
+#define FT_VERSION_MINOR 2
 #define FT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
@@ -139,9 +139,13 @@ FT_API const char *ft_status_string(ft_status status);
 #define FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK 5 /* as FT_ROUTING_SIGMOID_GROUP_TOPK with scores
                                             sqrt(softplus(logit)) (DeepSeek-V4)                */
 
-/* Backends. Values of backends not built yet are reserved. */
-#define FT_BACKEND_AUTO 0 /* the best backend this engine can run for the model             */
-#define FT_BACKEND_CPU  1 /* every routed expert computed by the CPU from host memory         */
+/* Backends. */
+#define FT_BACKEND_AUTO    0 /* the best backend this engine can run for the model          */
+#define FT_BACKEND_CPU     1 /* every routed expert computed by the CPU from host memory      */
+#define FT_BACKEND_GPU     2 /* every expert copied once into GPU memory and computed there   */
+#define FT_BACKEND_OFFLOAD 3 /* a GPU slot cache of hot experts; misses fetched over PCIe     */
+#define FT_BACKEND_HYBRID  4 /* offload, with part of each step's misses computed by the CPU
+                                straight from host memory at the same time                    */
 
 /* Log levels. */
 #define FT_LOG_OFF   0
@@ -363,13 +367,34 @@ typedef struct ft_session ft_session;
 
 typedef struct ft_session_params {
     uint32_t struct_size;
-    int32_t backend;          /* FT_BACKEND_AUTO (default) or FT_BACKEND_CPU                   */
+    int32_t backend;          /* FT_BACKEND_* (default FT_BACKEND_AUTO)                        */
     int32_t max_tokens;       /* largest num_tokens of one ft_decode (default 256); scratch is
                                  sized once for it, so decode never allocates                  */
     bool shared_experts;      /* ft_decode also adds the model's shared expert(s) (default
                                  false: the caller computes them)                              */
     bool check_finite;        /* reject NaN/Inf hidden states and weights (default true)      */
     uint8_t reserved_[2];
+    /* GPU backends (since 0.2). The slot cache of FT_BACKEND_OFFLOAD holds cache_slots experts
+     * if > 0, else cache_fraction of all experts if > 0, else as many as the free GPU memory
+     * minus vram_reserve_bytes holds; never fewer than one layer (E) nor more than all (L*E). */
+    int64_t cache_slots;      /* default 0                                                     */
+    double cache_fraction;    /* default 0                                                     */
+    uint64_t vram_reserve_bytes; /* memory left to the caller; default 2 GiB                  */
+    int32_t prefill_min_tokens; /* GPU backends: calls with at least this many tokens take the
+                                   prefill path (grouped GEMMs; not capturable in a CUDA graph;
+                                   FT_BACKEND_OFFLOAD streams whole layers through buffers of
+                                   their own, so prefill never evicts the decode working set).
+                                   Default 0 = 64; a value > max_tokens disables the path.      */
+    /* FT_BACKEND_HYBRID: the fraction f of each step's slot cache misses fetched over PCIe; the
+     * CPU computes the rest from host memory at the same time. 0 (default): from the saved
+     * profile of this machine, else 0.5. With hybrid_adaptive (default true) the session
+     * measures both sides every eager step and moves f towards the split where they finish
+     * together (graph replays keep the f of their capture). */
+    float hybrid_fraction;
+    bool hybrid_adaptive;
+    uint8_t reserved2_[3];
+    double handoff_timeout_seconds; /* a CPU handoff not done in this time fails the session
+                                       with FT_ERR_TIMEOUT instead of hanging (default 10)      */
 } ft_session_params;
 
 FT_API void ft_session_params_init(ft_session_params *params);
@@ -413,11 +438,40 @@ typedef struct ft_session_stats {
     uint64_t experts_cpu;      /* distinct (call, expert) weight reads by the CPU              */
     uint64_t cpu_bytes;        /* expert weight bytes read by the CPU                          */
     double cpu_seconds;        /* wall time of the CPU expert compute                          */
+    /* GPU backends (since 0.2); read from the device when asked for. */
+    uint64_t routes_gpu;       /* routes computed by the GPU                                   */
+    uint64_t cache_hits;       /* distinct (call, expert) found in the slot cache (GPU: all)   */
+    uint64_t cache_misses;     /* distinct (call, expert) not resident when the call began     */
+    uint64_t fetched_experts;  /* experts copied host -> GPU slots (decode path)                */
+    uint64_t fetched_bytes;    /* bytes of those copies                                        */
+    uint64_t prefill_calls;    /* calls that took the prefill path                             */
+    uint64_t prefill_bytes;    /* expert bytes streamed host -> GPU by prefill calls           */
+    double hybrid_fraction;    /* FT_BACKEND_HYBRID: the fetch fraction f in use now           */
 } ft_session_stats;
+/* Per-layer slot cache figures of a GPU-backed session (all zero for FT_BACKEND_CPU). */
+typedef struct ft_layer_stats {
+    uint32_t struct_size;
+    uint32_t reserved_;
+    uint64_t calls;            /* decode-path calls of this layer                              */
+    uint64_t active_experts;   /* sum over calls of the distinct experts routed               */
+    uint64_t misses;           /* of those, not resident when the call began                   */
+    uint64_t fetched_experts;  /* misses copied into slots (offload: all misses; hybrid: the
+                                  others were computed by the CPU)                             */
+    uint64_t fetched_bytes;
+} ft_layer_stats;
 
 /* Fills *stats up to stats->struct_size bytes. */
 FT_API ft_status ft_session_get_stats(const ft_session *session, ft_session_stats *stats);
 FT_API void ft_session_reset_stats(ft_session *session);
+/* Slot cache figures of MoE layer `layer` since the last reset. FT_ERR_INVALID_ARGUMENT for a
+ * bad layer. Waits for the session's GPU work to finish (not to be called during capture). */
+FT_API ft_status ft_session_get_layer_stats(const ft_session *session, int32_t layer,
+                                            ft_layer_stats *stats);
+/* FT_OK, or the sticky state of a session that cannot continue: FT_ERR_DEVICE_LOST after a
+ * sticky CUDA fault (every later call returns it; free the session, and in most cases the
+ * process must be restarted to use the GPU again), FT_ERR_TIMEOUT after a CPU handoff that
+ * never completed. */
+FT_API ft_status ft_session_status(const ft_session *session);
 
 /* ==========================================================================================
  * Bandwidth profile: what this machine's memory, bus and kernels really do

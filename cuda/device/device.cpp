@@ -115,8 +115,25 @@ double measure_copy_bandwidth(int device, CopyDirection dir, size_t bytes, int i
     return static_cast<double>(bytes) * iters / (ms * 1e-3);
 }
 
+MemoryInfo memory_info(int device) {
+    MemoryInfo m;
+    int previous = 0;
+    if (device < 0 || cudaGetDevice(&previous) != cudaSuccess) {
+        cudaGetLastError();
+        return m;
+    }
+    if (previous == device || cudaSetDevice(device) == cudaSuccess) {
+        size_t f = 0, t = 0;
+        if (cudaMemGetInfo(&f, &t) == cudaSuccess) m = {f, t};
+        if (previous != device) cudaSetDevice(previous);
+    }
+    cudaGetLastError();
+    return m;
+}
+
 #else
 
+MemoryInfo memory_info(int) { return {}; }
 bool built_with_cuda() { return false; }
 int runtime_version() { return 0; }
 const char *architectures() { return ""; }

@@ -11,6 +11,18 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "freetoken.h"
+#ifdef FT_HAVE_CUDA
+#include "freetoken_cuda.h"
+#else
+// Without the CUDA headers the device entry points still exist (and say FT_ERR_UNSUPPORTED);
+// the stream is an opaque pointer either way.
+typedef struct CUstream_st *cudaStream_t;
+extern "C" {
+FT_API ft_status ft_decode_cuda(ft_session *session, int32_t layer, int32_t num_tokens, const uint16_t *hidden,
+                                const int32_t *expert_ids, const float *expert_weights, uint16_t *out, cudaStream_t stream);
+FT_API int32_t ft_session_device(const ft_session *session);
+}
+#endif
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
@@ -33,7 +45,7 @@ struct ft_model {
 struct ft_session {
     ft_model *model = nullptr;
     std::unique_ptr<ft::Session> impl;
-    std::string last_error;
+    mutable std::string last_error;  // also written by the const statistics readers
 };
 
 // Immutable once made, so it carries no error text: its accessors only return statuses.
@@ -368,6 +380,13 @@ void ft_session_params_init(ft_session_params *p) {
     p->max_tokens = 256;
     p->shared_experts = false;
     p->check_finite = true;
+    p->cache_slots = 0;
+    p->cache_fraction = 0.0;
+    p->vram_reserve_bytes = uint64_t(2) << 30;
+    p->prefill_min_tokens = 0;
+    p->hybrid_fraction = 0.0f;
+    p->hybrid_adaptive = true;
+    p->handoff_timeout_seconds = 10.0;
 }
 
 ft_status ft_session_create(ft_model *model, const ft_session_params *params, ft_session **out, char *err, size_t err_size) {
@@ -411,9 +430,44 @@ ft_status ft_decode(ft_session *session, int32_t layer, int32_t num_tokens, cons
     });
 }
 
+ft_status ft_decode_cuda(ft_session *session, int32_t layer, int32_t num_tokens, const uint16_t *hidden,
+                         const int32_t *expert_ids, const float *expert_weights, uint16_t *out, cudaStream_t stream) {
+    if (!session) return FT_ERR_INVALID_ARGUMENT;
+    return on_handle(session->last_error, [&] {
+        ft::DecodeCall c;
+        c.layer = layer;
+        c.num_tokens = num_tokens;
+        c.hidden = hidden;
+        c.ids = expert_ids;
+        c.weights = expert_weights;
+        c.out = out;
+        c.on_device = true;
+        c.stream = stream;
+        session->impl->decode(c);
+    });
+}
+
+int32_t ft_session_device(const ft_session *session) { return session ? session->impl->device() : FT_DEVICE_NONE; }
+
+ft_status ft_session_status(const ft_session *session) {
+    if (!session) return FT_ERR_INVALID_ARGUMENT;
+    return session->impl->status();
+}
+
 ft_status ft_session_get_stats(const ft_session *session, ft_session_stats *stats) {
     if (!session) return FT_ERR_INVALID_ARGUMENT;
-    return write_out(stats, session->impl->stats());
+    ft_session_stats s{};
+    const ft_status st = on_handle(session->last_error, [&] { s = session->impl->stats(); });
+    if (st != FT_OK) return st;
+    return write_out(stats, s);
+}
+
+ft_status ft_session_get_layer_stats(const ft_session *session, int32_t layer, ft_layer_stats *stats) {
+    if (!session) return FT_ERR_INVALID_ARGUMENT;
+    ft_layer_stats s{};
+    const ft_status st = on_handle(session->last_error, [&] { session->impl->layer_stats(layer, s); });
+    if (st != FT_OK) return st;
+    return write_out(stats, s);
 }
 
 void ft_session_reset_stats(ft_session *session) {

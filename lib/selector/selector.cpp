@@ -20,9 +20,43 @@ std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     return {};
 }
 
-// Preference order for `auto`: first available wins.
+std::string gpu_missing(const MachineCaps &caps) {
+    if (!caps.gpu_kernels) return "this build has no CUDA support";
+    if (!caps.gpu) return "the engine has no GPU";
+    return {};
+}
+
+uint64_t usable_vram(const MachineCaps &caps) {
+    return caps.gpu_free_bytes > caps.vram_reserve_bytes ? caps.gpu_free_bytes - caps.vram_reserve_bytes : 0;
+}
+
+std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model) {
+    if (std::string why = gpu_missing(caps); !why.empty()) return why;
+    const uint64_t need = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts * model.num_layers;
+    if (need > usable_vram(caps))
+        return cat(need / 1e9, " GB of experts do not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
+    return {};
+}
+
+std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model) {
+    if (std::string why = gpu_missing(caps); !why.empty()) return why;
+    if (model.num_experts > 1024) return cat(model.num_experts, " experts per layer; the slot cache admits at most 1024");
+    const uint64_t layer = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts;
+    if (layer > usable_vram(caps))
+        return cat("one layer of experts (", layer / 1e9, " GB) does not fit the ", usable_vram(caps) / 1e9,
+                   " GB of GPU memory free beyond the reserve");
+    return {};
+}
+
+// Preference order for `auto`: first available wins. All experts resident on the GPU beats
+// everything; between the CPU and the slot cache the choice needs the machine's measured
+// bandwidths and the model's hit rate, so until a profile decides, `auto` keeps the CPU and
+// offload is chosen explicitly.
 const BackendEntry kBackends[] = {
+    {FT_BACKEND_GPU, "gpu", resident_unavailable},
     {FT_BACKEND_CPU, "cpu", cpu_unavailable},
+    {FT_BACKEND_OFFLOAD, "offload", offload_unavailable},
+    {FT_BACKEND_HYBRID, "hybrid", offload_unavailable},
 };
 
 }  // namespace

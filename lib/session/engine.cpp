@@ -30,6 +30,8 @@ Engine::Engine(const ft_engine_params &p) : isa_(cpu::default_isa()) {
 MachineCaps Engine::caps() const {
     MachineCaps c;
     c.gpu = device_ >= 0;
+    c.gpu_kernels = cuda::built_with_cuda();
+    if (c.gpu) c.gpu_free_bytes = cuda::memory_info(device_).free_bytes;
     c.cpu_threads = pool_->size();
     return c;
 }

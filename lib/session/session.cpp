@@ -3,7 +3,11 @@
 #include <cstring>
 
 #include "ft/common.hpp"
+#include "ft/profile.hpp"
 #include "ft/session.hpp"
+#ifdef FT_HAVE_CUDA_BACKENDS
+#include "ft/cuda_backends.hpp"
+#endif
 
 namespace ft {
 
@@ -64,6 +68,23 @@ private:
     std::vector<cpu::SharedExpertView> shared_;
 };
 
+// The hybrid fetch fraction the saved profile of this machine gives the model's format
+// (spec 1.6 reader rules), or 0.5 without a usable profile.
+double profiled_fetch_fraction(Engine &engine, const ModelSpec &spec) {
+    try {
+        const auto profile = load_usable_profile(default_profile_path(), engine.device_name());
+        if (profile) {
+            if (const auto f = hybrid_fetch_fraction(*profile, profile_format_key(spec.format))) {
+                log(FT_LOG_INFO, "hybrid: fetch fraction ", *f, " from the profile");
+                return *f;
+            }
+        }
+    } catch (const Error &e) {
+        log(FT_LOG_WARN, "hybrid: profile not used: ", e.what());
+    }
+    return 0.5;
+}
+
 bool bf16_finite(uint16_t v) { return (v & 0x7f80u) != 0x7f80u; }
 
 bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
@@ -77,19 +98,61 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
     if (!model.finalized()) fail(FT_ERR_STATE, "the model is not finalized (call ft_model_finalize first)");
     if (params_.max_tokens < 1 || params_.max_tokens > 65536)
         fail(FT_ERR_INVALID_ARGUMENT, "max_tokens must be in [1, 65536], got ", params_.max_tokens);
-    const BackendChoice choice = select_backend(params_.backend, model.engine().caps(), model.model().spec());
+    if (params_.cache_slots < 0) fail(FT_ERR_INVALID_ARGUMENT, "cache_slots must not be negative, got ", params_.cache_slots);
+    if (!(params_.cache_fraction >= 0.0 && params_.cache_fraction <= 1.0))
+        fail(FT_ERR_INVALID_ARGUMENT, "cache_fraction must be in [0, 1], got ", params_.cache_fraction);
+    if (params_.prefill_min_tokens < 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "prefill_min_tokens must not be negative, got ", params_.prefill_min_tokens);
+    MachineCaps caps = model.engine().caps();
+    caps.vram_reserve_bytes = params_.vram_reserve_bytes;
+    const BackendChoice choice = select_backend(params_.backend, caps, model.model().spec());
     backend_ = choice.backend;
     log(FT_LOG_INFO, "session: backend ", backend_name(backend_), " (", choice.reason, ")");
     switch (backend_) {
         case FT_BACKEND_CPU: impl_ = std::make_unique<CpuBackend>(model.engine(), model.model(), params_); break;
+#ifdef FT_HAVE_CUDA_BACKENDS
+        case FT_BACKEND_GPU:
+        case FT_BACKEND_OFFLOAD:
+        case FT_BACKEND_HYBRID: {
+            if (params_.shared_experts)
+                fail(FT_ERR_UNSUPPORTED, "shared_experts is served by the cpu backend only; compute the shared expert on the caller's side");
+            BackendContext ctx;
+            ctx.device = model.engine().device();
+            ctx.pool = &model.engine().pool();
+            ctx.cpu_isa = static_cast<int>(model.engine().isa());
+            ctx.model = &model.model();
+            ctx.params = params_;
+            if (backend_ == FT_BACKEND_HYBRID && params_.hybrid_fraction == 0.0f)
+                ctx.params.hybrid_fraction = static_cast<float>(profiled_fetch_fraction(model.engine(), model.model().spec()));
+            impl_ = make_cuda_backend(backend_, ctx);
+            break;
+        }
+#endif
         default: fail(FT_ERR_INTERNAL, "selected backend ", backend_, " has no implementation");
     }
     reset_stats();
 }
 
+ft_session_stats Session::stats() const {
+    ft_session_stats s = stats_;
+    impl_->add_device_stats(s);
+    return s;
+}
+
+void Session::layer_stats(int32_t layer, ft_layer_stats &out) const {
+    const ModelSpec &s = model_.model().spec();
+    if (layer < 0 || layer >= s.num_layers) fail(FT_ERR_INVALID_ARGUMENT, "layer ", layer, " out of range [0, ", s.num_layers, ")");
+    std::memset(&out, 0, sizeof out);
+    out.struct_size = sizeof out;
+    impl_->layer_stats(layer, out);
+}
+
+int32_t Session::device() const { return model_.engine().device(); }
+
 void Session::reset_stats() {
     std::memset(&stats_, 0, sizeof stats_);
     stats_.struct_size = sizeof stats_;
+    impl_->reset_stats();
 }
 
 void Session::route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights) {
@@ -109,6 +172,7 @@ void Session::route(int32_t layer, int32_t num_tokens, const float *logits, int3
 
 void Session::decode(const DecodeCall &c) {
     const ModelSpec &s = model_.model().spec();
+    if (const ft_status st = impl_->status(); st != FT_OK) fail(st, "the session cannot continue (see ft_session_status)");
     if (c.layer < 0 || c.layer >= s.num_layers)
         fail(FT_ERR_INVALID_ARGUMENT, "layer ", c.layer, " out of range [0, ", s.num_layers, ")");
     if (c.num_tokens < 1 || c.num_tokens > params_.max_tokens)
@@ -118,6 +182,16 @@ void Session::decode(const DecodeCall &c) {
         fail(FT_ERR_INVALID_ARGUMENT, "hidden, expert_ids, expert_weights and out must not be NULL");
     const size_t act_bytes = static_cast<size_t>(c.num_tokens) * s.hidden * sizeof(uint16_t);
     if (overlaps(c.hidden, act_bytes, c.out, act_bytes)) fail(FT_ERR_INVALID_ARGUMENT, "out overlaps hidden");
+    if (c.on_device) {
+        // Device memory cannot be read here without a synchronisation: the backend skips ids
+        // outside [0, E) on the device and check_finite does not apply (freetoken_cuda.h).
+        if (!impl_->device_path())
+            fail(FT_ERR_UNSUPPORTED, "ft_decode_cuda needs a GPU backend; this session runs ", backend_name(backend_));
+        impl_->decode(c, stats_);
+        stats_.decode_calls += 1;
+        stats_.tokens += static_cast<uint64_t>(c.num_tokens);
+        return;
+    }
 
     const int32_t K = s.top_k;
     for (int32_t t = 0; t < c.num_tokens; ++t) {

@@ -41,7 +41,9 @@ const char *kUsage =
     "  --steps N        decode steps (default 64)\n"
     "  --tokens T       tokens per step (default 1)\n"
     "  --threads N      CPU worker threads (default: one per physical core)\n"
-    "  --backend NAME   auto | cpu (default auto)\n"
+    "  --backend NAME   auto | cpu | gpu | offload | hybrid (default auto)\n"
+    "  --cache-fraction F  offload: slot cache size as a fraction of all experts\n"
+    "                   (default: what the free GPU memory holds)\n"
     "  --seed S         routing trace seed (default 1)\n"
     "  --format F       without MODEL: generate the synthetic checkpoint in format F, in the\n"
     "                   layout its real releases use: bf16, fp8_block, nvfp4 (Qwen3-MoE),\n"
@@ -67,6 +69,7 @@ const char *kUsage =
 struct Options {
     std::string command, model;
     int steps = 64, tokens = 1, threads = 0, backend = FT_BACKEND_AUTO;
+    double cache_fraction = 0.0;
     uint64_t seed = 1;
     std::string cache_dir;
     std::string format = "bf16";
@@ -120,7 +123,15 @@ Options parse(int argc, char **argv) {
             const std::string b = value();
             if (b == "auto") o.backend = FT_BACKEND_AUTO;
             else if (b == "cpu") o.backend = FT_BACKEND_CPU;
-            else usage_error("unknown backend '" + b + "' (auto, cpu)");
+            else if (b == "gpu") o.backend = FT_BACKEND_GPU;
+            else if (b == "offload") o.backend = FT_BACKEND_OFFLOAD;
+            else if (b == "hybrid") o.backend = FT_BACKEND_HYBRID;
+            else usage_error("unknown backend '" + b + "' (auto, cpu, gpu, offload, hybrid)");
+        } else if (a == "--cache-fraction") {
+            const char *v = value();
+            char *end = nullptr;
+            o.cache_fraction = std::strtod(v, &end);
+            if (!end || *end || !(o.cache_fraction > 0) || o.cache_fraction > 1) usage_error("--cache-fraction expects a number in (0, 1]");
         } else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
             std::exit(0);
@@ -140,6 +151,16 @@ int check(ft_status s, const char *what, const char *detail) {
 bool progress_cb(void *user, const char *, uint64_t done, uint64_t total) {
     static_cast<ProgressBar *>(user)->update(done, total);
     return true;
+}
+
+const char *backend_name(int32_t b) {
+    switch (b) {
+        case FT_BACKEND_CPU: return "cpu";
+        case FT_BACKEND_GPU: return "gpu (every expert resident)";
+        case FT_BACKEND_OFFLOAD: return "offload (GPU slot cache)";
+        case FT_BACKEND_HYBRID: return "hybrid (GPU slot cache + CPU)";
+        default: return "?";
+    }
 }
 
 const char *act_name(int32_t a) {
@@ -370,13 +391,15 @@ int cmd_run(const Options &o) {
     ft_session_params_init(&sp);
     sp.backend = o.backend;
     sp.max_tokens = o.tokens;
+    sp.cache_fraction = o.cache_fraction;
     int rc = check(ft_session_create(model, &sp, &session, err, sizeof err), "creating the session", err);
     if (rc) {
         ft_model_free(model);
         ft_engine_free(engine);
         return rc;
     }
-    std::printf("backend     %s\n", ft_session_backend(session) == FT_BACKEND_CPU ? "cpu" : "?");
+    const int32_t backend = ft_session_backend(session);
+    std::printf("backend     %s\n", backend_name(backend));
     {
         ft_engine_info pi;
         pi.struct_size = sizeof pi;
@@ -438,12 +461,26 @@ int cmd_run(const Options &o) {
         ft_session_get_stats(session, &st);
         std::sort(layer_ms.begin(), layer_ms.end());
         const double p50 = layer_ms[layer_ms.size() / 2], p90 = layer_ms[layer_ms.size() * 9 / 10];
-        const double gbs = st.cpu_bytes / 1e9 / total_s;
+        const bool on_gpu = backend == FT_BACKEND_GPU || backend == FT_BACKEND_OFFLOAD || backend == FT_BACKEND_HYBRID;
+        // Weight bytes the experts of each call needed, wherever they were read from.
+        const double used = on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) * mi.expert_bytes : st.cpu_bytes;
+        const double gbs = used / 1e9 / total_s;
         std::printf("decode      %d steps x %d token(s) x %d layers: %.1f tokens/s (MoE layers only)\n", o.steps, T, L, o.steps * T / total_s);
+        const double distinct = on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) : static_cast<double>(st.experts_cpu);
         std::printf("per layer   %.3f ms median, %.3f ms p90; %.1f distinct experts read per layer-step\n", p50, p90,
-                    static_cast<double>(st.experts_cpu) / (static_cast<double>(o.steps) * L));
-        std::printf("bandwidth   %.1f GB/s of expert weights = %.2f of the measured read bandwidth\n", gbs, read_gbs > 0 ? gbs / read_gbs : 0.0);
-        if (cache_served)
+                    distinct / (static_cast<double>(o.steps) * L));
+        if (on_gpu) {
+            const double calls = static_cast<double>(st.cache_hits + st.cache_misses);
+            std::printf("gpu         %.1f GB/s of expert weights; slot cache hit rate %.1f%%, %.2f GB fetched over PCIe (%.1f GB/s)\n",
+                        gbs, calls > 0 ? 100.0 * st.cache_hits / calls : 0.0, st.fetched_bytes / 1e9, st.fetched_bytes / 1e9 / total_s);
+            if (backend == FT_BACKEND_HYBRID)
+                std::printf("hybrid      CPU computed %.2f GB of missed experts (%.1f GB/s), fetch fraction now %.3f\n",
+                            st.cpu_bytes / 1e9, st.cpu_bytes / 1e9 / total_s, st.hybrid_fraction);
+        } else {
+            std::printf("bandwidth   %.1f GB/s of expert weights = %.2f of the measured read bandwidth\n", gbs,
+                        read_gbs > 0 ? gbs / read_gbs : 0.0);
+        }
+        if (cache_served && !on_gpu)
             std::printf("note        the experts (%.2f GB) are under 4x the %.0f MB last-level cache: part of every step\n"
                         "            is read from cache; bench/bench_cpu_gemv measures DRAM alone\n",
                         mi.bank_bytes / 1e9, llc / 1e6);

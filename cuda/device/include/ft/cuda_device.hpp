@@ -20,6 +20,12 @@ int device_count();
 // Name of `device`; throws FT_ERR_NO_DEVICE if it is not usable.
 std::string device_name(int device);
 
+// Free and total memory of `device` in bytes; zeros without CUDA or for an unusable device.
+struct MemoryInfo {
+    uint64_t free_bytes = 0, total_bytes = 0;
+};
+MemoryInfo memory_info(int device);
+
 // Page-locks [data, data + bytes) for `device` (portable + mapped, so kernels can read it) and
 // unlocks it on destruction. Throws FT_ERR_DEVICE with CUDA's message on failure.
 enum class CopyDirection { host_to_device, device_to_host };

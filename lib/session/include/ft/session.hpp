@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "freetoken.h"
+#include "ft/backend.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/loader.hpp"
@@ -69,22 +70,6 @@ private:
     uint64_t pinned_bytes_ = 0;
 };
 
-struct DecodeCall {
-    int32_t layer = 0;
-    int32_t num_tokens = 0;
-    const uint16_t *hidden = nullptr;
-    const int32_t *ids = nullptr;
-    const float *weights = nullptr;
-    uint16_t *out = nullptr;
-};
-
-// A backend computes the routed experts of one decode call. One per session.
-class Backend {
-public:
-    virtual ~Backend() = default;
-    virtual void decode(const DecodeCall &call, ft_session_stats &stats) = 0;
-};
-
 class Session {
 public:
     Session(LoadedModel &model, const ft_session_params &params);
@@ -92,8 +77,12 @@ public:
     int32_t backend() const { return backend_; }
     void route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights);
     void decode(const DecodeCall &call);
-    const ft_session_stats &stats() const { return stats_; }
+    // Host counters plus the backend's device figures (may wait for the backend's GPU work).
+    ft_session_stats stats() const;
+    void layer_stats(int32_t layer, ft_layer_stats &out) const;
     void reset_stats();
+    ft_status status() const { return impl_->status(); }
+    int32_t device() const;
 
 private:
     LoadedModel &model_;

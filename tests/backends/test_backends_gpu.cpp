@@ -1,0 +1,453 @@
+// The GPU session backends through the public C API: `gpu` and `offload` against `cpu` and the
+// fp64 reference on every expert format, through many evictions, on the decode and the prefill
+// paths, from host and from device pointers, eager and replayed from a CUDA graph.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../api/api_test_util.hpp"
+#include "freetoken_cuda.h"
+#include "ft/dequant.hpp"
+#include "ft/synth.hpp"
+
+namespace {
+
+using namespace ft::apitest;
+
+bool gpu_engine(ft_engine *engine) {
+    ft_engine_info info;
+    info.struct_size = sizeof info;
+    return engine && ft_engine_get_info(engine, &info) == FT_OK && info.device >= 0;
+}
+
+SessionPtr open_session(ft_model *m, int32_t backend, int max_tokens, int64_t cache_slots = 0) {
+    ft_session_params p;
+    ft_session_params_init(&p);
+    p.backend = backend;
+    p.max_tokens = max_tokens;
+    p.cache_slots = cache_slots;
+    p.vram_reserve_bytes = 0;
+    ft_session *s = nullptr;
+    char err[512];
+    EXPECT_EQ(ft_session_create(m, &p, &s, err, sizeof err), FT_OK) << err;
+    return SessionPtr(s);
+}
+
+struct FormatCase {
+    const char *name;
+    ft::synth::Spec spec;
+    double bound;  // relative error vs the fp64 reference, and gpu vs cpu
+};
+
+std::vector<FormatCase> cases() {
+    auto base = [](const char *arch, const char *format, int hidden, int inter) {
+        ft::synth::Spec s;
+        s.architecture = arch;
+        s.format = format;
+        s.num_layers = 3;
+        s.num_experts = 16;
+        s.top_k = 4;
+        s.hidden = hidden;
+        s.intermediate = inter;
+        return s;
+    };
+    std::vector<FormatCase> c;
+    c.push_back({"bf16", base("qwen3_moe", "bf16", 256, 96), 1e-2});
+    c.push_back({"fp8_block", base("deepseek_v3", "fp8_block", 256, 128), 1e-2});
+    c.push_back({"nvfp4", base("qwen3_moe", "nvfp4", 160, 96), 1e-2});
+    c.push_back({"mxfp4", base("gpt_oss", "mxfp4", 128, 64), 1e-2});
+    c.push_back({"ds_fp4", base("deepseek_v4", "ds_fp4", 256, 128), 1.5e-2});
+    ft::synth::Spec q = base("qwen3_moe", "q4_0", 128, 64);
+    q.gguf = true;
+    c.push_back({"q4_0", q, 3e-2});
+    return c;
+}
+
+void PrintTo(const FormatCase &c, std::ostream *os) { *os << c.name; }
+
+class Backends : public ::testing::TestWithParam<FormatCase> {};
+
+std::string write_model(const TempDir &dir, const ft::synth::Spec &s) {
+    std::string path = dir.path();
+    if (s.gguf) {
+        path += "/model.gguf";
+        ft::synth::write_gguf(path, s);
+    } else {
+        ft::synth::write_checkpoint(path, s);
+    }
+    return path;
+}
+
+// cpu, gpu and offload (one layer of slots: every layer change evicts) decode the same calls;
+// offload must equal gpu bit for bit (same kernels, same weights), both must match the CPU and
+// the fp64 reference within the format's bound, and the slot cache figures must add up.
+TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
+    const FormatCase &c = GetParam();
+    auto engine = make_engine();
+    if (!gpu_engine(engine.get())) GTEST_SKIP() << "no usable GPU";
+    const ft::synth::Spec &s = c.spec;
+    TempDir dir;
+    const std::string path = write_model(dir, s);
+    ft_model *raw = nullptr;
+    char err[512];
+    ASSERT_EQ(ft_model_load(engine.get(), path.c_str(), nullptr, &raw, err, sizeof err), FT_OK) << err;
+    ModelPtr model(raw);
+    ft_model_info info;
+    info.struct_size = sizeof info;
+    ASSERT_EQ(ft_model_get_info(raw, &info), FT_OK);
+    ASSERT_EQ(info.pinned_bytes, info.bank_bytes);
+
+    const int kMaxTokens = 96;  // > the default prefill threshold of 64
+    auto cpu = open_session(raw, FT_BACKEND_CPU, kMaxTokens);
+    auto gpu = open_session(raw, FT_BACKEND_GPU, kMaxTokens);
+    auto off = open_session(raw, FT_BACKEND_OFFLOAD, kMaxTokens, s.num_experts);
+    ASSERT_TRUE(cpu && gpu && off);
+    EXPECT_EQ(ft_session_backend(gpu.get()), FT_BACKEND_GPU);
+    EXPECT_EQ(ft_session_backend(off.get()), FT_BACKEND_OFFLOAD);
+
+    ft::testing::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
+    ft::testing::FormatNumerics fmt;
+    if (info.format == FT_FORMAT_DS_FP4) {
+        fmt.ds_fp4 = true;
+        fmt.ds_limit = info.activation == FT_ACT_SILU && std::isfinite(info.swiglu_limit) ? info.swiglu_limit : 0.0;
+        fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
+    }
+    const int L = info.num_layers, E = info.num_experts, K = info.top_k, H = info.hidden_size, I = info.intermediate_size;
+    std::vector<std::vector<std::vector<float>>> g(L), u(L), d(L), bg(L), bu(L), bd(L);
+    for (int l = 0; l < L; ++l) {
+        for (auto *v : {&g[l], &u[l], &d[l], &bg[l], &bu[l], &bd[l]}) v->resize(E);
+        for (int e = 0; e < E; ++e) {
+            g[l][e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_GATE);
+            u[l][e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_UP);
+            d[l][e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_DOWN);
+            bg[l][e] = ft::synth::expert_bias(s, l, e, FT_PROJ_GATE);
+            bu[l][e] = ft::synth::expert_bias(s, l, e, FT_PROJ_UP);
+            bd[l][e] = ft::synth::expert_bias(s, l, e, FT_PROJ_DOWN);
+        }
+    }
+
+    std::mt19937 rng(1234 + info.format);
+    std::normal_distribution<float> n(0.f, 1.5f);
+    uint64_t decode_distinct = 0, decode_calls = 0;
+    const int kSteps = 12;
+    for (int step = 0; step < kSteps; ++step) {
+        for (int l = 0; l < L; ++l) {
+            // Mostly decode sizes; every fourth step one prefill-sized call.
+            const int T = step % 4 == 3 ? 80 : std::vector<int>{1, 3, 8, 17}[(step + l) % 4];
+            std::vector<float> logits(size_t(T) * E);
+            for (float &x : logits) x = n(rng);
+            std::vector<int32_t> ids(size_t(T) * K);
+            std::vector<float> w(size_t(T) * K);
+            ASSERT_EQ(ft_route(cpu.get(), l, T, logits.data(), ids.data(), w.data()), FT_OK);
+            if (T > 1) ids[K + 1] = -1;  // a route computed elsewhere
+            const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+            std::vector<uint16_t> y_cpu(size_t(T) * H), y_gpu(size_t(T) * H, 0x7fc0), y_off(size_t(T) * H, 0x7fc0);
+            ASSERT_EQ(ft_decode(cpu.get(), l, T, x.data(), ids.data(), w.data(), y_cpu.data()), FT_OK);
+            ASSERT_EQ(ft_decode(gpu.get(), l, T, x.data(), ids.data(), w.data(), y_gpu.data()), FT_OK)
+                << ft_session_last_error(gpu.get());
+            ASSERT_EQ(ft_decode(off.get(), l, T, x.data(), ids.data(), w.data(), y_off.data()), FT_OK)
+                << ft_session_last_error(off.get());
+            ASSERT_EQ(0, std::memcmp(y_gpu.data(), y_off.data(), y_gpu.size() * 2)) << c.name << " step " << step << " layer " << l;
+            for (uint16_t v : y_off) ASSERT_NE(v & 0x7f80, 0x7f80) << "non-finite output: a poisoned slot was read";
+            std::vector<double> cpu_ref(y_cpu.size());
+            for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::testing::bf16_to_f64(y_cpu[i]);
+            EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, cpu_ref), c.bound) << c.name << " gpu vs cpu, T " << T;
+            const auto ref = ft::testing::moe_reference_f32(
+                [&](int32_t e) {
+                    ft::testing::ExpertF32 ex{g[l][e].data(), u[l][e].data(), d[l][e].data()};
+                    if (!bg[l][e].empty()) ex.bias_gate = bg[l][e].data(), ex.bias_up = bu[l][e].data(), ex.bias_down = bd[l][e].data();
+                    return ex;
+                },
+                E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
+            EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, ref), c.bound) << c.name << " gpu vs reference, T " << T;
+            if (T < 64) {
+                std::set<int32_t> distinct;
+                for (int32_t id : ids)
+                    if (id >= 0) distinct.insert(id);
+                decode_distinct += distinct.size();
+                ++decode_calls;
+            }
+        }
+    }
+    ft_session_stats st;
+    st.struct_size = sizeof st;
+    ASSERT_EQ(ft_session_get_stats(off.get(), &st), FT_OK);
+    EXPECT_EQ(st.cache_hits + st.cache_misses, decode_distinct);
+    EXPECT_EQ(st.fetched_experts, st.cache_misses);  // offload fetches every miss
+    EXPECT_EQ(st.fetched_bytes, st.fetched_experts * info.expert_bytes);
+    EXPECT_GT(st.cache_misses, uint64_t(E));  // one layer of slots: layers keep evicting each other
+    EXPECT_EQ(st.prefill_calls, uint64_t(kSteps / 4 * L));
+    ASSERT_EQ(ft_session_get_stats(gpu.get(), &st), FT_OK);
+    EXPECT_EQ(st.cache_hits, decode_distinct);
+    EXPECT_EQ(st.cache_misses, 0u);
+    uint64_t calls = 0;
+    for (int l = 0; l < L; ++l) {
+        ft_layer_stats ls;
+        ls.struct_size = sizeof ls;
+        ASSERT_EQ(ft_session_get_layer_stats(off.get(), l, &ls), FT_OK);
+        calls += ls.calls;
+    }
+    EXPECT_EQ(calls, decode_calls);
+    ft_layer_stats ls;
+    ls.struct_size = sizeof ls;
+    EXPECT_EQ(ft_session_get_layer_stats(off.get(), L, &ls), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ft_session_status(off.get()), FT_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, Backends, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<FormatCase> &i) { return std::string(i.param.name); });
+
+// Device buffers for one call of T tokens.
+struct DeviceCall {
+    uint16_t *x = nullptr, *y = nullptr;
+    int32_t *ids = nullptr;
+    float *w = nullptr;
+    DeviceCall(int T, int H, int K) {
+        EXPECT_EQ(cudaMalloc(&x, size_t(T) * H * 2), cudaSuccess);
+        EXPECT_EQ(cudaMalloc(&y, size_t(T) * H * 2), cudaSuccess);
+        EXPECT_EQ(cudaMalloc(&ids, size_t(T) * K * 4), cudaSuccess);
+        EXPECT_EQ(cudaMalloc(&w, size_t(T) * K * 4), cudaSuccess);
+    }
+    ~DeviceCall() {
+        cudaFree(x);
+        cudaFree(y);
+        cudaFree(ids);
+        cudaFree(w);
+    }
+    void upload(const std::vector<uint16_t> &hx, const std::vector<int32_t> &hids, const std::vector<float> &hw) {
+        ASSERT_EQ(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(ids, hids.data(), hids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+};
+
+struct Fixture {
+    EnginePtr engine;
+    TempDir dir;
+    ModelPtr model;
+    ft_model_info info{};
+    bool ok = false;
+    explicit Fixture(int layers = 4, int experts = 32) {
+        engine = make_engine();
+        if (!gpu_engine(engine.get())) return;
+        ft::synth::Spec s;
+        s.num_layers = layers;
+        s.num_experts = experts;
+        s.top_k = 4;
+        s.hidden = 256;
+        s.intermediate = 128;
+        ft::synth::write_checkpoint(dir.path(), s);
+        ft_model *raw = nullptr;
+        char err[512];
+        EXPECT_EQ(ft_model_load(engine.get(), dir.path().c_str(), nullptr, &raw, err, sizeof err), FT_OK) << err;
+        model.reset(raw);
+        info.struct_size = sizeof info;
+        ft_model_get_info(raw, &info);
+        ok = raw != nullptr;
+    }
+};
+
+std::vector<int32_t> random_ids(std::mt19937 &rng, int T, int K, int E) {
+    std::vector<int32_t> ids(size_t(T) * K);
+    std::uniform_int_distribution<int> pick(0, E - 1);
+    for (int t = 0; t < T; ++t) {
+        std::set<int> used;
+        for (int k = 0; k < K; ++k) {
+            int e;
+            do e = pick(rng);
+            while (!used.insert(e).second);
+            ids[size_t(t) * K + k] = e;
+        }
+    }
+    return ids;
+}
+
+// One CUDA graph holding ft_decode_cuda for every layer, replayed with new inputs each step,
+// against an identical offload session driven eagerly from host pointers: the slot cache
+// evolves the same way, so the outputs are identical bytes.
+TEST(BackendsDevice, GraphReplayEqualsEagerThroughEvictions) {
+    Fixture f;
+    if (!f.ok) GTEST_SKIP() << "no usable GPU";
+    const int L = f.info.num_layers, E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size, T = 4;
+    auto graphed = open_session(f.model.get(), FT_BACKEND_OFFLOAD, 16, E + 8);
+    auto eager = open_session(f.model.get(), FT_BACKEND_OFFLOAD, 16, E + 8);
+    ASSERT_TRUE(graphed && eager);
+    std::vector<DeviceCall> calls;
+    calls.reserve(L);
+    for (int l = 0; l < L; ++l) calls.emplace_back(T, H, K);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+
+    std::mt19937 rng(7);
+    std::vector<std::vector<uint16_t>> xs(L);
+    std::vector<std::vector<int32_t>> idss(L);
+    std::vector<std::vector<float>> ws(L);
+    auto fresh_inputs = [&] {
+        for (int l = 0; l < L; ++l) {
+            xs[l] = random_bf16(rng, size_t(T) * H, 1.0f);
+            idss[l] = random_ids(rng, T, K, E);
+            ws[l].assign(size_t(T) * K, 0.0f);
+            for (auto &v : ws[l]) v = std::uniform_real_distribution<float>(0.05f, 1.0f)(rng);
+            calls[l].upload(xs[l], idss[l], ws[l]);
+        }
+    };
+    // Capture (nothing runs yet), then replay step after step with new contents.
+    fresh_inputs();
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (int l = 0; l < L; ++l)
+        ASSERT_EQ(ft_decode_cuda(graphed.get(), l, T, calls[l].x, calls[l].ids, calls[l].w, calls[l].y, stream), FT_OK)
+            << ft_session_last_error(graphed.get());
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int step = 0; step < 30; ++step) {
+        if (step > 0) fresh_inputs();
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        for (int l = 0; l < L; ++l) {
+            std::vector<uint16_t> from_graph(size_t(T) * H), from_eager(size_t(T) * H);
+            ASSERT_EQ(cudaMemcpy(from_graph.data(), calls[l].y, from_graph.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+            ASSERT_EQ(ft_decode(eager.get(), l, T, xs[l].data(), idss[l].data(), ws[l].data(), from_eager.data()), FT_OK);
+            ASSERT_EQ(0, std::memcmp(from_graph.data(), from_eager.data(), from_graph.size() * 2)) << "step " << step << " layer " << l;
+        }
+    }
+    ft_session_stats a, b;
+    a.struct_size = b.struct_size = sizeof a;
+    ASSERT_EQ(ft_session_get_stats(graphed.get(), &a), FT_OK);
+    ASSERT_EQ(ft_session_get_stats(eager.get(), &b), FT_OK);
+    EXPECT_EQ(a.cache_misses, b.cache_misses);
+    EXPECT_EQ(a.cache_hits, b.cache_hits);
+    EXPECT_GT(a.cache_misses, uint64_t(E));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+}
+
+// Eager device calls equal host calls; a prefill-sized device call during capture is refused
+// with FT_ERR_STATE; pageable host pointers are refused; ids out of range are skipped.
+TEST(BackendsDevice, DevicePathRules) {
+    Fixture f;
+    if (!f.ok) GTEST_SKIP() << "no usable GPU";
+    const int E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size;
+    auto gpu = open_session(f.model.get(), FT_BACKEND_GPU, 128);
+    ASSERT_TRUE(gpu);
+    std::mt19937 rng(3);
+    const int T = 5;
+    DeviceCall dc(T, H, K);
+    auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+    auto ids = random_ids(rng, T, K, E);
+    std::vector<float> w(size_t(T) * K, 0.25f);
+    dc.upload(x, ids, w);
+    ASSERT_EQ(ft_decode_cuda(gpu.get(), 1, T, dc.x, dc.ids, dc.w, dc.y, nullptr), FT_OK) << ft_session_last_error(gpu.get());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> dev(size_t(T) * H), host(size_t(T) * H);
+    ASSERT_EQ(cudaMemcpy(dev.data(), dc.y, dev.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(ft_decode(gpu.get(), 1, T, x.data(), ids.data(), w.data(), host.data()), FT_OK);
+    EXPECT_EQ(0, std::memcmp(dev.data(), host.data(), dev.size() * 2));
+
+    // Pageable host memory is not device memory.
+    EXPECT_EQ(ft_decode_cuda(gpu.get(), 1, T, x.data(), dc.ids, dc.w, dc.y, nullptr), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ft_session_last_error(gpu.get())).find("device"), std::string::npos);
+
+    // Ids >= E on the device path are skipped: same result as those routes set to -1 on the host.
+    auto bad = ids;
+    bad[2] = E + 5;
+    auto skipped = ids;
+    skipped[2] = -1;
+    dc.upload(x, bad, w);
+    ASSERT_EQ(ft_decode_cuda(gpu.get(), 1, T, dc.x, dc.ids, dc.w, dc.y, nullptr), FT_OK);
+    ASSERT_EQ(cudaMemcpy(dev.data(), dc.y, dev.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(ft_decode(gpu.get(), 1, T, x.data(), skipped.data(), w.data(), host.data()), FT_OK);
+    EXPECT_EQ(0, std::memcmp(dev.data(), host.data(), dev.size() * 2));
+
+    // Prefill-sized calls cannot be captured.
+    const int P = 100;
+    DeviceCall big(P, H, K);
+    big.upload(random_bf16(rng, size_t(P) * H, 1.0f), random_ids(rng, P, K, E), std::vector<float>(size_t(P) * K, 0.1f));
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(ft_decode_cuda(gpu.get(), 0, P, big.x, big.ids, big.w, big.y, stream), FT_ERR_STATE);
+    cudaGraph_t graph;
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    // ...but run eagerly.
+    EXPECT_EQ(ft_decode_cuda(gpu.get(), 0, P, big.x, big.ids, big.w, big.y, stream), FT_OK) << ft_session_last_error(gpu.get());
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaStreamDestroy(stream);
+
+    // A CPU session has no device path.
+    auto cpu = open_session(f.model.get(), FT_BACKEND_CPU, 16);
+    EXPECT_EQ(ft_decode_cuda(cpu.get(), 1, T, dc.x, dc.ids, dc.w, dc.y, nullptr), FT_ERR_UNSUPPORTED);
+}
+
+// Prefill streams whole layers through its own buffers: the decode working set stays resident.
+TEST(BackendsDevice, PrefillDoesNotEvictTheDecodeWorkingSet) {
+    Fixture f;
+    if (!f.ok) GTEST_SKIP() << "no usable GPU";
+    const int E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size;
+    auto off = open_session(f.model.get(), FT_BACKEND_OFFLOAD, 128, E);  // one layer of slots
+    ASSERT_TRUE(off);
+    std::mt19937 rng(11);
+    const int T = 2;
+    auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+    std::vector<int32_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<float> w(size_t(T) * K, 0.25f);
+    std::vector<uint16_t> y(size_t(T) * H);
+    ASSERT_EQ(ft_decode(off.get(), 0, T, x.data(), ids.data(), w.data(), y.data()), FT_OK);
+    for (int l : {1, 2, 3, 1}) {  // prefill of other layers, whole layers each
+        const int P = 100;
+        auto px = random_bf16(rng, size_t(P) * H, 1.0f);
+        auto pids = random_ids(rng, P, K, E);
+        std::vector<float> pw(size_t(P) * K, 0.1f);
+        std::vector<uint16_t> py(size_t(P) * H);
+        ASSERT_EQ(ft_decode(off.get(), l, P, px.data(), pids.data(), pw.data(), py.data()), FT_OK) << ft_session_last_error(off.get());
+        for (uint16_t v : py) ASSERT_NE(v & 0x7f80, 0x7f80);
+    }
+    ASSERT_EQ(ft_decode(off.get(), 0, T, x.data(), ids.data(), w.data(), y.data()), FT_OK);
+    ft_layer_stats ls;
+    ls.struct_size = sizeof ls;
+    ASSERT_EQ(ft_session_get_layer_stats(off.get(), 0, &ls), FT_OK);
+    EXPECT_EQ(ls.calls, 2u);
+    EXPECT_EQ(ls.active_experts, 16u);
+    EXPECT_EQ(ls.misses, 8u);  // the second call found all 8 experts still resident
+    ft_session_stats st;
+    st.struct_size = sizeof st;
+    ASSERT_EQ(ft_session_get_stats(off.get(), &st), FT_OK);
+    EXPECT_EQ(st.prefill_calls, 4u);
+    EXPECT_GE(st.prefill_bytes, 3 * uint64_t(E) * f.info.expert_bytes);
+}
+
+// Slot counts: explicit, fraction, automatic; below one layer refused.
+TEST(BackendsDevice, SlotCountParameters) {
+    Fixture f(4, 32);
+    if (!f.ok) GTEST_SKIP() << "no usable GPU";
+    ft_session_params p;
+    ft_session_params_init(&p);
+    p.backend = FT_BACKEND_OFFLOAD;
+    p.max_tokens = 8;
+    p.cache_slots = 31;  // < E
+    ft_session *s = nullptr;
+    char err[512];
+    EXPECT_EQ(ft_session_create(f.model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(s, nullptr);
+    p.cache_slots = 0;
+    p.cache_fraction = 1.5;
+    EXPECT_EQ(ft_session_create(f.model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    p.cache_fraction = 0.5;  // 64 of 128
+    ASSERT_EQ(ft_session_create(f.model.get(), &p, &s, err, sizeof err), FT_OK) << err;
+    ft_session_free(s);
+    p.cache_fraction = 0;  // automatic: everything fits on a GPU of this size
+    ASSERT_EQ(ft_session_create(f.model.get(), &p, &s, err, sizeof err), FT_OK) << err;
+    ft_session_free(s);
+}
+
+}  // namespace
