@@ -1,0 +1,163 @@
+/*
+ * freetoken_ep.h - expert parallelism across GPUs through NCCL (C API of libfreetoken).
+ *
+ * An ft_ep_group is one rank (one GPU) of a group that splits a MoE layer's routed experts
+ * across GPUs. Per layer, each rank hands over its tokens (bf16 hidden states on its GPU) and the
+ * router's choice; dispatch sends every token at most once to each GPU that holds one of its
+ * experts, in FP8 e4m3 with one scale per 128 channels by default; the caller runs its local
+ * experts on the received rows; combine reduces each token's routes on the GPU that computed
+ * them, returns one bf16 row per (token, GPU) and sums them at the source in rank order, so the
+ * result does not depend on chunking or arrival order.
+ *
+ * Conventions are those of freetoken.h (statuses, struct_size params, *_last_error, NULL-safe
+ * *_free). Device pointers are CUDA device memory of the group's GPU; a stream is a
+ * cudaStream_t passed as void* (NULL: the legacy default stream).
+ *
+ * NCCL is not linked: the library opens libnccl.so.2 at run time (put NCCL's lib folder on
+ * LD_LIBRARY_PATH, e.g. the one PyTorch bundles). Without it every creation call returns
+ * FT_ERR_UNSUPPORTED; a build without CUDA returns FT_ERR_UNSUPPORTED everywhere.
+ *
+ * Threading contract
+ * - A group is used by one host thread at a time.
+ * - Dispatch, combine and forward are collective: every rank of the group must make the same
+ *   sequence of these calls with the same parameters (tokens may differ per rank). In throughput
+ *   mode dispatch and forward block the calling thread until every rank has posted its counts,
+ *   so several groups of one process (ft_ep_group_bootstrap_local) need one host thread each.
+ * - Latency mode never synchronises the host and may be captured into a CUDA graph (the
+ *   capture must cover every call from dispatch to combine; NCCL's own capture rules apply).
+ * - ft_ep_params_init and ft_ep_group_last_error may be called from any thread.
+ */
+#ifndef FREETOKEN_EP_H
+#define FREETOKEN_EP_H
+
+#include "freetoken.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ft_ep_group ft_ep_group;
+
+/* Modes. */
+#define FT_EP_MODE_THROUGHPUT 0 /* prefill: exact sizes (one host sync per call), chunked     */
+#define FT_EP_MODE_LATENCY    1 /* decode: fixed capacity per peer, no host sync, capturable  */
+
+/* Dispatch payload on the wire (compute stays bf16). */
+#define FT_EP_WIRE_BF16       0 /* bf16 rows                                                 */
+#define FT_EP_WIRE_FP8        1 /* e4m3, one fp32 scale per 128 channels (default)           */
+#define FT_EP_WIRE_FP8_UE8M0  2 /* e4m3, one power-of-two (e8m0) scale per 128 channels      */
+
+typedef struct ft_ep_params {
+    uint32_t struct_size;
+    int32_t num_experts;      /* logical experts E                                          */
+    int32_t slots_per_rank;   /* expert slots per GPU; 0: E / ranks (E a multiple of ranks).
+                                 More than E / ranks leaves room for replicas; the initial
+                                 placement puts physical slot p on logical expert p % E    */
+    int32_t top_k;            /* routes per token, 1..32 (default 8)                        */
+    int64_t hidden;           /* H, a multiple of 128                                       */
+    int64_t max_tokens;       /* tokens per rank per call (latency mode: the capacity)      */
+    int32_t mode;             /* FT_EP_MODE_* (default THROUGHPUT)                          */
+    int32_t wire;             /* FT_EP_WIRE_* (default FP8)                                 */
+    int32_t chunks;           /* throughput: pipeline chunks, 0 = from the link bandwidth   */
+    int32_t reserved;         /* 0                                                          */
+    double link_bytes_per_s;  /* per-peer link bandwidth for the chunk plan; 0: 25e9        */
+    int64_t max_expert_rows;  /* expert rows per chunk the buffers hold; 0: ranks *
+                                 max_tokens * top_k (the worst case; lower it to save memory) */
+} ft_ep_params;
+
+FT_API void ft_ep_params_init(ft_ep_params *params);
+
+/* Creates a group on `device` from an existing communicator (an ncclComm_t, borrowed: it must
+ * outlive the group). Rank and size come from the communicator. Allocates every buffer now.
+ * Returns FT_ERR_UNSUPPORTED without NCCL or CUDA, FT_ERR_INVALID_ARGUMENT for bad params,
+ * FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE. */
+FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, const ft_ep_params *params,
+                                              ft_ep_group **out, char *err, size_t err_size);
+
+/* Broadcast of `bytes` bytes from rank 0 to every rank (the caller's side channel: MPI_Bcast, a
+ * TCP store, a file). Called once on every rank; returns 0 on success. */
+typedef int32_t (*ft_ep_broadcast_fn)(void *data, size_t bytes, void *user_data);
+
+/* Creates rank `rank` of `nranks` on `device` with a communicator of its own (destroyed with
+ * the group). Rank 0 makes NCCL's unique id and `broadcast` carries it to the others. With
+ * broadcast == NULL every rank makes the id itself, which only agrees when NCCL_COMM_ID
+ * (host:port of rank 0) is set in every rank's environment. Blocks until all ranks joined. */
+FT_API ft_status ft_ep_group_bootstrap(int32_t nranks, int32_t rank, int32_t device, ft_ep_broadcast_fn broadcast,
+                                       void *user_data, const ft_ep_params *params, ft_ep_group **out, char *err,
+                                       size_t err_size);
+
+/* One group per listed device of this process (ncclCommInitAll); groups[i] is rank i on
+ * devices[i]. Each group then needs its own host thread (see the threading contract). */
+FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *devices, const ft_ep_params *params,
+                                             ft_ep_group **groups, char *err, size_t err_size);
+
+typedef struct ft_ep_group_info {
+    uint32_t struct_size;
+    int32_t rank;
+    int32_t ranks;
+    int32_t slots_per_rank;
+    int32_t device;
+    int32_t nccl_version;     /* NCCL_VERSION_CODE of the loaded libnccl                    */
+    int32_t last_chunks;      /* chunks of the last throughput call                         */
+    uint64_t last_bytes_sent; /* bytes the last call sent to other ranks (both directions)  */
+} ft_ep_group_info;
+
+FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info *info);
+
+/* Expert placement, EPLB style: phy2log[r * slots_per_rank + s] is the logical expert in slot s
+ * of rank r; every expert placed at least once, copies of one expert on distinct ranks. All
+ * ranks must set the same map before their next dispatch. count = ranks * slots_per_rank. */
+FT_API ft_status ft_ep_group_set_placement(ft_ep_group *group, const int32_t *phy2log, size_t count);
+/* Writes min(capacity, ranks * slots_per_rank) entries; *count receives the full size. */
+FT_API ft_status ft_ep_group_get_placement(const ft_ep_group *group, int32_t *phy2log, size_t capacity, size_t *count);
+
+/* The rows this rank's experts must process, expert-major (device pointers owned by the group,
+ * valid until the next call on it). Rows offset[s] .. offset[s+1]-1 belong to local slot s; the
+ * callee reads x and writes y for those rows (bf16, [rows, hidden]); offsets live on the device
+ * (latency mode never copies them to the host). */
+typedef struct ft_ep_expert_batch {
+    uint32_t struct_size;
+    int32_t slots;
+    int64_t hidden;
+    int64_t max_rows;
+    const int64_t *offset;       /* [slots + 1], device                                       */
+    const uint16_t *x;           /* [max_rows, hidden] bf16 inputs, device                    */
+    uint16_t *y;                 /* [max_rows, hidden] bf16 outputs, device                   */
+    const int32_t *row_source;   /* [max_rows] source rank of each row, device                */
+    const int32_t *row_token;    /* [max_rows] token index on the source, device              */
+    const float *row_weight;     /* [max_rows] route weight (the group applies it), device    */
+} ft_ep_expert_batch;
+
+/* topk_ids [tokens, top_k] int32 (negative: no route), topk_weights [tokens, top_k] float (NULL:
+ * all 1), x [tokens, hidden] bf16, all device memory; tokens <= max_tokens. On return `batch`
+ * (may be NULL) describes the rows to compute on `stream` before ft_ep_combine. Throughput mode
+ * synchronises the host once (the count exchange) and exchanges in a single chunk here; use
+ * ft_ep_forward for the chunked pipeline. */
+FT_API ft_status ft_ep_dispatch(ft_ep_group *group, const int32_t *topk_ids, const float *topk_weights,
+                                const uint16_t *x, int64_t tokens, void *stream, ft_ep_expert_batch *batch);
+
+/* out [tokens, hidden] bf16 device = sum over the token's routes of weight * expert(x), for the
+ * tokens of the matching dispatch. */
+FT_API ft_status ft_ep_combine(ft_ep_group *group, uint16_t *out, void *stream);
+
+/* Enqueues the caller's experts for `batch` on `stream` (it must not synchronise or fail: the
+ * peers are waiting on this rank). */
+typedef void (*ft_ep_expert_fn)(const ft_ep_expert_batch *batch, void *stream, void *user_data);
+
+/* Dispatch, experts and combine in one call. Throughput mode pipelines chunks: the exchange of
+ * chunk i+1 and the return of chunk i-1 run on a second stream while `expert` runs chunk i. */
+FT_API ft_status ft_ep_forward(ft_ep_group *group, const int32_t *topk_ids, const float *topk_weights,
+                               const uint16_t *x, int64_t tokens, ft_ep_expert_fn expert, void *user_data,
+                               uint16_t *out, void *stream);
+
+/* The group's most recent error text, valid until the next call on the group; "" if none. */
+FT_API const char *ft_ep_group_last_error(const ft_ep_group *group);
+
+/* Frees the buffers and, if the group made it, the communicator. Accepts NULL. */
+FT_API void ft_ep_group_free(ft_ep_group *group);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FREETOKEN_EP_H */

@@ -1,0 +1,355 @@
+// C shims of freetoken_ep.h over ft::ep::cuda (EpRank + NcclTransport). Each checks its
+// arguments, runs the C++ core inside a catch-all and stores the message on the group (or in the
+// caller's buffer before a group exists). Without the GPU side (FT_EP_HAVE_CUDA, set by the
+// ft_ep_cuda target) every entry point reports FT_ERR_UNSUPPORTED.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "freetoken.h"
+#include "freetoken_ep.h"
+#include "ft/common.hpp"
+
+#if defined(FT_EP_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include "ft/ep.hpp"
+#include "ft/ep_cuda.hpp"
+#endif
+
+namespace {
+
+void write_error(char *buf, size_t size, const std::string &msg) {
+    if (!buf || size == 0) return;
+    const size_t n = std::min(size - 1, msg.size());
+    std::memcpy(buf, msg.data(), n);
+    buf[n] = '\0';
+}
+
+template <typename Fn, typename Sink>
+ft_status guarded(Sink &&sink, Fn &&fn) noexcept {
+    try {
+        fn();
+        return FT_OK;
+    } catch (const ft::Error &e) {
+        sink(e.what());
+        return e.status();
+    } catch (const std::bad_alloc &) {
+        sink("out of host memory");
+        return FT_ERR_OUT_OF_MEMORY;
+    } catch (const std::exception &e) {
+        sink(std::string("internal error: ") + e.what());
+        return FT_ERR_INTERNAL;
+    } catch (...) {
+        sink("internal error: unknown exception");
+        return FT_ERR_INTERNAL;
+    }
+}
+
+ft_ep_params read_params(const ft_ep_params *in) {
+    ft_ep_params p;
+    ft_ep_params_init(&p);
+    if (!in) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: params is NULL");
+    if (in->struct_size < sizeof(uint32_t)) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: params.struct_size is ", in->struct_size);
+    std::memcpy(&p, in, std::min<size_t>(in->struct_size, sizeof p));
+    p.struct_size = sizeof p;
+    return p;
+}
+
+}  // namespace
+
+#if defined(FT_EP_HAVE_CUDA)
+
+struct ft_ep_group {
+    std::unique_ptr<ft::ep::cuda::NcclTransport> net;
+    std::unique_ptr<ft::ep::cuda::EpRank> rank;
+    int32_t device = 0;
+    std::string last_error;
+};
+
+namespace {
+
+template <typename Fn>
+ft_status on_group(ft_ep_group *g, Fn &&fn) noexcept {
+    if (!g) return FT_ERR_INVALID_ARGUMENT;
+    g->last_error.clear();
+    return guarded(
+        [&](const std::string &m) noexcept {
+            try {
+                g->last_error = m;
+            } catch (...) {
+            }
+        },
+        [&] {
+            ft::ep::cuda::check_cuda(cudaSetDevice(g->device), "cudaSetDevice");
+            fn();
+        });
+}
+
+template <typename Fn>
+ft_status before_group(char *err, size_t err_size, Fn &&fn) noexcept {
+    write_error(err, err_size, "");
+    return guarded([&](const std::string &m) noexcept { write_error(err, err_size, m); }, fn);
+}
+
+ft::ep::cuda::EpConfig config_of(const ft_ep_params &p) {
+    using ft::ep::WireDtype;
+    ft::ep::cuda::EpConfig c;
+    c.top_k = p.top_k;
+    c.hidden = p.hidden;
+    c.max_tokens = p.max_tokens;
+    if (p.mode != FT_EP_MODE_THROUGHPUT && p.mode != FT_EP_MODE_LATENCY)
+        ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: mode ", p.mode);
+    c.mode = p.mode == FT_EP_MODE_LATENCY ? ft::ep::cuda::Mode::Latency : ft::ep::cuda::Mode::Throughput;
+    switch (p.wire) {
+        case FT_EP_WIRE_BF16: c.dispatch_dtype = WireDtype::Bf16; break;
+        case FT_EP_WIRE_FP8: c.dispatch_dtype = WireDtype::Fp8Fp32; break;
+        case FT_EP_WIRE_FP8_UE8M0: c.dispatch_dtype = WireDtype::Fp8Ue8m0; break;
+        default: ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: wire format ", p.wire);
+    }
+    if (p.chunks < 0 || p.chunks > c.policy.max_chunks)
+        ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: chunks ", p.chunks, " (0..", c.policy.max_chunks, ")");
+    c.chunks = p.chunks;
+    if (p.link_bytes_per_s < 0) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: link bandwidth ", p.link_bytes_per_s);
+    if (p.link_bytes_per_s > 0) c.link_bytes_per_s = p.link_bytes_per_s;
+    c.max_expert_rows = p.max_expert_rows;
+    return c;
+}
+
+ft::ep::Placement initial_placement(const ft_ep_params &p, int32_t ranks) {
+    if (p.num_experts < 1) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: ", p.num_experts, " experts");
+    int32_t S = p.slots_per_rank;
+    if (S == 0) {
+        if (p.num_experts % ranks != 0)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: ", p.num_experts, " experts do not split evenly over ", ranks,
+                     " ranks; set slots_per_rank");
+        S = p.num_experts / ranks;
+    }
+    if (S < 1 || static_cast<int64_t>(S) * ranks < p.num_experts || S > p.num_experts)
+        ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: ", S, " slots per rank for ", p.num_experts, " experts on ", ranks,
+                 " ranks");
+    std::vector<int32_t> phy2log(static_cast<size_t>(S) * ranks);
+    for (size_t i = 0; i < phy2log.size(); ++i) phy2log[i] = static_cast<int32_t>(i % p.num_experts);
+    return ft::ep::make_placement(p.num_experts, ranks, std::move(phy2log));
+}
+
+std::unique_ptr<ft_ep_group> make_group(std::unique_ptr<ft::ep::cuda::NcclTransport> net, int32_t device,
+                                        const ft_ep_params &p) {
+    auto g = std::make_unique<ft_ep_group>();
+    g->device = device;
+    ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    g->rank = std::make_unique<ft::ep::cuda::EpRank>(*net, initial_placement(p, net->size()), config_of(p));
+    g->net = std::move(net);
+    return g;
+}
+
+void to_c(const ft::ep::cuda::ExpertBatch &b, ft_ep_expert_batch *out) {
+    ft_ep_expert_batch c{};
+    c.struct_size = sizeof c;
+    c.slots = b.slots;
+    c.hidden = b.hidden;
+    c.max_rows = b.max_rows;
+    c.offset = b.offset;
+    c.x = b.x;
+    c.y = b.y;
+    c.row_source = b.row_source;
+    c.row_token = b.row_token;
+    c.row_weight = b.row_weight;
+    const uint32_t n = std::min<uint32_t>(out->struct_size, sizeof c);
+    c.struct_size = n;
+    std::memcpy(out, &c, n);
+}
+
+}  // namespace
+
+extern "C" {
+
+FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, const ft_ep_params *params,
+                                              ft_ep_group **out, char *err, size_t err_size) {
+    if (!out) return FT_ERR_INVALID_ARGUMENT;
+    *out = nullptr;
+    return before_group(err, err_size, [&] {
+        const ft_ep_params p = read_params(params);
+        ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+        *out = make_group(std::make_unique<ft::ep::cuda::NcclTransport>(nccl_comm, false), device, p).release();
+    });
+}
+
+FT_API ft_status ft_ep_group_bootstrap(int32_t nranks, int32_t rank, int32_t device, ft_ep_broadcast_fn broadcast,
+                                       void *user_data, const ft_ep_params *params, ft_ep_group **out, char *err,
+                                       size_t err_size) {
+    if (!out) return FT_ERR_INVALID_ARGUMENT;
+    *out = nullptr;
+    return before_group(err, err_size, [&] {
+        const ft_ep_params p = read_params(params);
+        std::string why;
+        if (!ft::ep::cuda::NcclTransport::available(&why)) ft::fail(FT_ERR_UNSUPPORTED, "EP bootstrap: ", why);
+        ft::ep::cuda::NcclTransport::UniqueId id{};
+        if (broadcast) {
+            if (rank == 0) id = ft::ep::cuda::NcclTransport::unique_id();
+            if (broadcast(id.data(), id.size(), user_data) != 0)
+                ft::fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: the broadcast callback failed");
+        } else {
+            if (ft::env_string("NCCL_COMM_ID").empty())
+                ft::fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: no broadcast callback and NCCL_COMM_ID is not set");
+            id = ft::ep::cuda::NcclTransport::unique_id();
+        }
+        *out = make_group(ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device), device, p).release();
+    });
+}
+
+FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *devices, const ft_ep_params *params,
+                                             ft_ep_group **groups, char *err, size_t err_size) {
+    if (!groups || !devices || ndevices < 1) return FT_ERR_INVALID_ARGUMENT;
+    for (int32_t i = 0; i < ndevices; ++i) groups[i] = nullptr;
+    return before_group(err, err_size, [&] {
+        const ft_ep_params p = read_params(params);
+        auto nets = ft::ep::cuda::NcclTransport::init_all(std::vector<int32_t>(devices, devices + ndevices));
+        std::vector<std::unique_ptr<ft_ep_group>> made;
+        for (int32_t i = 0; i < ndevices; ++i) made.push_back(make_group(std::move(nets[i]), devices[i], p));
+        for (int32_t i = 0; i < ndevices; ++i) groups[i] = made[i].release();
+    });
+}
+
+FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info *info) {
+    if (!group || !info || info->struct_size < sizeof(uint32_t)) return FT_ERR_INVALID_ARGUMENT;
+    ft_ep_group_info c{};
+    c.struct_size = sizeof c;
+    c.rank = group->net->rank();
+    c.ranks = group->net->size();
+    c.slots_per_rank = group->rank->placement().slots_per_rank;
+    c.device = group->device;
+    c.nccl_version = ft::ep::cuda::NcclTransport::library_version();
+    c.last_chunks = group->rank->last_chunks();
+    c.last_bytes_sent = group->rank->last_bytes_sent();
+    const uint32_t n = std::min<uint32_t>(info->struct_size, sizeof c);
+    c.struct_size = n;
+    std::memcpy(info, &c, n);
+    return FT_OK;
+}
+
+FT_API ft_status ft_ep_group_set_placement(ft_ep_group *group, const int32_t *phy2log, size_t count) {
+    return on_group(group, [&] {
+        const ft::ep::Placement &cur = group->rank->placement();
+        const size_t want = static_cast<size_t>(cur.num_ranks) * cur.slots_per_rank;
+        if (!phy2log || count != want)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP placement: ", count, " entries, the group has ", want, " slots");
+        group->rank->set_placement(
+            ft::ep::make_placement(cur.num_experts, cur.num_ranks, std::vector<int32_t>(phy2log, phy2log + count)));
+    });
+}
+
+FT_API ft_status ft_ep_group_get_placement(const ft_ep_group *group, int32_t *phy2log, size_t capacity, size_t *count) {
+    if (!group || (capacity && !phy2log)) return FT_ERR_INVALID_ARGUMENT;
+    const std::vector<int32_t> &m = group->rank->placement().phy2log;
+    std::copy_n(m.begin(), std::min(capacity, m.size()), phy2log);
+    if (count) *count = m.size();
+    return FT_OK;
+}
+
+FT_API ft_status ft_ep_dispatch(ft_ep_group *group, const int32_t *topk_ids, const float *topk_weights,
+                                const uint16_t *x, int64_t tokens, void *stream, ft_ep_expert_batch *batch) {
+    return on_group(group, [&] {
+        if (tokens > 0 && (!topk_ids || !x)) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP dispatch: NULL ids or x");
+        if (batch && batch->struct_size < sizeof(uint32_t)) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP dispatch: batch.struct_size");
+        group->rank->dispatch(topk_ids, topk_weights, x, tokens, static_cast<cudaStream_t>(stream));
+        if (batch) to_c(group->rank->batch(), batch);
+    });
+}
+
+FT_API ft_status ft_ep_combine(ft_ep_group *group, uint16_t *out, void *stream) {
+    return on_group(group, [&] {
+        if (!out) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP combine: NULL out");
+        group->rank->combine(out, static_cast<cudaStream_t>(stream));
+    });
+}
+
+FT_API ft_status ft_ep_forward(ft_ep_group *group, const int32_t *topk_ids, const float *topk_weights,
+                               const uint16_t *x, int64_t tokens, ft_ep_expert_fn expert, void *user_data,
+                               uint16_t *out, void *stream) {
+    return on_group(group, [&] {
+        if (!expert || !out || (tokens > 0 && (!topk_ids || !x)))
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward: NULL ids, x, expert or out");
+        group->rank->forward(
+            topk_ids, topk_weights, x, tokens,
+            [&](const ft::ep::cuda::ExpertBatch &b, cudaStream_t st) {
+                ft_ep_expert_batch c{};
+                c.struct_size = sizeof c;
+                to_c(b, &c);
+                expert(&c, st, user_data);
+            },
+            out, static_cast<cudaStream_t>(stream));
+    });
+}
+
+FT_API const char *ft_ep_group_last_error(const ft_ep_group *group) {
+    return group ? group->last_error.c_str() : "";
+}
+
+FT_API void ft_ep_group_free(ft_ep_group *group) {
+    if (!group) return;
+    cudaSetDevice(group->device);
+    delete group;
+}
+
+}  // extern "C"
+
+#else  // no GPU side in this build
+
+struct ft_ep_group {
+    int unused = 0;
+};
+
+namespace {
+constexpr const char *kNoCuda = "expert parallelism needs a CUDA build of FreeToken";
+}
+
+extern "C" {
+
+FT_API ft_status ft_ep_group_create_from_comm(void *, int32_t, const ft_ep_params *, ft_ep_group **out, char *err,
+                                              size_t err_size) {
+    if (out) *out = nullptr;
+    write_error(err, err_size, kNoCuda);
+    return FT_ERR_UNSUPPORTED;
+}
+FT_API ft_status ft_ep_group_bootstrap(int32_t, int32_t, int32_t, ft_ep_broadcast_fn, void *, const ft_ep_params *,
+                                       ft_ep_group **out, char *err, size_t err_size) {
+    if (out) *out = nullptr;
+    write_error(err, err_size, kNoCuda);
+    return FT_ERR_UNSUPPORTED;
+}
+FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *, const ft_ep_params *,
+                                             ft_ep_group **groups, char *err, size_t err_size) {
+    for (int32_t i = 0; groups && i < ndevices; ++i) groups[i] = nullptr;
+    write_error(err, err_size, kNoCuda);
+    return FT_ERR_UNSUPPORTED;
+}
+FT_API ft_status ft_ep_group_info_get(const ft_ep_group *, ft_ep_group_info *) { return FT_ERR_UNSUPPORTED; }
+FT_API ft_status ft_ep_group_set_placement(ft_ep_group *, const int32_t *, size_t) { return FT_ERR_UNSUPPORTED; }
+FT_API ft_status ft_ep_group_get_placement(const ft_ep_group *, int32_t *, size_t, size_t *) { return FT_ERR_UNSUPPORTED; }
+FT_API ft_status ft_ep_dispatch(ft_ep_group *, const int32_t *, const float *, const uint16_t *, int64_t, void *,
+                                ft_ep_expert_batch *) {
+    return FT_ERR_UNSUPPORTED;
+}
+FT_API ft_status ft_ep_combine(ft_ep_group *, uint16_t *, void *) { return FT_ERR_UNSUPPORTED; }
+FT_API ft_status ft_ep_forward(ft_ep_group *, const int32_t *, const float *, const uint16_t *, int64_t,
+                               ft_ep_expert_fn, void *, uint16_t *, void *) {
+    return FT_ERR_UNSUPPORTED;
+}
+FT_API const char *ft_ep_group_last_error(const ft_ep_group *) { return kNoCuda; }
+FT_API void ft_ep_group_free(ft_ep_group *) {}
+
+}  // extern "C"
+
+#endif
+
+extern "C" FT_API void ft_ep_params_init(ft_ep_params *params) {
+    if (!params) return;
+    std::memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params;
+    params->top_k = 8;
+    params->mode = FT_EP_MODE_THROUGHPUT;
+    params->wire = FT_EP_WIRE_FP8;
+}
