@@ -29,6 +29,13 @@
 // must alternate (signal, wait, signal, ...) in the stream order of one stream at a time. The
 // coordinator and watchdog make no CUDA calls, so they never disturb a stream capture in global
 // mode. Tasks must make no CUDA calls that synchronise with the stream being served.
+//
+// Consuming the result: read it with an H2D copy (or a kernel) ordered after wait(); the flag and
+// the data both live in host memory, so the stream needs no remote-write flush. A stream blocked
+// in a stream-memops wait holds its hardware queue: work of other streams that must run before
+// the task can finish should not be behind it (CUDA's warning on stream memory operations);
+// overlapping GPU work belongs on the same stream between signal and wait. With host_func, a
+// blocked wait node also delays every other host function of the process until it returns.
 #pragma once
 
 #include <cuda_runtime_api.h>
