@@ -91,122 +91,86 @@ struct ProjArgs {
 };
 
 // ---- row-major formats: chunk decoders --------------------------------------------------------
-// Each format: E elements per chunk; Raw = the chunk's weight bytes; Act = its activations;
-// load(n, c) reads chunk c of row n; dot() adds the chunk's (scaled) dot product to acc; finish()
-// applies what is per row (nvfp4 global).
+// Each format reads its rows in chunks of E elements (Raw: the chunk's bytes, one vector load
+// where alignment allows) made of G groups of W elements. decode(raw, i, out) writes group i's
+// weights without the block scale; scale(n, c, raw) is the chunk's block scale (one per chunk);
+// finish(n, acc) applies what is per row (nvfp4 global). A chunk's weights are decoded once and
+// reused by every route of the group.
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 &v, float *o) {
+    o[0] = lo_bf16(v.x), o[1] = hi_bf16(v.x), o[2] = lo_bf16(v.y), o[3] = hi_bf16(v.y);
+    o[4] = lo_bf16(v.z), o[5] = hi_bf16(v.z), o[6] = lo_bf16(v.w), o[7] = hi_bf16(v.w);
+}
+__device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// 8 e2m1 codes of one word (element k = nibble k).
+__device__ __forceinline__ void e2m1x8_to_f32(uint32_t w, float *o) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[k] = e2m1_to_f32_mul(w >> (4 * k));
+}
 
 struct Bf16Vec {
-    static constexpr int E = 8;
+    static constexpr int E = 8, G = 1, W = 8;
     using Raw = uint4;
-    using Act = uint4;
     const uint8_t *data;
     int64_t ld;
     __device__ Bf16Vec(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
     __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
-    __device__ static Act load_act(const uint16_t *a, int c) { return __ldg(reinterpret_cast<const uint4 *>(a) + c); }
-    __device__ float dot(const Raw &w, int, int, const Act &a, float acc) const {
-        const uint32_t wv[4] = {w.x, w.y, w.z, w.w}, av[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            acc = fmaf(lo_bf16(wv[i]), lo_bf16(av[i]), acc);
-            acc = fmaf(hi_bf16(wv[i]), hi_bf16(av[i]), acc);
-        }
-        return acc;
-    }
+    __device__ void decode(const Raw &w, int, float *o) const { bf16x8_to_f32(w, o); }
+    __device__ float scale(int, int, const Raw &) const { return 1.0f; }
     __device__ float finish(int, float acc) const { return acc; }
 };
 
 // bf16 rows whose length is not a multiple of 8 elements: one element per chunk.
 struct Bf16Scalar {
-    static constexpr int E = 1;
+    static constexpr int E = 1, G = 1, W = 1;
     using Raw = uint32_t;
-    using Act = uint32_t;
     const uint8_t *data;
     int64_t ld;
     __device__ Bf16Scalar(const ProjArgs &p, int32_t slot)
         : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
     __device__ Raw load(int n, int c) const { return ld_stream2(data + n * ld + int64_t(c) * 2); }
-    __device__ static Act load_act(const uint16_t *a, int c) { return __ldg(reinterpret_cast<const unsigned short *>(a) + c); }
-    __device__ float dot(const Raw &w, int, int, const Act &a, float acc) const { return fmaf(lo_bf16(w), lo_bf16(a), acc); }
+    __device__ void decode(const Raw &w, int, float *o) const { o[0] = lo_bf16(w); }
+    __device__ float scale(int, int, const Raw &) const { return 1.0f; }
     __device__ float finish(int, float acc) const { return acc; }
 };
 
-struct Act16 {
-    uint4 v[2];
-};
-struct Act32 {
-    uint4 v[4];
-};
-__device__ __forceinline__ Act16 load_act16(const uint16_t *a, int c) {
-    const uint4 *p = reinterpret_cast<const uint4 *>(a) + 2 * c;
-    return Act16{{__ldg(p), __ldg(p + 1)}};
-}
-__device__ __forceinline__ Act32 load_act32(const uint16_t *a, int c) {
-    const uint4 *p = reinterpret_cast<const uint4 *>(a) + 4 * c;
-    return Act32{{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)}};
-}
-__device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// fp8_block: 16 e4m3 per chunk, all in one 128-column tile: one bf16 scale_inv per chunk.
+// fp8_block: 16 e4m3 per chunk, all inside one 128-column tile: one bf16 scale_inv per chunk.
 struct Fp8Block {
-    static constexpr int E = 16;
+    static constexpr int E = 16, G = 2, W = 8;
     using Raw = uint4;
-    using Act = Act16;
-    const uint8_t *data, *scale;
+    const uint8_t *data, *scales;
     int64_t ld;
     int32_t tiles;  // K / 128
     __device__ Fp8Block(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scale(p.scale + size_t(slot) * p.scale_rb), ld(p.K), tiles(p.K / 128) {}
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K), tiles(p.K / 128) {}
     __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
-    __device__ static Act load_act(const uint16_t *a, int c) { return load_act16(a, c); }
-    __device__ float dot(const Raw &w, int n, int c, const Act &a, float acc) const {
-        float s = 0.0f;
+    __device__ void decode(const Raw &w, int i, float *o) const {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t wi = word(w, i);
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t wi = word(w, 2 * i + h);
             const float2 f0 = e4m3x2_to_f32x2(uint16_t(wi & 0xffffu)), f1 = e4m3x2_to_f32x2(uint16_t(wi >> 16));
-            const uint32_t a0 = word(a.v[i >> 1], (2 * i) & 3), a1 = word(a.v[i >> 1], (2 * i + 1) & 3);
-            s = fmaf(f0.x, lo_bf16(a0), s);
-            s = fmaf(f0.y, hi_bf16(a0), s);
-            s = fmaf(f1.x, lo_bf16(a1), s);
-            s = fmaf(f1.y, hi_bf16(a1), s);
+            o[4 * h] = f0.x, o[4 * h + 1] = f0.y, o[4 * h + 2] = f1.x, o[4 * h + 3] = f1.y;
         }
-        const uint16_t sb = __ldg(reinterpret_cast<const unsigned short *>(scale) + int64_t(n / 128) * tiles + c / 8);
-        return fmaf(s, bf16_to_f32(sb), acc);
+    }
+    __device__ float scale(int n, int c, const Raw &) const {
+        return bf16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(scales) + int64_t(n / 128) * tiles + c / 8));
     }
     __device__ float finish(int, float acc) const { return acc; }
 };
 
-// Dot of 8 e2m1 codes (one word, element i = nibble i) with 8 bf16 activations (4 words).
-__device__ __forceinline__ float e2m1_dot8(uint32_t w, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, float s) {
-    s = fmaf(e2m1_to_f32_mul(w), lo_bf16(a0), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 4), hi_bf16(a0), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 8), lo_bf16(a1), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 12), hi_bf16(a1), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 16), lo_bf16(a2), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 20), hi_bf16(a2), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 24), lo_bf16(a3), s);
-    s = fmaf(e2m1_to_f32_mul(w >> 28), hi_bf16(a3), s);
-    return s;
-}
-
 // nvfp4: 16 elements (8 bytes, one e4m3-scaled block) per chunk, so rows need only K % 16 == 0.
 struct Nvfp4 {
-    static constexpr int E = 16;
+    static constexpr int E = 16, G = 2, W = 8;
     using Raw = uint2;
-    using Act = Act16;
-    const uint8_t *data, *scale, *global;
+    const uint8_t *data, *scales, *global;
     int64_t ld, sld;
     __device__ Nvfp4(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scale(p.scale + size_t(slot) * p.scale_rb),
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb),
           global(p.extra + size_t(slot) * p.extra_rb), ld(p.K / 2), sld(p.K / 16) {}
     __device__ Raw load(int n, int c) const { return ld_stream8(data + n * ld + int64_t(c) * 8); }
-    __device__ static Act load_act(const uint16_t *a, int c) { return load_act16(a, c); }
-    __device__ float dot(const Raw &w, int n, int c, const Act &a, float acc) const {
-        float s = e2m1_dot8(w.x, a.v[0].x, a.v[0].y, a.v[0].z, a.v[0].w, 0.0f);
-        s = e2m1_dot8(w.y, a.v[1].x, a.v[1].y, a.v[1].z, a.v[1].w, s);
-        return fmaf(s, e4m3_to_f32(__ldg(scale + n * sld + c)), acc);
-    }
+    __device__ void decode(const Raw &w, int i, float *o) const { e2m1x8_to_f32(i == 0 ? w.x : w.y, o); }
+    __device__ float scale(int n, int c, const Raw &) const { return e4m3_to_f32(__ldg(scales + n * sld + c)); }
     __device__ float finish(int n, float acc) const {
         return acc * f16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(global) + n));
     }
@@ -214,34 +178,26 @@ struct Nvfp4 {
 
 // ds_fp4: 32 elements (16 bytes, one e8m0-scaled block) per chunk.
 struct DsFp4 {
-    static constexpr int E = 32;
+    static constexpr int E = 32, G = 4, W = 8;
     using Raw = uint4;
-    using Act = Act32;
-    const uint8_t *data, *scale;
+    const uint8_t *data, *scales;
     int64_t ld, sld;
     __device__ DsFp4(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scale(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2), sld(p.K / 32) {}
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2), sld(p.K / 32) {}
     __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
-    __device__ static Act load_act(const uint16_t *a, int c) { return load_act32(a, c); }
-    __device__ float dot(const Raw &w, int n, int c, const Act &a, float acc) const {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            s = e2m1_dot8(word(w, i), a.v[i].x, a.v[i].y, a.v[i].z, a.v[i].w, s);
-        return fmaf(s, e8m0_to_f32(__ldg(scale + n * sld + c)), acc);
-    }
+    __device__ void decode(const Raw &w, int i, float *o) const { e2m1x8_to_f32(word(w, i), o); }
+    __device__ float scale(int n, int c, const Raw &) const { return e8m0_to_f32(__ldg(scales + n * sld + c)); }
     __device__ float finish(int, float acc) const { return acc; }
 };
 
 // q4_0: one 18-byte block per chunk. Blocks are only 2-byte aligned (18 = 2 mod 4): read the
-// aligned words that cover the block and realign them with funnel shifts.
+// aligned words that cover the block; decode() realigns them with funnel shifts.
 struct Q4_0 {
-    static constexpr int E = 32;
+    static constexpr int E = 32, G = 4, W = 8;
     struct Raw {
         uint32_t w[5];
-        bool shifted;  // block starts 2 bytes into a word
+        bool shifted;  // the block starts 2 bytes into a word
     };
-    using Act = Act32;
     const uint8_t *data;
     int64_t ld;
     __device__ Q4_0(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K / 32) * 18) {}
@@ -257,39 +213,36 @@ struct Q4_0 {
         r.w[4] = r.shifted ? ld_stream4(w + 16) : ld_stream2(w + 16);
         return r;
     }
-    __device__ static Act load_act(const uint16_t *a, int c) { return load_act32(a, c); }
-    __device__ float dot(const Raw &r, int, int, const Act &a, float acc) const {
-        // Normalise: d, then qs as 4 words (bytes 4i..4i+3 of qs).
-        uint32_t d, q[4];
-        if (r.shifted) {
-            d = r.w[0] >> 16;
+    // qs bytes 4m..4m+3 as one word.
+    __device__ static uint32_t qs(const Raw &r, int m) {
+        return r.shifted ? r.w[m + 1] : __funnelshift_r(r.w[m], r.w[m + 1], 16);
+    }
+    // Group i: elements 8i..8i+7 = low nibbles of qs bytes 8i.. (i < 2), high nibbles of qs bytes
+    // 8(i-2).. (i >= 2). (q - 8) exactly: the float 2^23 + q from its bits, minus 2^23 + 8.
+    __device__ void decode(const Raw &r, int i, float *o) const {
+        const int shift = i < 2 ? 0 : 4, m = 2 * (i & 1);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q[i] = r.w[i + 1];
-        } else {
-            d = r.w[0] & 0xffffu;
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t q = qs(r, m + h) >> shift;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q[i] = __funnelshift_r(r.w[i], r.w[i + 1], 16);
+            for (int j = 0; j < 4; ++j) o[4 * h + j] = __uint_as_float(0x4b000000u | ((q >> (8 * j)) & 0xfu)) - 8388616.0f;
         }
-        const uint32_t av[16] = {a.v[0].x, a.v[0].y, a.v[0].z, a.v[0].w, a.v[1].x, a.v[1].y, a.v[1].z, a.v[1].w,
-                                 a.v[2].x, a.v[2].y, a.v[2].z, a.v[2].w, a.v[3].x, a.v[3].y, a.v[3].z, a.v[3].w};
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            // Low nibbles of qs bytes 4i..4i+3 are elements 4i..4i+3; high nibbles 16+4i.. .
-            // (q - 8) exactly: 2^23 + q from the bits, minus 2^23 + 8.
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float lo = __uint_as_float(0x4b000000u | ((q[i] >> (8 * j)) & 0xfu)) - 8388616.0f;
-                const float hi = __uint_as_float(0x4b000000u | ((q[i] >> (8 * j + 4)) & 0xfu)) - 8388616.0f;
-                const uint32_t al = av[2 * i + (j >> 1)], ah = av[8 + 2 * i + (j >> 1)];
-                s = fmaf(lo, (j & 1) ? hi_bf16(al) : lo_bf16(al), s);
-                s = fmaf(hi, (j & 1) ? hi_bf16(ah) : lo_bf16(ah), s);
-            }
-        }
-        return fmaf(s, f16_to_f32(uint16_t(d)), acc);
+    }
+    __device__ float scale(int, int, const Raw &r) const {
+        return f16_to_f32(uint16_t(r.shifted ? r.w[0] >> 16 : r.w[0] & 0xffffu));
     }
     __device__ float finish(int, float acc) const { return acc; }
 };
+
+// W activations starting at element `e` of a bf16 row, as floats.
+template <int W>
+__device__ __forceinline__ void load_act(const uint16_t *row, int64_t e, float *o) {
+    if constexpr (W == 8) {
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(row + e)), o);
+    } else {
+        o[0] = bf16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(row) + e));
+    }
+}
 
 // The gate_up epilogue shared by all formats: format clamp, activation, bf16 store.
 __device__ __forceinline__ uint16_t gate_up_out(const ProjArgs &p, float g, float u) {
@@ -303,6 +256,40 @@ __device__ __forceinline__ uint16_t gate_up_out(const ProjArgs &p, float g, floa
         }
     }
     return f32_to_bf16(activate(p.activation, g, u));
+}
+
+// One chunk of rows n0 (and n1) against the activations of up to kRouteChunk routes: the chunk's
+// weights are decoded group by group once, block sums per route, then one FMA with the scale.
+template <class F>
+__device__ __forceinline__ void chunk_dot(const F &f, int n0, int n1, bool has1, int c, const typename F::Raw &wa,
+                                          const typename F::Raw &wb, const uint16_t *const *arow, int nr,
+                                          float *acc0, float *acc1) {
+    float s0[kRouteChunk] = {}, s1[kRouteChunk] = {};
+#pragma unroll
+    for (int i = 0; i < F::G; ++i) {
+        float x0[F::W], x1[F::W];
+        f.decode(wa, i, x0);
+        if (has1) f.decode(wb, i, x1);
+#pragma unroll
+        for (int j = 0; j < kRouteChunk; ++j) {
+            if (j < nr) {
+                float a[F::W];
+                load_act<F::W>(arow[j], int64_t(c) * F::E + i * F::W, a);
+#pragma unroll
+                for (int k = 0; k < F::W; ++k) s0[j] = fmaf(x0[k], a[k], s0[j]);
+                if (has1) {
+#pragma unroll
+                    for (int k = 0; k < F::W; ++k) s1[j] = fmaf(x1[k], a[k], s1[j]);
+                }
+            }
+        }
+    }
+    const float sc0 = f.scale(n0, c, wa), sc1 = has1 ? f.scale(n1, c, wb) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRouteChunk; ++j) {
+        acc0[j] = fmaf(s0[j], sc0, acc0[j]);
+        acc1[j] = fmaf(s1[j], sc1, acc1[j]);
+    }
 }
 
 // gate_up (GATE_UP): warp w of CTA x owns unit j = x * 8 + w: rows j (gate) and I + j (up).
@@ -340,6 +327,7 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
                 arow[j] = p.act + arow_index * p.K;
             }
             float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
+            // Two chunks per lane per step: all four rows' loads are in flight before any math.
             for (int c = lane; c < chunks; c += 64) {
                 const int c1 = c + 32;
                 const bool two = c1 < chunks;
@@ -350,19 +338,8 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
                     w01 = f.load(n0, c1);
                     w11 = has1 ? f.load(n1, c1) : w01;
                 }
-#pragma unroll
-                for (int j = 0; j < kRouteChunk; ++j) {
-                    if (j < nr) {
-                        const typename F::Act a0 = F::load_act(arow[j], c);
-                        acc0[j] = f.dot(w00, n0, c, a0, acc0[j]);
-                        if (has1) acc1[j] = f.dot(w10, n1, c, a0, acc1[j]);
-                        if (two) {
-                            const typename F::Act a1 = F::load_act(arow[j], c1);
-                            acc0[j] = f.dot(w01, n0, c1, a1, acc0[j]);
-                            if (has1) acc1[j] = f.dot(w11, n1, c1, a1, acc1[j]);
-                        }
-                    }
-                }
+                chunk_dot(f, n0, n1, has1, c, w00, w10, arow, nr, acc0, acc1);
+                if (two) chunk_dot(f, n0, n1, has1, c1, w01, w11, arow, nr, acc0, acc1);
             }
 #pragma unroll
             for (int j = 0; j < kRouteChunk; ++j) {
@@ -416,25 +393,31 @@ __global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_u
                     uint32_t w[16];
 #pragma unroll
                     for (int kk = 0; kk < 16; ++kk) w[kk] = ld_stream4(data + (int64_t(b) * 16 + kk) * N + col0);
+                    // Block sums per route and column; each K pair row is decoded once for all routes.
                     float part[kRouteChunk][4] = {};
 #pragma unroll
-                    for (int j = 0; j < kRouteChunk; ++j) {
-                        if (j < nr) {
-                            const uint32_t *ap = reinterpret_cast<const uint32_t *>(arow[j]) + b * 16;
+                    for (int kk = 0; kk < 16; ++kk) {
+                        float wv[8];
 #pragma unroll
-                            for (int kk = 0; kk < 16; ++kk) {
-                                const uint32_t a = __ldg(ap + kk);
+                        for (int h = 0; h < 8; ++h) wv[h] = e2m1_to_f32_mul(w[kk] >> (4 * h));
+#pragma unroll
+                        for (int j = 0; j < kRouteChunk; ++j) {
+                            if (j < nr) {
+                                const uint32_t a = __ldg(reinterpret_cast<const uint32_t *>(arow[j]) + b * 16 + kk);
                                 const float a0 = lo_bf16(a), a1 = hi_bf16(a);
 #pragma unroll
                                 for (int q = 0; q < 4; ++q) {
-                                    part[j][q] = fmaf(e2m1_to_f32_mul(w[kk] >> (8 * q)), a0, part[j][q]);
-                                    part[j][q] = fmaf(e2m1_to_f32_mul(w[kk] >> (8 * q + 4)), a1, part[j][q]);
+                                    part[j][q] = fmaf(wv[2 * q], a0, part[j][q]);
+                                    part[j][q] = fmaf(wv[2 * q + 1], a1, part[j][q]);
                                 }
                             }
-#pragma unroll
-                            for (int q = 0; q < 4; ++q)
-                                acc[j][q] = fmaf(part[j][q], e8m0_to_f32(uint8_t(sc >> (8 * q))), acc[j][q]);
                         }
+                    }
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float sq = e8m0_to_f32(uint8_t(sc >> (8 * q)));
+#pragma unroll
+                        for (int j = 0; j < kRouteChunk; ++j) acc[j][q] = fmaf(part[j][q], sq, acc[j][q]);
                     }
                 }
             }
