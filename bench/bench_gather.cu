@@ -3,7 +3,8 @@
 // rows, as spec 1.4 measures it), and each benchmark also times a linear pinned H2D
 // cudaMemcpyAsync of the same byte count in the same run (bound_GBps; ratio = GBps / bound_GBps).
 //   gather/<shape>/<count>/<method>     the two public methods
-//   tune/<shape>/<count>/<knobs>        zero-copy kernel variants (detail::GatherTuning)
+//   tune/<shape>/<count>/<knobs>        zero-copy kernel variants (detail::GatherTuning), the
+//                                       bulk (TMA) ones named bulk_*
 // Exits 0 with a message where no CUDA device is usable.
 #include <benchmark/benchmark.h>
 
@@ -203,6 +204,9 @@ void run(benchmark::State &state, Rig &rig, int32_t count, Fn &&fn) {
 std::string tuning_name(const GatherTuning &t) {
     static const char *loads[] = {"plain", "nc", "cs", "ncL2_256"};
     static const char *stores[] = {"plain", "cs"};
+    if (t.bulk)
+        return "bulk_b" + std::to_string(t.blocks) + "_t" + std::to_string(t.threads) + "_stages" +
+               std::to_string(t.unroll) + "_c" + std::to_string(t.chunk_bytes >> 10) + "k";
     return "b" + std::to_string(t.blocks) + "_t" + std::to_string(t.threads) + "_u" + std::to_string(t.unroll) + "_c" +
            std::to_string(t.chunk_bytes >> 10) + "k_ld" + loads[static_cast<int>(t.load)] + "_st" +
            stores[static_cast<int>(t.store)];
@@ -236,6 +240,23 @@ std::vector<GatherTuning> tunings() {
             if (load == GatherLoad::streaming && store == GatherStore::plain) continue;  // the default, above
             out.push_back(t);
         }
+    // The bulk (TMA) variant on compute capability 9.0+: CTAs x stages x chunk, one warp each.
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9) {
+        for (const int blocks : {16, 32, 64, 132})
+            for (const int stages : {2, 4, 8})
+                for (const size_t chunk : {size_t(16) << 10, size_t(32) << 10}) {
+                    if (stages * chunk > (size_t(192) << 10)) continue;
+                    GatherTuning t;
+                    t.bulk = true;
+                    t.blocks = blocks;
+                    t.threads = 32;
+                    t.unroll = stages;
+                    t.chunk_bytes = chunk;
+                    out.push_back(t);
+                }
+    }
     return out;
 }
 

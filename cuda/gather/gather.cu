@@ -6,7 +6,9 @@
 // number of CTAs that do anything) follows the count read on the device, and count 0 costs one
 // load per CTA. Each thread keeps `unroll` vector loads in flight before storing them: the link
 // needs many outstanding reads (latency x bandwidth is ~100-200 KB on PCIe 5), and a grid-stride
-// loop of one load per iteration would leave one per thread.
+// loop of one load per iteration would leave one per thread. A second kernel (tuning.bulk, sm_90+)
+// lets the TMA issue the host reads as whole-chunk bulk copies instead, in case the SMs' 16-byte
+// requests cannot fill the link; bench_gather compares the two.
 #include "ft/cuda_gather.hpp"
 
 #include <cstdint>
@@ -91,39 +93,152 @@ __device__ __forceinline__ void copy_chunk(const uint8_t *src, uint8_t *dst, uin
     }
 }
 
+// Chunk v of the plan: entry v / per_entry, then the banks' chunks in order.
+struct Piece {
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t bytes;
+    int vec_bytes;
+    bool copy;  // false for an entry with a negative slot or source
+};
+
+__device__ __forceinline__ Piece piece_at(const KernelParams &p, uint64_t v, uint64_t per_entry) {
+    const uint64_t entry = v / per_entry;
+    uint64_t chunk = v - entry * per_entry;
+    int b = 0;
+    while (chunk >= p.chunk_end[b]) ++b;
+    if (b > 0) chunk -= p.chunk_end[b - 1];
+    const int32_t dst_slot = p.evict_slots[entry];
+    const int32_t src_row = p.src_indices[entry];
+    Piece c{};
+    c.copy = dst_slot >= 0 && src_row >= 0;
+    if (!c.copy) return c;
+    const uint64_t row = p.row_bytes[b];
+    const uint64_t offset = chunk * p.chunk_bytes;
+    c.bytes = row - offset < p.chunk_bytes ? row - offset : p.chunk_bytes;
+    c.src = p.host[b] + static_cast<uint64_t>(src_row) * row + offset;
+    c.dst = p.slots[b] + static_cast<uint64_t>(dst_slot) * row + offset;
+    c.vec_bytes = p.vec_bytes[b];
+    return c;
+}
+
+// Planned entries: clamp(*num_indices, 0, capacity).
+__device__ __forceinline__ int64_t planned(const KernelParams &p) {
+    const int64_t n = *p.num_indices;
+    return n <= 0 ? 0 : (n > p.capacity ? p.capacity : n);
+}
+
+template <int U, GatherLoad L, GatherStore S>
+__device__ __forceinline__ void copy_piece(const Piece &c) {
+    switch (c.vec_bytes) {
+    case 16: copy_chunk<uint4, U, L, S>(c.src, c.dst, c.bytes); break;
+    case 8: copy_chunk<uint2, U, L, S>(c.src, c.dst, c.bytes); break;
+    case 4: copy_chunk<unsigned int, U, L, S>(c.src, c.dst, c.bytes); break;
+    case 2: copy_chunk<unsigned short, U, L, S>(c.src, c.dst, c.bytes); break;
+    default: copy_chunk<unsigned char, U, L, S>(c.src, c.dst, c.bytes); break;
+    }
+}
+
 // Eight 16-byte values in flight need more than the 64 registers a 1024-thread bound leaves.
 constexpr int max_threads(int unroll) { return unroll >= 8 ? 512 : 1024; }
 
 template <int U, GatherLoad L, GatherStore S>
 __global__ void __launch_bounds__(max_threads(U)) gather_kernel(const __grid_constant__ KernelParams p) {
-    int64_t n = *p.num_indices;
-    if (n <= 0) return;
-    if (n > p.capacity) n = p.capacity;
+    const int64_t n = planned(p);
     const uint64_t per_entry = p.chunk_end[p.num_banks - 1];
     const uint64_t total = static_cast<uint64_t>(n) * per_entry;
-    // Every value below is uniform across the CTA, so the branches and `continue` do not diverge.
+    // Every value below is uniform across the CTA, so the branches do not diverge.
     for (uint64_t v = blockIdx.x; v < total; v += gridDim.x) {
-        const uint64_t entry = v / per_entry;
-        uint64_t chunk = v - entry * per_entry;
-        int b = 0;
-        while (chunk >= p.chunk_end[b]) ++b;
-        if (b > 0) chunk -= p.chunk_end[b - 1];
-        const int32_t dst_slot = p.evict_slots[entry];
-        const int32_t src_row = p.src_indices[entry];
-        if (dst_slot < 0 || src_row < 0) continue;
-        const uint64_t row = p.row_bytes[b];
-        const uint64_t offset = chunk * p.chunk_bytes;
-        const uint64_t bytes = row - offset < p.chunk_bytes ? row - offset : p.chunk_bytes;
-        const uint8_t *src = p.host[b] + static_cast<uint64_t>(src_row) * row + offset;
-        uint8_t *dst = p.slots[b] + static_cast<uint64_t>(dst_slot) * row + offset;
-        switch (p.vec_bytes[b]) {
-        case 16: copy_chunk<uint4, U, L, S>(src, dst, bytes); break;
-        case 8: copy_chunk<uint2, U, L, S>(src, dst, bytes); break;
-        case 4: copy_chunk<unsigned int, U, L, S>(src, dst, bytes); break;
-        case 2: copy_chunk<unsigned short, U, L, S>(src, dst, bytes); break;
-        default: copy_chunk<unsigned char, U, L, S>(src, dst, bytes); break;
+        const Piece c = piece_at(p, v, per_entry);
+        if (c.copy) copy_piece<U, L, S>(c);
+    }
+}
+
+// ---- Bulk variant (sm_90+): the tensor memory accelerator moves whole chunks ------------------
+// Thread 0 keeps `stages` chunks of host reads in flight as cp.async.bulk loads into shared
+// memory (one mbarrier per stage), and writes each arrived chunk to its slot with a bulk store.
+// Banks that do not allow 16-byte accesses are copied by all threads with plain loads instead.
+// An mbarrier wait that never completes would hang the GPU; after ~2^26 polls it traps instead.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kMaxBulkStages = 8;  // the largest unroll
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bulk_issue_load(const Piece &c, uint8_t *buf, uint64_t *bar) {
+    if (c.copy && c.vec_bytes == 16) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                     "r"(static_cast<uint32_t>(c.bytes))
+                     : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_addr(buf)),
+            "l"(c.src), "r"(static_cast<uint32_t>(c.bytes)), "r"(smem_addr(bar))
+            : "memory");
+    } else {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+    }
+}
+
+__device__ __forceinline__ void bulk_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done = 0;
+    for (uint32_t polls = 0; !done; ++polls) {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+        if (polls > (1u << 26)) __trap();
+    }
+}
+#endif
+
+__global__ void __launch_bounds__(1024) gather_bulk_kernel(const __grid_constant__ KernelParams p, int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) uint8_t buffers[];
+    __shared__ __align__(8) uint64_t bars[kMaxBulkStages];
+    const int64_t n = planned(p);
+    const uint64_t per_entry = p.chunk_end[p.num_banks - 1];
+    const uint64_t total = static_cast<uint64_t>(n) * per_entry;
+    if (blockIdx.x >= total) return;
+    const uint64_t mine = (total - 1 - blockIdx.x) / gridDim.x + 1;  // chunks of this CTA
+    const bool leader = threadIdx.x == 0;
+    if (leader) {
+        for (int s = 0; s < stages; ++s)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[s])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (uint64_t k = 0; k < mine && k < static_cast<uint64_t>(stages); ++k)
+            bulk_issue_load(piece_at(p, blockIdx.x + k * gridDim.x, per_entry), buffers + k * p.chunk_bytes, &bars[k]);
+    }
+    __syncthreads();
+    for (uint64_t k = 0; k < mine; ++k) {
+        const uint64_t stage = k % static_cast<uint64_t>(stages);
+        uint8_t *buf = buffers + stage * p.chunk_bytes;
+        const Piece c = piece_at(p, blockIdx.x + k * gridDim.x, per_entry);
+        const bool bulk = c.copy && c.vec_bytes == 16;
+        if (leader) {
+            bulk_wait(&bars[stage], static_cast<uint32_t>((k / static_cast<uint64_t>(stages)) & 1));
+            if (bulk) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(c.dst),
+                             "r"(smem_addr(buf)), "r"(static_cast<uint32_t>(c.bytes))
+                             : "memory");
+                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            }
+        }
+        if (c.copy && !bulk) copy_piece<1, GatherLoad::plain, GatherStore::plain>(c);
+        if (leader && k + stages < mine) {
+            // The stage's buffer is refilled only after the bulk store has finished reading it.
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            bulk_issue_load(piece_at(p, blockIdx.x + (k + stages) * gridDim.x, per_entry), buf, &bars[stage]);
         }
     }
+    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+    __trap();  // the launcher only starts this kernel on devices of compute capability 9.0 or later
+#endif
 }
 
 template <int U, GatherLoad L>
@@ -146,6 +261,22 @@ cudaError_t launch_load(const KernelParams &p, const GatherTuning &t, unsigned g
     }
 }
 
+cudaError_t launch_bulk(const KernelParams &p, const GatherTuning &t, unsigned grid, cudaStream_t stream) {
+    // Attribute queries are host calls, allowed while a stream is captured.
+    int device = 0, major = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e != cudaSuccess) return e;
+    const size_t smem = t.chunk_bytes * static_cast<size_t>(t.unroll);
+    // The static part (the mbarriers) needs a few bytes of the opt-in limit too.
+    if (major < 9 || smem + 1024 > static_cast<size_t>(optin)) return cudaErrorInvalidValue;
+    e = cudaFuncSetAttribute(gather_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    gather_bulk_kernel<<<grid, t.threads, smem, stream>>>(p, t.unroll);
+    return cudaGetLastError();
+}
+
 const char *tuning_error(const GatherTuning &t) {
     if (t.blocks < 1) return "tuning: blocks must be >= 1";
     if (t.threads < 32 || t.threads > 1024 || t.threads % 32 != 0) return "tuning: threads must be a multiple of 32 in 32..1024";
@@ -153,6 +284,8 @@ const char *tuning_error(const GatherTuning &t) {
     if (t.threads > max_threads(t.unroll)) return "tuning: unroll 8 allows at most 512 threads";
     if (t.chunk_bytes < 16 || t.chunk_bytes % 16 != 0 || t.chunk_bytes > kMaxChunkBytes)
         return "tuning: chunk_bytes must be a multiple of 16 in 16..1 GiB";
+    if (t.bulk && t.chunk_bytes * static_cast<size_t>(t.unroll) > (size_t(1) << 20))
+        return "tuning: bulk stages must fit in shared memory";
     return nullptr;
 }
 
@@ -211,6 +344,7 @@ cudaError_t launch_gather_zero_copy_tuned(const GatherBank *banks, int num_banks
     // No more CTAs than a full plan has chunks: the rest would only read the count and leave.
     const uint64_t most = chunks * static_cast<uint64_t>(plan.capacity);
     const unsigned grid = static_cast<unsigned>(most < static_cast<uint64_t>(tuning.blocks) ? most : tuning.blocks);
+    if (tuning.bulk) return launch_bulk(p, tuning, grid, stream);
     switch (tuning.unroll) {
     case 1: return launch_load<1>(p, tuning, grid, stream);
     case 2: return launch_load<2>(p, tuning, grid, stream);

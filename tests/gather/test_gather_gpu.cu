@@ -361,6 +361,21 @@ TEST(Gather, EveryTuningIsExact) {
                 if (threads == 32) t.chunk_bytes = load == GatherLoad::plain ? 16 : 4096;
                 tunings.push_back(t);
             }
+    int device = 0, major = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major >= 9) {  // the bulk (TMA) variant: stages x chunk, 1 to 8 stages, odd chunk sizes
+        for (const int stages : {1, 2, 4, 8})
+            for (const size_t chunk : {size_t(48), size_t(4096), size_t(24) << 10}) {
+                GatherTuning t;
+                t.bulk = true;
+                t.unroll = stages;
+                t.chunk_bytes = chunk;
+                t.threads = chunk == 4096 ? 128 : 32;
+                t.blocks = chunk == 48 ? 64 : 7;
+                tunings.push_back(t);
+            }
+    }
     for (const GatherTuning &t : tunings) {
         const HostPlan plan = rig.random_plan(experts - 3);
         CUDA_OK(rig.upload(plan));
@@ -370,8 +385,48 @@ TEST(Gather, EveryTuningIsExact) {
         CUDA_OK(cudaDeviceSynchronize());
         EXPECT_EQ(rig.verify(plan, experts), "") << "unroll " << t.unroll << " threads " << t.threads << " blocks "
                                                  << t.blocks << " chunk " << t.chunk_bytes << " load "
-                                                 << static_cast<int>(t.load);
+                                                 << static_cast<int>(t.load) << " bulk " << t.bulk;
     }
+}
+
+// The bulk variant also follows the plan under graph replay (it sets its shared-memory size at
+// launch, a host call that capture allows).
+TEST(Gather, BulkGraphReplay) {
+    SKIP_WITHOUT_GPU();
+    int device = 0, major = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major < 9) GTEST_SKIP() << "the bulk variant needs compute capability 9.0";
+    const int32_t experts = 16;
+    Rig rig(kBankSets[2], experts, experts, experts, 99u);
+    ASSERT_TRUE(rig.ok());
+    GatherTuning t;
+    t.bulk = true;
+    t.unroll = 4;
+    t.threads = 64;
+    t.chunk_bytes = 32 << 10;
+    cudaStream_t stream = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const std::vector<GatherBank> banks = rig.banks();
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t launched =
+        ft::cuda::detail::launch_gather_zero_copy_tuned(banks.data(), rig.num_banks(), rig.plan(experts), t, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(launched);
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (const int64_t count : {16, 0, 3}) {
+        const HostPlan plan = rig.random_plan(count);
+        CUDA_OK(rig.upload(plan, stream));
+        CUDA_OK(rig.fill_sentinel());
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        EXPECT_EQ(rig.verify(plan, experts), "") << "replay with count " << count;
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // One captured launch, replayed after the plan in device memory changed, copies the new plan.

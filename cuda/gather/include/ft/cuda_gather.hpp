@@ -107,6 +107,10 @@ struct GatherTuning {
     size_t chunk_bytes = 64 << 10;  // multiple of 16 in 16..1 GiB
     GatherLoad load = GatherLoad::streaming;
     GatherStore store = GatherStore::plain;
+    // Compute capability 9.0+ only (else cudaErrorInvalidValue): thread 0 of each CTA moves
+    // 16-byte-aligned chunks with cp.async.bulk through `unroll` shared-memory stages of
+    // chunk_bytes each (they must fit the opt-in shared memory); load and store are ignored.
+    bool bulk = false;
 };
 
 // What launch_gather_zero_copy uses (the member defaults above).
