@@ -95,7 +95,7 @@ namespace detail {
 // ld.global, ld.global.nc, ld.global.cs, and ld.global.nc.L1::no_allocate.L2::256B (asks L2 to
 // fetch 256-byte blocks, i.e. larger reads over the bus; 16-byte accesses only, else as nc).
 enum class GatherLoad { plain, nc, streaming, nc_l2_256 };
-enum class GatherStore { plain, streaming };     // st.global, st.global.cs
+enum class GatherStore { plain, streaming };  // st.global, st.global.cs
 
 // The kernel runs `blocks` persistent CTAs of `threads` threads that stride over chunks of
 // `chunk_bytes` of one (entry, bank) each; every thread keeps `unroll` loads of the bank's vector
