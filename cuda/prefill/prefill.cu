@@ -15,6 +15,7 @@
 #include "ft/cuda_numerics.cuh"
 #include "ft/cuda_prefill.hpp"
 #include "ft/dequant.hpp"
+#include "plan.hpp"
 
 namespace ft::cuda {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 constexpr int kStreams = 4;                       // internal streams of the "streams" GEMM path
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // per cuBLAS handle (Hopper's recommendation)
 constexpr int kDefaultChunkRows = 8192;
-constexpr int kDefaultDequantMiB = 256;
+constexpr int kDefaultDequantMiB = 512;  // both dequantisation buffers together
 
 // Where each format keeps its matrices in the bank schema (-1: none); the CPU executor's table.
 struct Roles {
@@ -69,50 +70,49 @@ __device__ __forceinline__ uint4 pack8(const float *v) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Row-major formats (fp8_block, nvfp4, ds_fp4, q4_0): each thread makes 8 consecutive bf16
-// outputs of one row; a grid-stride loop covers gate_up then down of every listed expert.
+// Row-major formats (fp8_block, nvfp4, ds_fp4, q4_0): one block per output row (blockIdx.x)
+// of one matrix (blockIdx.y = 2 * expert + (0 gate_up | 1 down)); each thread makes 8
+// consecutive bf16 outputs per step, so a warp reads 128 (fp4) or 256 (fp8) contiguous bytes.
 template <Format F>
-__global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *slots, int32_t n, uint16_t *out) {
-    const int64_t H = ex.hidden, I = ex.inter;
-    const int64_t per_expert = 3 * H * I / 8, gu_units = 2 * I * H / 8;
-    const int64_t total = per_expert * n;
-    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t j = u / per_expert;
-        int64_t v = u - j * per_expert;
-        const bool down = v >= gu_units;
-        if (down) v -= gu_units;
-        const int64_t K = down ? I : H;
-        const int64_t row = v / (K / 8), k0 = (v - row * (K / 8)) * 8;
-        const int32_t slot = slots[j];
-        const uint8_t *data = bank_row(ex, down ? ro.dn : ro.gu, slot);
+__global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *slots, uint16_t *out) {
+    const int32_t H = ex.hidden, I = ex.inter;
+    const int32_t j = int32_t(blockIdx.y >> 1);
+    const bool down = (blockIdx.y & 1) != 0;
+    const int32_t N = down ? H : 2 * I, K = down ? I : H;
+    const int32_t row = int32_t(blockIdx.x);
+    if (row >= N) return;
+    const int32_t slot = slots[j];
+    const uint8_t *data = bank_row(ex, down ? ro.dn : ro.gu, slot);
+    const uint8_t *sc = ro.gu_scale >= 0 ? bank_row(ex, down ? ro.dn_scale : ro.gu_scale, slot) : nullptr;
+    uint16_t *dst = out + int64_t(j) * 3 * H * I + (down ? int64_t(2) * I * H : 0) + int64_t(row) * K;
+    for (int32_t k0 = threadIdx.x * 8; k0 < K; k0 += blockDim.x * 8) {  // K is a multiple of 8
         float vals[8];
         if constexpr (F == Format::fp8_block) {
-            const uint8_t *sc = bank_row(ex, down ? ro.dn_scale : ro.gu_scale, slot);
-            const float s = bf16_to_f32(load_u16(sc + ((row / kFp8Block) * (K / kFp8Block) + k0 / kFp8Block) * 2));
-            const uint8_t *p = data + row * K + k0;
+            const float s = bf16_to_f32(
+                load_u16(sc + (int64_t(row / kFp8Block) * (K / kFp8Block) + k0 / kFp8Block) * 2));
+            const uint8_t *p = data + int64_t(row) * K + k0;
 #pragma unroll
             for (int e = 0; e < 8; ++e) vals[e] = e4m3_to_f32(p[e]) * s;
         } else if constexpr (F == Format::nvfp4 || F == Format::ds_fp4) {
-            const uint8_t *sc = bank_row(ex, down ? ro.dn_scale : ro.gu_scale, slot);
-            const float s = F == Format::nvfp4 ? e4m3_to_f32(sc[row * (K / kNvfp4Block) + k0 / kNvfp4Block])
-                                               : e8m0_to_f32(sc[row * (K / kDsfp4Block) + k0 / kDsfp4Block]);
-            const uint8_t *p = data + row * (K / 2) + k0 / 2;
+            const float s = F == Format::nvfp4 ? e4m3_to_f32(sc[int64_t(row) * (K / kNvfp4Block) + k0 / kNvfp4Block])
+                                               : e8m0_to_f32(sc[int64_t(row) * (K / kDsfp4Block) + k0 / kDsfp4Block]);
+            const uint8_t *p = data + int64_t(row) * (K / 2) + k0 / 2;
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
                 const uint32_t byte = p[b];
                 vals[2 * b] = e2m1_to_f32(byte & 15u) * s;
                 vals[2 * b + 1] = e2m1_to_f32(byte >> 4) * s;
             }
-        } else {  // q4_0
-            const uint8_t *blk = data + row * (K / kQ4_0Block) * kQ4_0BlockBytes + (k0 / kQ4_0Block) * kQ4_0BlockBytes;
+        } else {  // q4_0: 8 elements of one 32-block: low (jj < 16) or high nibbles of qs[jj & 15 ..]
+            const uint8_t *blk = data + (int64_t(row) * (K / kQ4_0Block) + k0 / kQ4_0Block) * kQ4_0BlockBytes;
             const float d = f16_to_f32(load_u16(blk));
-            const int jj = int(k0 % kQ4_0Block);
+            const int jj = k0 % kQ4_0Block;
             const uint8_t *qs = blk + 2 + (jj & 15);
             const int shift = jj < 16 ? 0 : 4;
 #pragma unroll
             for (int e = 0; e < 8; ++e) vals[e] = float(int((qs[e] >> shift) & 15u) - 8) * d;
         }
-        *reinterpret_cast<uint4 *>(out + j * 3 * H * I + (down ? 2 * I * H : 0) + row * K + k0) = pack8(vals);
+        *reinterpret_cast<uint4 *>(dst + k0) = pack8(vals);
     }
 }
 
@@ -328,13 +328,14 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
         dequant_mxfp4_kernel<<<grid, 256, 0, stream>>>(ex, ro, slots, out);
         return cudaGetLastError();
     }
-    const int64_t units = int64_t(n) * 3 * ex.hidden * ex.inter / 8;
-    const unsigned blocks = unsigned(std::min<int64_t>((units + 255) / 256, int64_t(1) << 16));
+    if (2 * int64_t(n) > 65535) return cudaErrorInvalidValue;
+    const dim3 grid(unsigned(std::max(2 * ex.inter, ex.hidden)), unsigned(2 * n));
+    const int threads = 128;  // K / 8 units per row: 88 .. 896 at real shapes
     switch (ex.format) {
-        case Format::fp8_block: dequant_rows_kernel<Format::fp8_block><<<blocks, 256, 0, stream>>>(ex, ro, slots, n, out); break;
-        case Format::nvfp4: dequant_rows_kernel<Format::nvfp4><<<blocks, 256, 0, stream>>>(ex, ro, slots, n, out); break;
-        case Format::ds_fp4: dequant_rows_kernel<Format::ds_fp4><<<blocks, 256, 0, stream>>>(ex, ro, slots, n, out); break;
-        case Format::q4_0: dequant_rows_kernel<Format::q4_0><<<blocks, 256, 0, stream>>>(ex, ro, slots, n, out); break;
+        case Format::fp8_block: dequant_rows_kernel<Format::fp8_block><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
+        case Format::nvfp4: dequant_rows_kernel<Format::nvfp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
+        case Format::ds_fp4: dequant_rows_kernel<Format::ds_fp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
+        case Format::q4_0: dequant_rows_kernel<Format::q4_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
         default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -343,13 +344,8 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
 // ---- ExpertPrefill --------------------------------------------------------------------------
 
 struct ExpertPrefill::Impl {
-    // One run of consecutive sorted rows of one slot (at most chunk_rows rows).
-    struct Piece {
-        int32_t slot, row0, rows, dq;  // dq: the slot's index in its chunk's dequantised experts
-    };
-    struct Chunk {
-        int32_t piece0 = 0, pieces = 0, row0 = 0, rows = 0, slot0 = 0, nslots = 0;
-    };
+    using Piece = prefill::Piece;
+    using Chunk = prefill::Chunk;
 
     Format format;
     int32_t H, I, K, max_tokens;
@@ -370,21 +366,21 @@ struct ExpertPrefill::Impl {
     float *acc = nullptr;        // [chunk_rows, max(2I, H)] GEMM outputs
     uint16_t *inter = nullptr;   // [chunk_rows, I]
     float *route_out = nullptr;  // [max_tokens * K, H]
-    uint16_t *deq = nullptr;     // [chunk_experts, 3 H I] (quantised formats)
+    // Two dequantisation buffers [chunk_experts, 3 H I] (quantised formats): chunk c uses c % 2,
+    // so the dequantisation of chunk c + 1 (on dq_stream) overlaps the GEMMs of chunk c.
+    uint16_t *deq[2] = {};
     void *workspace = nullptr;   // (kStreams + 1) cuBLAS workspaces
     uint8_t *plan_dev = nullptr;
     uint8_t *plan_host = nullptr;  // pinned staging of the plan
     size_t plan_bytes = 0;
 
     cudaStream_t streams[kStreams] = {};
+    cudaStream_t dq_stream = nullptr;
+    cudaEvent_t ev_ready[2] = {}, ev_free[2] = {};  // dequantised buffer b written / no longer read
     cublasHandle_t handles[kStreams + 1] = {};  // [kStreams]: the caller's stream (grouped path)
     cudaEvent_t ev_fork = nullptr, ev_join[kStreams] = {}, ev_upload = nullptr;
 
-    // Per-run plan (host).
-    std::vector<uint64_t> keys;
-    std::vector<Piece> pieces;
-    std::vector<Chunk> chunks;
-    std::vector<int32_t> chunk_slots;
+    prefill::Plan plan;  // per run (host)
     // Grouped path: per-piece host arrays (cuBLAS reads them on the host).
     std::vector<cublasOperation_t> op_t, op_n;
     std::vector<int> gm, gn, gk, glda, gldb, gldc, gsize;
@@ -395,6 +391,11 @@ struct ExpertPrefill::Impl {
     void release() noexcept {
         for (int i = 0; i < kStreams; ++i)
             if (streams[i]) cudaStreamSynchronize(streams[i]);
+        if (dq_stream) cudaStreamSynchronize(dq_stream), cudaStreamDestroy(dq_stream), dq_stream = nullptr;
+        for (int b = 0; b < 2; ++b) {
+            if (ev_ready[b]) cudaEventDestroy(ev_ready[b]), ev_ready[b] = nullptr;
+            if (ev_free[b]) cudaEventDestroy(ev_free[b]), ev_free[b] = nullptr;
+        }
         if (blas)
             for (cublasHandle_t &h : handles)
                 if (h) blas->destroy(h), h = nullptr;
@@ -404,10 +405,11 @@ struct ExpertPrefill::Impl {
         }
         if (ev_fork) cudaEventDestroy(ev_fork), ev_fork = nullptr;
         if (ev_upload) cudaEventSynchronize(ev_upload), cudaEventDestroy(ev_upload), ev_upload = nullptr;
-        for (void *p : {(void *)xg, (void *)acc, (void *)inter, (void *)route_out, (void *)deq, workspace,
-                        (void *)plan_dev})
+        for (void *p : {(void *)xg, (void *)acc, (void *)inter, (void *)route_out, (void *)deq[0], (void *)deq[1],
+                        workspace, (void *)plan_dev})
             if (p) cudaFree(p);
-        xg = nullptr, acc = nullptr, inter = nullptr, route_out = nullptr, deq = nullptr, workspace = nullptr;
+        xg = nullptr, acc = nullptr, inter = nullptr, route_out = nullptr, workspace = nullptr;
+        deq[0] = deq[1] = nullptr;
         plan_dev = nullptr;
         if (plan_host) cudaFreeHost(plan_host), plan_host = nullptr;
     }
@@ -469,7 +471,8 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
     const size_t expert_bf16 = size_t(3) * hidden * inter * 2;
     if (s.quant) {
         const size_t budget = size_t(std::max(0, env_int("FT_PREFILL_DEQUANT_MIB", kDefaultDequantMiB))) << 20;
-        s.chunk_experts = int32_t(std::clamp<int64_t>(int64_t(budget / expert_bf16), 1, std::min<int64_t>(routes, 4096)));
+        s.chunk_experts =
+            int32_t(std::clamp<int64_t>(int64_t(budget / 2 / expert_bf16), 1, std::min<int64_t>(routes, 512)));
     } else {
         s.chunk_experts = INT_MAX;
     }
@@ -479,10 +482,11 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
     s.grouped = path && std::strcmp(path, "grouped") == 0 && s.blas->gemm_grouped_batched_ex;
 
     try {
-        s.keys.reserve(routes);
-        s.pieces.reserve(s.max_pieces);
-        s.chunks.reserve(s.max_pieces);
-        s.chunk_slots.reserve(s.max_pieces);
+        s.plan.keys.reserve(routes);
+        for (auto *v : {&s.plan.row_token, &s.plan.row_route, &s.plan.row_slot}) v->reserve(routes);
+        s.plan.pieces.reserve(s.max_pieces);
+        s.plan.chunks.reserve(s.max_pieces);
+        s.plan.chunk_slots.reserve(s.max_pieces);
         if (s.grouped) {
             s.op_t.assign(s.max_pieces, CUBLAS_OP_T);
             s.op_n.assign(s.max_pieces, CUBLAS_OP_N);
@@ -500,7 +504,8 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
     s.alloc(s.acc, R * std::max<size_t>(2 * size_t(inter), hidden) * 4, "GEMM output");
     s.alloc(s.inter, R * inter * 2, "intermediate");
     s.alloc(s.route_out, size_t(routes) * hidden * 4, "route outputs");
-    if (s.quant) s.alloc(s.deq, size_t(s.chunk_experts) * expert_bf16, "dequantised experts");
+    if (s.quant)
+        for (uint16_t *&d : s.deq) s.alloc(d, size_t(s.chunk_experts) * expert_bf16, "dequantised experts");
     s.alloc(s.workspace, (kStreams + 1) * kWorkspaceBytes, "cuBLAS workspaces");
     // Plan: row_token, row_route, row_slot [routes] + chunk slots [max_pieces] (int32), then six
     // pointer arrays [max_pieces] for the grouped path.
@@ -519,6 +524,13 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
     }
     check(cudaEventCreateWithFlags(&s.ev_fork, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&s.ev_upload, cudaEventDisableTiming), "cudaEventCreate");
+    if (s.quant) {
+        check(cudaStreamCreateWithFlags(&s.dq_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+        for (int b = 0; b < 2; ++b) {
+            check(cudaEventCreateWithFlags(&s.ev_ready[b], cudaEventDisableTiming), "cudaEventCreate");
+            check(cudaEventCreateWithFlags(&s.ev_free[b], cudaEventDisableTiming), "cudaEventCreate");
+        }
+    }
     for (int i = 0; i < kStreams; ++i) {
         check(cudaStreamCreateWithFlags(&s.streams[i], cudaStreamNonBlocking), "cudaStreamCreate");
         check(cudaEventCreateWithFlags(&s.ev_join[i], cudaEventDisableTiming), "cudaEventCreate");
@@ -567,58 +579,16 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
         // ---- plan on the host: sort valid routes by (slot, route), cut into pieces and chunks.
         // The pinned staging is reused: wait until the previous run's upload has been read.
         check(cudaEventSynchronize(s.ev_upload), "waiting for the previous plan upload");
-        s.keys.clear();
-        for (int64_t r = 0; r < T * K; ++r)
-            if (slots_host[r] >= 0) s.keys.push_back((uint64_t(uint32_t(slots_host[r])) << 32) | uint64_t(r));
-        std::sort(s.keys.begin(), s.keys.end());
-        const int64_t nvalid = int64_t(s.keys.size());
+        prefill::Plan &pl = s.plan;
+        pl.build(slots_host, T * K, s.K, s.chunk_rows, s.chunk_experts);
+        const int64_t nvalid = pl.rows();
         int32_t *row_token = reinterpret_cast<int32_t *>(s.plan_host);
-        int32_t *row_route = row_token + nvalid;
-        int32_t *row_slot = row_route + nvalid;
-        for (int64_t j = 0; j < nvalid; ++j) {
-            const int32_t r = int32_t(s.keys[j] & 0xffffffffu);
-            row_route[j] = r;
-            row_token[j] = int32_t(r / K);
-            row_slot[j] = int32_t(s.keys[j] >> 32);
-        }
-        s.pieces.clear();
-        for (int64_t a = 0; a < nvalid;) {
-            int64_t b = a;
-            while (b < nvalid && row_slot[b] == row_slot[a]) ++b;
-            for (int64_t c = a; c < b; c += s.chunk_rows)
-                s.pieces.push_back({row_slot[a], int32_t(c), int32_t(std::min<int64_t>(s.chunk_rows, b - c)), 0});
-            a = b;
-        }
-        s.chunks.clear();
-        s.chunk_slots.clear();
-        for (size_t p = 0; p < s.pieces.size(); ++p) {
-            Impl::Piece &pc = s.pieces[p];
-            bool fresh = s.chunks.empty();
-            if (!fresh) {
-                const Impl::Chunk &c = s.chunks.back();
-                const bool new_expert = s.pieces[p - 1].slot != pc.slot;
-                fresh = c.rows + pc.rows > s.chunk_rows || (new_expert && c.nslots == s.chunk_experts);
-            }
-            if (fresh) {
-                Impl::Chunk c;
-                c.piece0 = int32_t(p);
-                c.row0 = pc.row0;
-                c.slot0 = int32_t(s.chunk_slots.size());
-                s.chunks.push_back(c);
-            }
-            Impl::Chunk &c = s.chunks.back();
-            if (fresh || s.pieces[p - 1].slot != pc.slot) {
-                s.chunk_slots.push_back(pc.slot);
-                c.nslots++;
-            }
-            pc.dq = c.nslots - 1;
-            c.rows += pc.rows;
-            c.pieces++;
-        }
-        const int64_t npieces = int64_t(s.pieces.size());
-        int32_t *cslots = row_slot + nvalid;
-        std::copy(s.chunk_slots.begin(), s.chunk_slots.end(), cslots);
-        size_t used = (3 * size_t(nvalid) + s.chunk_slots.size()) * 4;
+        std::copy(pl.row_token.begin(), pl.row_token.end(), row_token);
+        std::copy(pl.row_route.begin(), pl.row_route.end(), row_token + nvalid);
+        std::copy(pl.row_slot.begin(), pl.row_slot.end(), row_token + 2 * nvalid);
+        const int64_t npieces = int64_t(pl.pieces.size());
+        std::copy(pl.chunk_slots.begin(), pl.chunk_slots.end(), row_token + 3 * nvalid);
+        size_t used = (3 * size_t(nvalid) + pl.chunk_slots.size()) * 4;
         const int32_t *d_row_token = reinterpret_cast<const int32_t *>(s.plan_dev);
         const int32_t *d_row_route = d_row_token + nvalid;
         const int32_t *d_row_slot = d_row_route + nvalid;
@@ -626,11 +596,11 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
 
         // Operands of every piece's two GEMMs (A: weights, B: activations, C: fp32 output).
         const size_t expert_elems = size_t(3) * H * I;
-        auto operands = [&](const Impl::Piece &pc, const Impl::Chunk &c, bool down, const void *&A, const void *&B,
-                            void *&C) {
+        auto operands = [&](const prefill::Piece &pc, const prefill::Chunk &c, size_t ci, bool down, const void *&A,
+                            const void *&B, void *&C) {
             const int64_t lr = pc.row0 - c.row0;  // first row within the chunk
             if (s.quant) {
-                A = s.deq + size_t(pc.dq) * expert_elems + (down ? size_t(2) * I * H : 0);
+                A = s.deq[ci & 1] + size_t(pc.dq) * expert_elems + (down ? size_t(2) * I * H : 0);
             } else {
                 const int bank = down ? s.ro.dn : s.ro.gu;
                 A = ex.base[bank] + size_t(pc.slot) * ex.row_bytes[bank];
@@ -644,12 +614,12 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
             used = align_up(used, 16);
             ptrs = reinterpret_cast<void **>(s.plan_host + used);
             d_ptrs = reinterpret_cast<void *const *>(s.plan_dev + used);
-            for (const Impl::Chunk &c : s.chunks)
-                for (int32_t q = c.piece0; q < c.piece0 + c.pieces; ++q)
+            for (size_t ci = 0; ci < pl.chunks.size(); ++ci)
+                for (int32_t q = pl.chunks[ci].piece0; q < pl.chunks[ci].piece0 + pl.chunks[ci].pieces; ++q)
                     for (int d = 0; d < 2; ++d) {
                         const void *A, *B;
                         void *C;
-                        operands(s.pieces[q], c, d == 1, A, B, C);
+                        operands(pl.pieces[q], pl.chunks[ci], ci, d == 1, A, B, C);
                         ptrs[(3 * d + 0) * npieces + q] = const_cast<void *>(A);
                         ptrs[(3 * d + 1) * npieces + q] = const_cast<void *>(B);
                         ptrs[(3 * d + 2) * npieces + q] = C;
@@ -665,7 +635,21 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
         const bool vec_x = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
         const bool ds = s.format == Format::ds_fp4;
         if (s.grouped) check_blas(s.blas->set_stream(s.handles[kStreams], stream), "cublasSetStream");
-        for (const Impl::Chunk &c : s.chunks) {
+        // Dequantisation of chunk ci into buffer ci % 2 on dq_stream, once the GEMMs that read the
+        // buffer before (chunk ci - 2, possibly of the previous run) are done.
+        auto enqueue_dequant = [&](size_t ci) {
+            const prefill::Chunk &c = pl.chunks[ci];
+            const int b = int(ci & 1);
+            check(cudaStreamWaitEvent(s.dq_stream, s.ev_free[b], 0), "cudaStreamWaitEvent");
+            check(launch_dequant_bf16(ex, d_cslots + c.slot0, c.nslots, s.deq[b], s.dq_stream), "dequant kernel");
+            check(cudaEventRecord(s.ev_ready[b], s.dq_stream), "cudaEventRecord");
+        };
+        if (s.quant && !pl.chunks.empty()) {
+            check(cudaStreamWaitEvent(s.dq_stream, s.ev_upload, 0), "cudaStreamWaitEvent");  // chunk slot lists
+            for (size_t ci = 0; ci < std::min<size_t>(2, pl.chunks.size()); ++ci) enqueue_dequant(ci);
+        }
+        for (size_t ci = 0; ci < pl.chunks.size(); ++ci) {
+            const prefill::Chunk &c = pl.chunks[ci];
             if (ds)
                 vec_x ? gather_rows_kernel<true, true><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg)
                       : gather_rows_kernel<true, false><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg);
@@ -673,7 +657,7 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
                 vec_x ? gather_rows_kernel<false, true><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg)
                       : gather_rows_kernel<false, false><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg);
             check(cudaGetLastError(), "gather kernel");
-            if (s.quant) check(launch_dequant_bf16(ex, d_cslots + c.slot0, c.nslots, s.deq, stream), "dequant kernel");
+            if (s.quant) check(cudaStreamWaitEvent(stream, s.ev_ready[ci & 1], 0), "cudaStreamWaitEvent");
 
             for (int d = 0; d < 2; ++d) {
                 const bool down = d == 1;
@@ -681,7 +665,7 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
                 bool done = false;
                 if (s.grouped) {
                     for (int32_t q = 0; q < c.pieces; ++q) {
-                        s.gm[q] = m, s.gn[q] = s.pieces[c.piece0 + q].rows, s.gk[q] = k;
+                        s.gm[q] = m, s.gn[q] = pl.pieces[c.piece0 + q].rows, s.gk[q] = k;
                         s.glda[q] = k, s.gldb[q] = k, s.gldc[q] = m;
                     }
                     const void *const *A = const_cast<const void *const *>(d_ptrs + (3 * d + 0) * npieces + c.piece0);
@@ -708,10 +692,10 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
                     for (int i = 0; i < used_streams; ++i)
                         check(cudaStreamWaitEvent(s.streams[i], s.ev_fork, 0), "cudaStreamWaitEvent");
                     for (int32_t q = 0; q < c.pieces; ++q) {
-                        const Impl::Piece &pc = s.pieces[c.piece0 + q];
+                        const prefill::Piece &pc = pl.pieces[c.piece0 + q];
                         const void *A, *B;
                         void *C;
-                        operands(pc, c, down, A, B, C);
+                        operands(pc, c, ci, down, A, B, C);
                         s.gemm(s.handles[q % used_streams], m, pc.rows, k, static_cast<const uint16_t *>(A), k,
                                static_cast<const uint16_t *>(B), k, static_cast<float *>(C), m);
                     }
@@ -719,6 +703,11 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
                         check(cudaEventRecord(s.ev_join[i], s.streams[i]), "cudaEventRecord");
                         check(cudaStreamWaitEvent(stream, s.ev_join[i], 0), "cudaStreamWaitEvent");
                     }
+                }
+                if (down && s.quant) {
+                    // The chunk's weights are consumed: their buffer takes chunk ci + 2.
+                    check(cudaEventRecord(s.ev_free[ci & 1], stream), "cudaEventRecord");
+                    if (ci + 2 < pl.chunks.size()) enqueue_dequant(ci + 2);
                 }
                 launch_format(s.format, down, s.acc, d_row_route + c.row0, d_row_slot + c.row0, ex, s.ro, s.act,
                               s.ds_clamp, s.inter, s.route_out, c.rows, stream);

@@ -56,7 +56,9 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &experts, const int32_t *slo
 // spread over 4 internal streams forked from and joined back into the caller's stream;
 // "grouped" makes one cublasGemmGroupedBatchedEx call per chunk of experts (cuBLAS >= 12.5,
 // falls back to "streams" when absent). Tuning (env, read by the constructor):
-// FT_PREFILL_DEQUANT_MIB (default 256): bf16 dequantisation buffer, i.e. experts per chunk;
+// FT_PREFILL_DEQUANT_MIB (default 512): the two bf16 dequantisation buffers together, i.e. experts
+// per chunk (at least 1, at most 512); chunk c + 1 is dequantised on an internal stream while
+// the GEMMs of chunk c run;
 // FT_PREFILL_CHUNK_ROWS (default max(max_tokens, min(max_tokens * top_k, 8192))): routed rows
 // per chunk, the size of the per-chunk activation and GEMM-output scratch.
 //
@@ -65,7 +67,7 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &experts, const int32_t *slo
 class ExpertPrefill {
 public:
     // Scratch for max_tokens tokens x top_k routes: gathered activations, intermediate, fp32
-    // route_out [max_tokens*K, H], GEMM output per chunk, and the bf16 dequantisation buffer
+    // route_out [max_tokens*K, H], GEMM output per chunk, and the two bf16 dequantisation buffers
     // (quantised formats), all cudaMalloc'd here on the current device. H and I must suit the
     // format (ft::format_geometry_error) and be multiples of 8. Throws ft::Error:
     // FT_ERR_INVALID_ARGUMENT, FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_UNSUPPORTED (no cuBLAS).
