@@ -1,6 +1,6 @@
 // Decode-time expert kernels (ft/cuda_experts.hpp). One decode call is, in stream order:
-//   prep     one CTA groups the routes by slot on the device (distinct slots in order of first
-//            appearance, each with its routes in ascending order); the other CTAs stage the input
+//   prep     one CTA groups the routes by slot on the device (a hash table in scratch: each
+//            distinct slot once, with its routes); the other CTAs stage the input
 //            (ds_fp4: FP8 round trip per 128; otherwise only a copy when x is not 16-byte aligned)
 //   gate_up  grid (row tiles, distinct-slot capacity): CTAs past the device's group count return
 //            at once; each streams its weight rows once and dots them with all the group's routes
@@ -455,8 +455,10 @@ __global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_u
 // ---- prep: grouping and input staging ---------------------------------------------------------
 
 struct GroupScratch {
-    int32_t *num, *slot, *start, *count, *routes;
-    int32_t *first, *rank, *leader_group;  // per route
+    int32_t *num, *slot, *start, *count, *routes;  // the groups, read by the expert kernels
+    int32_t *entry, *rank;                         // per route: table entry, position in group
+    int32_t *key, *cnt, *grp;                      // hash table: slot, routes, group index
+    int32_t table_bits;
 };
 
 // Exclusive block scan of two counters; `total` gets the block sums. All threads must call it.
@@ -493,39 +495,46 @@ __device__ int2 block_exclusive_scan2(int2 v, int2 *total) {
     return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
 }
 
-// Groups routes by slot: groups in order of their first route, routes ascending within a group.
-// O(R^2 / threads) comparisons, fine for decode-sized R (a few thousand routes).
+// Groups routes by slot through an open-addressing hash table (global scratch, 2^bits >= 2R
+// entries, so probing ends): one CAS per route finds its slot's entry, an atomicAdd there gives
+// its position in the group; a scan over the table numbers the used entries. O((R + 2^bits) /
+// threads) per thread. The order of routes inside a group follows the atomics, which does not
+// change any result: every route is computed by the same operations whatever its position.
+// Values written by atomics or by other threads are read back with ld.cg (L2), never a stale L1.
 __device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g) {
+    const int P = 1 << g.table_bits;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        g.key[i] = -1;
+        g.cnt[i] = 0;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        const int32_t s = slots[r];
+        if (s < 0) continue;
+        uint32_t h = (uint32_t(s) * 2654435761u) >> (32 - g.table_bits);
+        for (;;) {
+            const int32_t old = atomicCAS(&g.key[h], -1, s);
+            if (old == -1 || old == s) break;
+            h = (h + 1) & uint32_t(P - 1);
+        }
+        g.entry[r] = int32_t(h);
+        g.rank[r] = atomicAdd(&g.cnt[h], 1);
+    }
+    __syncthreads();
     __shared__ int2 carry;
     if (threadIdx.x == 0) carry = make_int2(0, 0);
     __syncthreads();
-    for (int base = 0; base < R; base += blockDim.x) {
-        const int r = base + threadIdx.x;
-        const int32_t s = r < R ? slots[r] : -1;
-        int first = -1, rank = 0, after = 0;
-        if (s >= 0) {
-            for (int q = 0; q < R; ++q) {
-                if (slots[q] != s) continue;
-                if (q < r) {
-                    if (first < 0) first = q;
-                    ++rank;
-                } else if (q > r) {
-                    ++after;
-                }
-            }
-            if (first < 0) first = r;
-            g.first[r] = first;
-            g.rank[r] = rank;
-        }
-        const bool leader = s >= 0 && first == r;
+    for (int base = 0; base < P; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const int32_t c = i < P ? __ldcg(&g.cnt[i]) : 0;
         int2 total;
-        const int2 pos = block_exclusive_scan2(make_int2(leader ? 1 : 0, leader ? 1 + after : 0), &total);
-        if (leader) {
+        const int2 pos = block_exclusive_scan2(make_int2(c > 0 ? 1 : 0, c), &total);
+        if (c > 0) {
             const int gi = carry.x + pos.x;
-            g.slot[gi] = s;
+            g.slot[gi] = __ldcg(&g.key[i]);
             g.start[gi] = carry.y + pos.y;
-            g.count[gi] = 1 + after;
-            g.leader_group[r] = gi;
+            g.count[gi] = c;
+            g.grp[i] = gi;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -535,11 +544,10 @@ __device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g)
         __syncthreads();
     }
     if (threadIdx.x == 0) *g.num = carry.x;
-    __syncthreads();  // makes the leaders' writes visible to the whole block
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         if (slots[r] < 0) continue;
-        const int gi = g.leader_group[g.first[r]];
-        g.routes[g.start[gi] + g.rank[r]] = r;
+        const int gi = __ldcg(&g.grp[__ldcg(&g.entry[r])]);
+        g.routes[__ldcg(&g.start[gi]) + __ldcg(&g.rank[r])] = r;
     }
 }
 
@@ -616,6 +624,13 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 bool aligned(const void *p, size_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
+// Bits of the grouping hash table for R routes: 2^bits >= 2R (at least 2 entries).
+int32_t table_bits_for(size_t R) {
+    int32_t b = 1;
+    while ((size_t(1) << b) < 2 * R) ++b;
+    return b;
+}
+
 }  // namespace
 
 cudaError_t launch_combine_routes(const float *route_out, const int32_t *slots, const float *w,
@@ -650,7 +665,8 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
         return at;
     };
     const size_t o_num = take(sizeof(int32_t));
-    const size_t o_ints = take(8 * R * sizeof(int32_t));
+    const size_t table = size_t(1) << table_bits_for(R);
+    const size_t o_ints = take((6 * R + 3 * table) * sizeof(int32_t));
     const size_t o_xin = take(size_t(max_tokens) * size_t(hidden) * 2);
     const size_t o_inter = take(R * size_t(inter) * 2);
     const size_t o_out = take(R * size_t(hidden) * 4);
@@ -675,7 +691,7 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
     group_slot_ = ints;
     group_start_ = ints + R;
     group_count_ = ints + 2 * R;
-    group_routes_ = ints + 3 * R;  // [3R, 4R); [4R, 7R) holds the per-route grouping temporaries
+    group_routes_ = ints + 3 * R;  // then [4R, 6R) per-route grouping temporaries, 3 tables
     xin_ = reinterpret_cast<uint16_t *>(base + o_xin);
     inter_buf_ = reinterpret_cast<uint16_t *>(base + o_inter);
     route_out_ = reinterpret_cast<float *>(base + o_out);
@@ -742,8 +758,11 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
 
     const int64_t H = hidden_, I = inter_, R = int64_t(tokens) * top_k_;
     const size_t Rmax = size_t(max_tokens_) * size_t(top_k_);
-    GroupScratch gs{num_groups_, group_slot_, group_start_, group_count_, group_routes_,
-                    group_routes_ + Rmax, group_routes_ + 2 * Rmax, group_routes_ + 3 * Rmax};
+    const size_t table = size_t(1) << table_bits_for(Rmax);
+    int32_t *const temps = group_routes_ + Rmax;
+    GroupScratch gs{num_groups_,  group_slot_,        group_start_,          group_count_,
+                    group_routes_, temps,              temps + Rmax,          temps + 2 * Rmax,
+                    temps + 2 * Rmax + table,          temps + 2 * Rmax + 2 * table, table_bits_for(size_t(R))};
     const bool ds = format_ == Format::ds_fp4;
     const int mode = ds ? 2 : (!aligned(x, 16) ? 1 : 0);
     const uint16_t *xact = mode ? xin_ : x;

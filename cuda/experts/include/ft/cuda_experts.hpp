@@ -89,10 +89,10 @@ private:
     size_t scratch_bytes_ = 0;
     void *scratch_ = nullptr;  // one allocation, carved below
     int32_t *num_groups_ = nullptr;    // [1]
-    int32_t *group_slot_ = nullptr;    // [R]  distinct slots in order of first appearance
+    int32_t *group_slot_ = nullptr;    // [R]  distinct slots
     int32_t *group_start_ = nullptr;   // [R]  first entry of the group in group_routes_
     int32_t *group_count_ = nullptr;   // [R]
-    int32_t *group_routes_ = nullptr;  // [R]  route indices t*K+k, grouped, ascending per group
+    int32_t *group_routes_ = nullptr;  // [R]  route indices t*K+k, grouped (then the hash table)
     uint16_t *xin_ = nullptr;          // [max_tokens, H] bf16: aligned or FP8-round-tripped input
     uint16_t *inter_buf_ = nullptr;    // [R, I] bf16 intermediate
     float *route_out_ = nullptr;       // [R, H] f32
