@@ -7,7 +7,6 @@
 //                                       bulk (TMA) ones named bulk_*
 // Exits 0 with a message where no CUDA device is usable.
 #include <benchmark/benchmark.h>
-
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -153,7 +152,7 @@ public:
     cudaError_t zero_copy(const GatherTuning *tuning) {
         const GatherPlan p = plan();
         return tuning ? ft::cuda::detail::launch_gather_zero_copy_tuned(banks_.data(), static_cast<int>(banks_.size()),
-                                                                         p, *tuning, stream_)
+                                                                        p, *tuning, stream_)
                       : ft::cuda::launch_gather_zero_copy(banks_.data(), static_cast<int>(banks_.size()), p, stream_);
     }
     cudaError_t copy_engine() {
@@ -231,8 +230,7 @@ std::vector<GatherTuning> tunings() {
         t.chunk_bytes = chunk;
         out.push_back(t);
     }
-    for (const GatherLoad load :
-         {GatherLoad::plain, GatherLoad::nc, GatherLoad::streaming, GatherLoad::nc_l2_256})
+    for (const GatherLoad load : {GatherLoad::plain, GatherLoad::nc, GatherLoad::streaming, GatherLoad::nc_l2_256})
         for (const GatherStore store : {GatherStore::plain, GatherStore::streaming}) {
             GatherTuning t;
             t.load = load;

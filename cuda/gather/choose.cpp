@@ -4,8 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -88,8 +88,8 @@ GatherChoice choose_gather_method(const GatherBank *banks, int num_banks, int32_
 
     CopyEngineGather engine(count);
     GatherChoice choice{};
-    choice.zero_copy_gbs = time_calls(rig, stream, iters, bytes,
-                                      [&] { return launch_gather_zero_copy(banks, num_banks, plan, stream); });
+    choice.zero_copy_gbs =
+        time_calls(rig, stream, iters, bytes, [&] { return launch_gather_zero_copy(banks, num_banks, plan, stream); });
     choice.copy_engine_gbs =
         time_calls(rig, stream, iters, bytes, [&] { return engine.gather(banks, num_banks, plan, stream); });
     // Ties go to the zero-copy kernel: it is the one a CUDA graph can hold.

@@ -61,7 +61,8 @@ cudaError_t CopyEngineGather::gather(const GatherBank *banks, int num_banks, con
         // Admission hands out empty slots in ascending order to misses in ascending expert order,
         // so after a reset whole runs are contiguous on both sides: one copy each.
         int64_t run = 1;
-        while (i + run < n && slots[i + run] == int64_t{slots[i]} + run && sources[i + run] == int64_t{sources[i]} + run)
+        while (i + run < n && slots[i + run] == int64_t{slots[i]} + run &&
+               sources[i + run] == int64_t{sources[i]} + run)
             ++run;
         for (int b = 0; b < num_banks; ++b) {
             const size_t row = banks[b].row_bytes;

@@ -9,9 +9,9 @@
 // loop of one load per iteration would leave one per thread. A second kernel (tuning.bulk, sm_90+)
 // lets the TMA issue the host reads as whole-chunk bulk copies instead, in case the SMs' 16-byte
 // requests cannot fill the link; bench_gather compares the two.
-#include "ft/cuda_gather.hpp"
-
 #include <cstdint>
+
+#include "ft/cuda_gather.hpp"
 
 namespace ft::cuda {
 
@@ -131,16 +131,28 @@ __device__ __forceinline__ int64_t planned(const KernelParams &p) {
 template <int U, GatherLoad L, GatherStore S>
 __device__ __forceinline__ void copy_piece(const Piece &c) {
     switch (c.vec_bytes) {
-    case 16: copy_chunk<uint4, U, L, S>(c.src, c.dst, c.bytes); break;
-    case 8: copy_chunk<uint2, U, L, S>(c.src, c.dst, c.bytes); break;
-    case 4: copy_chunk<unsigned int, U, L, S>(c.src, c.dst, c.bytes); break;
-    case 2: copy_chunk<unsigned short, U, L, S>(c.src, c.dst, c.bytes); break;
-    default: copy_chunk<unsigned char, U, L, S>(c.src, c.dst, c.bytes); break;
+        case 16:
+            copy_chunk<uint4, U, L, S>(c.src, c.dst, c.bytes);
+            break;
+        case 8:
+            copy_chunk<uint2, U, L, S>(c.src, c.dst, c.bytes);
+            break;
+        case 4:
+            copy_chunk<unsigned int, U, L, S>(c.src, c.dst, c.bytes);
+            break;
+        case 2:
+            copy_chunk<unsigned short, U, L, S>(c.src, c.dst, c.bytes);
+            break;
+        default:
+            copy_chunk<unsigned char, U, L, S>(c.src, c.dst, c.bytes);
+            break;
     }
 }
 
 // Eight 16-byte values in flight need more than the 64 registers a 1024-thread bound leaves.
-constexpr int max_threads(int unroll) { return unroll >= 8 ? 512 : 1024; }
+constexpr int max_threads(int unroll) {
+    return unroll >= 8 ? 512 : 1024;
+}
 
 template <int U, GatherLoad L, GatherStore S>
 __global__ void __launch_bounds__(max_threads(U)) gather_kernel(const __grid_constant__ KernelParams p) {
@@ -172,11 +184,10 @@ __device__ __forceinline__ void bulk_issue_load(const Piece &c, uint8_t *buf, ui
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
                      "r"(static_cast<uint32_t>(c.bytes))
                      : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_addr(buf)),
-            "l"(c.src), "r"(static_cast<uint32_t>(c.bytes)), "r"(smem_addr(bar))
-            : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_addr(buf)),
+                     "l"(c.src), "r"(static_cast<uint32_t>(c.bytes)), "r"(smem_addr(bar))
+                     : "memory");
     } else {
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
     }
@@ -254,10 +265,14 @@ cudaError_t launch_store(const KernelParams &p, const GatherTuning &t, unsigned 
 template <int U>
 cudaError_t launch_load(const KernelParams &p, const GatherTuning &t, unsigned grid, cudaStream_t stream) {
     switch (t.load) {
-    case GatherLoad::nc: return launch_store<U, GatherLoad::nc>(p, t, grid, stream);
-    case GatherLoad::streaming: return launch_store<U, GatherLoad::streaming>(p, t, grid, stream);
-    case GatherLoad::nc_l2_256: return launch_store<U, GatherLoad::nc_l2_256>(p, t, grid, stream);
-    default: return launch_store<U, GatherLoad::plain>(p, t, grid, stream);
+        case GatherLoad::nc:
+            return launch_store<U, GatherLoad::nc>(p, t, grid, stream);
+        case GatherLoad::streaming:
+            return launch_store<U, GatherLoad::streaming>(p, t, grid, stream);
+        case GatherLoad::nc_l2_256:
+            return launch_store<U, GatherLoad::nc_l2_256>(p, t, grid, stream);
+        default:
+            return launch_store<U, GatherLoad::plain>(p, t, grid, stream);
     }
 }
 
@@ -279,7 +294,8 @@ cudaError_t launch_bulk(const KernelParams &p, const GatherTuning &t, unsigned g
 
 const char *tuning_error(const GatherTuning &t) {
     if (t.blocks < 1) return "tuning: blocks must be >= 1";
-    if (t.threads < 32 || t.threads > 1024 || t.threads % 32 != 0) return "tuning: threads must be a multiple of 32 in 32..1024";
+    if (t.threads < 32 || t.threads > 1024 || t.threads % 32 != 0)
+        return "tuning: threads must be a multiple of 32 in 32..1024";
     if (t.unroll != 1 && t.unroll != 2 && t.unroll != 4 && t.unroll != 8) return "tuning: unroll must be 1, 2, 4 or 8";
     if (t.threads > max_threads(t.unroll)) return "tuning: unroll 8 allows at most 512 threads";
     if (t.chunk_bytes < 16 || t.chunk_bytes % 16 != 0 || t.chunk_bytes > kMaxChunkBytes)
@@ -346,10 +362,14 @@ cudaError_t launch_gather_zero_copy_tuned(const GatherBank *banks, int num_banks
     const unsigned grid = static_cast<unsigned>(most < static_cast<uint64_t>(tuning.blocks) ? most : tuning.blocks);
     if (tuning.bulk) return launch_bulk(p, tuning, grid, stream);
     switch (tuning.unroll) {
-    case 1: return launch_load<1>(p, tuning, grid, stream);
-    case 2: return launch_load<2>(p, tuning, grid, stream);
-    case 4: return launch_load<4>(p, tuning, grid, stream);
-    default: return launch_load<8>(p, tuning, grid, stream);
+        case 1:
+            return launch_load<1>(p, tuning, grid, stream);
+        case 2:
+            return launch_load<2>(p, tuning, grid, stream);
+        case 4:
+            return launch_load<4>(p, tuning, grid, stream);
+        default:
+            return launch_load<8>(p, tuning, grid, stream);
     }
 }
 

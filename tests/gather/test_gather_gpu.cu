@@ -4,9 +4,8 @@
 // other slot must keep the sentinel. Also count 0, counts above the capacity, skipped entries,
 // CUDA-graph replays with new plans in device memory, every tuning the benchmark sweeps, and
 // argument errors. Skips where no CUDA device is usable.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -79,7 +78,9 @@ public:
         return b;
     }
     const uint8_t *host_row(int32_t e) const { return host_.get() + offset_ + row_ * static_cast<size_t>(e); }
-    cudaError_t fill_sentinel() const { return cudaMemset(slots_mem_.get(), kSentinel, row_ * static_cast<size_t>(slots_)); }
+    cudaError_t fill_sentinel() const {
+        return cudaMemset(slots_mem_.get(), kSentinel, row_ * static_cast<size_t>(slots_));
+    }
     std::vector<uint8_t> read_slots() const {
         std::vector<uint8_t> out(row_ * static_cast<size_t>(slots_));
         if (cudaMemcpy(out.data(), slots_mem_.get(), out.size(), cudaMemcpyDeviceToHost) != cudaSuccess) out.clear();
@@ -110,7 +111,8 @@ public:
         const std::vector<size_t> &offsets = {})
         : experts_(experts), slots_(slots), stored_(stored), rng_(seed) {
         for (size_t b = 0; b < rows.size(); ++b)
-            banks_.push_back(std::make_unique<Bank>(rows[b], experts, slots, b < offsets.size() ? offsets[b] : 0, rng_));
+            banks_.push_back(
+                std::make_unique<Bank>(rows[b], experts, slots, b < offsets.size() ? offsets[b] : 0, rng_));
         void *plan = nullptr;
         if (cudaMalloc(&plan, sizeof(int64_t) + 2 * sizeof(int32_t) * static_cast<size_t>(stored)) == cudaSuccess)
             plan_mem_.reset(plan);
@@ -191,7 +193,8 @@ public:
                 const int32_t src = source_of[static_cast<size_t>(s)];
                 const uint8_t *want = src >= 0 ? bank.host_row(src) : sentinel.data();
                 if (std::memcmp(slot, want, row) != 0)
-                    return "bank " + std::to_string(b) + " (row " + std::to_string(row) + ") slot " + std::to_string(s) +
+                    return "bank " + std::to_string(b) + " (row " + std::to_string(row) + ") slot " +
+                           std::to_string(s) +
                            (src >= 0 ? " should hold expert " + std::to_string(src) : " should be untouched");
             }
         }
@@ -208,13 +211,16 @@ private:
 
 cudaError_t run_gather(GatherMethod method, Rig &rig, CopyEngineGather &engine, int32_t capacity, cudaStream_t stream) {
     const std::vector<GatherBank> banks = rig.banks();
-    const cudaError_t e = method == GatherMethod::zero_copy
-                              ? ft::cuda::launch_gather_zero_copy(banks.data(), rig.num_banks(), rig.plan(capacity), stream)
-                              : engine.gather(banks.data(), rig.num_banks(), rig.plan(capacity), stream);
+    const cudaError_t e =
+        method == GatherMethod::zero_copy
+            ? ft::cuda::launch_gather_zero_copy(banks.data(), rig.num_banks(), rig.plan(capacity), stream)
+            : engine.gather(banks.data(), rig.num_banks(), rig.plan(capacity), stream);
     return e == cudaSuccess ? cudaStreamSynchronize(stream) : e;
 }
 
-const char *name(GatherMethod m) { return m == GatherMethod::zero_copy ? "zero_copy" : "copy_engine"; }
+const char *name(GatherMethod m) {
+    return m == GatherMethod::zero_copy ? "zero_copy" : "copy_engine";
+}
 
 // Bank sets: 1, 2, 4 and 6 banks; rows above and below the 64 KiB chunk, rows that are not a
 // multiple of 16 (100 -> 4-byte, 24 -> 8-byte, 1001 and 7 -> 1-byte, 2 -> 2-byte accesses).
@@ -381,11 +387,11 @@ TEST(Gather, EveryTuningIsExact) {
         CUDA_OK(rig.upload(plan));
         CUDA_OK(rig.fill_sentinel());
         CUDA_OK(ft::cuda::detail::launch_gather_zero_copy_tuned(banks.data(), rig.num_banks(), rig.plan(experts), t,
-                                                                 nullptr));
+                                                                nullptr));
         CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_EQ(rig.verify(plan, experts), "") << "unroll " << t.unroll << " threads " << t.threads << " blocks "
-                                                 << t.blocks << " chunk " << t.chunk_bytes << " load "
-                                                 << static_cast<int>(t.load) << " bulk " << t.bulk;
+        EXPECT_EQ(rig.verify(plan, experts), "")
+            << "unroll " << t.unroll << " threads " << t.threads << " blocks " << t.blocks << " chunk " << t.chunk_bytes
+            << " load " << static_cast<int>(t.load) << " bulk " << t.bulk;
     }
 }
 
@@ -440,7 +446,8 @@ TEST(Gather, GraphReplayFollowsThePlan) {
     const std::vector<GatherBank> banks = rig.banks();
     cudaGraph_t graph = nullptr;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t launched = ft::cuda::launch_gather_zero_copy(banks.data(), rig.num_banks(), rig.plan(experts), stream);
+    const cudaError_t launched =
+        ft::cuda::launch_gather_zero_copy(banks.data(), rig.num_banks(), rig.plan(experts), stream);
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(launched);
     cudaGraphExec_t exec = nullptr;
