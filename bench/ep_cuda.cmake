@@ -1,0 +1,6 @@
+# EP kernels on one GPU: pack + quantise, group + unpack, reduce + combine against the device copy
+# bandwidth of the same run, and the wire bytes per token from the layout (issue 7's table).
+add_executable(bench_ep ${CMAKE_CURRENT_LIST_DIR}/bench_ep.cu)
+target_link_libraries(bench_ep PRIVATE ft_ep_cuda ft_cuda_device benchmark::benchmark)
+set_target_properties(bench_ep PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+target_compile_options(bench_ep PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
