@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -83,12 +84,28 @@ std::unique_ptr<Layer> make_layer(const Shape &s, std::string &err) {
     return L;
 }
 
-void bm_prefill(benchmark::State &state, Shape s) {
+// The banks of the last format benchmarked (variants of one format run back to back).
+Layer *cached_layer(const Shape &s, std::string &err) {
+    static std::unique_ptr<Layer> last;
+    if (!last || last->s.f != s.f) {
+        last.reset();
+        last = make_layer(s, err);
+    }
+    return last.get();
+}
+
+// gemm: FT_PREFILL_GEMM for this run; dequant_mib: FT_PREFILL_DEQUANT_MIB (0: default).
+void bm_prefill(benchmark::State &state, Shape s, std::string gemm, int dequant_mib) {
     if (ft::cuda::device_count() == 0) return state.SkipWithError("no GPU");
     if (!ft::cuda::cublas_api()) return state.SkipWithError("no cuBLAS");
     std::string err;
-    std::unique_ptr<Layer> L = make_layer(s, err);
+    Layer *L = cached_layer(s, err);
     if (!L) return state.SkipWithError(err.c_str());
+    setenv("FT_PREFILL_GEMM", gemm.c_str(), 1);
+    if (dequant_mib > 0)
+        setenv("FT_PREFILL_DEQUANT_MIB", std::to_string(dequant_mib).c_str(), 1);
+    else
+        unsetenv("FT_PREFILL_DEQUANT_MIB");
     const int64_t H = s.H, I = s.I, routes = int64_t(kTokens) * kTopK;
 
     // Uniform top-8 of 128 per token (~256 tokens per expert), weights in (0, 1).
@@ -126,6 +143,8 @@ void bm_prefill(benchmark::State &state, Shape s) {
     } catch (const std::exception &e) {
         return state.SkipWithError(e.what());
     }
+    unsetenv("FT_PREFILL_GEMM");
+    unsetenv("FT_PREFILL_DEQUANT_MIB");
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
@@ -190,7 +209,7 @@ void bm_prefill(benchmark::State &state, Shape s) {
     state.counters["bound_peak_fraction"] = bound / kPeakTflops;
     state.counters["scratch_MiB"] = double(pf->scratch_bytes()) / (1 << 20);
     state.SetLabel(std::string(ft::format_name(s.f)) + " H=" + std::to_string(s.H) + " I=" + std::to_string(s.I) +
-                   " gemm=" + pf->gemm_path());
+                   " gemm=" + pf->gemm_path() + (dequant_mib > 0 ? " dequant_MiB=" + std::to_string(dequant_mib) : ""));
     blas->destroy(h);
     cudaFree(A), cudaFree(B), cudaFree(C);
     cudaFree(d_x), cudaFree(d_y), cudaFree(d_slots), cudaFree(d_w);
@@ -203,7 +222,7 @@ void bm_prefill(benchmark::State &state, Shape s) {
 void bm_dequant(benchmark::State &state, Shape s) {
     if (ft::cuda::device_count() == 0) return state.SkipWithError("no GPU");
     std::string err;
-    std::unique_ptr<Layer> L = make_layer(s, err);
+    Layer *L = cached_layer(s, err);
     if (!L) return state.SkipWithError(err.c_str());
     constexpr int kN = 16;
     std::vector<int32_t> slots(kN);
@@ -260,10 +279,17 @@ void bm_dequant(benchmark::State &state, Shape s) {
 int main(int argc, char **argv) {
     for (const Shape &s : kShapes) {
         const std::string name = ft::format_name(s.f);
-        benchmark::RegisterBenchmark(("prefill/" + name).c_str(), bm_prefill, s)
-            ->UseManualTime()
-            ->Unit(benchmark::kMillisecond)
-            ->Iterations(5);
+        // Default settings, the grouped GEMM path, and (quantised) other dequantisation budgets:
+        // 128 MiB keeps one or two experts per buffer (closer to L2), 2048 MiB many.
+        std::vector<std::pair<std::string, int>> variants = {{"streams", 0}, {"grouped", 0}};
+        if (s.f != Format::bf16) variants.insert(variants.end(), {{"streams", 128}, {"streams", 2048}});
+        for (const auto &[gemm, mib] : variants)
+            benchmark::RegisterBenchmark(
+                ("prefill/" + name + "/" + gemm + (mib ? "/dequant_MiB:" + std::to_string(mib) : "")).c_str(),
+                bm_prefill, s, gemm, mib)
+                ->UseManualTime()
+                ->Unit(benchmark::kMillisecond)
+                ->Iterations(5);
         if (s.f != Format::bf16)
             benchmark::RegisterBenchmark(("dequant/" + name).c_str(), bm_dequant, s)
                 ->UseManualTime()

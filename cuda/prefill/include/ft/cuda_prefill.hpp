@@ -54,8 +54,10 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &experts, const int32_t *slo
 //
 // GEMM paths (env FT_PREFILL_GEMM): "streams" (default) issues one cublasGemmEx per expert,
 // spread over 4 internal streams forked from and joined back into the caller's stream;
-// "grouped" makes one cublasGemmGroupedBatchedEx call per chunk of experts (cuBLAS >= 12.5,
-// falls back to "streams" when absent). Tuning (env, read by the constructor):
+// "grouped" makes one cublasGemmGroupedBatchedEx call per chunk of experts (cuBLAS >= 12.5;
+// "streams" when the entry point is absent or answers NOT_SUPPORTED for bf16 x bf16 -> fp32).
+// All work runs on the device that was current at construction. Tuning (env, read by the
+// constructor):
 // FT_PREFILL_DEQUANT_MIB (default 512): the two bf16 dequantisation buffers together, i.e. experts
 // per chunk (at least 1, at most 512); chunk c + 1 is dequantised on an internal stream while
 // the GEMMs of chunk c run;
