@@ -148,6 +148,7 @@ void BM_Decode(benchmark::State &state, ft::Format f, int32_t H, int32_t I, int3
                           static_cast<const int32_t *>(d_slots) + size_t(i % sets) * T * kTopK,
                           static_cast<const float *>(d_w), nullptr, static_cast<uint16_t *>(d_y), T, stream);
     };
+    BENCH_CUDA(cudaDeviceSynchronize());  // the legacy-stream fills above, before the stream runs
     for (int i = 0; i < 2 * sets; ++i) BENCH_CUDA(run(i));
     BENCH_CUDA(cudaStreamSynchronize(stream));
     cudaEvent_t e0, e1;

@@ -411,8 +411,10 @@ TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
             y(size_t(T) * L.H * 2);
         Batch b0 = random_batch(rng, L.E, L.H, T, K, true);
         x.put(b0.x), ids.put(b0.ids), w.put(b0.w), add.put(b0.addend);
+        // A blocking stream: it orders after the legacy-stream copies that fill the inputs.
         cudaStream_t s;
-        CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        CUDA_OK(cudaStreamCreate(&s));
+        CUDA_OK(cudaDeviceSynchronize());
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -424,10 +426,12 @@ TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
         for (int rep = 0; rep < 3; ++rep) {
             const Batch b = random_batch(rng, L.E, L.H, T, K, true);
             x.put(b.x), ids.put(b.ids), w.put(b.w), add.put(b.addend);
+            CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(cudaGraphLaunch(ge, s));
             CUDA_OK(cudaStreamSynchronize(s));
             const std::vector<uint16_t> yg = get<uint16_t>(y, size_t(T) * L.H);
             CUDA_OK(cudaMemset(y.p, 0, y.n));
+            CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), add.as<uint16_t>(),
                                y.as<uint16_t>(), T, s));
             CUDA_OK(cudaStreamSynchronize(s));
