@@ -5,7 +5,6 @@
 // device-to-device copy of the same bytes.
 //   bench_prefill [--benchmark_filter=prefill/nvfp4]   (FT_PREFILL_GEMM=grouped: the grouped path)
 #include <benchmark/benchmark.h>
-
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -27,7 +26,7 @@ using ft::cuda::DeviceActivation;
 using ft::cuda::DeviceExperts;
 
 constexpr int32_t kTokens = 4096, kTopK = 8, kExperts = 128;
-constexpr int kDistinct = 4;  // distinct random experts, repeated over the 128 slots
+constexpr int kDistinct = 4;           // distinct random experts, repeated over the 128 slots
 constexpr double kPeakTflops = 989.0;  // H200 dense bf16
 
 struct Shape {
@@ -38,13 +37,13 @@ struct Shape {
 const Shape kShapes[] = {{Format::bf16, 4096, 1536},  {Format::fp8_block, 7168, 2048}, {Format::nvfp4, 5120, 1536},
                          {Format::mxfp4, 2880, 2880}, {Format::ds_fp4, 4096, 2048},    {Format::q4_0, 2816, 704}};
 
-#define BENCH_CUDA(expr)                                                                         \
-    do {                                                                                         \
-        const cudaError_t e_ = (expr);                                                           \
-        if (e_ != cudaSuccess) {                                                                 \
-            state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str());   \
-            return;                                                                              \
-        }                                                                                        \
+#define BENCH_CUDA(expr)                                                                       \
+    do {                                                                                       \
+        const cudaError_t e_ = (expr);                                                         \
+        if (e_ != cudaSuccess) {                                                               \
+            state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str()); \
+            return;                                                                            \
+        }                                                                                      \
     } while (0)
 
 // Device banks of one format for kExperts slots.
@@ -67,7 +66,8 @@ std::unique_ptr<Layer> make_layer(const Shape &s, std::string &err) {
     for (size_t b = 0; b < schema.size(); ++b) {
         const size_t rb = schema[b].row_bytes;
         std::vector<uint8_t> host(rb * kDistinct);
-        for (int e = 0; e < kDistinct; ++e) ft::testing::fill_bank_row(s.f, schema[b].name, host.data() + e * rb, rb, rng);
+        for (int e = 0; e < kDistinct; ++e)
+            ft::testing::fill_bank_row(s.f, schema[b].name, host.data() + e * rb, rb, rng);
         void *p = nullptr;
         if (cudaMalloc(&p, rb * kExperts) != cudaSuccess) {
             err = "cannot allocate the banks";
@@ -173,9 +173,7 @@ void bm_prefill(benchmark::State &state, Shape s, std::string gemm, int dequant_
                       CUDA_R_16BF, int(I), B, CUDA_R_16BF, int(I), &zero, C, CUDA_R_32F, int(H), CUBLAS_COMPUTE_32F,
                       CUBLAS_GEMM_DEFAULT);
     };
-    auto layer = [&] {
-        return pf->run(L->dev, d_x, d_slots, slots.data(), d_w, nullptr, d_y, kTokens, stream);
-    };
+    auto layer = [&] { return pf->run(L->dev, d_x, d_slots, slots.data(), d_w, nullptr, d_y, kTokens, stream); };
     auto time_ms = [&](auto &&fn, int iters) {
         cudaEventRecord(e0, stream);
         for (int i = 0; i < iters; ++i) fn();

@@ -48,7 +48,8 @@ Loaded load() {
     resolve(lib, "cublasSetWorkspace_v2", a.set_workspace);
     resolve(lib, "cublasGemmGroupedBatchedEx", a.gemm_grouped_batched_ex);
     if (!a.create || !a.destroy || !a.set_stream || !a.set_math_mode || !a.gemm_ex) {
-        r.error = std::string(a.library) + " lacks cublasCreate_v2/cublasDestroy_v2/cublasSetStream_v2/"
+        r.error = std::string(a.library) +
+                  " lacks cublasCreate_v2/cublasDestroy_v2/cublasSetStream_v2/"
                   "cublasSetMathMode/cublasGemmEx";
         dlclose(lib);
         return r;
@@ -72,21 +73,34 @@ const CublasApi *cublas_api() {
     return l.ok ? &l.api : nullptr;
 }
 
-const char *cublas_load_error() { return loaded().error.c_str(); }
+const char *cublas_load_error() {
+    return loaded().error.c_str();
+}
 
 const char *cublas_status_name(cublasStatus_t status) {
     switch (status) {
-        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-        case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-        case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-        case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-        case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-        case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
-        default: return "CUBLAS_STATUS_UNKNOWN";
+        case CUBLAS_STATUS_SUCCESS:
+            return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE:
+            return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_MAPPING_ERROR:
+            return "CUBLAS_STATUS_MAPPING_ERROR";
+        case CUBLAS_STATUS_EXECUTION_FAILED:
+            return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR:
+            return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            return "CUBLAS_STATUS_NOT_SUPPORTED";
+        case CUBLAS_STATUS_LICENSE_ERROR:
+            return "CUBLAS_STATUS_LICENSE_ERROR";
+        default:
+            return "CUBLAS_STATUS_UNKNOWN";
     }
 }
 

@@ -20,7 +20,7 @@
 namespace ft::cuda {
 namespace {
 
-constexpr int kStreams = 4;                       // internal streams of the "streams" GEMM path
+constexpr int kStreams = 4;                           // internal streams of the "streams" GEMM path
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // per cuBLAS handle (Hopper's recommendation)
 constexpr int kDefaultChunkRows = 8192;
 constexpr int kDefaultDequantMiB = 512;  // both dequantisation buffers together
@@ -32,11 +32,16 @@ struct Roles {
 
 Roles roles_of(Format f) {
     switch (f) {
-        case Format::fp8_block: return {0, 1, -1, -1, 2, 3, -1, -1};
-        case Format::nvfp4: return {0, 1, 2, -1, 3, 4, 5, -1};
-        case Format::mxfp4: return {0, 1, -1, 2, 3, 4, -1, 5};
-        case Format::ds_fp4: return {0, 1, -1, -1, 2, 3, -1, -1};
-        default: return {0, -1, -1, -1, 1, -1, -1, -1};  // bf16, q4_0
+        case Format::fp8_block:
+            return {0, 1, -1, -1, 2, 3, -1, -1};
+        case Format::nvfp4:
+            return {0, 1, 2, -1, 3, 4, 5, -1};
+        case Format::mxfp4:
+            return {0, 1, -1, 2, 3, 4, -1, 5};
+        case Format::ds_fp4:
+            return {0, 1, -1, -1, 2, 3, -1, -1};
+        default:
+            return {0, -1, -1, -1, 1, -1, -1, -1};  // bf16, q4_0
     }
 }
 
@@ -61,7 +66,9 @@ __device__ __forceinline__ const uint8_t *bank_row(const DeviceExperts &e, int b
 }
 
 // Little-endian 16-bit value at any byte address (bank rows carry no alignment promise).
-__device__ __forceinline__ uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (uint32_t(p[1]) << 8)); }
+__device__ __forceinline__ uint16_t load_u16(const uint8_t *p) {
+    return uint16_t(p[0] | (uint32_t(p[1]) << 8));
+}
 
 __device__ __forceinline__ uint4 pack8(const float *v) {
     uint32_t w[4];
@@ -88,8 +95,8 @@ __global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *s
     for (int32_t k0 = threadIdx.x * 8; k0 < K; k0 += blockDim.x * 8) {  // K is a multiple of 8
         float vals[8];
         if constexpr (F == Format::fp8_block) {
-            const float s = bf16_to_f32(
-                load_u16(sc + (int64_t(row / kFp8Block) * (K / kFp8Block) + k0 / kFp8Block) * 2));
+            const float s =
+                bf16_to_f32(load_u16(sc + (int64_t(row / kFp8Block) * (K / kFp8Block) + k0 / kFp8Block) * 2));
             const uint8_t *p = data + int64_t(row) * K + k0;
 #pragma unroll
             for (int e = 0; e < 8; ++e) vals[e] = e4m3_to_f32(p[e]) * s;
@@ -130,7 +137,7 @@ __global__ void dequant_mxfp4_kernel(DeviceExperts ex, Roles ro, const int32_t *
     if (int64_t(blockIdx.x) >= tiles_n * tiles_k) return;  // uniform per block: before any barrier
     const int64_t n0 = (blockIdx.x % tiles_n) * kMxTile, k0 = (blockIdx.x / tiles_n) * kMxTile;
     const int32_t slot = slots[blockIdx.z];
-    const uint8_t *blocks = bank_row(ex, down ? ro.dn : ro.gu, slot);          // [K/2][N]
+    const uint8_t *blocks = bank_row(ex, down ? ro.dn : ro.gu, slot);              // [K/2][N]
     const uint8_t *scales = bank_row(ex, down ? ro.dn_scale : ro.gu_scale, slot);  // [K/32][N]
     __shared__ __align__(16) uint16_t tile[kMxTile][kMxPitch];
     const int tx = threadIdx.x % kMxTile, ty = threadIdx.x / kMxTile, rows_per_pass = blockDim.x / kMxTile;
@@ -296,21 +303,23 @@ void launch_format(Format f, bool scatter, const float *acc, const int32_t *rt, 
                    uint16_t *inter, float *route_out, int32_t rows, cudaStream_t s) {
     switch (f) {
         case Format::nvfp4:
-            return launch_epilogue_scatter<Format::nvfp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter,
-                                                          route_out, rows, s);
+            return launch_epilogue_scatter<Format::nvfp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter, route_out,
+                                                          rows, s);
         case Format::mxfp4:
-            return launch_epilogue_scatter<Format::mxfp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter,
-                                                          route_out, rows, s);
+            return launch_epilogue_scatter<Format::mxfp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter, route_out,
+                                                          rows, s);
         case Format::ds_fp4:
             return launch_epilogue_scatter<Format::ds_fp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter,
                                                            route_out, rows, s);
         default:  // bf16, fp8_block, q4_0: no per-row factor, no bias
-            return launch_epilogue_scatter<Format::bf16>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter,
-                                                         route_out, rows, s);
+            return launch_epilogue_scatter<Format::bf16>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter, route_out,
+                                                         rows, s);
     }
 }
 
-size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+size_t align_up(size_t v, size_t a) {
+    return (v + a - 1) / a * a;
+}
 
 }  // namespace
 
@@ -318,7 +327,8 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
                                 cudaStream_t stream) {
     if (n < 0 || ex.format == Format::bf16 || !format_known(int32_t(ex.format))) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
-    if (!slots || !out || ex.hidden <= 0 || ex.inter <= 0 || ex.hidden % 8 || ex.inter % 8) return cudaErrorInvalidValue;
+    if (!slots || !out || ex.hidden <= 0 || ex.inter <= 0 || ex.hidden % 8 || ex.inter % 8)
+        return cudaErrorInvalidValue;
     const Roles ro = roles_of(ex.format);
     if (ex.format == Format::mxfp4) {
         const int64_t tiles = ((2 * int64_t(ex.inter) + kMxTile - 1) / kMxTile) * ((ex.hidden + kMxTile - 1) / kMxTile);
@@ -332,11 +342,20 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
     const dim3 grid(unsigned(std::max(2 * ex.inter, ex.hidden)), unsigned(2 * n));
     const int threads = 128;  // K / 8 units per row: 88 .. 896 at real shapes
     switch (ex.format) {
-        case Format::fp8_block: dequant_rows_kernel<Format::fp8_block><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
-        case Format::nvfp4: dequant_rows_kernel<Format::nvfp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
-        case Format::ds_fp4: dequant_rows_kernel<Format::ds_fp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
-        case Format::q4_0: dequant_rows_kernel<Format::q4_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out); break;
-        default: return cudaErrorInvalidValue;
+        case Format::fp8_block:
+            dequant_rows_kernel<Format::fp8_block><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::nvfp4:
+            dequant_rows_kernel<Format::nvfp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::ds_fp4:
+            dequant_rows_kernel<Format::ds_fp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q4_0:
+            dequant_rows_kernel<Format::q4_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        default:
+            return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
 }
@@ -369,7 +388,7 @@ struct ExpertPrefill::Impl {
     // Two dequantisation buffers [chunk_experts, 3 H I] (quantised formats): chunk c uses c % 2,
     // so the dequantisation of chunk c + 1 (on dq_stream) overlaps the GEMMs of chunk c.
     uint16_t *deq[2] = {};
-    void *workspace = nullptr;   // (kStreams + 1) cuBLAS workspaces
+    void *workspace = nullptr;  // (kStreams + 1) cuBLAS workspaces
     uint8_t *plan_dev = nullptr;
     uint8_t *plan_host = nullptr;  // pinned staging of the plan
     size_t plan_bytes = 0;
@@ -377,7 +396,7 @@ struct ExpertPrefill::Impl {
     cudaStream_t streams[kStreams] = {};
     cudaStream_t dq_stream = nullptr;
     cudaEvent_t ev_ready[2] = {}, ev_free[2] = {};  // dequantised buffer b written / no longer read
-    cublasHandle_t handles[kStreams + 1] = {};  // [kStreams]: the caller's stream (grouped path)
+    cublasHandle_t handles[kStreams + 1] = {};      // [kStreams]: the caller's stream (grouped path)
     cudaEvent_t ev_fork = nullptr, ev_join[kStreams] = {}, ev_upload = nullptr;
 
     prefill::Plan plan;  // per run (host)
@@ -448,7 +467,8 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
              ") sizes must be positive multiples of 8");
     if (const std::string err = format_geometry_error(format, hidden, inter); !err.empty())
         fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: ", err);
-    if (top_k <= 0 || top_k > 1024) fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: top_k must be in [1, 1024], got ", top_k);
+    if (top_k <= 0 || top_k > 1024)
+        fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: top_k must be in [1, 1024], got ", top_k);
     if (max_tokens <= 0 || int64_t(max_tokens) * top_k > INT_MAX / 2)
         fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: max_tokens ", max_tokens, " x top_k ", top_k, " out of range");
     if (act.kind < FT_ACT_SILU || act.kind > FT_ACT_SWIGLU_CLAMP)
@@ -549,9 +569,15 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
 
 ExpertPrefill::~ExpertPrefill() = default;
 
-const char *ExpertPrefill::last_error() const { return p_->error.c_str(); }
-size_t ExpertPrefill::scratch_bytes() const { return p_->device_bytes; }
-const char *ExpertPrefill::gemm_path() const { return p_->grouped ? "grouped" : "streams"; }
+const char *ExpertPrefill::last_error() const {
+    return p_->error.c_str();
+}
+size_t ExpertPrefill::scratch_bytes() const {
+    return p_->device_bytes;
+}
+const char *ExpertPrefill::gemm_path() const {
+    return p_->grouped ? "grouped" : "streams";
+}
 
 ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots_dev,
                              const int32_t *slots_host, const float *w, const uint16_t *addend, uint16_t *y,
@@ -654,8 +680,9 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
                 vec_x ? gather_rows_kernel<true, true><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg)
                       : gather_rows_kernel<true, false><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg);
             else
-                vec_x ? gather_rows_kernel<false, true><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg)
-                      : gather_rows_kernel<false, false><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg);
+                vec_x
+                    ? gather_rows_kernel<false, true><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg)
+                    : gather_rows_kernel<false, false><<<c.rows, 256, 0, stream>>>(x, d_row_token + c.row0, s.H, s.xg);
             check(cudaGetLastError(), "gather kernel");
             if (s.quant) check(cudaStreamWaitEvent(stream, s.ev_ready[ci & 1], 0), "cudaStreamWaitEvent");
 
@@ -673,12 +700,13 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
                     void *const *C = d_ptrs + (3 * d + 2) * npieces + c.piece0;
                     const cublasStatus_t st = s.blas->gemm_grouped_batched_ex(
                         s.handles[kStreams], s.op_t.data(), s.op_n.data(), s.gm.data(), s.gn.data(), s.gk.data(),
-                        s.alpha.data(), A, CUDA_R_16BF, s.glda.data(), B, CUDA_R_16BF, s.gldb.data(), s.beta.data(),
-                        C, CUDA_R_32F, s.gldc.data(), c.pieces, s.gsize.data(), CUBLAS_COMPUTE_32F);
+                        s.alpha.data(), A, CUDA_R_16BF, s.glda.data(), B, CUDA_R_16BF, s.gldb.data(), s.beta.data(), C,
+                        CUDA_R_32F, s.gldc.data(), c.pieces, s.gsize.data(), CUBLAS_COMPUTE_32F);
                     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
                         // This cuBLAS has the entry point but not bf16 -> fp32: the streams path from now on.
-                        log(FT_LOG_WARN, "GPU prefill: cublasGemmGroupedBatchedEx does not take bf16 x bf16 -> "
-                                         "fp32 here; using one GEMM per expert");
+                        log(FT_LOG_WARN,
+                            "GPU prefill: cublasGemmGroupedBatchedEx does not take bf16 x bf16 -> "
+                            "fp32 here; using one GEMM per expert");
                         s.grouped = false;
                     } else {
                         check_blas(st, "cublasGemmGroupedBatchedEx");

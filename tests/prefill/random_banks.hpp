@@ -38,8 +38,7 @@ inline void fill_bank_row(Format f, const std::string &name, uint8_t *row, size_
         if (scale)  // bf16 scale_inv 2^-6 .. 2^-5
             for (size_t i = 0; i + 1 < bytes; i += 2) put16(i, bf16_bits(0.015625f * (1.5f + 0.5f * uni(rng))));
         else  // e4m3 with exponent field 4..9: |w| in [2^-3, 3.75], never NaN
-            for (size_t i = 0; i < bytes; ++i)
-                row[i] = uint8_t((byte(rng) & 0x87) | ((4 + byte(rng) % 6) << 3));
+            for (size_t i = 0; i < bytes; ++i) row[i] = uint8_t((byte(rng) & 0x87) | ((4 + byte(rng) % 6) << 3));
     } else if (f == Format::nvfp4 && scale) {  // e4m3 block scales 0.25 .. 3.75
         for (size_t i = 0; i < bytes; ++i) row[i] = uint8_t((byte(rng) & 0x07) | ((5 + byte(rng) % 4) << 3));
     } else if ((f == Format::mxfp4 || f == Format::ds_fp4) && scale) {  // e8m0 2^-6 .. 2^-3

@@ -2,9 +2,8 @@
 // banks, skewed routing with an expert that gets no tokens and skipped routes (-1), a NaN-filled
 // slot nobody routes to, padded bank rows, with and without an addend; plus the bf16
 // dequantisation bit for bit, small chunks and the grouped cuBLAS path. Skips without a GPU.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,22 +40,36 @@ struct Geometry {
 
 Geometry geometry(Format f) {
     switch (f) {
-        case Format::bf16: return {200, 120};
-        case Format::fp8_block: return {256, 128};
-        case Format::nvfp4: return {256, 176};
-        case Format::mxfp4: return {192, 160};  // down K = 160: a partial 64-wide transpose tile
-        case Format::ds_fp4: return {256, 128};
-        default: return {256, 160};  // q4_0
+        case Format::bf16:
+            return {200, 120};
+        case Format::fp8_block:
+            return {256, 128};
+        case Format::nvfp4:
+            return {256, 176};
+        case Format::mxfp4:
+            return {192, 160};  // down K = 160: a partial 64-wide transpose tile
+        case Format::ds_fp4:
+            return {256, 128};
+        default:
+            return {256, 160};  // q4_0
     }
 }
 
 DeviceActivation activation(Format f) {
     DeviceActivation a;
     switch (f) {
-        case Format::fp8_block: a.kind = FT_ACT_GELU; break;
-        case Format::nvfp4: a.kind = FT_ACT_GELU_TANH; break;
-        case Format::mxfp4: a.kind = FT_ACT_SWIGLU_CLAMP; break;
-        default: a.kind = FT_ACT_SILU; break;  // ds_fp4: limit 7 clamps
+        case Format::fp8_block:
+            a.kind = FT_ACT_GELU;
+            break;
+        case Format::nvfp4:
+            a.kind = FT_ACT_GELU_TANH;
+            break;
+        case Format::mxfp4:
+            a.kind = FT_ACT_SWIGLU_CLAMP;
+            break;
+        default:
+            a.kind = FT_ACT_SILU;
+            break;  // ds_fp4: limit 7 clamps
     }
     return a;
 }
@@ -67,13 +80,18 @@ DeviceActivation activation(Format f) {
 double bound(Format f) {
     switch (f) {
         case Format::fp8_block:
-        case Format::q4_0: return 2e-2;
-        case Format::ds_fp4: return 3e-2;
-        default: return 1e-2;
+        case Format::q4_0:
+            return 2e-2;
+        case Format::ds_fp4:
+            return 3e-2;
+        default:
+            return 1e-2;
     }
 }
 
-bool gpu_ready() { return ft::cuda::device_count() > 0; }
+bool gpu_ready() {
+    return ft::cuda::device_count() > 0;
+}
 
 // One layer's experts: host banks (E slots, padded rows) and their device copies.
 struct Banks {
@@ -198,9 +216,7 @@ struct Call {
     uint16_t *x = nullptr, *y = nullptr, *addend = nullptr;
     int32_t *slots = nullptr;
     float *w = nullptr;
-    ~Call() {
-        cudaFree(x), cudaFree(y), cudaFree(addend), cudaFree(slots), cudaFree(w);
-    }
+    ~Call() { cudaFree(x), cudaFree(y), cudaFree(addend), cudaFree(slots), cudaFree(w); }
 };
 
 template <typename T>

@@ -17,24 +17,24 @@ struct CublasApi {
     using SetWorkspaceFn = cublasStatus_t (*)(cublasHandle_t, void *, size_t);
     using SetMathModeFn = cublasStatus_t (*)(cublasHandle_t, cublasMath_t);
     using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                                        const void *, const void *, cudaDataType, int, const void *, cudaDataType,
-                                        int, const void *, void *, cudaDataType, int, cublasComputeType_t,
-                                        cublasGemmAlgo_t);
-    using GemmGroupedBatchedExFn = cublasStatus_t (*)(
-        cublasHandle_t, const cublasOperation_t[], const cublasOperation_t[], const int[], const int[], const int[],
-        const void *, const void *const[], cudaDataType_t, const int[], const void *const[], cudaDataType_t,
-        const int[], const void *, void *const[], cudaDataType_t, const int[], int, const int[],
-        cublasComputeType_t);
+                                        const void *, const void *, cudaDataType, int, const void *, cudaDataType, int,
+                                        const void *, void *, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    using GemmGroupedBatchedExFn = cublasStatus_t (*)(cublasHandle_t, const cublasOperation_t[],
+                                                      const cublasOperation_t[], const int[], const int[], const int[],
+                                                      const void *, const void *const[], cudaDataType_t, const int[],
+                                                      const void *const[], cudaDataType_t, const int[], const void *,
+                                                      void *const[], cudaDataType_t, const int[], int, const int[],
+                                                      cublasComputeType_t);
 
     // Required.
-    CreateFn create = nullptr;             // cublasCreate_v2
-    DestroyFn destroy = nullptr;           // cublasDestroy_v2
-    SetStreamFn set_stream = nullptr;      // cublasSetStream_v2
-    SetMathModeFn set_math_mode = nullptr; // cublasSetMathMode
-    GemmExFn gemm_ex = nullptr;            // cublasGemmEx
+    CreateFn create = nullptr;              // cublasCreate_v2
+    DestroyFn destroy = nullptr;            // cublasDestroy_v2
+    SetStreamFn set_stream = nullptr;       // cublasSetStream_v2
+    SetMathModeFn set_math_mode = nullptr;  // cublasSetMathMode
+    GemmExFn gemm_ex = nullptr;             // cublasGemmEx
     // Optional.
-    SetWorkspaceFn set_workspace = nullptr;                      // cublasSetWorkspace_v2 (cuBLAS >= 11)
-    GemmGroupedBatchedExFn gemm_grouped_batched_ex = nullptr;    // cublasGemmGroupedBatchedEx (cuBLAS >= 12.5)
+    SetWorkspaceFn set_workspace = nullptr;                    // cublasSetWorkspace_v2 (cuBLAS >= 11)
+    GemmGroupedBatchedExFn gemm_grouped_batched_ex = nullptr;  // cublasGemmGroupedBatchedEx (cuBLAS >= 12.5)
 
     const char *library = "";  // the file name that was opened, e.g. "libcublas.so.13"
 };

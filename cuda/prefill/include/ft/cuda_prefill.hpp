@@ -35,7 +35,6 @@
 #include "ft/cuda_experts.hpp"  // DeviceExperts, DeviceActivation, launch_combine_routes
 #include "ft/formats.hpp"
 
-
 namespace ft::cuda {
 
 // Dequantises the experts in slots[0..n) (device int32 array) of a quantised format to bf16:
@@ -88,9 +87,8 @@ public:
     // Returns FT_OK, FT_ERR_INVALID_ARGUMENT (tokens > max_tokens, null pointers, experts of
     // another format or geometry) or FT_ERR_DEVICE (a CUDA or cuBLAS failure); last_error() has
     // the message.
-    ft_status run(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots_dev,
-                  const int32_t *slots_host, const float *w, const uint16_t *addend, uint16_t *y,
-                  int32_t tokens, cudaStream_t stream);
+    ft_status run(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots_dev, const int32_t *slots_host,
+                  const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens, cudaStream_t stream);
 
     const char *last_error() const;
     // Device bytes this object holds (scratch, workspaces, plan).
