@@ -480,6 +480,11 @@ __global__ void decode_codes_kernel(float *e4m3, float *e8m0, float *e2m1, float
     e4m3x2[2 * c + 1] = two.y;
 }
 
+__global__ void f16_kernel(float *out) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;  // 65536 threads
+    out[c] = ft::cuda::f16_to_f32(uint16_t(c));
+}
+
 __global__ void round_kernel(const float *in, float *e4m3, uint16_t *bf16, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         e4m3[i] = ft::cuda::round_e4m3(in[i]);
@@ -524,6 +529,19 @@ TEST(CudaNumerics, DecodersMatchHostForAllCodes) {
         EXPECT_TRUE(same_value(e2m[k], ft::e2m1_to_f32(uint8_t(k & 15)))) << "e2m1_mul " << k;
         EXPECT_TRUE(same_value(e4x2[2 * k], ft::e4m3_to_f32(uint8_t(k)))) << "e4m3x2 lo " << k;
         EXPECT_TRUE(same_value(e4x2[2 * k + 1], ft::e4m3_to_f32(uint8_t(255 - k)))) << "e4m3x2 hi " << k;
+    }
+    // fp16: every code decodes to the value that encodes back to it (subnormals, +-Inf exact).
+    DevBuf h(65536 * 4);
+    f16_kernel<<<256, 256>>>(h.as<float>());
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto hv = get<float>(h, 65536);
+    for (uint32_t c = 0; c < 65536; ++c) {
+        const bool nan = (c & 0x7c00u) == 0x7c00u && (c & 0x3ffu) != 0;
+        if (nan)
+            EXPECT_TRUE(std::isnan(hv[c])) << "f16 " << c;
+        else
+            EXPECT_EQ(ft::f32_to_f16(hv[c]), uint16_t(c)) << "f16 " << c;
     }
 }
 

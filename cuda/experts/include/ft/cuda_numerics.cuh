@@ -1,7 +1,7 @@
 // Device-side element decoders and activations of every expert format: the CUDA twins of
 // ft/dequant.hpp (the scalar reference, where the edge cases are decided) and of the CPU
 // executor's activate(). Header-only so each kernel file inlines them; every function here is
-// tested against its host counterpart bit for bit (tests/gpu/experts_test.cu).
+// tested against its host counterpart bit for bit (tests/experts/test_experts_gpu.cu).
 #pragma once
 
 #include <cuda_bf16.h>
