@@ -186,6 +186,13 @@ void bm_prefill(benchmark::State &state, Shape s, std::string gemm, int dequant_
     if (layer() != FT_OK) return state.SkipWithError(pf->last_error());
     plain();
     BENCH_CUDA(cudaStreamSynchronize(stream));
+    {  // A broken kernel shows up here rather than as a fast time.
+        std::vector<uint16_t> y(x.size());
+        BENCH_CUDA(cudaMemcpy(y.data(), d_y, y.size() * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (uint16_t v : y) bad += (v & 0x7f80u) == 0x7f80u;  // bf16 Inf or NaN
+        state.counters["nonfinite_outputs"] = double(bad);
+    }
     const double flops = 2.0 * double(routes) * 3.0 * double(H) * double(I);
     double layer_ms = 0, bound_ms = 0;
     int n = 0;

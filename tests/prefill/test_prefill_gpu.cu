@@ -108,7 +108,7 @@ struct Banks {
         schema = ft::bank_schema(f, H, I);
         std::mt19937 rng(seed);
         for (size_t b = 0; b < schema.size(); ++b) {
-            row_bytes[b] = schema[b].row_bytes + kRowPad;
+            row_bytes[b] = (schema[b].row_bytes + 15) / 16 * 16 + kRowPad;  // the decode kernels want 16
             std::vector<uint8_t> v(size_t(E) * row_bytes[b], 0xff);
             for (int32_t s = 0; s < E - 1; ++s)  // slot E-1 stays all 0xFF (NaN in every format)
                 ft::testing::fill_bank_row(f, schema[b].name, v.data() + s * row_bytes[b], schema[b].row_bytes, rng);
@@ -264,6 +264,21 @@ void run_case(Format f, int32_t T, int32_t E, bool with_addend, uint32_t seed, d
     EXPECT_LE(err, bound(f)) << ft::format_name(f) << " T=" << T << " E=" << E;
     if (err_out) *err_out = err;
     ::testing::Test::RecordProperty("rel_error", std::to_string(err));
+
+    // The decode path (cuda/experts) on the same layer: the two GPU backends agree within the bound.
+    if (T <= 65) {
+        ft::cuda::ExpertDecoder dec(f, bk.H, bk.I, kTopK, T, act);
+        uint16_t *y2 = nullptr;
+        CUDA_OK(cudaMalloc(&y2, y.size() * 2));
+        const cudaError_t e = dec.decode(bk.device(), c.x, c.slots, c.w, c.addend, y2, T, nullptr);
+        std::vector<uint16_t> yd(y.size());
+        if (e == cudaSuccess) CUDA_OK(cudaMemcpy(yd.data(), y2, yd.size() * 2, cudaMemcpyDeviceToHost));
+        cudaFree(y2);
+        ASSERT_EQ(e, cudaSuccess) << "ExpertDecoder::decode: " << cudaGetErrorString(e);
+        std::vector<double> dv(yd.size());
+        for (size_t i = 0; i < yd.size(); ++i) dv[i] = ft::testing::bf16_to_f64(yd[i]);
+        EXPECT_LE(ft::testing::relative_error_bf16(y, dv), bound(f)) << "prefill vs decode, " << ft::format_name(f);
+    }
 }
 
 struct Case {
