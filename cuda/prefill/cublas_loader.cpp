@@ -3,14 +3,17 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace ft::cuda {
 namespace {
 
 struct Loaded {
     CublasApi api;
+    std::string library;  // backs api.library
     bool ok = false;
     std::string error;
 };
@@ -22,18 +25,28 @@ void resolve(void *lib, const char *name, Fn &slot) {
 
 Loaded load() {
     Loaded r;
-    // Newest first: a process that already has one of them loaded gets that one back.
-    static const char *const kNames[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    // FT_CUBLAS_LIBRARY (a path) first; then the sonames, newest first (a process that already has
+    // one loaded gets that one back); then the toolkit's own directories, for machines whose loader
+    // path lacks them.
+    std::vector<std::string> names;
+    if (const char *v = std::getenv("FT_CUBLAS_LIBRARY"); v && *v) names.push_back(v);
+    for (const char *n : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) names.push_back(n);
+    std::vector<std::string> dirs;
+    for (const char *env : {"CUDA_HOME", "CUDA_PATH"})
+        if (const char *v = std::getenv(env); v && *v) dirs.push_back(std::string(v) + "/lib64");
+    dirs.push_back("/usr/local/cuda/lib64");
+    for (const std::string &d : dirs)
+        for (const char *n : {"libcublas.so.13", "libcublas.so.12"}) names.push_back(d + "/" + n);
     void *lib = nullptr;
     std::string tried;
-    for (const char *name : kNames) {
-        lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    for (const std::string &name : names) {
+        lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (lib) {
-            r.api.library = name;
+            r.library = name;
             break;
         }
         const char *err = dlerror();
-        tried += std::string(tried.empty() ? "" : "; ") + (err ? err : name);
+        tried += (tried.empty() ? "" : "; ") + (err ? std::string(err) : name);
     }
     if (!lib) {
         r.error = "cuBLAS is not installed (" + tried + ")";
@@ -48,7 +61,7 @@ Loaded load() {
     resolve(lib, "cublasSetWorkspace_v2", a.set_workspace);
     resolve(lib, "cublasGemmGroupedBatchedEx", a.gemm_grouped_batched_ex);
     if (!a.create || !a.destroy || !a.set_stream || !a.set_math_mode || !a.gemm_ex) {
-        r.error = std::string(a.library) +
+        r.error = r.library +
                   " lacks cublasCreate_v2/cublasDestroy_v2/cublasSetStream_v2/"
                   "cublasSetMathMode/cublasGemmEx";
         dlclose(lib);
@@ -62,7 +75,10 @@ const Loaded &loaded() {
     static std::once_flag once;
     static Loaded *state = nullptr;
     // Never destroyed: handles may be released from static destructors of other modules.
-    std::call_once(once, [] { state = new Loaded(load()); });
+    std::call_once(once, [] {
+        state = new Loaded(load());
+        state->api.library = state->library.c_str();  // set here: a moved short string changes address
+    });
     return *state;
 }
 

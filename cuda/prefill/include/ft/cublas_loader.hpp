@@ -1,7 +1,8 @@
 // cuBLAS resolved at run time. libfreetoken.so must load on machines without the CUDA toolkit, so
-// it never links libcublas; the first caller dlopen()s it (libcublas.so.13, then .so.12, then
-// .so) and looks up the few entry points the library uses. Only the types of <cublas_v2.h> are
-// used at compile time.
+// it never links libcublas; the first caller dlopen()s it ($FT_CUBLAS_LIBRARY if set, then
+// libcublas.so.13, .so.12, .so, then those in $CUDA_HOME/lib64, $CUDA_PATH/lib64 and
+// /usr/local/cuda/lib64) and looks up the few entry points the library uses. Only the types of
+// <cublas_v2.h> are used at compile time.
 #pragma once
 
 #include <cublas_v2.h>
@@ -36,7 +37,7 @@ struct CublasApi {
     SetWorkspaceFn set_workspace = nullptr;                    // cublasSetWorkspace_v2 (cuBLAS >= 11)
     GemmGroupedBatchedExFn gemm_grouped_batched_ex = nullptr;  // cublasGemmGroupedBatchedEx (cuBLAS >= 12.5)
 
-    const char *library = "";  // the file name that was opened, e.g. "libcublas.so.13"
+    const char *library = "";  // the name that was opened, e.g. "libcublas.so.13"
 };
 
 // The process-wide table, loaded once (thread-safe); nullptr when no libcublas could be opened or
