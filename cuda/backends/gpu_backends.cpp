@@ -362,6 +362,7 @@ private:
         if (!c.on_device) {
             check(cudaMemcpyAsync(host_out_.get(), y, act, cudaMemcpyDeviceToHost, stream), "copying the output to the host");
             check(cudaStreamSynchronize(stream), "running the MoE layer on the GPU");
+            if (const ft_status st = status(); st != FT_OK) fail(st, "the MoE layer did not complete (see ft_session_status)");
             std::memcpy(c.out, host_out_.get(), act);
             for (size_t i = 0; i < routes; ++i) stats.routes_gpu += c.ids[i] >= 0 ? 1 : 0;
         } else {
@@ -647,6 +648,8 @@ public:
     void add_device_stats(ft_session_stats &stats) const override {
         OffloadBackend::add_device_stats(stats);
         std::lock_guard<std::mutex> lock(mutex_);
+        // The session counted every route it handed over as a GPU route; the CPU took these.
+        stats.routes_gpu -= std::min<uint64_t>(stats.routes_gpu, cpu_stats_.routes_computed);
         stats.routes_cpu += cpu_stats_.routes_computed;
         stats.experts_cpu += cpu_stats_.experts_read;
         stats.cpu_bytes += cpu_stats_.bytes_read;

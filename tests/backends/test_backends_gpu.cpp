@@ -1,10 +1,12 @@
 // The GPU session backends through the public C API: `gpu` and `offload` against `cpu` and the
 // fp64 reference on every expert format, through many evictions, on the decode and the prefill
 // paths, from host and from device pointers, eager and replayed from a CUDA graph.
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <set>
@@ -26,13 +28,17 @@ bool gpu_engine(ft_engine *engine) {
     return engine && ft_engine_get_info(engine, &info) == FT_OK && info.device >= 0;
 }
 
-SessionPtr open_session(ft_model *m, int32_t backend, int max_tokens, int64_t cache_slots = 0) {
+SessionPtr open_session(ft_model *m, int32_t backend, int max_tokens, int64_t cache_slots = 0, float hybrid_fraction = 0.5f,
+                        bool adaptive = false, double timeout = 10.0) {
     ft_session_params p;
     ft_session_params_init(&p);
     p.backend = backend;
     p.max_tokens = max_tokens;
     p.cache_slots = cache_slots;
     p.vram_reserve_bytes = 0;
+    p.hybrid_fraction = hybrid_fraction;
+    p.hybrid_adaptive = adaptive;
+    p.handoff_timeout_seconds = timeout;
     ft_session *s = nullptr;
     char err[512];
     EXPECT_EQ(ft_session_create(m, &p, &s, err, sizeof err), FT_OK) << err;
@@ -107,7 +113,9 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     auto cpu = open_session(raw, FT_BACKEND_CPU, kMaxTokens);
     auto gpu = open_session(raw, FT_BACKEND_GPU, kMaxTokens);
     auto off = open_session(raw, FT_BACKEND_OFFLOAD, kMaxTokens, s.num_experts);
-    ASSERT_TRUE(cpu && gpu && off);
+    auto hyb = open_session(raw, FT_BACKEND_HYBRID, kMaxTokens, s.num_experts, 0.4f);
+    ASSERT_TRUE(cpu && gpu && off && hyb);
+    EXPECT_EQ(ft_session_backend(hyb.get()), FT_BACKEND_HYBRID);
     EXPECT_EQ(ft_session_backend(gpu.get()), FT_BACKEND_GPU);
     EXPECT_EQ(ft_session_backend(off.get()), FT_BACKEND_OFFLOAD);
 
@@ -134,7 +142,7 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
 
     std::mt19937 rng(1234 + info.format);
     std::normal_distribution<float> n(0.f, 1.5f);
-    uint64_t decode_distinct = 0, decode_calls = 0;
+    uint64_t decode_distinct = 0, decode_calls = 0, valid_routes = 0;
     const int kSteps = 12;
     for (int step = 0; step < kSteps; ++step) {
         for (int l = 0; l < L; ++l) {
@@ -147,13 +155,17 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
             ASSERT_EQ(ft_route(cpu.get(), l, T, logits.data(), ids.data(), w.data()), FT_OK);
             if (T > 1) ids[K + 1] = -1;  // a route computed elsewhere
             const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
-            std::vector<uint16_t> y_cpu(size_t(T) * H), y_gpu(size_t(T) * H, 0x7fc0), y_off(size_t(T) * H, 0x7fc0);
+            std::vector<uint16_t> y_cpu(size_t(T) * H), y_gpu(size_t(T) * H, 0x7fc0), y_off(size_t(T) * H, 0x7fc0),
+                y_hyb(size_t(T) * H, 0x7fc0);
             ASSERT_EQ(ft_decode(cpu.get(), l, T, x.data(), ids.data(), w.data(), y_cpu.data()), FT_OK);
             ASSERT_EQ(ft_decode(gpu.get(), l, T, x.data(), ids.data(), w.data(), y_gpu.data()), FT_OK)
                 << ft_session_last_error(gpu.get());
             ASSERT_EQ(ft_decode(off.get(), l, T, x.data(), ids.data(), w.data(), y_off.data()), FT_OK)
                 << ft_session_last_error(off.get());
+            ASSERT_EQ(ft_decode(hyb.get(), l, T, x.data(), ids.data(), w.data(), y_hyb.data()), FT_OK)
+                << ft_session_last_error(hyb.get());
             ASSERT_EQ(0, std::memcmp(y_gpu.data(), y_off.data(), y_gpu.size() * 2)) << c.name << " step " << step << " layer " << l;
+            for (int32_t id : ids) valid_routes += id >= 0 ? 1 : 0;
             for (uint16_t v : y_off) ASSERT_NE(v & 0x7f80, 0x7f80) << "non-finite output: a poisoned slot was read";
             std::vector<double> cpu_ref(y_cpu.size());
             for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::testing::bf16_to_f64(y_cpu[i]);
@@ -166,6 +178,9 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
                 },
                 E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
             EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, ref), c.bound) << c.name << " gpu vs reference, T " << T;
+            // Hybrid adds a CPU partial sum rounded to bf16 once more: within the same bound.
+            EXPECT_LT(ft::testing::relative_error_bf16(y_hyb, ref), c.bound) << c.name << " hybrid vs reference, T " << T;
+            EXPECT_LT(ft::testing::relative_error_bf16(y_hyb, cpu_ref), c.bound) << c.name << " hybrid vs cpu, T " << T;
             if (T < 64) {
                 std::set<int32_t> distinct;
                 for (int32_t id : ids)
@@ -198,6 +213,15 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     ls.struct_size = sizeof ls;
     EXPECT_EQ(ft_session_get_layer_stats(off.get(), L, &ls), FT_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(ft_session_status(off.get()), FT_OK);
+
+    // Hybrid: every route computed exactly once, by one side or the other; the CPU took some.
+    ASSERT_EQ(ft_session_get_stats(hyb.get(), &st), FT_OK);
+    EXPECT_EQ(st.routes_gpu + st.routes_cpu, valid_routes);
+    EXPECT_GT(st.routes_cpu, 0u);
+    EXPECT_GT(st.fetched_experts, 0u);
+    EXPECT_LT(st.fetched_experts, st.cache_misses);  // f = 0.4: the CPU computed the rest
+    EXPECT_FLOAT_EQ(st.hybrid_fraction, 0.4);
+    EXPECT_EQ(ft_session_status(hyb.get()), FT_OK);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, Backends, ::testing::ValuesIn(cases()),
@@ -233,15 +257,15 @@ struct Fixture {
     ModelPtr model;
     ft_model_info info{};
     bool ok = false;
-    explicit Fixture(int layers = 4, int experts = 32) {
+    explicit Fixture(int layers = 4, int experts = 32, int hidden = 256, int inter = 128, int top_k = 4) {
         engine = make_engine();
         if (!gpu_engine(engine.get())) return;
         ft::synth::Spec s;
         s.num_layers = layers;
         s.num_experts = experts;
-        s.top_k = 4;
-        s.hidden = 256;
-        s.intermediate = 128;
+        s.top_k = top_k;
+        s.hidden = hidden;
+        s.intermediate = inter;
         ft::synth::write_checkpoint(dir.path(), s);
         ft_model *raw = nullptr;
         char err[512];
@@ -271,12 +295,14 @@ std::vector<int32_t> random_ids(std::mt19937 &rng, int T, int K, int E) {
 // One CUDA graph holding ft_decode_cuda for every layer, replayed with new inputs each step,
 // against an identical offload session driven eagerly from host pointers: the slot cache
 // evolves the same way, so the outputs are identical bytes.
-TEST(BackendsDevice, GraphReplayEqualsEagerThroughEvictions) {
+class GraphReplay : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(GraphReplay, EqualsEagerThroughEvictions) {
     Fixture f;
     if (!f.ok) GTEST_SKIP() << "no usable GPU";
     const int L = f.info.num_layers, E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size, T = 4;
-    auto graphed = open_session(f.model.get(), FT_BACKEND_OFFLOAD, 16, E + 8);
-    auto eager = open_session(f.model.get(), FT_BACKEND_OFFLOAD, 16, E + 8);
+    auto graphed = open_session(f.model.get(), GetParam(), 16, E + 8, 0.5f);
+    auto eager = open_session(f.model.get(), GetParam(), 16, E + 8, 0.5f);
     ASSERT_TRUE(graphed && eager);
     std::vector<DeviceCall> calls;
     calls.reserve(L);
@@ -329,6 +355,11 @@ TEST(BackendsDevice, GraphReplayEqualsEagerThroughEvictions) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, GraphReplay, ::testing::Values(FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID),
+                         [](const ::testing::TestParamInfo<int32_t> &i) {
+                             return std::string(i.param == FT_BACKEND_HYBRID ? "hybrid" : "offload");
+                         });
 
 // Eager device calls equal host calls; a prefill-sized device call during capture is refused
 // with FT_ERR_STATE; pageable host pointers are refused; ids out of range are skipped.
@@ -448,6 +479,69 @@ TEST(BackendsDevice, SlotCountParameters) {
     p.cache_fraction = 0;  // automatic: everything fits on a GPU of this size
     ASSERT_EQ(ft_session_create(f.model.get(), &p, &s, err, sizeof err), FT_OK) << err;
     ft_session_free(s);
+}
+
+// A CPU side that cannot finish in time: the watchdog releases the stream and the session
+// reports FT_ERR_TIMEOUT instead of hanging.
+TEST(Hybrid, HandoffTimeoutFailsTheSessionInsteadOfHanging) {
+    Fixture f(2, 16, 2048, 1024, 8);
+    if (!f.ok) GTEST_SKIP() << "no usable GPU";
+    const int E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size, T = 8;
+    // f = 0: every miss goes to the CPU (about 100 MB of experts); 1 ms is far too short.
+    auto hyb = open_session(f.model.get(), FT_BACKEND_HYBRID, 8, E, 0.0f, false, 1e-3);
+    ASSERT_TRUE(hyb);
+    std::mt19937 rng(5);
+    const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+    const auto ids = random_ids(rng, T, K, E);
+    std::vector<float> w(size_t(T) * K, 0.1f);
+    std::vector<uint16_t> y(size_t(T) * H);
+    ft_status st = FT_OK;
+    for (int i = 0; i < 20 && st == FT_OK; ++i) st = ft_decode(hyb.get(), i % 2, T, x.data(), ids.data(), w.data(), y.data());
+    EXPECT_EQ(st, FT_ERR_TIMEOUT) << ft_session_last_error(hyb.get());
+    EXPECT_EQ(ft_session_status(hyb.get()), FT_ERR_TIMEOUT);
+    EXPECT_EQ(ft_decode(hyb.get(), 0, T, x.data(), ids.data(), w.data(), y.data()), FT_ERR_TIMEOUT);
+}
+
+// Adaptive f: from a bad start (almost everything on the CPU, or almost everything fetched) the
+// session's own measurements move f to where the step time is within 10 % of the best fixed f
+// of a sweep. Timing-based, so named *Latency* (kept out of the sanitizer runs).
+TEST(Hybrid, AdaptiveFractionConvergesLatency) {
+    Fixture f(4, 32, 2048, 768, 8);
+    if (!f.ok) GTEST_SKIP() << "no usable GPU";
+    const int L = f.info.num_layers, E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size, T = 1;
+    std::mt19937 rng(9);
+    const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+    std::vector<std::vector<int32_t>> trace;
+    for (int i = 0; i < 64; ++i) trace.push_back(random_ids(rng, T, K, E));
+    std::vector<float> w(size_t(T) * K, 0.1f);
+    std::vector<uint16_t> y(size_t(T) * H);
+    // One layer of slots over four layers: (nearly) every route misses every step.
+    auto step_time = [&](ft_session *s, int steps) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < steps; ++i)
+            for (int l = 0; l < L; ++l)
+                EXPECT_EQ(ft_decode(s, l, T, x.data(), trace[(i * L + l) % trace.size()].data(), w.data(), y.data()), FT_OK);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+    };
+    double best_t = 1e30, best_f = 0;
+    for (float fr : {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f}) {
+        auto s = open_session(f.model.get(), FT_BACKEND_HYBRID, 1, E, fr, false);
+        step_time(s.get(), 5);
+        const double t = step_time(s.get(), 20);
+        std::printf("fixed f %.1f: %.3f ms per step\n", fr, t * 1e3);
+        if (t < best_t) best_t = t, best_f = fr;
+    }
+    for (float start : {0.05f, 0.95f}) {
+        auto s = open_session(f.model.get(), FT_BACKEND_HYBRID, 1, E, start, true);
+        step_time(s.get(), 100);  // 400 layer-steps to converge
+        const double t = step_time(s.get(), 20);
+        ft_session_stats st;
+        st.struct_size = sizeof st;
+        ASSERT_EQ(ft_session_get_stats(s.get(), &st), FT_OK);
+        std::printf("adaptive from %.2f: f %.3f, %.3f ms per step (best fixed f %.1f: %.3f ms)\n", start, st.hybrid_fraction, t * 1e3,
+                    best_f, best_t * 1e3);
+        EXPECT_LT(t, best_t * 1.10) << "adaptive f " << st.hybrid_fraction << " vs best fixed " << best_f;
+    }
 }
 
 }  // namespace
