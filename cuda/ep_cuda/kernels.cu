@@ -346,9 +346,12 @@ __device__ __forceinline__ int32_t rec_slot(const uint8_t *rec, const RecordGeom
     return *reinterpret_cast<const int16_t *>(rec + g.slot + 2 * j);
 }
 
-// Counting pass of group_by_expert; also clears route_row of every record in the chunk.
+// Counting pass of group_by_expert. It also copies each record's slots into the dense
+// route_slot (the placement pass then reads 2K bytes per record instead of scattered records)
+// and clears route_row.
 __global__ void group_count_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
-                                   int32_t K, int32_t S, int32_t c, int32_t C, int64_t *fill, int32_t *route_row) {
+                                   int32_t K, int32_t S, int32_t c, int32_t C, int64_t *fill, int32_t *route_row,
+                                   int16_t *route_slot) {
     __shared__ ChunkTable tab;
     load_chunk_table(tab, count, R, c, C);
     const int64_t total = tab.vstart[R];
@@ -357,10 +360,12 @@ __global__ void group_count_kernel(const int64_t *count, const int64_t *prefix, 
         const int64_t pos = position_of(tab, prefix, R, rg, v, s);
         const uint8_t *rec = record_at(rg, pos);
         const int32_t n = rec_n(rec, g);
-        for (int32_t j = 0; j < K; ++j) route_row[pos * K + j] = -1;
-        for (int32_t j = 0; j < n && j < K; ++j) {
-            const int32_t slot = rec_slot(rec, g, j);
-            if (slot >= 0 && slot < S) atomicAdd(reinterpret_cast<unsigned long long *>(fill + slot), 1ull);
+        for (int32_t j = 0; j < K; ++j) {
+            int32_t slot = j < n ? rec_slot(rec, g, j) : -1;
+            if (slot < 0 || slot >= S) slot = -1;
+            route_slot[pos * K + j] = static_cast<int16_t>(slot);
+            route_row[pos * K + j] = -1;
+            if (slot >= 0) atomicAdd(reinterpret_cast<unsigned long long *>(fill + slot), 1ull);
         }
     }
 }
@@ -372,46 +377,52 @@ __global__ void group_scan_kernel(const int64_t *fill, int32_t S, int64_t max_ro
     if (offset[S] > max_rows) *overflow = 1;
 }
 
-// Placement pass: one block per local slot scans the chunk's records in order, so each slot's
-// rows come out in (record, route) order without atomics.
-__global__ void group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
-                                  int32_t K, int32_t c, int32_t C, const int64_t *offset, int64_t max_rows,
-                                  int32_t *route_row, int64_t *row_position, int32_t *row_route) {
-    using Scan = cub::BlockScan<int32_t, kScanThreads>;
+// Placement pass: one block per local slot scans the chunk's records in order (kFillItems
+// consecutive records per thread), so each slot's rows come out in (record, route) order without
+// atomics.
+constexpr int kFillThreads = 512, kFillItems = 4;
+
+__global__ void __launch_bounds__(kFillThreads)
+group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, int32_t K, int32_t c, int32_t C,
+                  const int64_t *offset, int64_t max_rows, const int16_t *route_slot, int32_t *route_row,
+                  int64_t *row_position, int32_t *row_route) {
+    using Scan = cub::BlockScan<int32_t, kFillThreads>;
     __shared__ ChunkTable tab;
     __shared__ typename Scan::TempStorage tmp;
     load_chunk_table(tab, count, R, c, C);
     const int32_t slot = blockIdx.x;
     const int64_t total = tab.vstart[R];
     int64_t running = offset[slot];
-    for (int64_t base = 0; base < total; base += kScanThreads) {
-        const int64_t v = base + threadIdx.x;
-        int64_t pos = 0;
-        const uint8_t *rec = nullptr;
-        int32_t mine = 0, n = 0;
-        if (v < total) {
-            int32_t s;
-            pos = position_of(tab, prefix, R, rg, v, s);
-            rec = record_at(rg, pos);
-            n = min(rec_n(rec, g), K);
-            for (int32_t j = 0; j < n; ++j) mine += rec_slot(rec, g, j) == slot;
+    for (int64_t base = 0; base < total; base += int64_t(kFillThreads) * kFillItems) {
+        int64_t pos[kFillItems];
+        int32_t mine[kFillItems], excl[kFillItems];
+        for (int i = 0; i < kFillItems; ++i) {
+            const int64_t v = base + int64_t(threadIdx.x) * kFillItems + i;
+            mine[i] = 0;
+            pos[i] = -1;
+            if (v < total) {
+                int32_t s;
+                pos[i] = position_of(tab, prefix, R, rg, v, s);
+                for (int32_t j = 0; j < K; ++j) mine[i] += route_slot[pos[i] * K + j] == slot;
+            }
         }
-        int32_t excl, tile;
+        int32_t tile;
         Scan(tmp).ExclusiveSum(mine, excl, tile);
-        if (mine) {
-            int64_t row = running + excl;
-            for (int32_t j = 0; j < n; ++j) {
-                if (rec_slot(rec, g, j) != slot) continue;
+        for (int i = 0; i < kFillItems; ++i) {
+            if (!mine[i]) continue;
+            int64_t row = running + excl[i];
+            for (int32_t j = 0; j < K; ++j) {
+                if (route_slot[pos[i] * K + j] != slot) continue;
                 if (row < max_rows) {
-                    row_position[row] = pos;
+                    row_position[row] = pos[i];
                     row_route[row] = j;
-                    route_row[pos * K + j] = static_cast<int32_t>(row);
+                    route_row[pos[i] * K + j] = static_cast<int32_t>(row);
                 }
                 ++row;
             }
         }
         running += tile;
-        __syncthreads();
+        __syncthreads();  // tmp is reused by the next tile
     }
 }
 
@@ -459,7 +470,23 @@ __global__ void unpack_kernel(const int64_t *offset, int32_t S, int64_t max_rows
 
 constexpr int kReduceThreads = 256;
 
-// reduce_partials(): acc = fma(weight_j, y_j, acc) over the record's routes in order.
+__device__ __forceinline__ void load4(const uint16_t *p, float (&v)[4]) {
+    const uint2 raw = *reinterpret_cast<const uint2 *>(p);
+    v[0] = bf16_to_f32(raw.x & 0xffffu);
+    v[1] = bf16_to_f32(raw.x >> 16);
+    v[2] = bf16_to_f32(raw.y & 0xffffu);
+    v[3] = bf16_to_f32(raw.y >> 16);
+}
+
+__device__ __forceinline__ void store4(uint16_t *p, const float (&v)[4]) {
+    uint2 out;
+    out.x = uint32_t(to_bf16(v[0])) | (uint32_t(to_bf16(v[1])) << 16);
+    out.y = uint32_t(to_bf16(v[2])) | (uint32_t(to_bf16(v[3])) << 16);
+    *reinterpret_cast<uint2 *>(p) = out;
+}
+
+// reduce_partials(): acc = fma(weight_j, y_j, acc) over the record's routes in order, four
+// channels per thread (each channel's chain is the host's).
 __global__ void reduce_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
                               int32_t K, int32_t c, int32_t C, int64_t hidden, const int32_t *route_row,
                               const uint16_t *y, uint16_t *partial) {
@@ -479,11 +506,14 @@ __global__ void reduce_kernel(const int64_t *count, const int64_t *prefix, int32
             yrow[threadIdx.x] = route_row[pos * K + threadIdx.x];
         }
         __syncthreads();
-        for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-            float acc = 0.0f;
-            for (int32_t j = 0; j < n; ++j)
-                if (yrow[j] >= 0) acc = fmaf(w[j], bf16_to_f32(y[int64_t(yrow[j]) * hidden + h]), acc);
-            partial[pos * hidden + h] = to_bf16(acc);
+        for (int64_t h = 4 * threadIdx.x; h < hidden; h += 4 * blockDim.x) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, yv[4];
+            for (int32_t j = 0; j < n; ++j) {
+                if (yrow[j] < 0) continue;
+                load4(y + int64_t(yrow[j]) * hidden + h, yv);
+                for (int i = 0; i < 4; ++i) acc[i] = fmaf(w[j], yv[i], acc[i]);
+            }
+            store4(partial + pos * hidden + h, acc);
         }
         __syncthreads();
     }
@@ -499,11 +529,14 @@ __global__ void combine_kernel(const int32_t *row, const int64_t *offset, int32_
             base[r] = rr < 0 ? -1 : ((peer_rows ? r * peer_rows : offset[r]) + rr) * hidden;
         }
         __syncthreads();
-        for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-            float sum = 0.0f;
-            for (int32_t r = 0; r < R; ++r)
-                if (base[r] >= 0) sum = __fadd_rn(sum, bf16_to_f32(partial[base[r] + h]));
-            out[t * hidden + h] = to_bf16(sum);
+        for (int64_t h = 4 * threadIdx.x; h < hidden; h += 4 * blockDim.x) {
+            float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4];
+            for (int32_t r = 0; r < R; ++r) {
+                if (base[r] < 0) continue;
+                load4(partial + base[r] + h, pv);
+                for (int i = 0; i < 4; ++i) sum[i] = __fadd_rn(sum[i], pv[i]);
+            }
+            store4(out + t * hidden + h, sum);
         }
         __syncthreads();  // base is rewritten for the next token
     }
@@ -589,6 +622,8 @@ void launch_layout(const DevicePlacement &p, const int32_t *ids, const float *we
 void launch_pack(const LayoutBuffers &L, int64_t max_rows, const uint16_t *x, int64_t hidden, WireDtype dtype,
                  int32_t source_rank, const WireRegion &dst, cudaStream_t st) {
     const RecordGeom g = geom(hidden, L.top_k, dtype);
+    if (reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(dst.base) % 16 || dst.peer_bytes % 16)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP pack: x must be 8-byte and the wire buffer 16-byte aligned");
     if (dst.peer_bytes)
         header_kernel<<<1, kMaxRanks, 0, st>>>(L.count, L.num_ranks, dst.base, dst.peer_bytes);
     if (max_rows > 0)
@@ -604,7 +639,7 @@ size_t receive_bytes(int32_t R, int32_t S, int32_t K, int64_t T, int64_t rows) {
     const size_t pos = static_cast<size_t>(R) * static_cast<size_t>(T), r = static_cast<size_t>(R);
     const size_t n = static_cast<size_t>(rows);
     return align256(r * 8) + align256((r + 1) * 8) + align256((S + 1) * 8) + align256(S * 8) + align256(pos * K * 4) +
-           align256(n * 8) + 4 * align256(n * 4) + align256(4);
+           align256(pos * K * 2) + align256(n * 8) + 4 * align256(n * 4) + align256(4);
 }
 
 ReceiveBuffers carve_receive(void *base, int32_t R, int32_t S, int32_t K, int64_t T, int64_t rows) {
@@ -621,6 +656,7 @@ ReceiveBuffers carve_receive(void *base, int32_t R, int32_t S, int32_t K, int64_
     B.expert_offset = take<int64_t>(p, S + 1);
     B.expert_fill = take<int64_t>(p, S);
     B.route_row = take<int32_t>(p, pos * K);
+    B.route_slot = take<int16_t>(p, pos * K);
     B.row_position = take<int64_t>(p, n);
     B.row_route = take<int32_t>(p, n);
     B.row_source = take<int32_t>(p, n);
@@ -644,11 +680,11 @@ void launch_group(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden
     const RecvGeom rg = recv_geom(src, g);
     check_cuda(cudaMemsetAsync(B.expert_fill, 0, sizeof(int64_t) * B.slots, st), "group clear");
     group_count_kernel<<<grid_for(B.max_positions, 256, 1024), 256, 0, st>>>(
-        B.count, B.prefix, B.num_ranks, rg, g, B.top_k, B.slots, c, C, B.expert_fill, B.route_row);
+        B.count, B.prefix, B.num_ranks, rg, g, B.top_k, B.slots, c, C, B.expert_fill, B.route_row, B.route_slot);
     group_scan_kernel<<<1, 1, 0, st>>>(B.expert_fill, B.slots, B.max_rows, B.expert_offset, B.overflow);
-    group_fill_kernel<<<B.slots, kScanThreads, 0, st>>>(B.count, B.prefix, B.num_ranks, rg, g, B.top_k, c, C,
-                                                        B.expert_offset, B.max_rows, B.route_row, B.row_position,
-                                                        B.row_route);
+    group_fill_kernel<<<B.slots, kFillThreads, 0, st>>>(B.count, B.prefix, B.num_ranks, rg, B.top_k, c, C,
+                                                        B.expert_offset, B.max_rows, B.route_slot, B.route_row,
+                                                        B.row_position, B.row_route);
     check_launch("group kernels");
 }
 
@@ -674,6 +710,8 @@ void launch_reduce(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidde
 
 void launch_combine(const LayoutBuffers &L, int64_t tokens, const uint16_t *partial, int64_t peer_rows, int64_t hidden,
                     uint16_t *out, cudaStream_t st) {
+    if (reinterpret_cast<uintptr_t>(out) % 8 || reinterpret_cast<uintptr_t>(partial) % 8)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP combine: output and partials must be 8-byte aligned");
     if (tokens > 0)
         combine_kernel<<<grid_for(tokens, 1, 16384), 256, 0, st>>>(L.row, L.offset, L.num_ranks, tokens, partial,
                                                                    peer_rows, hidden, out);

@@ -121,6 +121,7 @@ struct ReceiveBuffers {
     int64_t *expert_offset = nullptr;  // [S+1] rows of local slot s: offset[s] .. offset[s+1]-1
     int64_t *expert_fill = nullptr;    // [S] scratch
     int32_t *route_row = nullptr;      // [positions*K] expert row of route j of a record, -1
+    int16_t *route_slot = nullptr;     // [positions*K] local slot of route j of a record, -1
     int64_t *row_position = nullptr;   // [max_rows] record position of each expert row
     int32_t *row_route = nullptr;      // [max_rows]
     int32_t *row_source = nullptr;     // [max_rows]
