@@ -486,11 +486,6 @@ int main(int argc, char **argv) {
         std::printf("ep_multi_gpu: %d usable GPU(s); the multi-GPU runs need 2 or more, nothing to do\n", n);
         return 0;
     }
-    std::string why;
-    if (!epc::NcclTransport::available(&why)) {
-        std::printf("ep_multi_gpu: NCCL unavailable (%s); nothing to do\n", why.c_str());
-        return 0;
-    }
     setenv("NCCL_NVLS_ENABLE", "0", 1);  // this workplace's rule for its multi-GPU machines
     if (!std::getenv("NCCL_DEBUG")) {
         setenv("NCCL_DEBUG", "INFO", 1);
@@ -498,6 +493,12 @@ int main(int argc, char **argv) {
         const std::string base = ft::cat("/tmp/ft_ep_nccl.", getpid());
         setenv("NCCL_DEBUG_FILE", (base + ".%h.%p.log").c_str(), 1);
         g_log_pattern = base + ".*.log";
+    }
+    // After the environment: NCCL reads NCCL_DEBUG* once, possibly at the first call.
+    std::string why;
+    if (!epc::NcclTransport::available(&why)) {
+        std::printf("ep_multi_gpu: NCCL unavailable (%s); nothing to do\n", why.c_str());
+        return 0;
     }
     std::vector<int32_t> devices(n);
     for (int i = 0; i < n; ++i) devices[i] = i;

@@ -37,6 +37,13 @@ public:
     SimHub(const SimHub &) = delete;
     SimHub &operator=(const SimHub &) = delete;
 
+    // A rank that failed will never post again: wake everyone waiting so they fail too.
+    void abort(const std::string &why) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (error_.empty()) error_ = why;
+        cv_.notify_all();
+    }
+
     int32_t ranks() const { return ranks_; }
     size_t remote_bytes() const { return remote_bytes_; }
     int64_t collectives() const { return collectives_; }

@@ -112,6 +112,7 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
                     cudaStreamDestroy(st);
                 } catch (const std::exception &e) {
                     errors[r] = e.what();
+                    hub.abort(ft::cat("rank ", r, " failed: ", e.what()));
                 }
             });
         for (std::thread &t : threads) t.join();
