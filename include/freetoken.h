@@ -473,6 +473,12 @@ FT_API ft_status ft_session_get_layer_stats(const ft_session *session, int32_t l
  * never completed. */
 FT_API ft_status ft_session_status(const ft_session *session);
 
+/* Why the session runs its backend: for FT_BACKEND_AUTO the selector's decision with the numbers
+ * behind it (predicted step times per backend from the machine's profile, the expected cache hit
+ * rate, or the fallback taken without a profile); else "<name> requested". Valid while the
+ * session lives; "" for a NULL session. */
+FT_API const char *ft_session_backend_reason(const ft_session *session);
+
 /* ==========================================================================================
  * Bandwidth profile: what this machine's memory, bus and kernels really do
  * ========================================================================================== */
@@ -495,7 +501,8 @@ FT_API void ft_profile_params_init(ft_profile_params *params);
 
 /* Measures the machine: the CPU's memory read bandwidth (all workers), pinned host<->device
  * copies (with a GPU), and per expert format the production CPU expert kernels at one token
- * over experts far larger than the caches. Figures a build or machine cannot measure are left
+ * over experts far larger than the caches; with a GPU also the production gather of a window of
+ * experts into GPU slots, alone and while the CPU kernels run (the overlapped pair). Figures a build or machine cannot measure are left
  * at 0. params may be NULL. FT_ERR_CANCELLED if the progress callback stops it. */
 FT_API ft_status ft_profile_bandwidth(const ft_profile_params *params, ft_profile **out,
                                       char *err, size_t err_size);

@@ -454,6 +454,10 @@ ft_status ft_session_status(const ft_session *session) {
     return session->impl->status();
 }
 
+const char *ft_session_backend_reason(const ft_session *session) {
+    return session ? session->impl->backend_reason().c_str() : "";
+}
+
 ft_status ft_session_get_stats(const ft_session *session, ft_session_stats *stats) {
     if (!session) return FT_ERR_INVALID_ARGUMENT;
     ft_session_stats s{};

@@ -2,26 +2,32 @@
 // CUDA copies, the MoeExecutor), never from stand-ins, over working sets several times the
 // last-level cache so that memory, not cache, is measured. The whole run is bounded by
 // max_seconds: each phase gets a share of the time that is left and sizes its buffers and step
-// counts from the figures measured before it.
+// counts from the figures measured before it. With a GPU, each format's window is also
+// page-locked and gathered into device slots by the production zero-copy kernel, alone and while
+// the CPU kernels run over the same banks (spec 1.4 steps 1 and 4).
 #include "ft/profiler.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/dequant.hpp"
+#include "gather_rig.hpp"
 
 namespace ft {
 
@@ -44,6 +50,18 @@ constexpr int kReadProbes = 21;
 constexpr double kFillShare = 0.3;
 // The phases' shares of the time budget, by weight.
 constexpr double kReadWeight = 2.0, kPcieWeight = 1.0, kFormatWeight = 2.0;
+// With a GPU a format's share grows by this weight for the gather and the overlapped pair, and
+// the time after the bank fill is split: CPU steps, the gather alone, the two together.
+constexpr double kGpuFormatWeight = 1.5;
+constexpr double kCpuStepShare = 0.5, kGatherShare = 0.15;
+// The gather window: at least this many experts (far beyond any L2), each call refills them all.
+constexpr int64_t kMinGatherExperts = 64;
+// The overlapped pair runs for at most the original's 2 s and at least long enough for many
+// gathers and CPU steps to interleave.
+constexpr double kMaxOverlapSeconds = 2.0, kMinOverlapSeconds = 0.2;
+// Gathers enqueued per wait in the overlapped run: about this long, so the gather side stops
+// close to the end of the window.
+constexpr double kOverlapBatchSeconds = 0.02;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -255,13 +273,18 @@ void measure_pcie(int device, double budget_s, Profile &prof, const Progress &pr
     progress("pcie", 2, 2);
 }
 
+void add_note(KernelEntry &e, const std::string &note) { e.note += (e.note.empty() ? "" : " | ") + note; }
+
 // The production CPU expert kernels at one token (spec 1.4 step 2) over a rotating window of
 // synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
-// consecutive steps share no expert and each reads K experts from DRAM.
-KernelEntry measure_format(cpu::ThreadPool &pool, Format f, double budget_s, size_t mem_cap, size_t llc, double fill_rate,
-                           const Progress &progress) {
+// consecutive steps share no expert and each reads K experts from DRAM. With a GPU (`device` >=
+// 0), then the production gather of the window into device slots (step 1) and both at once for
+// the same wall window (step 4).
+KernelEntry measure_format(cpu::ThreadPool &pool, Format f, int device, double budget_s, size_t mem_cap, size_t llc,
+                           double fill_rate, const Progress &progress) {
     const char *phase = format_name(f);
-    const uint64_t total_units = kWarmupSteps + kMaxTimedSteps;
+    const bool gpu = device >= 0 && profiler::gather_rig_built();
+    const uint64_t total_units = kWarmupSteps + kMaxTimedSteps + (gpu ? 2 : 0);
     progress(phase, 0, total_units);
     const auto t0 = Clock::now();
 
@@ -274,7 +297,9 @@ KernelEntry measure_format(cpu::ThreadPool &pool, Format f, double budget_s, siz
     const double fill_fit = fill_rate * budget_s * kFillShare;
     const size_t window = std::max(static_cast<size_t>(std::min({static_cast<double>(2 * kGiB), static_cast<double>(mem_cap), fill_fit})),
                                    4 * llc);
-    const int64_t E = std::clamp<int64_t>(static_cast<int64_t>(window / eb), 2 * K, kMaxExperts);
+    int64_t E = std::clamp<int64_t>(static_cast<int64_t>(window / eb), 2 * K, kMaxExperts);
+    // The gather needs a window of its own size, within the memory cap.
+    if (gpu) E = std::max<int64_t>(E, std::min<int64_t>(kMinGatherExperts, std::max<int64_t>(2 * K, static_cast<int64_t>(mem_cap / eb))));
 
     const std::vector<BankSpec> schema = bank_schema(f, g.hidden, g.intermediate);
     if (schema.size() > 8) fail(FT_ERR_INTERNAL, "profile: ", phase, " has ", schema.size(), " banks, the executor takes 8");
@@ -317,9 +342,11 @@ KernelEntry measure_format(cpu::ThreadPool &pool, Format f, double budget_s, siz
         progress(phase, static_cast<uint64_t>(step), total_units);
         warm_s += run_step();
     }
-    // As many timed steps as the rest of the share allows, judged from the warm-up steps.
+    // As many timed steps as the rest of the share allows (its CPU part with a GPU), judged from
+    // the warm-up steps.
     const double per_step = std::max(warm_s / kWarmupSteps, 1e-6);
-    const double left = budget_s - seconds_since(t0);
+    const double after_fill = std::max(budget_s - fill_s, 0.0);
+    const double left = gpu ? kCpuStepShare * after_fill - (seconds_since(t0) - fill_s) : budget_s - seconds_since(t0);
     const int timed = std::clamp(static_cast<int>(left / per_step), kMinTimedSteps, kMaxTimedSteps);
     std::vector<double> times;
     times.reserve(static_cast<size_t>(timed));
@@ -342,9 +369,84 @@ KernelEntry measure_format(cpu::ThreadPool &pool, Format f, double budget_s, siz
     e.synth_experts = E;
     e.cpu_moe_gbs = static_cast<double>(K) * static_cast<double>(eb) / median / 1e9;
     e.cpu_moe_isa = exec.kernel_name();
-    e.note = "gather: not built in this version";
     log(FT_LOG_INFO, "profile: ", phase, " ", *e.cpu_moe_gbs, " GB/s (", e.cpu_moe_isa, ", ", E, " experts of ", eb / 1e6, " MB, fill ",
         fill_s, " s, ", timed, " timed steps of ", median * 1e3, " ms median)");
+
+    if (!gpu) {
+        add_note(e, device >= 0 ? "gather: this build has no CUDA support" : "gather: no GPU measured");
+    } else {
+        uint64_t done = static_cast<uint64_t>(step);
+        progress(phase, done, total_units);  // a cancellation point before the GPU part
+        // Spec 1.4: a failing GPU step is a note, not the end of the profile.
+        try {
+            profiler::HostExperts h;
+            h.num_banks = src.num_banks;
+            h.experts = E;
+            for (int b = 0; b < src.num_banks; ++b) {
+                h.base[b] = banks[static_cast<size_t>(b)].get();
+                h.row_bytes[b] = src.row_bytes[b];
+            }
+            const int64_t count = std::min<int64_t>(E, profiler::GatherRig::slots_that_fit(device, eb));
+            if (count < 1) fail(FT_ERR_OUT_OF_MEMORY, "no room on the GPU for one ", eb / 1e6, " MB slot");
+            profiler::GatherRig rig(device, h, static_cast<int32_t>(count));
+            const double bytes = static_cast<double>(rig.bytes_per_call());
+
+            // The gather alone: back-to-back calls bracketed by events, as many as its share allows.
+            const double one = std::max(rig.time_calls(1), 1e-6);
+            const int calls = std::clamp(static_cast<int>(kGatherShare * after_fill / one), 3, 20);
+            const double gather_s = rig.time_calls(calls);
+            if (gather_s > 0) e.pcie_gather_gbs = bytes * calls / gather_s / 1e9;
+            progress(phase, ++done, total_units);
+
+            // Both at once: this thread runs CPU steps (on the pool), another loops gathers, over
+            // the same wall window; each side's rate is its bytes over its own elapsed time.
+            const double window_s = std::clamp(budget_s - seconds_since(t0), kMinOverlapSeconds, kMaxOverlapSeconds);
+            const auto start = Clock::now() + std::chrono::milliseconds(5);
+            const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
+            const int batch = std::max(1, static_cast<int>(kOverlapBatchSeconds / one));
+            std::atomic<bool> stop{false};
+            profiler::GatherRig::Run gathered;
+            std::exception_ptr gather_error;
+            std::thread gatherer([&] {
+                try {
+                    gathered = rig.run_until(start, deadline, batch, &stop);
+                } catch (...) {
+                    gather_error = std::current_exception();
+                    stop = true;
+                }
+            });
+            int64_t cpu_steps = 0;
+            auto cpu_end = start;
+            try {
+                std::this_thread::sleep_until(start);
+                while (Clock::now() < deadline && !stop.load()) {
+                    run_step();
+                    ++cpu_steps;
+                    cpu_end = Clock::now();
+                }
+            } catch (...) {
+                stop = true;
+                gatherer.join();
+                throw;
+            }
+            gatherer.join();
+            if (gather_error) std::rethrow_exception(gather_error);
+            const double cpu_s = std::chrono::duration<double>(cpu_end - start).count();
+            if (cpu_steps > 0 && cpu_s > 0)
+                e.cpu_moe_overlap_gbs = static_cast<double>(cpu_steps) * static_cast<double>(K) * static_cast<double>(eb) / cpu_s / 1e9;
+            if (gathered.calls > 0 && gathered.seconds > 0)
+                e.pcie_gather_overlap_gbs = static_cast<double>(gathered.calls) * bytes / gathered.seconds / 1e9;
+            log(FT_LOG_INFO, "profile: ", phase, " gather ", e.pcie_gather_gbs.value_or(0.0), " GB/s (", count, " experts, ", calls,
+                " calls); overlapped over ", window_s, " s: CPU ", e.cpu_moe_overlap_gbs.value_or(0.0), " GB/s (", cpu_steps,
+                " steps) + gather ", e.pcie_gather_overlap_gbs.value_or(0.0), " GB/s (", gathered.calls, " calls)");
+            if (count < kMinGatherExperts) add_note(e, cat("gather window of ", count, " experts (GPU memory)"));
+        } catch (const Error &err) {
+            if (err.status() == FT_ERR_CANCELLED) throw;
+            log(FT_LOG_WARN, "profile: ", phase, " gather not measured: ", err.what());
+            add_note(e, cat("gather: ", err.what()));
+        }
+    }
+    if (e.pcie_gather_gbs && *e.pcie_gather_gbs > 0 && e.cpu_moe_gbs) e.ratio = *e.cpu_moe_gbs / *e.pcie_gather_gbs;
     progress(phase, total_units, total_units);
     return e;
 }
@@ -443,7 +545,8 @@ Profile measure_profile(const ft_profile_params &p) {
 
     // Each phase gets its weight's share of the time left, so a phase that finishes early
     // leaves its time to the ones after it.
-    double weights_left = kReadWeight + (device >= 0 ? kPcieWeight : 0.0) + kFormatWeight * static_cast<double>(formats.size());
+    const double format_weight = kFormatWeight + (device >= 0 && profiler::gather_rig_built() ? kGpuFormatWeight : 0.0);
+    double weights_left = kReadWeight + (device >= 0 ? kPcieWeight : 0.0) + format_weight * static_cast<double>(formats.size());
     auto share = [&](double weight) {
         const double left = std::max(p.max_seconds - seconds_since(t0), 0.0);
         const double s = left * weight / weights_left;
@@ -455,8 +558,13 @@ Profile measure_profile(const ft_profile_params &p) {
     prof.cpu_stream_read_gbs = read.bytes_per_s / 1e9;
     if (device >= 0) measure_pcie(device, share(kPcieWeight), prof, progress);
     for (Format f : formats) {
-        prof.dtype_kernels[profile_format_key(f)] =
-            measure_format(pool, f, share(kFormatWeight), mem_cap, llc, read.fill_bytes_per_s, progress);
+        KernelEntry e = measure_format(pool, f, device, share(format_weight), mem_cap, llc, read.fill_bytes_per_s, progress);
+        // The verdict the original engine reads (spec 1.5's `recommended` and `dtypes`).
+        if (auto v = entry_verdict(e, prof.threshold)) {
+            e.recommended = *v;
+            prof.dtypes[profile_format_key(f)] = *v;
+        }
+        prof.dtype_kernels[profile_format_key(f)] = std::move(e);
     }
     log(FT_LOG_INFO, "profile: done in ", seconds_since(t0), " s");
     return prof;

@@ -297,4 +297,12 @@ std::optional<double> hybrid_fetch_fraction(const Profile &p, const std::string 
     return std::nullopt;
 }
 
+std::optional<std::string> entry_verdict(const KernelEntry &e, double threshold) {
+    if (!positive(e.pcie_gather_gbs)) return std::nullopt;
+    if (positive(e.pcie_gather_overlap_gbs) && positive(e.cpu_moe_overlap_gbs))
+        return std::string(*e.pcie_gather_overlap_gbs + *e.cpu_moe_overlap_gbs > *e.pcie_gather_gbs ? "hybrid" : "offload");
+    if (positive(e.cpu_moe_gbs)) return std::string(*e.cpu_moe_gbs > threshold * *e.pcie_gather_gbs ? "hybrid" : "offload");
+    return std::string("offload");
+}
+
 }  // namespace ft

@@ -1,5 +1,9 @@
 #include "ft/selector.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "ft/common.hpp"
 
 namespace ft {
@@ -48,10 +52,7 @@ std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model)
     return {};
 }
 
-// Preference order for `auto`: first available wins. All experts resident on the GPU beats
-// everything; between the CPU and the slot cache the choice needs the machine's measured
-// bandwidths and the model's hit rate, so until a profile decides, `auto` keeps the CPU and
-// offload is chosen explicitly.
+// The table; `auto` goes through it in select_auto below.
 const BackendEntry kBackends[] = {
     {FT_BACKEND_GPU, "gpu", resident_unavailable},
     {FT_BACKEND_CPU, "cpu", cpu_unavailable},
@@ -59,7 +60,133 @@ const BackendEntry kBackends[] = {
     {FT_BACKEND_HYBRID, "hybrid", offload_unavailable},
 };
 
+bool positive(const std::optional<double> &v) { return v && std::isfinite(*v) && *v > 0.0; }
+
+// "1.23 ms" with three significant digits.
+std::string ms(double seconds) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g ms", seconds * 1e3);
+    return buf;
+}
+
+std::string gbs(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GB/s", v);
+    return buf;
+}
+
+BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
+    BackendChoice c;
+    const std::string gpu_why = resident_unavailable(caps, model);
+    if (gpu_why.empty()) {
+        c.backend = FT_BACKEND_GPU;
+        c.reason = "auto: gpu, every expert fits the GPU memory beyond the reserve";
+        return c;
+    }
+    const std::string offload_why = offload_unavailable(caps, model);
+    const std::string cpu_why = cpu_unavailable(caps, model);
+    const std::string key = profile_format_key(model.format);
+    // Without a GPU (or room for one layer) only the CPU remains; no prediction needed.
+    if (!offload_why.empty()) {
+        if (!cpu_why.empty()) fail(FT_ERR_UNSUPPORTED, "no backend can run this model: gpu: ", gpu_why, "; cpu: ", cpu_why,
+                                   "; offload: ", offload_why);
+        c.backend = FT_BACKEND_CPU;
+        c.reason = cat("auto: cpu, the only backend available (gpu: ", gpu_why, "; offload/hybrid: ", offload_why, ")");
+        return c;
+    }
+    const double s = expected_slot_fraction(caps, model, in);
+    if (in.profile) c.prediction = predict_step(*in.profile, model, s, in.hbm_gbs);
+    const StepPrediction &p = c.prediction;
+    if (!p.usable) {
+        c.backend = FT_BACKEND_OFFLOAD;
+        c.reason = cat("auto: offload, the fallback with a GPU: ",
+                       in.profile ? cat("the profile has no cpu and gather figures for ", key) : std::string("no usable profile"),
+                       " (run `ft profile` to let measurements choose between cpu, offload and hybrid); gpu: ", gpu_why);
+        return c;
+    }
+    // Lowest predicted time among the available backends; ties keep the earlier (simpler) one.
+    struct Candidate {
+        int32_t id;
+        double seconds;
+    };
+    Candidate cands[] = {{FT_BACKEND_OFFLOAD, p.offload_s}, {FT_BACKEND_CPU, cpu_why.empty() ? p.cpu_s : 0.0},
+                         {FT_BACKEND_HYBRID, cpu_why.empty() ? p.hybrid_s : 0.0}};
+    const Candidate *best = nullptr;
+    for (const Candidate &k : cands) {
+        if (k.seconds > 0.0 && (!best || k.seconds < best->seconds)) best = &k;
+    }
+    c.backend = best->id;
+    c.reason = cat("auto: ", backend_name(c.backend), ", lowest predicted step time per layer (", key, " figures of ",
+                   p.source, "; slots ", std::lround(100.0 * p.slot_fraction), "% of experts, expected hit rate ",
+                   std::lround(100.0 * p.hit_rate), "% assuming uniform routing): cpu ", ms(p.cpu_s), " at ", gbs(p.cpu_gbs),
+                   ", offload ", ms(p.offload_s), " at ", gbs(p.gather_gbs), ", hybrid ",
+                   p.hybrid_s > 0.0 ? cat(ms(p.hybrid_s), " at f ", p.fetch_fraction, " (", gbs(p.gather_ov_gbs), " + ",
+                                          gbs(p.cpu_ov_gbs), " overlapped)")
+                                    : std::string("not predicted (no overlapped figures)"),
+                   ", gpu-resident would be ", ms(p.gpu_s), " but ", gpu_why);
+    return c;
+}
+
 }  // namespace
+
+StepPrediction predict_step(const Profile &profile, const ModelSpec &model, double slot_fraction, double hbm_gbs) {
+    StepPrediction p;
+    const std::string key = profile_format_key(model.format);
+    const KernelEntry *e = nullptr;
+    if (auto it = profile.dtype_kernels.find(key); it != profile.dtype_kernels.end() && positive(it->second.cpu_moe_gbs) &&
+                                                   positive(it->second.pcie_gather_gbs)) {
+        e = &it->second;
+        p.source = "dtype_kernels." + key;
+    }
+    for (size_t w = 0; !e && w < profile.workloads.size(); ++w) {
+        auto it = profile.workloads[w].kernels.find(key);
+        if (it != profile.workloads[w].kernels.end() && positive(it->second.cpu_moe_gbs) && positive(it->second.pcie_gather_gbs)) {
+            e = &it->second;
+            p.source = cat("workloads.", profile.workloads[w].name, ".kernels.", key);
+        }
+    }
+    p.slot_fraction = std::clamp(slot_fraction, 0.0, 1.0);
+    p.hit_rate = p.slot_fraction;  // uniform routing (header)
+    p.hbm_gbs = hbm_gbs > 0.0 ? hbm_gbs : kDefaultHbmGbs;
+    const double step_bytes = double(model.top_k) * double(expert_bytes(model.format, model.hidden, model.intermediate));
+    p.gpu_s = step_bytes / (p.hbm_gbs * 1e9);
+    if (!e) return p;
+    p.usable = true;
+    p.cpu_gbs = *e->cpu_moe_gbs;
+    p.gather_gbs = *e->pcie_gather_gbs;
+    const double h = p.hit_rate, miss = (1.0 - h) * step_bytes, hit_s = h * step_bytes / (p.hbm_gbs * 1e9);
+    p.cpu_s = step_bytes / (p.cpu_gbs * 1e9);
+    p.offload_s = miss / (p.gather_gbs * 1e9) + hit_s;
+    if (positive(e->cpu_moe_overlap_gbs) && positive(e->pcie_gather_overlap_gbs)) {
+        p.cpu_ov_gbs = *e->cpu_moe_overlap_gbs;
+        p.gather_ov_gbs = *e->pcie_gather_overlap_gbs;
+        // The fraction the session's hybrid backend will use (the reader rules), from this profile.
+        p.fetch_fraction = hybrid_fetch_fraction(profile, key).value_or(p.gather_ov_gbs / (p.gather_ov_gbs + p.cpu_ov_gbs));
+        const double f = p.fetch_fraction;
+        p.hybrid_s = std::max(f * miss / (p.gather_ov_gbs * 1e9), (1.0 - f) * miss / (p.cpu_ov_gbs * 1e9)) + hit_s;
+        // Every expert a hit: nothing for the CPU, the step is the hit part alone (still > 0).
+        if (!(p.hybrid_s > 0.0)) p.hybrid_s = hit_s;
+    }
+    return p;
+}
+
+double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
+    const double all = double(model.num_layers) * double(model.num_experts);
+    const uint64_t eb = expert_bytes(model.format, model.hidden, model.intermediate);
+    if (!(all > 0.0) || eb == 0) return 0.0;
+    double slots = 0.0;
+    if (in.cache_slots > 0) {
+        slots = double(in.cache_slots);
+    } else if (in.cache_fraction > 0.0) {
+        slots = std::ceil(all * std::min(in.cache_fraction, 1.0));
+    } else {
+        const uint64_t usable = usable_vram(caps);
+        const uint64_t prefill = 2 * eb * uint64_t(model.num_experts);  // the two prefill layer buffers
+        slots = usable > prefill ? std::floor(double(usable - prefill) / double(eb)) : 0.0;
+    }
+    slots = std::min(slots, all);
+    return slots < double(model.num_experts) ? 0.0 : slots / all;
+}
 
 const char *backend_name(int32_t backend) {
     if (backend == FT_BACKEND_AUTO) return "auto";
@@ -69,26 +196,22 @@ const char *backend_name(int32_t backend) {
     return "unknown";
 }
 
-BackendChoice select_backend(int32_t requested, const MachineCaps &caps, const ModelSpec &model) {
-    if (requested == FT_BACKEND_AUTO) {
-        std::string reasons;
-        for (const BackendEntry &b : kBackends) {
-            const std::string why = b.unavailable(caps, model);
-            if (why.empty()) {
-                return {b.id, cat("auto: ", b.name, " is the first available backend",
-                                  reasons.empty() ? "" : " (", reasons, reasons.empty() ? "" : ")")};
-            }
-            reasons += cat(reasons.empty() ? "" : "; ", b.name, ": ", why);
-        }
-        fail(FT_ERR_UNSUPPORTED, "no backend can run this model: ", reasons);
-    }
+BackendChoice select_backend(int32_t requested, const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &inputs) {
+    if (requested == FT_BACKEND_AUTO) return select_auto(caps, model, inputs);
     for (const BackendEntry &b : kBackends) {
         if (b.id != requested) continue;
         const std::string why = b.unavailable(caps, model);
         if (!why.empty()) fail(FT_ERR_UNSUPPORTED, "backend ", b.name, " cannot run this model: ", why);
-        return {b.id, cat(b.name, " requested")};
+        BackendChoice c;
+        c.backend = b.id;
+        c.reason = cat(b.name, " requested");
+        return c;
     }
     fail(FT_ERR_INVALID_ARGUMENT, "unknown backend ", requested);
+}
+
+BackendChoice select_backend(int32_t requested, const MachineCaps &caps, const ModelSpec &model) {
+    return select_backend(requested, caps, model, SelectionInputs{});
 }
 
 }  // namespace ft

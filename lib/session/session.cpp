@@ -85,6 +85,16 @@ double profiled_fetch_fraction(Engine &engine, const ModelSpec &spec) {
     return 0.5;
 }
 
+// This machine's saved profile for `auto` (spec 1.6 reader rules), or nothing.
+std::optional<Profile> machine_profile(Engine &engine) {
+    try {
+        return load_usable_profile(default_profile_path(), engine.device_name());
+    } catch (const Error &e) {
+        log(FT_LOG_WARN, "auto: profile not used: ", e.what());
+        return std::nullopt;
+    }
+}
+
 bool bf16_finite(uint16_t v) { return (v & 0x7f80u) != 0x7f80u; }
 
 bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
@@ -105,8 +115,16 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
         fail(FT_ERR_INVALID_ARGUMENT, "prefill_min_tokens must not be negative, got ", params_.prefill_min_tokens);
     MachineCaps caps = model.engine().caps();
     caps.vram_reserve_bytes = params_.vram_reserve_bytes;
-    const BackendChoice choice = select_backend(params_.backend, caps, model.model().spec());
+    // `auto` weighs the machine's profile when a GPU could run the slot-cache backends.
+    const std::optional<Profile> profile =
+        params_.backend == FT_BACKEND_AUTO && caps.gpu ? machine_profile(model.engine()) : std::nullopt;
+    SelectionInputs inputs;
+    inputs.profile = profile ? &*profile : nullptr;
+    inputs.cache_slots = params_.cache_slots;
+    inputs.cache_fraction = params_.cache_fraction;
+    const BackendChoice choice = select_backend(params_.backend, caps, model.model().spec(), inputs);
     backend_ = choice.backend;
+    backend_reason_ = choice.reason;
     log(FT_LOG_INFO, "session: backend ", backend_name(backend_), " (", choice.reason, ")");
     switch (backend_) {
         case FT_BACKEND_CPU: impl_ = std::make_unique<CpuBackend>(model.engine(), model.model(), params_); break;

@@ -251,6 +251,74 @@ TEST(ProfileApi, CancelledAtTheVeryStart) {
     EXPECT_EQ(out, nullptr);
 }
 
+// Cancelled in the middle of a format's measurement (its fourth step): the run stops there, with
+// nothing of the next format measured.
+TEST(ProfileApi, CancelledWithinOneMeasurement) {
+    struct Log {
+        std::vector<std::string> phases;
+        uint64_t last_done = 0;
+        static bool call(void *user, const char *phase, uint64_t done, uint64_t) {
+            auto *self = static_cast<Log *>(user);
+            if (self->phases.empty() || self->phases.back() != phase) self->phases.push_back(phase);
+            self->last_done = done;
+            return !(std::string(phase) == "bf16" && done >= 4);
+        }
+    } log;
+    ft_profile_params p = cpu_params(bit(FT_FORMAT_BF16) | bit(FT_FORMAT_Q4_0), 4.0);
+    p.progress = Log::call;
+    p.progress_user_data = &log;
+    ft_profile *out = nullptr;
+    char err[256];
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ft_profile_bandwidth(&p, &out, err, sizeof err), FT_ERR_CANCELLED);
+    EXPECT_LT(seconds_since(t0), 20.0);
+    EXPECT_EQ(out, nullptr);
+    EXPECT_EQ(log.phases, (std::vector<std::string>{"read", "bf16"}));
+    EXPECT_EQ(log.last_done, 4u);
+}
+
+// The session says why it runs its backend: here `auto` on an engine without a GPU.
+TEST(ProfileApi, SessionBackendReason) {
+    ft_engine_params ep;
+    ft_engine_params_init(&ep);
+    ep.cpu_threads = 2;
+    ep.pin_threads = false;
+    ep.device = FT_DEVICE_NONE;
+    ft_engine *engine = nullptr;
+    char err[256];
+    ASSERT_EQ(ft_engine_create(&ep, &engine, err, sizeof err), FT_OK) << err;
+    ft_model_desc d;
+    ft_model_desc_init(&d);
+    d.num_layers = 1;
+    d.num_experts = 4;
+    d.top_k = 2;
+    d.hidden_size = 32;
+    d.intermediate_size = 16;
+    ft_model *m = nullptr;
+    ASSERT_EQ(ft_model_create(engine, &d, &m, err, sizeof err), FT_OK) << err;
+    const std::vector<uint16_t> w(32 * 16, 0x3c00);
+    for (int e = 0; e < 4; ++e)
+        for (int proj = FT_PROJ_GATE; proj <= FT_PROJ_DOWN; ++proj)
+            ASSERT_EQ(ft_model_set_expert(m, 0, e, proj, w.data(), w.size() * 2), FT_OK);
+    ASSERT_EQ(ft_model_finalize(m), FT_OK);
+    ft_session *s = nullptr;
+    ASSERT_EQ(ft_session_create(m, nullptr, &s, err, sizeof err), FT_OK) << err;
+    EXPECT_EQ(ft_session_backend(s), FT_BACKEND_CPU);
+    const std::string reason = ft_session_backend_reason(s);
+    EXPECT_NE(reason.find("auto: cpu"), std::string::npos) << reason;
+    ft_session_free(s);
+
+    ft_session_params sp;
+    ft_session_params_init(&sp);
+    sp.backend = FT_BACKEND_CPU;
+    ASSERT_EQ(ft_session_create(m, &sp, &s, err, sizeof err), FT_OK) << err;
+    EXPECT_STREQ(ft_session_backend_reason(s), "cpu requested");
+    ft_session_free(s);
+    EXPECT_STREQ(ft_session_backend_reason(nullptr), "");
+    ft_model_free(m);
+    ft_engine_free(engine);
+}
+
 // The original engine's v4 shape (spec 1.5), built here with the figures of spec 8's reader cases.
 std::string original_profile_json() {
     auto entry = [](const char *bytes, const char *cpu, const char *pcie, const char *cpu_ov, const char *pcie_ov, const char *rec) {

@@ -400,6 +400,7 @@ int cmd_run(const Options &o) {
     }
     const int32_t backend = ft_session_backend(session);
     std::printf("backend     %s\n", backend_name(backend));
+    std::printf("  because   %s\n", ft_session_backend_reason(session));
     {
         ft_engine_info pi;
         pi.struct_size = sizeof pi;

@@ -89,4 +89,12 @@ std::optional<std::string> backend_recommendation(const Profile &p, const std::s
 // min(1, pcie / cpu) (the original's rule, which assumes the two fully contend for DRAM).
 std::optional<double> hybrid_fetch_fraction(const Profile &p, const std::string &format_key);
 
+// The per-format verdict a profile records ("recommended", and `dtypes`), between the two
+// backends the original engine chooses from. With both overlapped figures: "hybrid" iff
+// cpu_ov + pcie_ov > pcie_gather, i.e. iff splitting a step's misses at the fetch fraction moves
+// them faster than fetching them all (the hits cost both the same, so this holds at every hit
+// rate). Otherwise with both standalone figures the original's rule, "hybrid" iff
+// cpu > threshold x pcie. Nothing without a gather figure.
+std::optional<std::string> entry_verdict(const KernelEntry &e, double threshold);
+
 }  // namespace ft

@@ -75,6 +75,7 @@ public:
     Session(LoadedModel &model, const ft_session_params &params);
 
     int32_t backend() const { return backend_; }
+    const std::string &backend_reason() const { return backend_reason_; }  // the selector's reason
     void route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights);
     void decode(const DecodeCall &call);
     // Host counters plus the backend's device figures (may wait for the backend's GPU work).
@@ -88,6 +89,7 @@ private:
     LoadedModel &model_;
     ft_session_params params_;
     int32_t backend_ = FT_BACKEND_CPU;
+    std::string backend_reason_;
     std::unique_ptr<Backend> impl_;
     ft_session_stats stats_{};
 };

@@ -1,0 +1,72 @@
+// The profiler's GPU figures on a real GPU: the production gather alone and beside the CPU
+// kernels (spec 1.4 steps 1 and 4). Skips without a usable GPU. A bandwidth measurement of
+// gigabytes, so the suite is named *Latency* and stays out of the compute-sanitizer runs.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+#include <string>
+
+#include "freetoken.h"
+#include "ft/cuda_device.hpp"
+
+namespace {
+
+TEST(ProfileGpuLatency, GatherAndOverlappedFigures) {
+    if (ft::cuda::device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    ft_profile_params p;
+    ft_profile_params_init(&p);
+    p.device = 0;
+    p.formats = (1u << FT_FORMAT_BF16) | (1u << FT_FORMAT_MXFP4);
+    p.max_seconds = 12.0;
+    ft_profile *prof = nullptr;
+    char err[512];
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(ft_profile_bandwidth(&p, &prof, err, sizeof err), FT_OK) << err;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(seconds, 40.0) << "a 12-second profile took " << seconds << " s";
+
+    ft_profile_machine m;
+    m.struct_size = sizeof m;
+    ASSERT_EQ(ft_profile_get_machine(prof, &m), FT_OK);
+    EXPECT_GT(m.h2d_gbs, 0.0);
+    EXPECT_STRNE(m.gpu_name, "");
+    for (int32_t f : {FT_FORMAT_BF16, FT_FORMAT_MXFP4}) {
+        ft_profile_format e;
+        e.struct_size = sizeof e;
+        ASSERT_EQ(ft_profile_get_format(prof, f, &e), FT_OK) << f;
+        std::printf("format %d: cpu %.1f, gather %.1f (H2D %.1f), overlapped cpu %.1f + gather %.1f GB/s, f %.2f\n", f, e.cpu_gbs,
+                    e.gather_gbs, m.h2d_gbs, e.cpu_overlap_gbs, e.gather_overlap_gbs, e.fetch_fraction);
+        EXPECT_GT(e.cpu_gbs, 0.0) << f;
+        EXPECT_GT(e.gather_gbs, 0.0) << f;
+        EXPECT_GT(e.cpu_overlap_gbs, 0.0) << f;
+        EXPECT_GT(e.gather_overlap_gbs, 0.0) << f;
+        // The gather moves experts over the same bus as the linear copy: it can lose to it
+        // (scattered rows, SM loads) but cannot beat it by more than noise.
+        EXPECT_GE(e.gather_gbs, 0.5 * m.h2d_gbs) << f;
+        EXPECT_LE(e.gather_gbs, 1.1 * m.h2d_gbs) << f;
+        EXPECT_GT(e.fetch_fraction, 0.0) << f;
+        EXPECT_LE(e.fetch_fraction, 1.0) << f;
+    }
+    // The verdicts are written for the original engine too.
+    char path[] = "/tmp/ft-profile-gpu-XXXXXX";
+    ASSERT_NE(mkdtemp(path), nullptr);
+    const std::string file = std::string(path) + "/benchbw.json";
+    ASSERT_EQ(ft_profile_save(prof, file.c_str(), err, sizeof err), FT_OK) << err;
+    ft_profile_free(prof);
+    std::FILE *in = std::fopen(file.c_str(), "r");
+    ASSERT_NE(in, nullptr);
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) text.append(buf, n);
+    std::fclose(in);
+    const bool verdict = text.find("\"recommended\": \"hybrid\"") != std::string::npos ||
+                         text.find("\"recommended\": \"offload\"") != std::string::npos;
+    EXPECT_TRUE(verdict) << text;
+    std::remove(file.c_str());
+    rmdir(path);
+}
+
+}  // namespace
