@@ -59,7 +59,9 @@ typedef struct ft_ep_params {
     int32_t mode;             /* FT_EP_MODE_* (default THROUGHPUT)                          */
     int32_t wire;             /* FT_EP_WIRE_* (default FP8)                                 */
     int32_t chunks;           /* throughput: pipeline chunks, 0 = from the link bandwidth   */
-    int32_t reserved;         /* 0                                                          */
+    int32_t nccl_max_ctas;    /* groups that make their communicator: at most this many CTAs
+                                 (SMs) per NCCL kernel, so the experts keep the rest; 0: NCCL's
+                                 default (NCCL_MAX_CTAS is honoured by NCCL itself)          */
     double link_bytes_per_s;  /* per-peer link bandwidth for the chunk plan; 0: 25e9        */
     int64_t max_expert_rows;  /* expert rows per chunk the buffers hold; 0: ranks *
                                  max_tokens * top_k (the worst case; lower it to save memory) */

@@ -29,6 +29,7 @@ struct NcclApi {
     decltype(&::ncclAllGather) all_gather = nullptr;
     decltype(&::ncclReduceScatter) reduce_scatter = nullptr;
     decltype(&::ncclGetErrorString) error_string = nullptr;
+    decltype(&::ncclCommInitRankConfig) init_rank_config = nullptr;  // optional (NCCL >= 2.14)
     std::string error;  // why loading failed, empty when loaded
     int version = 0;
 };
@@ -65,6 +66,7 @@ const NcclApi &api() {
         sym(a.all_gather, "ncclAllGather");
         sym(a.reduce_scatter, "ncclReduceScatter");
         sym(a.error_string, "ncclGetErrorString");
+        a.init_rank_config = reinterpret_cast<decltype(a.init_rank_config)>(dlsym(lib, "ncclCommInitRankConfig"));
         if (ok) a.get_version(&a.version);
         // The handle stays open for the life of the process: communicators may outlive any owner.
     });
@@ -81,6 +83,16 @@ void check(ncclResult_t r, const char *what) {
     if (r == ncclSuccess) return;
     const NcclApi &a = api();
     fail(FT_ERR_DEVICE, "NCCL ", what, ": ", a.error_string ? a.error_string(r) : "error", " (", static_cast<int>(r), ")");
+}
+
+// The SM budget of a communicator we create (expert-parallel.md 5.6): at most max_ctas CTAs per
+// NCCL kernel, so the expert GEMMs keep the rest of the GPU.
+ncclConfig_t budget_config(const NcclApi &a, int32_t max_ctas) {
+    if (!a.init_rank_config) fail(FT_ERR_UNSUPPORTED, "EP: this libnccl lacks ncclCommInitRankConfig (SM budget)");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.minCTAs = 1;
+    config.maxCTAs = max_ctas;
+    return config;
 }
 
 }  // namespace
@@ -104,23 +116,46 @@ NcclTransport::UniqueId NcclTransport::unique_id() {
 }
 
 std::unique_ptr<NcclTransport> NcclTransport::init_rank(int32_t nranks, const UniqueId &uid, int32_t rank,
-                                                        int32_t device) {
+                                                        int32_t device, int32_t max_ctas) {
     const NcclApi &a = need();
-    if (nranks < 1 || rank < 0 || rank >= nranks)
-        fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: rank ", rank, " of ", nranks);
+    if (nranks < 1 || rank < 0 || rank >= nranks || max_ctas < 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: rank ", rank, " of ", nranks, ", max CTAs ", max_ctas);
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     ncclUniqueId id;
     std::memcpy(&id, uid.data(), uid.size());
     ncclComm_t comm = nullptr;
-    check(a.init_rank(&comm, nranks, id, rank), "ncclCommInitRank");
+    if (max_ctas > 0) {
+        ncclConfig_t config = budget_config(a, max_ctas);
+        check(a.init_rank_config(&comm, nranks, id, rank, &config), "ncclCommInitRankConfig");
+    } else {
+        check(a.init_rank(&comm, nranks, id, rank), "ncclCommInitRank");
+    }
     return std::make_unique<NcclTransport>(comm, true);
 }
 
-std::vector<std::unique_ptr<NcclTransport>> NcclTransport::init_all(const std::vector<int32_t> &devices) {
+std::vector<std::unique_ptr<NcclTransport>> NcclTransport::init_all(const std::vector<int32_t> &devices,
+                                                                    int32_t max_ctas) {
     const NcclApi &a = need();
-    if (devices.empty()) fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: no devices");
+    if (devices.empty() || max_ctas < 0) fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: no devices or max CTAs ", max_ctas);
+    const int n = static_cast<int>(devices.size());
     std::vector<ncclComm_t> comms(devices.size());
-    check(a.init_all(comms.data(), static_cast<int>(devices.size()), devices.data()), "ncclCommInitAll");
+    if (max_ctas > 0) {
+        // ncclCommInitAll takes no config: one id and every rank's init in one group instead.
+        ncclUniqueId id;
+        check(a.get_unique_id(&id), "ncclGetUniqueId");
+        ncclConfig_t config = budget_config(a, max_ctas);
+        check(a.group_start(), "ncclGroupStart");
+        ncclResult_t r = ncclSuccess;
+        for (int i = 0; i < n && r == ncclSuccess; ++i) {
+            check_cuda(cudaSetDevice(devices[i]), "cudaSetDevice");
+            r = a.init_rank_config(&comms[i], n, id, i, &config);
+        }
+        const ncclResult_t end = a.group_end();
+        check(r, "ncclCommInitRankConfig");
+        check(end, "ncclGroupEnd");
+    } else {
+        check(a.init_all(comms.data(), n, devices.data()), "ncclCommInitAll");
+    }
     std::vector<std::unique_ptr<NcclTransport>> out;
     for (ncclComm_t c : comms) out.push_back(std::make_unique<NcclTransport>(c, true));
     return out;

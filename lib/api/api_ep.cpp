@@ -196,7 +196,8 @@ FT_API ft_status ft_ep_group_bootstrap(int32_t nranks, int32_t rank, int32_t dev
                 ft::fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: no broadcast callback and NCCL_COMM_ID is not set");
             id = ft::ep::cuda::NcclTransport::unique_id();
         }
-        *out = make_group(ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device), device, p).release();
+        *out = make_group(ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device, p.nccl_max_ctas), device, p)
+                   .release();
     });
 }
 
@@ -206,7 +207,8 @@ FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *de
     for (int32_t i = 0; i < ndevices; ++i) groups[i] = nullptr;
     return before_group(err, err_size, [&] {
         const ft_ep_params p = read_params(params);
-        auto nets = ft::ep::cuda::NcclTransport::init_all(std::vector<int32_t>(devices, devices + ndevices));
+        auto nets =
+            ft::ep::cuda::NcclTransport::init_all(std::vector<int32_t>(devices, devices + ndevices), p.nccl_max_ctas);
         std::vector<std::unique_ptr<ft_ep_group>> made;
         for (int32_t i = 0; i < ndevices; ++i) made.push_back(make_group(std::move(nets[i]), devices[i], p));
         for (int32_t i = 0; i < ndevices; ++i) groups[i] = made[i].release();

@@ -1,7 +1,7 @@
 // Expert parallelism on every visible GPU of one process through the NCCL transport (issue 8):
 // correctness across ranks, then dispatch + combine speed against NCCL baselines.
 //
-//   ep_multi_gpu [--check-only | --bench-only] [--quick]
+//   ep_multi_gpu [--check-only | --bench-only] [--quick] [--max-ctas N]
 //
 // Correctness: tokens that encode (source, index) arrive exactly once where the layout says;
 // every local expert receives exactly its routes; each rank's output equals the host reference
@@ -476,6 +476,12 @@ bool has(int argc, char **argv, const char *flag) {
     return false;
 }
 
+int value(int argc, char **argv, const char *flag, int fallback) {
+    for (int i = 1; i + 1 < argc; ++i)
+        if (std::strcmp(argv[i], flag) == 0) return std::atoi(argv[i + 1]);
+    return fallback;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -506,12 +512,13 @@ int main(int argc, char **argv) {
                 std::getenv("NCCL_P2P_DISABLE") ? std::getenv("NCCL_P2P_DISABLE") : "unset");
     std::vector<std::unique_ptr<epc::NcclTransport>> nets;
     try {
-        nets = epc::NcclTransport::init_all(devices);
+        nets = epc::NcclTransport::init_all(devices, value(argc, argv, "--max-ctas", 0));
     } catch (const std::exception &e) {
         std::printf("ep_multi_gpu: NCCL init failed: %s\n", e.what());
         return 1;
     }
-    std::printf("%s\n", nets[0]->describe().c_str());
+    std::printf("%s, NCCL SM budget %s\n", nets[0]->describe().c_str(),
+                value(argc, argv, "--max-ctas", 0) ? ft::cat(value(argc, argv, "--max-ctas", 0), " CTAs").c_str() : "default");
 
     const Shape big{7168, 256}, small{2048, 128};
     if (check) {

@@ -189,10 +189,14 @@ public:
     static int32_t library_version();  // NCCL_VERSION_CODE of the loaded library
     using UniqueId = std::array<uint8_t, 128>;
     static UniqueId unique_id();  // ncclGetUniqueId (honours NCCL_COMM_ID)
-    // ncclCommInitRank on `device` (made current).
-    static std::unique_ptr<NcclTransport> init_rank(int32_t nranks, const UniqueId &id, int32_t rank, int32_t device);
-    // ncclCommInitAll: one communicator per device of this process, rank i on devices[i].
-    static std::vector<std::unique_ptr<NcclTransport>> init_all(const std::vector<int32_t> &devices);
+    // ncclCommInitRank on `device` (made current). max_ctas > 0 caps the CTAs of every NCCL kernel
+    // of the communicator (ncclConfig_t.maxCTAs, the SM budget); 0 keeps NCCL's default.
+    static std::unique_ptr<NcclTransport> init_rank(int32_t nranks, const UniqueId &id, int32_t rank, int32_t device,
+                                                    int32_t max_ctas = 0);
+    // One communicator per device of this process, rank i on devices[i] (ncclCommInitAll, or one
+    // grouped ncclCommInitRankConfig per device with an SM budget).
+    static std::vector<std::unique_ptr<NcclTransport>> init_all(const std::vector<int32_t> &devices,
+                                                                int32_t max_ctas = 0);
 
     // Wraps an existing ncclComm_t; destroys it on destruction only if `owned`.
     NcclTransport(void *comm, bool owned);
