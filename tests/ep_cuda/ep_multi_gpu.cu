@@ -459,6 +459,17 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
     meas_bytes /= R;
     CHECK(std::fabs(meas_bytes - pred_bytes) < 0.5, "bytes sent %.0f vs layout %.0f", meas_bytes, pred_bytes);
     CHECK(meas_rows == remote_rows, "remote rows %.0f vs layout %.0f", meas_rows, remote_rows);
+    // Free each rank's buffers, streams and events on its own device.
+    err = on_ranks(R, [&](int r) {
+        ep_tp[r].reset();
+        ep_lat[r].reset();
+        dev[r] = RankData();
+        ag_out[r] = DeviceArray<uint16_t>();
+        rs_in[r] = DeviceArray<uint16_t>();
+        a2a_send[r] = DeviceArray<uint16_t>();
+        a2a_recv[r] = DeviceArray<uint16_t>();
+    });
+    CHECK(err.empty(), "bench teardown: %s", err.c_str());
     const double agrs_bytes = 2.0 * (R - 1) * T * H * 2;  // per GPU, ring model
     const double a2a_bytes = 2.0 * remote_routes * H * 2 / R;
     char lat[32] = "-";
