@@ -257,8 +257,13 @@ void check_case(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const Sh
         });
         CHECK(err.empty(), "%s %s: %s", label.c_str(), v.name, err.c_str());
         if (!err.empty()) continue;
-        for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r) {
             CHECK(out[r] == h[r].out, "%s %s rank %d: output differs from the host reference", label.c_str(), v.name, r);
+            if (&v != &variants[0]) continue;  // bit-identical to the first variant anyway
+            const MoeCheck m = check_against_moe(in[r], ex, shape.H, dtype, out[r]);
+            CHECK(m.bad == 0, "%s %s rank %d: %lld outputs off the single-device MoE beyond the FP8 tolerance (worst %.2fx)",
+                  label.c_str(), v.name, r, static_cast<long long>(m.bad), m.worst);
+        }
         if (v.mode == epc::Mode::Throughput && v.chunks == 1) {
             for (int r = 0; r < R; ++r) {
                 CHECK(received[r] == h[r].received, "%s rank %d: received records differ", label.c_str(), r);

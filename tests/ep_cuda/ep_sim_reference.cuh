@@ -161,4 +161,47 @@ inline int64_t max_expert_rows(const std::vector<HostRank> &h) {
     return m;
 }
 
+// The single-device MoE in double from the bf16 inputs, against `out` (one rank's EP output):
+// |out - ref| <= FP8 error bound (half an e4m3 ulp per element, relative 2^-4, plus the
+// subnormal floor) + 4 bf16 roundings (unpacked row, expert output, partial, final sum).
+struct MoeCheck {
+    int64_t bad = 0;
+    double worst = 0;  // largest |out - ref| / tolerance
+};
+
+inline MoeCheck check_against_moe(const RankInput &ri, const Experts &ex, int64_t H, WireDtype dtype,
+                                  const std::vector<uint16_t> &out) {
+    const ScaleFormat fmt = dtype == WireDtype::Fp8Ue8m0 ? ScaleFormat::Ue8m0 : ScaleFormat::Fp32;
+    MoeCheck m;
+    std::vector<float> x(H);
+    std::vector<uint8_t> q(H), scales(fp8_scale_bytes(H, fmt));
+    for (int64_t t = 0; t < ri.tokens; ++t) {
+        for (int64_t k = 0; k < H; ++k) x[k] = bf16_to_f32(ri.x[t * H + k]);
+        quantize_fp8_row(ri.x.data() + t * H, H, fmt, q.data(), scales.data());
+        for (int64_t k = 0; k < H; ++k) {
+            double ref = 0, mag = 0, err = 0;
+            for (int32_t j = 0; j < kTopK; ++j) {
+                const int32_t e = ri.ids[t * kTopK + j];
+                if (e < 0) continue;
+                const int64_t k1 = (k + 1) % H;
+                const double w = ri.weights[t * kTopK + j], a = ex.a[e], b = ex.b[e];
+                ref += w * (a * x[k] + b * x[k1]);
+                mag += std::fabs(w) * (std::fabs(a * x[k]) + std::fabs(b * x[k1]));
+                if (dtype != WireDtype::Bf16) {
+                    auto delta = [&](int64_t ch) {
+                        const double s = fp8_block_scale(scales.data(), ch / kWireBlock, fmt);
+                        return std::fabs(x[ch]) / 16 + s * 0x1p-10 + std::fabs(x[ch]) * 0x1p-22;
+                    };
+                    err += std::fabs(w) * (std::fabs(a) * delta(k) + std::fabs(b) * delta(k1));
+                }
+            }
+            const double tol = 1.02 * err + 4.2 * 0x1p-8 * (mag + err) + 1e-30;
+            const double diff = std::fabs(bf16_to_f32(out[t * H + k]) - ref);
+            m.worst = std::max(m.worst, diff / tol);
+            if (!(diff <= tol)) ++m.bad;
+        }
+    }
+    return m;
+}
+
 }  // namespace ft::ep::test

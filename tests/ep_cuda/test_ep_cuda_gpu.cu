@@ -424,41 +424,12 @@ TEST(EpCudaSim, EqualsSingleDeviceMoEWithinFp8Tolerance) {
         const Experts ex = make_experts(rng, p.num_experts);
         const std::vector<HostRank> h = host_pipeline(p, in, c.H, c.dtype, ex);
         const DeviceResult d = run_device(p, in, c.H, c.dtype, ex, Run::Throughput, 0, max_expert_rows(h));
-        const int64_t H = c.H;
-        const ScaleFormat fmt = c.dtype == WireDtype::Fp8Ue8m0 ? ScaleFormat::Ue8m0 : ScaleFormat::Fp32;
         int64_t bad = 0;
         double worst = 0;
         for (int32_t r = 0; r < c.R; ++r) {
-            const RankInput &ri = in[r];
-            std::vector<float> x(H);
-            std::vector<uint8_t> q(H), scales(fp8_scale_bytes(H, fmt));
-            for (int64_t t = 0; t < ri.tokens; ++t) {
-                for (int64_t k = 0; k < H; ++k) x[k] = bf16_to_f32(ri.x[t * H + k]);
-                quantize_fp8_row(ri.x.data() + t * H, H, fmt, q.data(), scales.data());
-                for (int64_t k = 0; k < H; ++k) {
-                    double ref = 0, mag = 0, err = 0;
-                    for (int32_t j = 0; j < kTopK; ++j) {
-                        const int32_t e = ri.ids[t * kTopK + j];
-                        if (e < 0) continue;
-                        const int64_t k1 = (k + 1) % H;
-                        const double w = ri.weights[t * kTopK + j], a = ex.a[e], b = ex.b[e];
-                        ref += w * (a * x[k] + b * x[k1]);
-                        mag += std::fabs(w) * (std::fabs(a * x[k]) + std::fabs(b * x[k1]));
-                        if (c.dtype != WireDtype::Bf16) {
-                            auto delta = [&](int64_t ch) {
-                                const double s = fp8_block_scale(scales.data(), ch / kWireBlock, fmt);
-                                return std::fabs(x[ch]) / 16 + s * 0x1p-10 + std::fabs(x[ch]) * 0x1p-22;
-                            };
-                            err += std::fabs(w) * (std::fabs(a) * delta(k) + std::fabs(b) * delta(k1));
-                        }
-                    }
-                    // bf16 roundings: the unpacked row, the expert output, the partial, the sum.
-                    const double tol = 1.02 * err + 4.2 * 0x1p-8 * (mag + err) + 1e-30;
-                    const double diff = std::fabs(bf16_to_f32(d.out[r][t * H + k]) - ref);
-                    worst = std::max(worst, diff / (tol > 0 ? tol : 1));
-                    if (diff > tol) ++bad;
-                }
-            }
+            const MoeCheck m = check_against_moe(in[r], ex, c.H, c.dtype, d.out[r]);
+            bad += m.bad;
+            worst = std::max(worst, m.worst);
         }
         EXPECT_EQ(bad, 0) << "worst error / tolerance " << worst;
     }
