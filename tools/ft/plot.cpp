@@ -68,7 +68,7 @@ std::string render_svg(const PlotData &d) {
 
     const double W = 760, row = 24, bars_top = 60, bar_x = 170, bar_w = 480;
     const double chart_top = bars_top + row * bars.size() + 40, chart_h = 260;
-    const double H = chart_top + chart_h + 90;
+    const double H = chart_top + chart_h + 106;
     std::string s;
     s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W, "%.0f") + "\" height=\"" + num(H, "%.0f") +
          "\" font-family=\"sans-serif\" font-size=\"12\">\n";
@@ -97,15 +97,16 @@ std::string render_svg(const PlotData &d) {
         double c, g;
         if (!curve_rates(d.formats[i], &c, &g)) continue;
         curves.push_back(i);
-        ymax = std::max({ymax, step_seconds_per_gb(0.0, c, g), step_seconds_per_gb(1.0, c, g)});
+        ymax = std::max({ymax, step_seconds_per_gb(0.0, c, g), step_seconds_per_gb(1.0, c, g),
+                         d.formats[i].gather_gbs > 0 ? 1.0 / d.formats[i].gather_gbs : 0.0});
     }
     if (curves.empty()) {
         s += text(10, chart_top + 20, "No curve: no format has both a CPU and a gather figure.", " fill=\"#aa0000\"");
-        s += text(10, chart_top + 38, "The gather into GPU slots is not built in this version of FreeToken, so the profile has no",
+        s += text(10, chart_top + 38, "The profile was measured without a GPU (--no-gpu, no device, or a build without CUDA), so",
                   " fill=\"#aa0000\"");
-        s += text(10, chart_top + 56, "gather bandwidth and no fetch fraction; the step time t(f) = max(f B / gather, (1 - f) B / cpu)",
+        s += text(10, chart_top + 56, "it has no gather bandwidth and no fetch fraction; the step time t(f) = max(f B / gather,",
                   " fill=\"#aa0000\"");
-        s += text(10, chart_top + 74, "cannot be predicted yet.", " fill=\"#aa0000\"");
+        s += text(10, chart_top + 74, "(1 - f) B / cpu) cannot be predicted.", " fill=\"#aa0000\"");
         s += "</svg>\n";
         return s;
     }
@@ -133,6 +134,12 @@ std::string render_svg(const PlotData &d) {
             pts += num(X(fr)) + "," + num(Y(step_seconds_per_gb(fr, c, g) * 1e3)) + " ";
         }
         s += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"2\" points=\"" + pts + "\"/>\n";
+        // Offload: every miss fetched by the gather alone (no CPU beside it), for comparison.
+        if (f.gather_gbs > 0) {
+            const double yo = Y(1e3 / f.gather_gbs);
+            s += "<line x1=\"" + num(x0) + "\" y1=\"" + num(yo) + "\" x2=\"" + num(x1) + "\" y2=\"" + num(yo) + "\" stroke=\"" + color +
+                 "\" stroke-dasharray=\"6,4\"/>\n";
+        }
         if (f.fetch_fraction >= 0) {
             const double fr = f.fetch_fraction;
             s += "<circle cx=\"" + num(X(fr)) + "\" cy=\"" + num(Y(step_seconds_per_gb(fr, c, g) * 1e3)) + "\" r=\"5\" fill=\"" + color +
@@ -142,7 +149,9 @@ std::string render_svg(const PlotData &d) {
              "\" stroke-width=\"2\"/>\n";
         s += text(665, y1 + 14 + 18 * n, f.name + (f.fetch_fraction >= 0 ? " f=" + num(f.fetch_fraction, "%.2f") : ""));
     }
-    s += text(10, y0 + 58, "t(f) = max(f B / gather, (1 - f) B / cpu); dots: the fetch fraction the profile chooses.",
+    s += text(10, y0 + 58, "t(f) = max(f B / gather, (1 - f) B / cpu); dots: the fetch fraction the profile chooses;",
+              " fill=\"#555555\"");
+    s += text(10, y0 + 74, "dashed: offload (all misses by the gather alone). Hybrid wins where its dot lies below the dashes.",
               " fill=\"#555555\"");
     s += "</svg>\n";
     return s;
