@@ -94,7 +94,8 @@ std::optional<double> hybrid_fetch_fraction(const Profile &p, const std::string 
 // cpu_ov + pcie_ov > pcie_gather, i.e. iff splitting a step's misses at the fetch fraction moves
 // them faster than fetching them all (the hits cost both the same, so this holds at every hit
 // rate). Otherwise with both standalone figures the original's rule, "hybrid" iff
-// cpu > threshold x pcie. Nothing without a gather figure.
+// cpu > threshold x pcie; with the gather figure alone "offload" (the original's default).
+// Nothing without a gather figure.
 std::optional<std::string> entry_verdict(const KernelEntry &e, double threshold);
 
 }  // namespace ft
