@@ -640,6 +640,16 @@ public:
             cuda::handoff_mechanism_name(handoff_->mechanism()));
     }
 
+    // The CPU task may still run after a timeout released the stream: wait for it (it always
+    // ends), and let no later one start, before its buffers and executor go away.
+    ~HybridBackend() override {
+        {
+            std::lock_guard<std::mutex> lock(task_mutex_);
+            closing_ = true;
+        }
+        handoff_.reset();
+    }
+
     ft_status status() const override {
         const ft_status s = OffloadBackend::status();
         return s != FT_OK ? s : handoff_->status();
@@ -715,6 +725,8 @@ private:
 
     // Runs on the coordinator thread while the GPU works on its share.
     void cpu_task(int32_t layer, int32_t tokens) {
+        std::lock_guard<std::mutex> running(task_mutex_);
+        if (closing_) return;
         const ExpertBanks &banks = ctx_.model->banks();
         cpu::ExpertSource src;
         src.format = spec_.format;
@@ -783,6 +795,8 @@ private:
     int pending_site_ = -1;
     double fraction_ = 0.5;
     bool adaptive_ = true;
+    std::mutex task_mutex_;     // held while a CPU task runs
+    bool closing_ = false;      // set by the destructor: no task starts any more
     mutable std::mutex mutex_;  // the counters below are written by the coordinator thread
     cpu::MoeStats cpu_stats_;
     double cpu_seconds_ = 0.0;

@@ -27,6 +27,7 @@ std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
 std::string gpu_missing(const MachineCaps &caps) {
     if (!caps.gpu_kernels) return "this build has no CUDA support";
     if (!caps.gpu) return "the engine has no GPU";
+    if (caps.shared_experts) return "shared_experts asked for; the GPU backends leave the shared expert to the caller";
     return {};
 }
 

@@ -115,6 +115,7 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
         fail(FT_ERR_INVALID_ARGUMENT, "prefill_min_tokens must not be negative, got ", params_.prefill_min_tokens);
     MachineCaps caps = model.engine().caps();
     caps.vram_reserve_bytes = params_.vram_reserve_bytes;
+    caps.shared_experts = params_.shared_experts;
     // `auto` weighs the machine's profile when a GPU could run the slot-cache backends.
     const std::optional<Profile> profile =
         params_.backend == FT_BACKEND_AUTO && caps.gpu ? machine_profile(model.engine()) : std::nullopt;

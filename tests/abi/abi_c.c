@@ -3,6 +3,7 @@
  * do not know, output structs are written only up to struct_size, and bad handles/arguments are
  * answered with statuses. */
 #include <freetoken.h>
+#include <freetoken_ep.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -32,6 +33,9 @@ _Static_assert(sizeof(ft_tensor_view) == 64, "ft_tensor_view layout");
 _Static_assert(sizeof(ft_session_stats) == 128, "ft_session_stats layout");
 _Static_assert(offsetof(ft_session_stats, routes_gpu) == 64, "ft_session_stats layout (0.2)");
 _Static_assert(sizeof(ft_layer_stats) == 48, "ft_layer_stats layout");
+_Static_assert(sizeof(ft_ep_params) == 64, "ft_ep_params layout");
+_Static_assert(sizeof(ft_ep_group_info) == 40, "ft_ep_group_info layout");
+_Static_assert(sizeof(ft_ep_expert_batch) == 72, "ft_ep_expert_batch layout");
 _Static_assert(offsetof(ft_session_stats, cpu_seconds) == 56, "ft_session_stats layout");
 _Static_assert(sizeof(ft_profile_params) == 40, "ft_profile_params layout");
 _Static_assert(offsetof(ft_profile_params, formats) == 12, "ft_profile_params layout");

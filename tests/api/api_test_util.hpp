@@ -33,9 +33,12 @@ inline EnginePtr make_engine(int threads = 2) {
     return EnginePtr(e);
 }
 
-inline SessionPtr make_session(ft_model *m, int max_tokens = 64, bool shared = false) {
+// The API tests check the CPU backend's semantics and counters; on a machine with a GPU `auto`
+// would pick a GPU backend, so they ask for the CPU unless told otherwise.
+inline SessionPtr make_session(ft_model *m, int max_tokens = 64, bool shared = false, int32_t backend = FT_BACKEND_CPU) {
     ft_session_params p;
     ft_session_params_init(&p);
+    p.backend = backend;
     p.max_tokens = max_tokens;
     p.shared_experts = shared;
     ft_session *s = nullptr;

@@ -115,6 +115,14 @@ pub struct ft_session_params {
     pub shared_experts: bool,
     pub check_finite: bool,
     pub reserved_: [u8; 2],
+    pub cache_slots: i64,
+    pub cache_fraction: f64,
+    pub vram_reserve_bytes: u64,
+    pub prefill_min_tokens: i32,
+    pub hybrid_fraction: f32,
+    pub hybrid_adaptive: bool,
+    pub reserved2_: [u8; 3],
+    pub handoff_timeout_seconds: f64,
 }
 
 #[repr(C)]
@@ -129,6 +137,14 @@ pub struct ft_session_stats {
     pub experts_cpu: u64,
     pub cpu_bytes: u64,
     pub cpu_seconds: f64,
+    pub routes_gpu: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub fetched_experts: u64,
+    pub fetched_bytes: u64,
+    pub prefill_calls: u64,
+    pub prefill_bytes: u64,
+    pub hybrid_fraction: f64,
 }
 
 extern "C" {
