@@ -634,6 +634,8 @@ public:
         pin_ids_ = PinnedBuffer(T * K * sizeof(int32_t), "allocating hybrid staging");
         pin_w_ = PinnedBuffer(T * K * sizeof(float), "allocating hybrid staging");
         pin_y_ = PinnedBuffer(T * H * sizeof(uint16_t), "allocating hybrid staging");
+        pin_missing_ = PinnedBuffer(sizeof(int64_t), "allocating hybrid staging");
+        *pin_missing_.get<int64_t>() = 0;
         cpu_ids_ = DeviceBuffer(T * K * sizeof(int32_t), "allocating hybrid ids");
         addend_ = DeviceBuffer(T * H * sizeof(uint16_t), "allocating the hybrid partial sum");
         log(FT_LOG_INFO, "hybrid: fetch fraction ", fraction_, adaptive_ ? " (adaptive)" : " (fixed)", ", handoff by ",
@@ -692,6 +694,9 @@ private:
         if (fraction_ <= 0.0) fetch.max_fetch = 0;  // everything missing goes to the CPU
         else fetch.fraction_q16 = fraction_to_q16(fraction_);
         check(cuda::launch_admit_hybrid(state_, layer, ids, slots, routes, fetch, stream), "launching hybrid admission");
+        if (eager)  // the step's distinct misses, for adapt() once the step is done
+            check(cudaMemcpyAsync(pin_missing_.get(), state_.num_missing_full, sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+                  "reading the miss count");
         check(cuda::launch_cpu_ids(ids, slots, cpu_ids_.get<int32_t>(), routes, spec_.num_experts, stream),
               "launching the CPU route split");
         check(cudaMemcpyAsync(pin_x_.get(), x, act, cudaMemcpyDeviceToHost, stream), "copying hidden states for the CPU");
@@ -773,23 +778,25 @@ private:
             std::lock_guard<std::mutex> lock(mutex_);
             cpu_experts = last_cpu_experts_;
         }
-        if (cpu_experts == 0 || !(t_gpu > 0.0) || !(t_cpu > 0.0) || fraction_ <= 0.0 || fraction_ >= 1.0) {
-            // A side with no work: nudge f towards the middle so both keep being measured.
-            if (fraction_ >= 1.0) fraction_ = kMaxFraction;
-            if (fraction_ <= 0.0) fraction_ = kMinFraction;
+        if (*pin_missing_.get<int64_t>() == 0) return;  // no misses: nothing to split
+        if (cpu_experts == 0) {
+            // f fetched every miss (or there were none): the CPU's rate is unknown. Step f down so
+            // the CPU gets work again and is measured; a step without misses costs nothing.
+            fraction_ = std::max(kMinFraction, fraction_ - kProbeStep);
             return;
         }
+        if (!(t_gpu > 0.0) || !(t_cpu > 0.0)) return;
         const double gpu_rate = fraction_ / t_gpu, cpu_rate = (1.0 - fraction_) / t_cpu;
         const double target = gpu_rate / (gpu_rate + cpu_rate);
         fraction_ = std::clamp(fraction_ + kAdaptGain * (target - fraction_), kMinFraction, kMaxFraction);
     }
 
-    static constexpr double kAdaptGain = 0.1, kMinFraction = 0.02, kMaxFraction = 0.98;
+    static constexpr double kAdaptGain = 0.1, kProbeStep = 0.02, kMinFraction = 0.02, kMaxFraction = 0.98;
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;
     std::map<int64_t, int> sites_;
-    PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_;
+    PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
     DeviceBuffer cpu_ids_, addend_;
     Event gpu_start_{true}, gpu_stop_{true};
     int pending_site_ = -1;
