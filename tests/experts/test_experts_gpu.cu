@@ -3,12 +3,14 @@
 // executor's rounding points) and against the CPU executor, for every format and activation;
 // device decoders against the host ones bit for bit; routes with slot -1 never read anything
 // (a NaN-filled slot stays out of the outputs); CUDA-graph replays equal eager runs; tokens = 0
-// is a no-op. Skips where no CUDA device is usable.
+// is a no-op. The layer tests run for both kernel variants (Mma*: FT_GPU_DECODE_VARIANT=mma).
+// Skips where no CUDA device is usable.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -291,8 +293,36 @@ std::vector<double> to_f64(const std::vector<uint16_t> &y) {
     return v;
 }
 
-TEST(ExpertDecoderGpu, MatchesReferenceAndCpuEveryFormat) {
-    SKIP_WITHOUT_GPU();
+// Selects the decode kernels of the decoders constructed in its scope (ExpertDecoder reads
+// FT_GPU_DECODE_VARIANT when constructed): nullptr = the default CUDA-core kernels, "mma" = the
+// tensor-core kernels of the row-major formats. Restores the previous value.
+class VariantGuard {
+public:
+    explicit VariantGuard(const char *value) {
+        const char *old = std::getenv(kVar);
+        had_ = old != nullptr;
+        if (had_) old_ = old;
+        if (value)
+            setenv(kVar, value, 1);
+        else
+            unsetenv(kVar);
+    }
+    ~VariantGuard() {
+        if (had_)
+            setenv(kVar, old_.c_str(), 1);
+        else
+            unsetenv(kVar);
+    }
+    VariantGuard(const VariantGuard &) = delete;
+    VariantGuard &operator=(const VariantGuard &) = delete;
+
+private:
+    static constexpr const char *kVar = "FT_GPU_DECODE_VARIANT";
+    bool had_ = false;
+    std::string old_;
+};
+
+void matches_reference_every_format() {
     ft::cpu::ThreadPool pool(2, false);
     const int32_t K = 4, max_tokens = 64;
     for (const Geometry &geo : kGeometries) {
@@ -342,8 +372,7 @@ TEST(ExpertDecoderGpu, MatchesReferenceAndCpuEveryFormat) {
 
 // A misaligned x (staged into the decoder's scratch) and more routes than one grouping pass
 // (T * K = 800 > 512 threads) give the reference result too.
-TEST(ExpertDecoderGpu, MisalignedInputAndManyRoutes) {
-    SKIP_WITHOUT_GPU();
+void misaligned_input_and_many_routes() {
     const int32_t K = 8, T = 100;
     for (Format f : {Format::bf16, Format::ds_fp4, Format::q4_0}) {
         std::mt19937 rng(7 + int(f));
@@ -366,8 +395,7 @@ TEST(ExpertDecoderGpu, MisalignedInputAndManyRoutes) {
 // Routes with slot -1 read nothing: with every unused slot NaN (0xFF bytes in every bank) and
 // the routes naming only other slots, all outputs are finite; a route naming the NaN slot makes
 // its token non-finite (so the check can fail).
-TEST(ExpertDecoderGpu, SkippedRoutesNeverReadPoisonedSlot) {
-    SKIP_WITHOUT_GPU();
+void skipped_routes_never_read_poisoned_slot() {
     for (const Geometry &geo : kGeometries) {
         std::mt19937 rng(3 + int(geo.f));
         const Layer L(rng, geo.f, geo.H, geo.I, 4);
@@ -398,8 +426,7 @@ TEST(ExpertDecoderGpu, SkippedRoutesNeverReadPoisonedSlot) {
 
 // decode() captured in a graph and replayed with new x / slots / weights in the same buffers gives
 // the bytes of an eager call on those inputs.
-TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
-    SKIP_WITHOUT_GPU();
+void graph_replay_equals_eager() {
     for (Format f : {Format::bf16, Format::mxfp4, Format::ds_fp4}) {
         std::mt19937 rng(11 + int(f));
         const Layer L(rng, f, f == Format::mxfp4 ? 192 : 256, f == Format::mxfp4 ? 96 : 128, 8);
@@ -441,6 +468,61 @@ TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);
         cudaStreamDestroy(s);
+    }
+}
+
+TEST(ExpertDecoderGpu, MatchesReferenceAndCpuEveryFormat) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v(nullptr);
+    matches_reference_every_format();
+}
+TEST(ExpertDecoderGpu, MmaMatchesReferenceAndCpuEveryFormat) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v("mma");
+    matches_reference_every_format();
+}
+TEST(ExpertDecoderGpu, MisalignedInputAndManyRoutes) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v(nullptr);
+    misaligned_input_and_many_routes();
+}
+TEST(ExpertDecoderGpu, MmaMisalignedInputAndManyRoutes) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v("mma");
+    misaligned_input_and_many_routes();
+}
+TEST(ExpertDecoderGpu, SkippedRoutesNeverReadPoisonedSlot) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v(nullptr);
+    skipped_routes_never_read_poisoned_slot();
+}
+TEST(ExpertDecoderGpu, MmaSkippedRoutesNeverReadPoisonedSlot) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v("mma");
+    skipped_routes_never_read_poisoned_slot();
+}
+TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v(nullptr);
+    graph_replay_equals_eager();
+}
+TEST(ExpertDecoderGpu, MmaGraphReplayEqualsEager) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v("mma");
+    graph_replay_equals_eager();
+}
+
+// The variant switch reaches the kernels: every row-major format with whole vector rows runs on
+// the tensor cores under "mma"; mxfp4 and the scalar bf16 path keep their kernels.
+TEST(ExpertDecoderGpu, MmaVariantIsSelected) {
+    SKIP_WITHOUT_GPU();
+    VariantGuard v("mma");
+    const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
+    for (const Geometry &geo : kGeometries) {
+        ft::cuda::ExpertDecoder dec(geo.f, geo.H, geo.I, 4, 4, act);
+        const bool mma = geo.f != Format::mxfp4 && !(geo.f == Format::bf16 && geo.H % 8 != 0);
+        EXPECT_EQ(std::string(dec.kernel_name()).find("mma") != std::string::npos, mma)
+            << ft::format_name(geo.f) << " H=" << geo.H << ": " << dec.kernel_name();
     }
 }
 
