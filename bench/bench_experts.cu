@@ -6,8 +6,8 @@
 // the previous call (the window is several times the H200's 50 MB L2 for every shape here).
 // Counters: GBps = weight bytes of the 8 experts / time per decode; bound_GBps = a streaming read
 // kernel over 4 GiB (uint4 loads, one sum per thread); ratio = GBps / bound_GBps; copy_GBps =
-// cudaMemcpy device-to-device (read + write bytes) for reference. Names ending in /mma run the
-// tensor-core kernels (FT_GPU_DECODE_VARIANT=mma), the others the default ones; the label names
+// cudaMemcpy device-to-device (read + write bytes) for reference. Names end in the kernel variant
+// (FT_GPU_DECODE_VARIANT: /legacy CUDA-core kernels, /mma tensor-core kernels); the label names
 // the kernel that ran.
 #include <benchmark/benchmark.h>
 
@@ -89,7 +89,7 @@ Bounds measure_bounds(size_t bytes) {
 
 Bounds g_bounds;
 
-// variant: the value of FT_GPU_DECODE_VARIANT while the decoder is constructed (nullptr: unset).
+// variant: the value of FT_GPU_DECODE_VARIANT while the decoder is constructed.
 void BM_Decode(benchmark::State &state, ft::Format f, int32_t H, int32_t I, int32_t T, const char *variant) {
     if (ft::cuda::device_count() == 0) {
         state.SkipWithError("no CUDA device");
@@ -210,14 +210,12 @@ int main(int argc, char **argv) {
         {ft::Format::nvfp4, 5120, 1536}, {ft::Format::mxfp4, 2880, 2880}, {ft::Format::ds_fp4, 4096, 2048},
         {ft::Format::q4_0, 2816, 704},
     };
-    // Each shape with the default kernels, then (row-major formats) the tensor-core ones: "/mma".
+    // Each shape with the CUDA-core kernels ("/legacy") and the tensor-core ones ("/mma").
     for (const Shape &s : shapes)
-        for (const char *variant : {static_cast<const char *>(nullptr), "mma"}) {
-            if (variant && s.f == ft::Format::mxfp4) continue;
+        for (const char *variant : {"legacy", "mma"}) {
             for (int32_t T : {1, 8}) {
                 const std::string name = std::string("decode/") + ft::format_name(s.f) + "/H" + std::to_string(s.H) +
-                                         "_I" + std::to_string(s.I) + "/T" + std::to_string(T) +
-                                         (variant ? std::string("/") + variant : std::string());
+                                         "_I" + std::to_string(s.I) + "/T" + std::to_string(T) + "/" + variant;
                 benchmark::RegisterBenchmark(name.c_str(), BM_Decode, s.f, s.H, s.I, T, variant)
                     ->UseManualTime()
                     ->Iterations(10);

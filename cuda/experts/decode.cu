@@ -13,6 +13,8 @@
 // mxfp4 (transposed, N innermost): a lane owns 4 consecutive columns (one 4-byte load per K pair
 // row, so a warp reads 128 contiguous bytes), the 8 warps split K and reduce through shared memory.
 // Every sum runs in a fixed order, so results are deterministic run to run.
+// FT_GPU_DECODE_VARIANT=mma (read when a decoder is constructed) selects tensor-core kernels for
+// gate_up and down of every format except the scalar bf16 path (see "tensor-core variant").
 #include "ft/cuda_experts.hpp"
 
 #include <cuda_runtime.h>
@@ -35,6 +37,8 @@ constexpr int kRouteChunk = 4;  // routes whose accumulators live in registers a
 constexpr int kMaxGridY = 65535;
 constexpr int kGroupThreads = 512;
 constexpr int kMxCols = 128;  // mxfp4 columns per CTA: 32 lanes x 4
+// The tensor-core kernels are opt-in (FT_GPU_DECODE_VARIANT=mma) until measured on the GPU.
+constexpr bool kMmaDefault = false;
 
 // ---- loads ----------------------------------------------------------------------------------
 
@@ -470,7 +474,6 @@ __global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_u
 // inside one 128-column tile) goes to a fresh accumulator that is scaled in fp32, as before.
 
 constexpr int kMmaRoutes = 8;  // the n side of m16n8k16
-constexpr int kMmaUnroll = 4;  // chunks whose weight loads a warp keeps in flight
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
@@ -533,12 +536,15 @@ __device__ __forceinline__ void fp4_word_acts(const uint4 &v, int s0, uint32_t (
 
 __device__ __forceinline__ uint4 ld_act16(const uint16_t *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
 
-// Per format: E elements per lane and row per chunk (S = E / 4 mma steps), load(row, pos) of the
+// Per format: E elements per lane and row per chunk (S = E / 4 mma steps), U chunks of loads in
+// flight per warp, kMinBlocks CTAs per SM (register cap, no spills), load(row, pos) of the
 // raw bytes of elements pos.., operands(raw, row, pos, a) for one row (a[s][0]: k 2t, 2t+1,
 // a[s][1]: k 2t+8, 2t+9), acts(row pointer, pos, b) with the same map, cscale(row, chunk_pos)
 // only for formats scaled per chunk in fp32 (kScaleC), finish(row, v) for what is per row.
 struct MmaBf16 {
     static constexpr int E = 8, S = 2;
+    static constexpr int kMinBlocks = 3;  // CTAs per SM the registers must allow
+    static constexpr int U = 4;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = false;
     using Raw = uint4;
     const uint8_t *data;
@@ -557,6 +563,8 @@ struct MmaBf16 {
 
 struct MmaFp8 {
     static constexpr int E = 16, S = 4;
+    static constexpr int kMinBlocks = 2;  // CTAs per SM the registers must allow
+    static constexpr int U = 4;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = true;
     using Raw = uint4;
     const uint8_t *data, *scales;
@@ -586,6 +594,8 @@ struct MmaFp8 {
 
 struct MmaNvfp4 {
     static constexpr int E = 16, S = 4;  // one 16-element block (8 bytes) per lane and row
+    static constexpr int kMinBlocks = 2;  // CTAs per SM the registers must allow
+    static constexpr int U = 8;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = false;
     using Raw = uint2;
     const uint8_t *data, *scales, *global;
@@ -611,6 +621,8 @@ struct MmaNvfp4 {
 
 struct MmaDsFp4 {
     static constexpr int E = 32, S = 8;  // one 32-element block (16 bytes) per lane and row
+    static constexpr int kMinBlocks = 2;  // CTAs per SM the registers must allow
+    static constexpr int U = 4;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = false;
     using Raw = uint4;
     const uint8_t *data, *scales;
@@ -639,6 +651,8 @@ struct MmaDsFp4 {
 // CUDA-core kernel does. Blocks are only 2-byte aligned: two 2-byte loads per lane and row.
 struct MmaQ4_0 {
     static constexpr int E = 8, S = 2;
+    static constexpr int kMinBlocks = 2;  // CTAs per SM the registers must allow
+    static constexpr int U = 8;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = true;
     using Raw = uint32_t;
     const uint8_t *data;
@@ -671,7 +685,7 @@ struct MmaQ4_0 {
 };
 
 template <class F, bool GATE_UP>
-__global__ void __launch_bounds__(kThreads, 2) mma_kernel(ProjArgs p) {
+__global__ void __launch_bounds__(kThreads, F::kMinBlocks) mma_kernel(ProjArgs p) {
     __shared__ float red[kWarps][4][32];
     constexpr int CE = 4 * F::E;  // elements per chunk and row (the lane quad)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -702,10 +716,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(ProjArgs p) {
             const int rb = p.g.routes[first + r0 + min(g, nr - 1)];
             const uint16_t *arow = p.act + (p.act_by_token ? int64_t(rb / p.top_k) : int64_t(rb)) * p.K;
             float acc[4] = {};
-            for (int c0 = warp; c0 < chunks; c0 += kWarps * kMmaUnroll) {
-                typename F::Raw w0[kMmaUnroll], w1[kMmaUnroll];
+            for (int c0 = warp; c0 < chunks; c0 += kWarps * F::U) {
+                typename F::Raw w0[F::U], w1[F::U];
 #pragma unroll
-                for (int u = 0; u < kMmaUnroll; ++u) {
+                for (int u = 0; u < F::U; ++u) {
                     const int cc = c0 + u * kWarps, pos = cc * CE + t * F::E;
                     w0[u] = w1[u] = typename F::Raw{};
                     if (cc < chunks && pos < p.K) {
@@ -714,7 +728,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(ProjArgs p) {
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < kMmaUnroll; ++u) {
+                for (int u = 0; u < F::U; ++u) {
                     const int cc = c0 + u * kWarps, pos = cc * CE + t * F::E;
                     if (cc >= chunks) break;  // warp-uniform
                     uint32_t a0[F::S][2] = {}, a1[F::S][2] = {}, b[F::S][2] = {};
@@ -766,6 +780,143 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(ProjArgs p) {
                         float *o = p.route_out + int64_t(route) * p.N;
                         if (ok0) o[row0] = f.finish(row0, v[c]);
                         if (ok1) o[row1] = f.finish(row1, v[2 + c]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// mxfp4 on the tensor cores. The banks are transposed (byte (kb, n) = W[n, 2kb] low nibble and
+// W[n, 2kb+1] high nibble), so one byte is exactly the k pair an mma operand register holds for
+// one row n. A CTA owns 64 columns as four m16 tiles: lane (g, t) supplies row g of tile j from
+// column 4g + j and row g + 8 from column 32 + 4g + j, so its 4-byte loads at (kb, 4g) and
+// (kb, 32 + 4g) serve all four tiles and a warp's load covers 4 rows x 32 contiguous bytes. Each
+// mma step spans 8 kb (16 k) inside one 32-k scale block; the block's two steps go to a fresh
+// accumulator scaled by e8m0 in fp32 (the CUDA-core kernel's order of operations). 8 warps split
+// the blocks and reduce through shared memory in warp order.
+constexpr int kMxMmaCols = 64;
+constexpr int kMxMmaUnroll = 2;  // blocks whose loads a warp keeps in flight
+
+// Byte j of u (low nibble: the even k) as a bf16x2 pair times 2^-126 (see e2m1_pair_bits); u4 = u >> 4.
+template <int j>
+__device__ __forceinline__ uint32_t e2m1_byte_bits(uint32_t u, uint32_t u4) {
+    const uint32_t n = __byte_perm(u, u4, 0x4400 | (j << 8) | (j << 12) | (j << 4) | j) & 0x000f000fu;
+    return (n * 0x1040u) & 0x81c081c0u;
+}
+
+__device__ __forceinline__ void e2m1_word_to_bf16x4(uint32_t u, uint32_t (&o)[4]) {
+    const __nv_bfloat162 two126 = bits_bf16x2(0x7e807e80u);
+    const uint32_t u4 = u >> 4;
+    const uint32_t r[4] = {e2m1_byte_bits<0>(u, u4), e2m1_byte_bits<1>(u, u4), e2m1_byte_bits<2>(u, u4),
+                           e2m1_byte_bits<3>(u, u4)};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[q] = bf16x2_bits(__hmul2(bits_bf16x2(r[q]), two126));
+}
+
+__global__ void __launch_bounds__(kThreads, 3) mxfp4_mma_kernel(ProjArgs p, bool gate_up) {
+    __shared__ float red[kWarps][16][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int N = p.N, nblk = p.K / 32;
+    const int colA = blockIdx.x * kMxMmaCols + 4 * g, colB = colA + 32;
+    const bool okB = blockIdx.x * kMxMmaCols + 32 < N;  // N is a multiple of 32: each half all in or out
+    const int ngroups = *p.g.num;
+    for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
+        const int32_t slot = p.g.slot[gi];
+        const uint8_t *data = p.data + size_t(slot) * p.data_rb;
+        const uint8_t *scale = p.scale + size_t(slot) * p.scale_rb;
+        const uint16_t *bias = reinterpret_cast<const uint16_t *>(p.extra + size_t(slot) * p.extra_rb);
+        const int first = p.g.start[gi], count = p.g.count[gi];
+        for (int r0 = 0; r0 < count; r0 += kMmaRoutes) {
+            const int nr = min(kMmaRoutes, count - r0);
+            const int rb = p.g.routes[first + r0 + min(g, nr - 1)];
+            const uint32_t *arow = reinterpret_cast<const uint32_t *>(
+                p.act + (p.act_by_token ? int64_t(rb / p.top_k) : int64_t(rb)) * p.K);  // k pairs
+            float acc[4][4] = {};  // [tile j][c0..c3]
+            for (int b0 = warp; b0 < nblk; b0 += kWarps * kMxMmaUnroll) {
+                // w[u][step][half][row]: kb = 16b + 8 step + 4 half + t; row 0: colA, 1: colB.
+                uint32_t w[kMxMmaUnroll][2][2][2] = {}, sc[kMxMmaUnroll][2] = {};
+#pragma unroll
+                for (int u = 0; u < kMxMmaUnroll; ++u) {
+                    const int b = b0 + u * kWarps;
+                    if (b >= nblk) continue;
+#pragma unroll
+                    for (int st = 0; st < 2; ++st)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int64_t kb = int64_t(b) * 16 + st * 8 + h * 4 + t;
+                            w[u][st][h][0] = ld_stream4(data + kb * N + colA);
+                            if (okB) w[u][st][h][1] = ld_stream4(data + kb * N + colB);
+                        }
+                    sc[u][0] = ld_stream4(scale + int64_t(b) * N + colA);
+                    if (okB) sc[u][1] = ld_stream4(scale + int64_t(b) * N + colB);
+                }
+#pragma unroll
+                for (int u = 0; u < kMxMmaUnroll; ++u) {
+                    const int b = b0 + u * kWarps;
+                    if (b >= nblk) break;  // warp-uniform
+                    float ct[4][4] = {};
+#pragma unroll
+                    for (int st = 0; st < 2; ++st) {
+                        const int kb = b * 16 + st * 8 + t;
+                        const uint32_t a_lo = __ldg(arow + kb), a_hi = __ldg(arow + kb + 4);
+                        uint32_t x[2][2][4];  // [half][row][tile]
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+#pragma unroll
+                            for (int r = 0; r < 2; ++r) e2m1_word_to_bf16x4(w[u][st][h][r], x[h][r]);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) mma_bf16_16816(ct[j], x[0][0][j], x[0][1][j], x[1][0][j], x[1][1][j], a_lo, a_hi);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float sa = e8m0_to_f32(uint8_t(sc[u][0] >> (8 * j)));
+                        const float sb = e8m0_to_f32(uint8_t(sc[u][1] >> (8 * j)));
+                        acc[j][0] = fmaf(ct[j][0], sa, acc[j][0]);
+                        acc[j][1] = fmaf(ct[j][1], sa, acc[j][1]);
+                        acc[j][2] = fmaf(ct[j][2], sb, acc[j][2]);
+                        acc[j][3] = fmaf(ct[j][3], sb, acc[j][3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) red[warp][4 * j + i][lane] = acc[j][i];
+            __syncthreads();
+            if (warp == 0) {
+                float v[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        float s = 0.0f;
+#pragma unroll
+                        for (int w2 = 0; w2 < kWarps; ++w2) s += red[w2][4 * j + i][lane];
+                        v[j][i] = s;
+                    }
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int n = 2 * t + c;
+                    if (n >= nr) continue;
+                    const int route = p.g.routes[first + r0 + n];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        if (r == 1 && !okB) continue;
+                        const int col = r == 0 ? colA : colB;
+                        float o[4];
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) o[j] = v[j][2 * r + c] + bf16_to_f32(__ldg(bias + col + j));
+                        if (gate_up) {
+                            // Columns 2u (gate) and 2u + 1 (up) of units col / 2 and col / 2 + 1.
+                            uint16_t *out = p.inter_out + int64_t(route) * p.inter + col / 2;
+                            out[0] = f32_to_bf16(activate(p.activation, o[0], o[1]));
+                            out[1] = f32_to_bf16(activate(p.activation, o[2], o[3]));
+                        } else {
+                            float *out = p.route_out + int64_t(route) * N + col;
+                            *reinterpret_cast<float4 *>(out) = make_float4(o[0], o[1], o[2], o[3]);
+                        }
                     }
                 }
             }
@@ -978,11 +1129,11 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
     if (top_k <= 0 || max_tokens <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: top_k ", top_k, " and max_tokens ", max_tokens, " must be > 0");
     vec_ = format != Format::bf16 || (hidden % 8 == 0 && inter % 8 == 0);
-    // The tensor-core kernels are opt-in until measured on every target: FT_GPU_DECODE_VARIANT=mma.
+    // FT_GPU_DECODE_VARIANT=mma: tensor-core kernels, =legacy: CUDA-core kernels, unset: kMmaDefault.
     const char *variant = std::getenv("FT_GPU_DECODE_VARIANT");
-    mma_ = variant && std::strcmp(variant, "mma") == 0 && vec_ &&
+    mma_ = (variant ? std::strcmp(variant, "mma") == 0 : kMmaDefault) && vec_ &&
            (format == Format::bf16 || format == Format::fp8_block || format == Format::nvfp4 ||
-            format == Format::ds_fp4 || format == Format::q4_0);
+            format == Format::ds_fp4 || format == Format::q4_0 || format == Format::mxfp4);
 
     const size_t R = size_t(max_tokens) * size_t(top_k);
     size_t off = 0;
@@ -1044,6 +1195,7 @@ const char *ExpertDecoder::kernel_name() const {
             case Format::nvfp4: return "nvfp4-mma";
             case Format::ds_fp4: return "ds_fp4-mma(fp8 act)";
             case Format::q4_0: return "q4_0-mma";
+            case Format::mxfp4: return "mxfp4-mma";
             default: break;
         }
     }
@@ -1146,6 +1298,9 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
             case Format::nvfp4: mma_kernel<MmaNvfp4, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
             case Format::ds_fp4: mma_kernel<MmaDsFp4, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
             case Format::q4_0: mma_kernel<MmaQ4_0, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
+            case Format::mxfp4:
+                mxfp4_mma_kernel<<<dim3(unsigned((2 * I + kMxMmaCols - 1) / kMxMmaCols), gy), kThreads, 0, stream>>>(p, true);
+                break;
             default: return cudaErrorInvalidValue;  // mma_ is only set for the formats above
         }
     } else switch (format_) {
@@ -1188,6 +1343,9 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
             case Format::nvfp4: mma_kernel<MmaNvfp4, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
             case Format::ds_fp4: mma_kernel<MmaDsFp4, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
             case Format::q4_0: mma_kernel<MmaQ4_0, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
+            case Format::mxfp4:
+                mxfp4_mma_kernel<<<dim3(unsigned((H + kMxMmaCols - 1) / kMxMmaCols), gy), kThreads, 0, stream>>>(p, false);
+                break;
             default: return cudaErrorInvalidValue;
         }
     } else switch (format_) {

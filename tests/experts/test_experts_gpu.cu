@@ -281,6 +281,7 @@ const Geometry kGeometries[] = {
     {Format::fp8_block, 256, 128}, {Format::nvfp4, 272, 48},  // rows of an odd number of 16-blocks
     {Format::nvfp4, 256, 96},      {Format::mxfp4, 192, 96},  // a partial 128-column tile
     {Format::ds_fp4, 256, 128},    {Format::q4_0, 224, 96},   // odd block count: both alignments
+    {Format::mxfp4, 160, 96},  // down: 160 columns, half a 64-column tile of the mma kernel
 };
 
 std::string label(const Geometry &g, const ft::cuda::DeviceActivation &a, int32_t T) {
@@ -294,8 +295,8 @@ std::vector<double> to_f64(const std::vector<uint16_t> &y) {
 }
 
 // Selects the decode kernels of the decoders constructed in its scope (ExpertDecoder reads
-// FT_GPU_DECODE_VARIANT when constructed): nullptr = the default CUDA-core kernels, "mma" = the
-// tensor-core kernels of the row-major formats. Restores the previous value.
+// FT_GPU_DECODE_VARIANT when constructed): "legacy" = the CUDA-core kernels, "mma" = the
+// tensor-core kernels, nullptr = unset (the decoder's default). Restores the previous value.
 class VariantGuard {
 public:
     explicit VariantGuard(const char *value) {
@@ -473,7 +474,7 @@ void graph_replay_equals_eager() {
 
 TEST(ExpertDecoderGpu, MatchesReferenceAndCpuEveryFormat) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v(nullptr);
+    VariantGuard v("legacy");
     matches_reference_every_format();
 }
 TEST(ExpertDecoderGpu, MmaMatchesReferenceAndCpuEveryFormat) {
@@ -483,7 +484,7 @@ TEST(ExpertDecoderGpu, MmaMatchesReferenceAndCpuEveryFormat) {
 }
 TEST(ExpertDecoderGpu, MisalignedInputAndManyRoutes) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v(nullptr);
+    VariantGuard v("legacy");
     misaligned_input_and_many_routes();
 }
 TEST(ExpertDecoderGpu, MmaMisalignedInputAndManyRoutes) {
@@ -493,7 +494,7 @@ TEST(ExpertDecoderGpu, MmaMisalignedInputAndManyRoutes) {
 }
 TEST(ExpertDecoderGpu, SkippedRoutesNeverReadPoisonedSlot) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v(nullptr);
+    VariantGuard v("legacy");
     skipped_routes_never_read_poisoned_slot();
 }
 TEST(ExpertDecoderGpu, MmaSkippedRoutesNeverReadPoisonedSlot) {
@@ -503,7 +504,7 @@ TEST(ExpertDecoderGpu, MmaSkippedRoutesNeverReadPoisonedSlot) {
 }
 TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v(nullptr);
+    VariantGuard v("legacy");
     graph_replay_equals_eager();
 }
 TEST(ExpertDecoderGpu, MmaGraphReplayEqualsEager) {
@@ -512,15 +513,15 @@ TEST(ExpertDecoderGpu, MmaGraphReplayEqualsEager) {
     graph_replay_equals_eager();
 }
 
-// The variant switch reaches the kernels: every row-major format with whole vector rows runs on
-// the tensor cores under "mma"; mxfp4 and the scalar bf16 path keep their kernels.
+// The variant switch reaches the kernels: every format runs on the tensor cores under "mma"
+// except the scalar bf16 path (rows not whole 16-byte vectors).
 TEST(ExpertDecoderGpu, MmaVariantIsSelected) {
     SKIP_WITHOUT_GPU();
     VariantGuard v("mma");
     const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
     for (const Geometry &geo : kGeometries) {
         ft::cuda::ExpertDecoder dec(geo.f, geo.H, geo.I, 4, 4, act);
-        const bool mma = geo.f != Format::mxfp4 && !(geo.f == Format::bf16 && geo.H % 8 != 0);
+        const bool mma = !(geo.f == Format::bf16 && geo.H % 8 != 0);
         EXPECT_EQ(std::string(dec.kernel_name()).find("mma") != std::string::npos, mma)
             << ft::format_name(geo.f) << " H=" << geo.H << ": " << dec.kernel_name();
     }

@@ -86,7 +86,7 @@ private:
     int32_t hidden_, inter_, top_k_, max_tokens_;
     DeviceActivation act_;
     bool vec_ = true;  // bf16 only: rows are whole 16-byte vectors (H and I multiples of 8)
-    bool mma_ = false;  // tensor-core kernels: env FT_GPU_DECODE_VARIANT=mma, row-major formats
+    bool mma_ = false;  // tensor-core kernels (env FT_GPU_DECODE_VARIANT=mma; not scalar bf16)
     size_t scratch_bytes_ = 0;
     void *scratch_ = nullptr;  // one allocation, carved below
     int32_t *num_groups_ = nullptr;    // [1]
