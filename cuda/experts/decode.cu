@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -1156,6 +1157,11 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
         cudaGetLastError();
         fail(FT_ERR_DEVICE, "expert decoder: no usable CUDA device: ", cudaGetErrorString(e));
     }
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
+        sms_ = sms;
+    else
+        cudaGetLastError();
     e = cudaMalloc(&scratch_, scratch_bytes_);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -1281,7 +1287,16 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
         p.extra = roles[2] >= 0 ? ex.base[roles[2]] : nullptr;
         p.extra_rb = roles[2] >= 0 ? ex.row_bytes[roles[2]] : 0;
     };
-    const unsigned gy = unsigned(R < kMaxGridY ? R : kMaxGridY);
+    // Grid rows over the groups: CTAs past the device's group count exit at once, but each still
+    // has to be scheduled, and R rows (one per route) at T = 8 meant 7 empty CTAs for every busy
+    // one. A few waves of CTAs in all suffice (rows loop over the groups, each group still read by
+    // exactly one CTA row, so results do not change); never fewer rows than top_k, so a
+    // single-token call keeps one group per row.
+    auto grid_y = [&](int64_t gx) {
+        int64_t gy = std::max<int64_t>((16 * int64_t(sms_) + gx - 1) / gx, top_k_);
+        gy = std::min<int64_t>(std::min<int64_t>(gy, R), kMaxGridY);
+        return unsigned(gy);
+    };
 
     // gate_up
     set_banks(gu);
@@ -1289,8 +1304,9 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.N = 2 * inter_;
     p.act = xact;
     p.act_by_token = true;
-    const dim3 grid_gu(unsigned((I + kWarps - 1) / kWarps), gy);
-    const dim3 grid_mma_gu(unsigned((I + 7) / 8), gy);  // 8 units (16 rows) per CTA
+    const dim3 grid_gu(unsigned((I + kWarps - 1) / kWarps), grid_y((I + kWarps - 1) / kWarps));
+    const dim3 grid_mma_gu(unsigned((I + 7) / 8), grid_y((I + 7) / 8));  // 8 units (16 rows) per CTA
+    const int64_t gx_mx_gu = (2 * I + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_gu = (2 * I + kMxCols - 1) / kMxCols;
     if (mma_) {
         switch (format_) {
             case Format::bf16: mma_kernel<MmaBf16, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
@@ -1299,7 +1315,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
             case Format::ds_fp4: mma_kernel<MmaDsFp4, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
             case Format::q4_0: mma_kernel<MmaQ4_0, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
             case Format::mxfp4:
-                mxfp4_mma_kernel<<<dim3(unsigned((2 * I + kMxMmaCols - 1) / kMxMmaCols), gy), kThreads, 0, stream>>>(p, true);
+                mxfp4_mma_kernel<<<dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu)), kThreads, 0, stream>>>(p, true);
                 break;
             default: return cudaErrorInvalidValue;  // mma_ is only set for the formats above
         }
@@ -1315,7 +1331,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
         case Format::ds_fp4: rowmajor_kernel<DsFp4, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
         case Format::q4_0: rowmajor_kernel<Q4_0, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
         case Format::mxfp4:
-            mxfp4_kernel<<<dim3(unsigned((2 * I + kMxCols - 1) / kMxCols), gy), kThreads, 0, stream>>>(p, true);
+            mxfp4_kernel<<<dim3(unsigned(gx_mx1_gu), grid_y(gx_mx1_gu)), kThreads, 0, stream>>>(p, true);
             break;
     }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -1334,8 +1350,9 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.N = hidden_;
     p.act = inter_buf_;
     p.act_by_token = false;
-    const dim3 grid_dn(unsigned((H + 2 * kWarps - 1) / (2 * kWarps)), gy);
-    const dim3 grid_mma_dn(unsigned((H + 15) / 16), gy);  // 16 rows per CTA
+    const dim3 grid_dn(unsigned((H + 2 * kWarps - 1) / (2 * kWarps)), grid_y((H + 2 * kWarps - 1) / (2 * kWarps)));
+    const dim3 grid_mma_dn(unsigned((H + 15) / 16), grid_y((H + 15) / 16));  // 16 rows per CTA
+    const int64_t gx_mx_dn = (H + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_dn = (H + kMxCols - 1) / kMxCols;
     if (mma_) {
         switch (format_) {
             case Format::bf16: mma_kernel<MmaBf16, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
@@ -1344,7 +1361,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
             case Format::ds_fp4: mma_kernel<MmaDsFp4, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
             case Format::q4_0: mma_kernel<MmaQ4_0, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
             case Format::mxfp4:
-                mxfp4_mma_kernel<<<dim3(unsigned((H + kMxMmaCols - 1) / kMxMmaCols), gy), kThreads, 0, stream>>>(p, false);
+                mxfp4_mma_kernel<<<dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn)), kThreads, 0, stream>>>(p, false);
                 break;
             default: return cudaErrorInvalidValue;
         }
@@ -1360,7 +1377,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
         case Format::ds_fp4: rowmajor_kernel<DsFp4, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
         case Format::q4_0: rowmajor_kernel<Q4_0, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
         case Format::mxfp4:
-            mxfp4_kernel<<<dim3(unsigned((H + kMxCols - 1) / kMxCols), gy), kThreads, 0, stream>>>(p, false);
+            mxfp4_kernel<<<dim3(unsigned(gx_mx1_dn), grid_y(gx_mx1_dn)), kThreads, 0, stream>>>(p, false);
             break;
     }
     return cudaGetLastError();

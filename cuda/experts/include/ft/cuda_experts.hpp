@@ -86,6 +86,7 @@ private:
     int32_t hidden_, inter_, top_k_, max_tokens_;
     DeviceActivation act_;
     bool vec_ = true;  // bf16 only: rows are whole 16-byte vectors (H and I multiples of 8)
+    int32_t sms_ = 132;  // multiprocessors of the device (sizes the grids)
     bool mma_ = false;  // tensor-core kernels (env FT_GPU_DECODE_VARIANT=mma; not scalar bf16)
     size_t scratch_bytes_ = 0;
     void *scratch_ = nullptr;  // one allocation, carved below
