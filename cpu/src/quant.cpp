@@ -34,6 +34,7 @@ float g_e4m3[256];
 float g_e8m0[256];
 uint16_t g_e2m1_bf16x32[32];
 uint16_t g_e4m3_sub_bf16x32[32];
+int g_quant_row_pairs = 1;
 
 namespace {
 const bool g_tables_ready = [] {
@@ -414,6 +415,15 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi) {
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
 
-const QuantOps *quant_ops(Format f, Isa isa) { return quant_ops_variant(f, isa, use_vnni(), cpu_has_vbmi()); }
+const QuantOps *quant_ops(Format f, Isa isa) {
+    // FT_CPU_QUANT_PAIRS=0: the one-row nvfp4/ds_fp4 kernels (compare both in one benchmark
+    // binary; cpu/README.md). Read once, at the first executor.
+    static const bool pairs_set = [] {
+        if (env_string("FT_CPU_QUANT_PAIRS") == "0") detail::g_quant_row_pairs = 0;
+        return true;
+    }();
+    (void)pairs_set;
+    return quant_ops_variant(f, isa, use_vnni(), cpu_has_vbmi());
+}
 
 }  // namespace ft::cpu

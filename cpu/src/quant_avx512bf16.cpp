@@ -101,6 +101,75 @@ void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *con
     for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) * row_scale;
 }
 
+// Two rows at once (R = 2) or one (R = 1, the odd row left): the same decode per row, but each
+// activation vector is loaded once for both rows, and the two rows are two independent memory
+// streams (the caller pairs row j with row j + count / 2, 41 KB apart in a 32-row nvfp4 item), so
+// a core keeps more misses in flight, as the read probe does with several streams. One
+// accumulator per row and token, so a row's sum is the same whichever R computed it (results do
+// not depend on how rows were paired, i.e. stay bitwise independent of the pool size).
+template <int B, int R, int NT>
+void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, const uint8_t *const *act, float *out,
+                 size_t ldo, const int *col, const float *row_scale, int pf) {
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
+    const __m512 sub = _mm512_loadu_ps(g_e4m3);
+    constexpr int per_chunk = 128 / B;
+    constexpr int chunks = 16 / per_chunk;
+    const __m512i idx0 = B == 16 ? _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+                                 : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[NT][R];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+    for (int64_t c0 = 0; c0 < K; c0 += 128 * chunks) {
+        const int64_t left = K - c0;
+        const int ns = int(left >= 16 * B ? 16 : left / B);
+        __m512 s16[R];
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc[r] + c0 / B);
+            s16[r] = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
+        }
+        for (int q = 0; q < chunks; ++q) {
+            const int64_t c = c0 + 128 * q;
+            if (c >= K) break;
+            const __m512i sidx = _mm512_add_epi32(idx0, _mm512_set1_epi32(q * per_chunk));
+            __m512i w[R][4];
+            __m512 s[R];
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
+                __m512i v;
+                if (c + 128 <= K) v = _mm512_loadu_si512(p[r] + c / 2);
+                else v = _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, p[r] + c / 2);
+                w[r][0] = _mm512_permutexvar_epi16(v, lut);
+                w[r][1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
+                w[r][2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut);
+                w[r][3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut);
+                s[r] = _mm512_permutexvar_ps(sidx, s16[r]);
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) {
+                const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + c;
+                const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 32);
+                const __m512i x2 = _mm512_loadu_si512(x + 64), x3 = _mm512_loadu_si512(x + 96);
+                #pragma GCC unroll 4
+                for (int r = 0; r < R; ++r) {
+                    __m512 d = dp(_mm512_setzero_ps(), w[r][0], x0);
+                    __m512 e = dp(_mm512_setzero_ps(), w[r][1], x1);
+                    d = dp(d, w[r][2], x2);
+                    e = dp(e, w[r][3], x3);
+                    acc[t][r] = _mm512_fmadd_ps(_mm512_add_ps(d, e), s[r], acc[t][r]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) out[t * ldo + col[r]] = _mm512_reduce_add_ps(acc[t][r]) * row_scale[r];
+}
+
 // Row r of the matrix -> bf16 weights x block scale in the 4-phase order of the activation
 // (element 4m + r of each 128 at word 32r + m), zero-padded to a multiple of 128; the nvfp4
 // global is returned separately (it does not fit bf16 exactly with the rest). e2m1 x e4m3 has at
@@ -157,6 +226,28 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
                size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
+    if (g_quant_row_pairs) {
+        // Row j with row j + half (two streams), then the odd row alone.
+        const int half = count / 2;
+        for (int j = 0; j < half + (count & 1); ++j) {
+            const int cols[2] = {j < half ? j : count - 1, j + half};
+            const int R = j < half ? 2 : 1;
+            const uint8_t *pp[2], *sp[2];
+            float g[2];
+            for (int r = 0; r < R; ++r) {
+                const int64_t row = first + cols[r];
+                pp[r] = m.data + row * (K / 2);
+                sp[r] = m.scale + row * (K / B);
+                g[r] = B == 16 ? f16(m.global + row * 2) : 1.0f;
+            }
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
+                using NT = decltype(tile_n);
+                if (R == 2) e2m1_rows_x<B, 2, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
+                else e2m1_rows_x<B, 1, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
+            });
+        }
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
         const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
@@ -206,6 +297,52 @@ void fp8_row(const uint8_t *w, const uint8_t *band, int64_t K, const uint8_t *co
         }
     }
     for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
+}
+
+// Two rows (R = 2) or one at a time, as e2m1_rows_x: activations loaded once for both rows, two
+// memory streams, one accumulator per row and token (same sums whichever R).
+template <int R, int NT>
+void fp8_rows_x(const uint8_t *const *w, const uint8_t *const *band, int64_t K, const uint8_t *const *act, float *out,
+                size_t ldo, const int *col, int pf) {
+    const __m512i sub_lut = _mm512_loadu_si512(g_e4m3_sub_bf16x32);
+    __m512 acc[NT][R];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += 128) {
+        __m512i wv[R][4];
+        __m512 s[R];
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            if (pf) {
+                _mm_prefetch(reinterpret_cast<const char *>(w[r] + c) + pf, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char *>(w[r] + c + 64) + pf, _MM_HINT_T0);
+            }
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; ++q)
+                wv[r][q] = e4m3x32_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[r] + c + 32 * q)), sub_lut);
+            s[r] = _mm512_set1_ps(bf16(band[r] + (c / 128) * 2));
+        }
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+            const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + c;
+            const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 32);
+            const __m512i x2 = _mm512_loadu_si512(x + 64), x3 = _mm512_loadu_si512(x + 96);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                __m512 d0 = dp(_mm512_setzero_ps(), wv[r][0], x0);
+                __m512 d1 = dp(_mm512_setzero_ps(), wv[r][1], x1);
+                d0 = dp(d0, wv[r][2], x2);
+                d1 = dp(d1, wv[r][3], x3);
+                acc[t][r] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s[r], acc[t][r]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) out[t * ldo + col[r]] = _mm512_reduce_add_ps(acc[t][r]);
 }
 
 // ---- mxfp4: K-outer over a tile of up to 64 columns, bf16 pairs (k even, k odd) -----------
@@ -287,6 +424,25 @@ void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const 
                           float *out, size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
+    if (g_quant_row_pairs) {
+        const int half = count / 2;
+        for (int j = 0; j < half + (count & 1); ++j) {
+            const int cols[2] = {j < half ? j : count - 1, j + half};
+            const int R = j < half ? 2 : 1;
+            const uint8_t *wp[2], *bp[2];
+            for (int r = 0; r < R; ++r) {
+                const int64_t row = first + cols[r];
+                wp[r] = m.data + row * K;
+                bp[r] = m.scale + (row / 128) * (K / 128) * 2;
+            }
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
+                using NT = decltype(tile_n);
+                if (R == 2) fp8_rows_x<2, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
+                else fp8_rows_x<1, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
+            });
+        }
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
         const uint8_t *w = m.data + r * K, *band = m.scale + (r / 128) * (K / 128) * 2;

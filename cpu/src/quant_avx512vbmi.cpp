@@ -40,6 +40,7 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
     const __mmask64 mask = count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
     __m512i ctrl[4], sidx[4];
+    #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
         const int64_t o = 16 * g;
         ctrl[g] = _mm512_set1_epi64(o | (o + 4) << 16 | (o + 8) << 32 | (o + 12) << 48);
@@ -48,12 +49,16 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
         sidx[g] = _mm512_load_si512(si);
     }
     __m512 acc[NT][4];
+    #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
+        #pragma GCC unroll 4
         for (int g = 0; g < 4; ++g) acc[t][g] = _mm512_setzero_ps();
     const uint8_t *row = m.data + first;
     for (int64_t kb0 = 0; kb0 < K / 2; kb0 += 16) {
         __m512 blk[NT][4];
+        #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t)
+            #pragma GCC unroll 4
             for (int g = 0; g < 4; ++g) blk[t][g] = _mm512_setzero_ps();
         for (int64_t kb = kb0; kb < kb0 + 16; ++kb, row += N) {
             if (pf_rows && kb + pf_rows < K / 2) {
@@ -63,25 +68,33 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
             }
             const __m512i v = _mm512_maskz_loadu_epi8(mask, row);
             __m512i xp[NT];
+            #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) {
                 uint32_t pair;
                 std::memcpy(&pair, act[t] + 4 * kb, 4);
                 xp[t] = _mm512_set1_epi32(int(pair));
             }
+            #pragma GCC unroll 4
             for (int g = 0; g < 4; ++g) {
                 const __m512i wv = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut);
+                #pragma GCC unroll 4
                 for (int t = 0; t < NT; ++t) blk[t][g] = dp(blk[t][g], wv, xp[t]);
             }
         }
         const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + (kb0 / 16) * N + first);
+        #pragma GCC unroll 4
         for (int g = 0; g < 4; ++g) {
             const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
+            #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) acc[t][g] = _mm512_fmadd_ps(blk[t][g], s, acc[t][g]);
         }
     }
+    #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
         alignas(64) float lanes[64];
+        #pragma GCC unroll 4
         for (int g = 0; g < 4; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
+        #pragma GCC unroll 4
         for (int g = 0; g < 4; ++g)
             for (int l = 0; l < 16; ++l) {
                 const int c = column_of(g, l);

@@ -23,6 +23,11 @@ struct QuantMatrix {
     int64_t N;              // outputs of the whole matrix (mxfp4: its row stride in bytes)
 };
 
+// fp8_block, nvfp4, ds_fp4 on the avx512bf16 tier: 1 (default) = two rows per pass
+// (quant_avx512bf16.cpp: e2m1_rows_x, fp8_rows_x), 0 = one row at a time (the earlier kernels).
+// Set once from FT_CPU_QUANT_PAIRS by quant_ops(); tests flip it to check both.
+extern int g_quant_row_pairs;
+
 using QuantGemv = void (*)(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                            float *out, size_t ldo);
 

@@ -526,12 +526,19 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
         for (auto &a : act) ap.push_back(a.data());
         const size_t ldo = size_t(count) + 3;
         std::vector<float> out(ldo * ntok, std::numeric_limits<float>::quiet_NaN());
-        ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
-        for (int t = 0; t < ntok; ++t) {
-            for (int j = 0; j < count; ++j)
-                ASSERT_NEAR(out[t * ldo + j], ref[t][j], bound * mag[t][j] + 1e-30)
-                    << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t;
-            for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
+        // Both row pairings of the avx512bf16 nvfp4/ds_fp4 kernels (FT_CPU_QUANT_PAIRS); other
+        // kernels ignore the switch.
+        for (int pairs : {1, 0}) {
+            ft::cpu::detail::g_quant_row_pairs = pairs;
+            std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+            ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
+            ft::cpu::detail::g_quant_row_pairs = 1;
+            for (int t = 0; t < ntok; ++t) {
+                for (int j = 0; j < count; ++j)
+                    ASSERT_NEAR(out[t * ldo + j], ref[t][j], bound * mag[t][j] + 1e-30)
+                        << ops->kernel << " pairs=" << pairs << " K=" << c.K << " j=" << j << " t=" << t;
+                for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
+            }
         }
         if (!ops->dequant) continue;
         // Batched path: dequantise the rows to bf16 (buffer NaN-poisoned, so every element of the
