@@ -550,7 +550,8 @@ struct MmaBf16 {
     using Raw = uint4;
     const uint8_t *data;
     int64_t ld;
-    __device__ MmaBf16(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
+    __device__ MmaBf16(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
     __device__ Raw load(int row, int pos) const { return ld_stream16(data + row * ld + int64_t(pos) * 2); }
     __device__ void operands(const Raw &w, int, int, uint32_t (&a)[S][2]) const {
         a[0][0] = w.x, a[0][1] = w.y, a[1][0] = w.z, a[1][1] = w.w;
@@ -572,7 +573,8 @@ struct MmaFp8 {
     int64_t ld;
     int32_t tiles;
     __device__ MmaFp8(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K), tiles(p.K / 128) {}
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K),
+          tiles(p.K / 128) {}
     __device__ Raw load(int row, int pos) const { return ld_stream16(data + row * ld + pos); }
     __device__ void operands(const Raw &w, int, int, uint32_t (&a)[S][2]) const {
 #pragma unroll
@@ -588,7 +590,8 @@ struct MmaFp8 {
         b[2][0] = v1.x, b[2][1] = v1.y, b[3][0] = v1.z, b[3][1] = v1.w;
     }
     __device__ float cscale(int row, int cpos) const {
-        return bf16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(scales) + int64_t(row / 128) * tiles + cpos / 128));
+        const unsigned short *s = reinterpret_cast<const unsigned short *>(scales);
+        return bf16_to_f32(__ldg(s + int64_t(row / 128) * tiles + cpos / 128));
     }
     __device__ float finish(int, float v) const { return v; }
 };
@@ -629,7 +632,8 @@ struct MmaDsFp4 {
     const uint8_t *data, *scales;
     int64_t ld, sld;
     __device__ MmaDsFp4(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2), sld(p.K / 32) {}
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2),
+          sld(p.K / 32) {}
     __device__ Raw load(int row, int pos) const { return ld_stream16(data + row * ld + pos / 2); }
     __device__ void operands(const Raw &w, int row, int pos, uint32_t (&a)[S][2]) const {
         // e8m0 2^-127 .. 2^127 and NaN are all bf16 values.
@@ -658,7 +662,8 @@ struct MmaQ4_0 {
     using Raw = uint32_t;
     const uint8_t *data;
     int64_t ld;
-    __device__ MmaQ4_0(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K / 32) * 18) {}
+    __device__ MmaQ4_0(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K / 32) * 18) {}
     // pos = block * 32 + 8t: qs bytes 4t .. 4t+3 of the block.
     __device__ Raw load(int row, int pos) const {
         const uint8_t *b = data + row * ld + int64_t(pos / 32) * 18 + 2 + (pos % 32) / 2;
@@ -676,7 +681,8 @@ struct MmaQ4_0 {
     }
     __device__ static void acts(const uint16_t *row, int pos, uint32_t (&b)[S][2]) {
         const uint16_t *blk = row + (pos & ~31) + (pos & 31) / 2;  // element 4t of the block
-        const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(blk)), hi = __ldg(reinterpret_cast<const uint2 *>(blk + 16));
+        const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(blk));
+        const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(blk + 16));
         b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = hi.x, b[1][1] = hi.y;
     }
     __device__ float cscale(int row, int cpos) const {
@@ -742,7 +748,8 @@ __global__ void __launch_bounds__(kThreads, F::kMinBlocks) mma_kernel(ProjArgs p
                     if constexpr (F::kScaleC) {
                         float ct[4] = {};
 #pragma unroll
-                        for (int s = 0; s < F::S; ++s) mma_bf16_16816(ct, a0[s][0], a1[s][0], a0[s][1], a1[s][1], b[s][0], b[s][1]);
+                        for (int s = 0; s < F::S; ++s)
+                            mma_bf16_16816(ct, a0[s][0], a1[s][0], a0[s][1], a1[s][1], b[s][0], b[s][1]);
                         const float s0 = f.cscale(row0, cc * CE), s1 = f.cscale(row1, cc * CE);
                         acc[0] = fmaf(ct[0], s0, acc[0]);
                         acc[1] = fmaf(ct[1], s0, acc[1]);
@@ -868,7 +875,8 @@ __global__ void __launch_bounds__(kThreads, 3) mxfp4_mma_kernel(ProjArgs p, bool
 #pragma unroll
                             for (int r = 0; r < 2; ++r) e2m1_word_to_bf16x4(w[u][st][h][r], x[h][r]);
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) mma_bf16_16816(ct[j], x[0][0][j], x[0][1][j], x[1][0][j], x[1][1][j], a_lo, a_hi);
+                        for (int j = 0; j < 4; ++j)
+                            mma_bf16_16816(ct[j], x[0][0][j], x[0][1][j], x[1][0][j], x[1][1][j], a_lo, a_hi);
                     }
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
