@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_u
     }
 }
 
-// ---- tensor-core variant of the row-major formats (FT_GPU_DECODE_VARIANT=mma) -----------------
+// ---- tensor-core variant (FT_GPU_DECODE_VARIANT=mma): row-major formats, then mxfp4 ----------
 // The CUDA-core kernels above spend several integer instructions per weight element (decode,
 // activation conversion, one FMA per route), which caps the quantised formats far below the
 // memory's speed. Here the weights become bf16 mma operands (mma.sync m16n8k16, fp32 accumulate)
