@@ -364,13 +364,15 @@ const TierKernels kKernels[] = {
 #endif
 };
 
-// AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16). The q4_0 VNNI kernel
-// was not faster than the AVX-512F one on the dev box (Zen 4, cpu/README.md), so it is opt-in:
-// FT_CPU_VNNI=1 on a CPU with avx512vnni. Checked once.
+// AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16). The one-row q4_0
+// VNNI kernel was not faster than the AVX-512F one on the dev box (Zen 4); the row-pair one is
+// (1.3-1.4x, cpu/README.md), so it is the default on a CPU with avx512vnni (with
+// FT_CPU_QUANT_PAIRS on); FT_CPU_VNNI=0 turns it off, FT_CPU_VNNI=1 forces it. Checked once.
 bool use_vnni() {
 #if defined(FT_CPU_X86_KERNELS)
     static const bool v = __builtin_cpu_supports("avx512vnni") && int(cpu_best_isa()) >= int(Isa::avx512) &&
-                          env_string("FT_CPU_VNNI") == "1";
+                          (env_string("FT_CPU_VNNI") == "1" ||
+                           (env_string("FT_CPU_VNNI") != "0" && env_string("FT_CPU_QUANT_PAIRS") != "0"));
     return v;
 #else
     return false;

@@ -23,7 +23,8 @@ struct QuantOps {
 };
 
 // The kernels of `f` at tier `isa` (the best the format has at or below it; q4_0 uses VNNI at
-// tiers >= avx512 when the CPU has AVX-512-VNNI and FT_CPU_VNNI=1); nullptr for bf16.
+// tiers >= avx512 when the CPU has AVX-512-VNNI, unless FT_CPU_VNNI=0 or FT_CPU_QUANT_PAIRS=0);
+// nullptr for bf16.
 const QuantOps *quant_ops(Format f, Isa isa);
 // The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it). VBMI
 // selects mxfp4's avx512bf16vbmi kernel at the avx512bf16 tier (quant_avx512vbmi.cpp), which

@@ -58,12 +58,73 @@ void row(const uint8_t *r, int64_t nb, const uint8_t *const *act, int64_t qbytes
     for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
+// Two rows per pass (R = 2) or one, as the avx512bf16 kernels with FT_CPU_QUANT_PAIRS
+// (quant_avx512bf16.cpp): each activation vector (q, per-lane d, correction) is loaded once for
+// both rows, two memory streams, and one accumulator per row and token in registers (the one-row
+// kernel above indexes its accumulators by a run-time parity, which GCC keeps in memory).
+template <int R, int NT>
+void rows_x(const uint8_t *const *r, int64_t nb, const uint8_t *const *act, int64_t qbytes, float *out, size_t ldo,
+            const int *col, int pf) {
+    __m512 acc[NT][R];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+        for (int i = 0; i < R; ++i) acc[t][i] = _mm512_setzero_ps();
+    const __m256i ctrl = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                          3, 2, 3, 2, 3);
+    for (int64_t b = 0; b < nb; b += 2) {
+        const bool pair = b + 1 < nb;
+        __m512i w[R];
+        __m512 wd[R];
+#pragma GCC unroll 2
+        for (int i = 0; i < R; ++i) {
+            const uint8_t *b0 = r[i] + b * 18;
+            if (pf) _mm_prefetch(reinterpret_cast<const char *>(b0) + pf, _MM_HINT_T0);
+            w[i] = q4_pair(b0, pair);
+            uint16_t d0, d1 = 0;
+            std::memcpy(&d0, b0, 2);
+            if (pair) std::memcpy(&d1, b0 + 18, 2);
+            wd[i] = _mm512_cvtph_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(int(d0 | uint32_t(d1) << 16)), ctrl));
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+            const uint8_t *a = act[t];
+            const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float *>(a + qbytes) + b * 8);
+            const __m512i cl = _mm512_loadu_si512(reinterpret_cast<const int32_t *>(a + qbytes + qbytes) + b * 8);
+            const __m512i q = _mm512_loadu_si512(a + b * 32);
+#pragma GCC unroll 2
+            for (int i = 0; i < R; ++i) {
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cl, w[i], q)), dl);
+                acc[t][i] = _mm512_fmadd_ps(f, wd[i], acc[t][i]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; ++t)
+        for (int i = 0; i < R; ++i) out[t * ldo + col[i]] = _mm512_reduce_add_ps(acc[t][i]);
+}
+
 }  // namespace
 
 void q4_0_avx512vnni(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                      float *out, size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
+    if (g_quant_row_pairs) {
+        // Row j with row j + half (two streams), then the odd row alone.
+        const int half = count / 2;
+        for (int j = 0; j < half + (count & 1); ++j) {
+            const int cols[2] = {j < half ? j : count - 1, j + half};
+            const int R = j < half ? 2 : 1;
+            const uint8_t *rp[2];
+            for (int i = 0; i < R; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
+                using NT = decltype(tile_n);
+                if (R == 2) rows_x<2, NT::value>(rp, nb, act + t, qbytes, out + t * ldo, ldo, cols, pf);
+                else rows_x<1, NT::value>(rp, nb, act + t, qbytes, out + t * ldo, ldo, cols, pf);
+            });
+        }
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const uint8_t *r = m.data + (first + j) * nb * 18;
         for_token_tiles(ntok, [&](auto tile_n, int t) {
