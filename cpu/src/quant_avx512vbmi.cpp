@@ -33,33 +33,36 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc
 // Column of lane l in group g.
 constexpr int column_of(int g, int l) { return 8 * (l >> 1) + 2 * g + (l & 1); }
 
-template <int NT>
+// Groups G0 .. G0 + NG - 1 of the tile (NG = 4: all 64 columns; NG = 2 with G0 = 0 or 2: the
+// columns with n % 8 < 4 or >= 4, so four tokens' block sums fit the registers). Every column's
+// lane sees the same operations whatever NT, NG and G0, so the results do not depend on them.
+template <int NT, int NG = 4, int G0 = 0>
 void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
           int pf_rows) {
     const int64_t K = m.K, N = m.N;
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
     const __mmask64 mask = count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
-    __m512i ctrl[4], sidx[4];
+    __m512i ctrl[NG], sidx[NG];
     #pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-        const int64_t o = 16 * g;
+    for (int g = 0; g < NG; ++g) {
+        const int64_t o = 16 * (G0 + g);
         ctrl[g] = _mm512_set1_epi64(o | (o + 4) << 16 | (o + 8) << 32 | (o + 12) << 48);
         alignas(64) uint8_t si[64] = {};
-        for (int l = 0; l < 16; ++l) si[4 * l] = uint8_t(column_of(g, l));
+        for (int l = 0; l < 16; ++l) si[4 * l] = uint8_t(column_of(G0 + g, l));
         sidx[g] = _mm512_load_si512(si);
     }
-    __m512 acc[NT][4];
+    __m512 acc[NT][NG];
     #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
         #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) acc[t][g] = _mm512_setzero_ps();
+        for (int g = 0; g < NG; ++g) acc[t][g] = _mm512_setzero_ps();
     const uint8_t *row = m.data + first;
     for (int64_t kb0 = 0; kb0 < K / 2; kb0 += 16) {
-        __m512 blk[NT][4];
+        __m512 blk[NT][NG];
         #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t)
             #pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g) blk[t][g] = _mm512_setzero_ps();
+            for (int g = 0; g < NG; ++g) blk[t][g] = _mm512_setzero_ps();
         for (int64_t kb = kb0; kb < kb0 + 16; ++kb, row += N) {
             if (pf_rows && kb + pf_rows < K / 2) {
                 const char *pr = reinterpret_cast<const char *>(row + pf_rows * N);
@@ -75,7 +78,7 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
                 xp[t] = _mm512_set1_epi32(int(pair));
             }
             #pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g) {
+            for (int g = 0; g < NG; ++g) {
                 const __m512i wv = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut);
                 #pragma GCC unroll 4
                 for (int t = 0; t < NT; ++t) blk[t][g] = dp(blk[t][g], wv, xp[t]);
@@ -83,7 +86,7 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
         }
         const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + (kb0 / 16) * N + first);
         #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) {
+        for (int g = 0; g < NG; ++g) {
             const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
             #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) acc[t][g] = _mm512_fmadd_ps(blk[t][g], s, acc[t][g]);
@@ -93,11 +96,11 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
     for (int t = 0; t < NT; ++t) {
         alignas(64) float lanes[64];
         #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
+        for (int g = 0; g < NG; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
         #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g)
+        for (int g = 0; g < NG; ++g)
             for (int l = 0; l < 16; ++l) {
-                const int c = column_of(g, l);
+                const int c = column_of(G0 + g, l);
                 if (c < count) out[t * ldo + c] = lanes[16 * g + l];
             }
     }
@@ -115,6 +118,13 @@ void mxfp4_avx512vbmi(const QuantMatrix &m, int64_t first, int count, const uint
     for (int c = 0; c < count; c += 64) {
         const int n = count - c < 64 ? count - c : 64;
         int t = 0;
+        // Four tokens: two passes over the tile's lines (the second from L2), each decoding half
+        // the groups once for all four, instead of decoding everything for each pair of tokens.
+        // FT_CPU_QUANT_PAIRS=0: pairs of tokens only (the earlier kernel).
+        for (; g_quant_row_pairs && t + 4 <= ntok; t += 4) {
+            tile<4, 2, 0>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+            tile<4, 2, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+        }
         for (; t + 2 <= ntok; t += 2) tile<2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
         if (t < ntok) tile<1>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
     }
