@@ -1,24 +1,37 @@
 // Admission kernels (spec 4.3, 4.4): one CTA of 1024 threads per layer call.
 //
 // Work is done in expert space rather than query space: the active set is a flag per expert, so
-// duplicate ids collapse without the original's [Kq, Kq] comparison, and a ballot/popc scan over
-// the flags lists the misses in ascending expert id -- the LRU pairing order -- in one pass.
+// duplicate ids collapse without the original's [Kq, Kq] comparison, and a ballot/popc count over
+// the flags lists the misses in ascending expert id -- the LRU pairing order. A call without
+// misses ends after three barriers.
 //
-// Victim selection takes the k coldest evictable slots in ascending (usage, slot) order, with
-// exact 64-bit usage (no packing into one word, so the result cannot depend on how large the step
-// clock has grown). It runs in rounds of up to 32 victims:
-//   1. every warp finds the R smallest keys of its own slots that lie above the last key taken in
-//      earlier rounds, by R warp-shuffle argmins (no block barrier); after each argmin only the
-//      winning lane rescans its own slots, for the smallest key above the one it just gave up;
-//   2. warp 0 merges the 32 sorted warp lists by R more argmins, one list per lane.
-// Keys are unique (the slot breaks ties), so "everything at or below the last key taken" is exactly
-// the set already taken and no per-slot marks are needed. A round costs two barriers and about
-// 2R shuffle argmins; 8 misses are one round.
+// Victims are the k coldest evictable slots in ascending (usage, slot) order. Thread t owns slots
+// t, t + 1024, t + 2048, ... Two ways to find them:
 //
-// Where the usage lives: thread t owns slots t, t + 1024, t + 2048, ...; for S <= 8192 its eight
-// usages sit in registers (RegisterSlots), above that each rescan re-reads them from global memory,
-// where they stay in L1 after the first pass (GlobalSlots). Nothing about S has to fit in shared
-// memory, so S is bounded only by int32. Per-expert state does live in shared memory, hence
+// Fast path (any k, as long as the clock is small enough for the packing below). The key
+// (usage << slot_bits) | slot is exact -- usage lies in [0, step) for every evictable slot, which
+// is checked, and step < 2^(63 - slot_bits) -- and orders slots exactly as (usage, slot) does.
+// Rounds of R <= 32 victims each take the R smallest keys at or above the first key no earlier
+// round took:
+//   1. every thread takes the minimum such key of its own slots;
+//   2. every warp lists its R smallest thread minima, by R single-instruction warp minima
+//      (__reduce_min_sync on the two halves of the key);
+//   3. warp 0 merges the 32 lists into the R smallest thread minima: the owners of the R coldest
+//      slots are among those R threads (a slot of any other thread has R smaller keys before it:
+//      the R winning minima);
+//   4. lane i of warp 0 takes the slots of winner i and the lanes merge them by R more warp minima,
+//      the winning lane stepping to its next key; lane r installs victim r of the round.
+// No barrier inside the loops: two block barriers per round (decode: one round), against one or
+// two per victim in a sequential argmin.
+//
+// General path (a clock past the packing limit, or a usage outside [0, step), which the API never
+// writes): rounds of up to 32 victims, each warp finding its R smallest exact (usage, slot) pairs
+// above the last one taken by R shuffle argmins, warp 0 merging the 32 lists. Slower, but exact
+// for any int64 usage.
+//
+// Where the usage lives: for S <= 8192 a thread's eight usages sit in registers, above that they
+// are re-read from global memory (L1) on each scan. Nothing about S has to fit in shared memory,
+// so S is bounded only by int32. Per-expert state does live in shared memory, hence
 // E <= kMaxAdmissionExperts.
 //
 // Evictable slots: the spec excludes slots stamped with this step (LRU) or owned by an expert
@@ -41,11 +54,133 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRegisterItems = 8;  // slots per thread held in registers: S <= 8192
 constexpr int kRound = 32;         // victims chosen per round (one per lane in the merge)
+constexpr int kFastVictims = 32;   // fast path: victims per round (one per lane of warp 0)
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kNoUsage = INT64_MAX;  // marks "no key"; a real usage never reaches it
+constexpr uint64_t kNoKey = UINT64_MAX;  // fast path: no packed key (above every real one)
 
-static_assert(kWarps == 32, "the merge gives one warp list to each lane of warp 0");
+static_assert(kWarps == 32, "the merges give one warp list to each lane of warp 0");
 static_assert(kThreads >= kMaxAdmissionExperts, "one thread per expert");
+static_assert(kFastVictims == 32, "fast path: one victim per lane of warp 0");
+
+// ---- Warp primitives -------------------------------------------------------------------------
+
+// Sum over the warp, in every lane.
+__device__ __forceinline__ int32_t warp_sum(int32_t v) {
+#if __CUDA_ARCH__ >= 800 && !defined(FT_ADMISSION_NO_REDUX)
+    return __reduce_add_sync(kFullMask, v);
+#else
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+    return v;
+#endif
+}
+
+// Smallest 64-bit key of the warp, in every lane: the minimum high half, then the minimum low half
+// among the lanes that hold it -- two REDUX instructions instead of a five-level shuffle tree.
+__device__ __forceinline__ uint64_t warp_min(uint64_t v) {
+#if __CUDA_ARCH__ >= 800 && !defined(FT_ADMISSION_NO_REDUX)
+    const auto hi = static_cast<unsigned>(v >> 32);
+    const unsigned min_hi = __reduce_min_sync(kFullMask, hi);
+    const unsigned min_lo = __reduce_min_sync(kFullMask, hi == min_hi ? static_cast<unsigned>(v) : 0xffffffffu);
+    return (static_cast<uint64_t>(min_hi) << 32) | min_lo;
+#else
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const uint64_t other = __shfl_xor_sync(kFullMask, v, offset);
+        v = other < v ? other : v;
+    }
+    return v;
+#endif
+}
+
+// ---- Fast path: packed keys --------------------------------------------------------------------
+
+// Packing of (usage, slot) into one word, and the check that makes it exact.
+struct Packing {
+    int64_t step;
+    int32_t slots;
+    int32_t slot_bits;  // bits of S - 1
+
+    __device__ __forceinline__ int32_t slot_of(uint64_t key) const {
+        return static_cast<int32_t>(key & ((uint64_t{1} << slot_bits) - 1));
+    }
+    // Key of slot s with usage u: kNoKey when not evictable (stamped with this step); `bad` is set
+    // for a usage outside [0, step], which the packing cannot order (the general path takes over).
+    __device__ __forceinline__ uint64_t key(int64_t u, int32_t s, bool &bad) const {
+        if (u == step) return kNoKey;
+        if (u < 0 || u > step) {
+            bad = true;
+            return kNoKey;
+        }
+        return (static_cast<uint64_t>(u) << slot_bits) | static_cast<uint32_t>(s);
+    }
+};
+
+// The keys of thread t's slots, held in registers (S <= kThreads * kItems).
+template <int kItems>
+struct FastRegisterSlots {
+    uint64_t keys[kItems];
+
+    // Loads thread t's keys; returns the smallest.
+    __device__ __forceinline__ uint64_t load(const int64_t *usage, const Packing &p, int32_t t, bool &bad) {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const int32_t s = j * kThreads + t;
+            keys[j] = s < p.slots ? p.key(usage[s], s, bad) : kNoKey;
+        }
+        return min_from(0);
+    }
+    // Smallest key >= lo (kNoKey if none).
+    __device__ __forceinline__ uint64_t min_from(uint64_t lo) const {
+        uint64_t best = kNoKey;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j)
+            if (keys[j] >= lo && keys[j] < best) best = keys[j];
+        return best;
+    }
+};
+
+// The keys of thread t's slots for any S, recomputed from global memory on each scan.
+struct FastGlobalSlots {
+    const int64_t *usage;
+    Packing p;
+    int32_t t;
+
+    // Remembers thread t's slots; returns their smallest key, checking every usage (later scans
+    // read the same values, so they cannot meet a bad one).
+    __device__ __forceinline__ uint64_t load(const int64_t *g_usage, const Packing &packing, int32_t thread,
+                                             bool &bad) {
+        usage = g_usage;
+        p = packing;
+        t = thread;
+        return scan(0, bad);
+    }
+    __device__ __forceinline__ uint64_t min_from(uint64_t lo) const {
+        bool ignored = false;
+        return scan(lo, ignored);
+    }
+    __device__ __forceinline__ uint64_t scan(uint64_t lo, bool &bad) const {
+        uint64_t best = kNoKey;
+#pragma unroll 8
+        for (int32_t s = t; s < p.slots; s += kThreads) {
+            const uint64_t k = p.key(usage[s], s, bad);
+            if (k >= lo && k < best) best = k;
+        }
+        return best;
+    }
+};
+
+template <int kItems>
+struct FastSlotsFor {
+    using type = FastRegisterSlots<kItems>;
+};
+template <>
+struct FastSlotsFor<0> {
+    using type = FastGlobalSlots;
+};
+
+// ---- General path: exact (usage, slot) pairs -----------------------------------------------------
 
 struct Key {
     int64_t usage;
@@ -115,20 +250,35 @@ struct GlobalSlots {
     }
 };
 
+template <int kItems>
+struct SlotsFor {
+    using type = RegisterSlots<kItems>;
+};
+template <>
+struct SlotsFor<0> {
+    using type = GlobalSlots;
+};
+
 struct Shared {
-    int32_t active[kMaxAdmissionExperts];    // expert flags of this call
+    int32_t active[kMaxAdmissionExperts];       // expert flags of this call
     int32_t expert_slot[kMaxAdmissionExperts];  // slot of each active expert after admission, -1 none
-    int32_t missing[kMaxAdmissionExperts];   // missing experts, ascending id
-    int32_t order[kMaxAdmissionExperts];     // hybrid by recency: order[r] = expert fetched r-th
-    int32_t victims[kMaxAdmissionExperts];   // victims[r] = r-th coldest evictable slot
+    int32_t missing[kMaxAdmissionExperts];      // missing experts, ascending id
+    int32_t order[kMaxAdmissionExperts];        // hybrid by recency: order[r] = expert fetched r-th
+    int32_t victims[kMaxAdmissionExperts];      // general path: victims[r] = r-th coldest evictable slot
     int64_t missing_recency[kMaxAdmissionExperts];
-    int64_t list_usage[kWarps * kRound];     // per-warp candidate lists of a round
-    int32_t list_slot[kWarps * kRound];
-    int32_t warp_missing[kWarps], warp_missing_before[kWarps], warp_active[kWarps];
-    int32_t missing_count, active_count;
+    union {
+        struct {  // general path: per-warp candidate lists of a round
+            int64_t usage[kWarps * kRound];
+            int32_t slot[kWarps * kRound];
+        } round;
+        uint64_t minima[kWarps * kFastVictims];  // fast path: each warp's smallest thread minima
+    } lists;
+    int32_t warp_missing[kWarps], warp_active[kWarps];
     int64_t step;
+    uint64_t next_key;  // fast path: the first key the next round may take
     int64_t taken_usage;
     int32_t taken_slot;
+    int32_t any_bad;  // FT_ADMISSION_NO_BARRED only
 };
 
 struct AdmissionArgs {
@@ -140,18 +290,182 @@ struct AdmissionArgs {
     HybridFetch fetch;  // hybrid only
 };
 
-template <class Slots, bool kHybrid>
+// Moves `expert` of the layer into `victim` (evicting its owner, `old`) and records plan entry i.
+// Victims and their old owners are distinct, and no old owner is a miss of this call, so calls for
+// different i never write the same word.
+__device__ __forceinline__ void install(const SlotCacheState &st, Shared &sh, int32_t i, int32_t victim,
+                                        int32_t old, int32_t base, int32_t expert, int64_t step) {
+    if (old >= 0) st.slot_for_id[old] = -1;
+    st.id_of_slot[victim] = base + expert;
+    st.slot_for_id[base + expert] = victim;
+    st.usage[victim] = step;
+    if (i < st.shape.plan_capacity) {  // always true after the launcher's check
+        st.evict_slots[i] = victim;
+        st.src_indices[i] = expert;
+    }
+    sh.expert_slot[expert] = victim;
+}
+
+// Fast path, steps 1-4 of the header, in rounds of up to 32 victims: a round finds the R smallest
+// keys at or above `lo`, the first key no earlier round took. Every thread calls it; returns false
+// (having changed nothing) when some usage is outside [0, step], for the general path to take
+// over. Two block barriers per round, the last after the installs.
+template <int kItems>
+__device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &sh, int32_t k, int64_t step,
+                                             int32_t base, const int32_t *fetch_order) {
+    using Slots = typename FastSlotsFor<kItems>::type;
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int32_t S = st.shape.slots;
+    const Packing p{step, S, S > 1 ? 32 - __clz(S - 1) : 0};
+
+    bool bad = false;
+    Slots own;
+    uint64_t lo = 0;
+    for (int32_t done = 0; done < k; done += kFastVictims) {
+        const int32_t R = k - done < kFastVictims ? k - done : kFastVictims;
+        // 1. This thread's smallest key at or above lo (the first round also loads and checks).
+        uint64_t mine = done == 0 ? own.load(st.usage, p, tid, bad) : own.min_from(lo);
+        // 2. This warp's R smallest thread minima, ascending; a list cut short ends with kNoKey.
+        for (int32_t r = 0; r < R; ++r) {
+            const uint64_t m = warp_min(mine);
+            if (lane == 0) sh.lists.minima[warp * kFastVictims + r] = m;
+            if (m == kNoKey) break;  // warp-uniform
+            if (mine == m) mine = kNoKey;
+        }
+        if (done == 0) {
+#ifdef FT_ADMISSION_NO_BARRED
+            if (bad) sh.any_bad = 1;  // A/B switch: a plain barrier instead of bar.red
+            __syncthreads();
+            if (sh.any_bad) return false;
+#else
+            if (__syncthreads_or(bad)) return false;  // uniform: every thread sees the same answer
+#endif
+        } else {
+            __syncthreads();
+        }
+
+        if (warp == 0) {
+            // 3. Merge: lane j walks warp j's list; lane r keeps the r-th smallest thread minimum.
+            // The loop bodies here and in step 4 are branch-free (selects, loads by every lane):
+            // no lane leaves the warp's path between two warp minima.
+            const uint64_t *list = sh.lists.minima + lane * kFastVictims;
+            int32_t pos = 0;
+            uint64_t head = list[0], winner = kNoKey;
+            for (int32_t r = 0; r < R; ++r) {
+                const uint64_t m = warp_min(head);
+                if (m == kNoKey) break;  // warp-uniform; fewer evictable threads than R (never: S >= E)
+                winner = lane == r ? m : winner;
+                // A list is ascending and ends at R entries or at its first kNoKey, so entry pos + 1
+                // exists whenever head (entry pos) is a real key and pos + 1 < R.
+                const bool step_on = head == m;
+                const int32_t at = step_on && pos + 1 < R ? pos + 1 : pos;
+                const uint64_t following = list[at];  // every lane loads: in bounds, no branch
+                head = step_on ? (pos + 1 < R ? following : kNoKey) : head;
+                pos = at;
+            }
+            // 4. Lane i holds winner i's slots; R rounds of "smallest head wins, winner steps on".
+            Slots theirs;
+            bool ignored = false;
+            theirs.load(st.usage, p, winner == kNoKey ? 0 : p.slot_of(winner) % kThreads, ignored);
+            head = winner;  // the smallest key >= lo of those slots
+            uint64_t mine_key = kNoKey, last = kNoKey;
+            for (int32_t r = 0; r < R; ++r) {
+                const uint64_t m = warp_min(head);
+                last = m;
+                if (m == kNoKey) break;  // warp-uniform; cannot run out while S >= E
+                mine_key = lane == r ? m : mine_key;
+                const uint64_t following = theirs.min_from(m + 1);  // every lane scans: no branch
+                head = head == m ? following : head;
+            }
+            const int32_t victim = mine_key == kNoKey ? -1 : p.slot_of(mine_key);
+            const int32_t old = victim >= 0 ? st.id_of_slot[victim] : -1;  // no install has run yet
+            __syncwarp();  // every lane's scans and owner reads are done before any install rewrites them
+            if (lane < R && victim >= 0)
+                install(st, sh, done + lane, victim, old, base, fetch_order[done + lane], step);
+            if (lane == 0) sh.next_key = last == kNoKey ? kNoKey : last + 1;
+        }
+        __syncthreads();
+        lo = sh.next_key;
+    }
+    return true;
+}
+
+// General path: rounds of up to 32 victims (header). Every thread calls it; ends with a barrier.
+template <int kItems>
+__device__ __forceinline__ void general_victims(const SlotCacheState &st, Shared &sh, int32_t k, int64_t step,
+                                                int32_t base, const int32_t *fetch_order) {
+    using Slots = typename SlotsFor<kItems>::type;
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    Slots slots;
+    slots.load(st.usage, st.shape.slots, step);  // hit stamps are visible: barriers since they were written
+    Key taken{INT64_MIN, INT32_MIN};              // every key up to here is already a victim
+    int64_t *list_usage = sh.lists.round.usage;
+    int32_t *list_slot = sh.lists.round.slot;
+    for (int32_t done = 0; done < k; done += kRound) {
+        const int32_t R = k - done < kRound ? k - done : kRound;
+        // 1. This warp's R smallest keys above `taken`, ascending.
+        Key head = slots.min_above(taken);
+        for (int32_t r = 0; r < R; ++r) {
+            const Key best = warp_min(head);
+            if (lane == 0) {
+                list_usage[warp * kRound + r] = best.usage;
+                list_slot[warp * kRound + r] = best.slot;
+            }
+            if (!is_key(best)) {  // this warp has no more evictable slots; warp-uniform
+                for (int32_t rest = r + 1 + lane; rest < R; rest += 32) {
+                    list_usage[warp * kRound + rest] = kNoUsage;
+                    list_slot[warp * kRound + rest] = INT32_MAX;
+                }
+                break;
+            }
+            if (head.slot == best.slot) head = slots.min_above(best);
+        }
+        __syncthreads();
+        // 2. Warp 0 merges: lane j walks warp j's list.
+        if (warp == 0) {
+            int32_t pos = 0;
+            Key cur{list_usage[lane * kRound], list_slot[lane * kRound]};
+            Key best = no_key();
+            for (int32_t r = 0; r < R; ++r) {
+                best = warp_min(cur);
+                // Cannot run out while S >= E (distinct ids of a layer <= E); -1 keeps the
+                // install below from writing anywhere if the state was corrupted.
+                if (lane == 0) sh.victims[done + r] = is_key(best) ? best.slot : -1;
+                if (is_key(best) && cur.slot == best.slot) {
+                    ++pos;
+                    cur = pos < R ? Key{list_usage[lane * kRound + pos], list_slot[lane * kRound + pos]} : no_key();
+                }
+            }
+            if (lane == 0) {
+                sh.taken_usage = best.usage;
+                sh.taken_slot = best.slot;
+            }
+        }
+        __syncthreads();
+        taken = Key{sh.taken_usage, sh.taken_slot};
+    }
+    // Install: miss fetch_order[i] moves into victims[i].
+    for (int32_t i = tid; i < k; i += kThreads) {
+        const int32_t victim = sh.victims[i];
+        if (victim >= 0) install(st, sh, i, victim, st.id_of_slot[victim], base, fetch_order[i], step);
+    }
+    __syncthreads();
+}
+
+// kItems: slots per thread kept in registers (S <= kThreads * kItems), 0 for any S.
+template <int kItems, bool kHybrid>
 __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs a) {
     __shared__ Shared sh;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const SlotCacheState &st = a.st;
-    const int32_t E = st.shape.experts, S = st.shape.slots, base = a.layer * E;
+    const int32_t E = st.shape.experts, base = a.layer * E;
 
     if (tid < E) sh.active[tid] = 0;
     if (tid == 0) {
         const int64_t step = *st.step + 1;
         *st.step = step;
         sh.step = step;
+        sh.any_bad = 0;
     }
     __syncthreads();
     const int64_t step = sh.step;
@@ -175,8 +489,6 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         sh.expert_slot[tid] = slot;
         missing = active && slot < 0;
     }
-
-    // List the misses in ascending expert id: a block-wide exclusive scan of the miss flags.
     const unsigned missing_bits = __ballot_sync(kFullMask, missing);
     const unsigned active_bits = __ballot_sync(kFullMask, active);
     if (lane == 0) {
@@ -184,112 +496,43 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         sh.warp_active[warp] = __popc(active_bits);
     }
     __syncthreads();
-    if (warp == 0) {
-        const int32_t own = sh.warp_missing[lane];
-        int32_t inclusive = own, active_sum = sh.warp_active[lane];
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) {
-            const int32_t n = __shfl_up_sync(kFullMask, inclusive, offset);
-            if (lane >= offset) inclusive += n;
-            active_sum += __shfl_xor_sync(kFullMask, active_sum, offset);
-        }
-        sh.warp_missing_before[lane] = inclusive - own;
-        if (lane == 31) sh.missing_count = inclusive;
-        if (lane == 0) sh.active_count = active_sum;
-    }
-    __syncthreads();
-    const int32_t M = sh.missing_count;
-    if (missing) {
-        const int32_t rank = sh.warp_missing_before[warp] + __popc(missing_bits & ((1u << lane) - 1u));
-        sh.missing[rank] = tid;
-        if (kHybrid) sh.missing_recency[rank] = st.expert_recency[base + tid];
-    }
+    // Every warp sums the per-warp counts itself (no barrier for a shared scan): M, the misses of
+    // the warps before this one, and the distinct active experts.
+    const int32_t per_warp = sh.warp_missing[lane];
+    const int32_t M = warp_sum(per_warp);
+    const int32_t missing_before = warp_sum(lane < warp ? per_warp : 0);
+    const int32_t active_count = warp_sum(sh.warp_active[lane]);
     const int32_t k = kHybrid ? static_cast<int32_t>(hybrid_fetch_limit(M, a.fetch)) : M;
-    __syncthreads();
 
-    // Which miss takes the r-th coldest slot: ascending id (LRU, hybrid lowest_id), or most
-    // recently active first with ties to the lower id (hybrid recency; spec's score argmax).
-    const int32_t *fetch_order = sh.missing;
-    if (kHybrid && a.fetch.order == FetchOrder::Recency && k > 0) {
-        // O(M) per miss: cheap for decode's handful of misses, tolerable for a batch's hundreds.
-        for (int32_t i = tid; i < M; i += kThreads) {
-            const int64_t r = sh.missing_recency[i];
-            int32_t rank = 0;
-            for (int32_t j = 0; j < M; ++j) {
-                const int64_t rj = sh.missing_recency[j];
-                rank += (rj > r || (rj == r && j < i)) ? 1 : 0;  // sh.missing is ascending in id
-            }
-            if (rank < k) sh.order[rank] = sh.missing[i];
+    if (k > 0) {  // block-uniform
+        // The misses in ascending expert id, read after the barriers below.
+        if (missing) {
+            const int32_t rank = missing_before + __popc(missing_bits & ((1u << lane) - 1u));
+            sh.missing[rank] = tid;
+            if (kHybrid) sh.missing_recency[rank] = st.expert_recency[base + tid];
         }
-        fetch_order = sh.order;  // read only after the barriers below (k > 0)
-    }
-
-    if (k > 0) {
-        Slots slots;
-        slots.load(st.usage, S, step);  // hit stamps are visible: barriers since they were written
-        Key taken{INT64_MIN, INT32_MIN};  // every key up to here is already a victim
-        for (int32_t done = 0; done < k; done += kRound) {
-            const int32_t R = k - done < kRound ? k - done : kRound;
-            // 1. This warp's R smallest keys above `taken`, ascending.
-            Key head = slots.min_above(taken);
-            for (int32_t r = 0; r < R; ++r) {
-                const Key best = warp_min(head);
-                if (lane == 0) {
-                    sh.list_usage[warp * kRound + r] = best.usage;
-                    sh.list_slot[warp * kRound + r] = best.slot;
-                }
-                if (!is_key(best)) {  // this warp has no more evictable slots; warp-uniform
-                    for (int32_t rest = r + 1 + lane; rest < R; rest += 32) {
-                        sh.list_usage[warp * kRound + rest] = kNoUsage;
-                        sh.list_slot[warp * kRound + rest] = INT32_MAX;
-                    }
-                    break;
-                }
-                if (head.slot == best.slot) head = slots.min_above(best);
-            }
+        // Which miss takes the r-th coldest slot: ascending id (LRU, hybrid lowest_id), or most
+        // recently active first with ties to the lower id (hybrid recency; spec's score argmax).
+        const int32_t *fetch_order = sh.missing;
+        if (kHybrid && a.fetch.order == FetchOrder::Recency) {
             __syncthreads();
-            // 2. Warp 0 merges: lane j walks warp j's list.
-            if (warp == 0) {
-                int32_t pos = 0;
-                Key cur{sh.list_usage[lane * kRound], sh.list_slot[lane * kRound]};
-                Key best = no_key();
-                for (int32_t r = 0; r < R; ++r) {
-                    best = warp_min(cur);
-                    // Cannot run out while S >= E (distinct ids of a layer <= E); -1 keeps the
-                    // install below from writing anywhere if the state was corrupted.
-                    if (lane == 0) sh.victims[done + r] = is_key(best) ? best.slot : -1;
-                    if (is_key(best) && cur.slot == best.slot) {
-                        ++pos;
-                        cur = pos < R ? Key{sh.list_usage[lane * kRound + pos], sh.list_slot[lane * kRound + pos]}
-                                      : no_key();
-                    }
+            // O(M) per miss: cheap for decode's handful of misses, tolerable for a batch's hundreds.
+            for (int32_t i = tid; i < M; i += kThreads) {
+                const int64_t r = sh.missing_recency[i];
+                int32_t rank = 0;
+                for (int32_t j = 0; j < M; ++j) {
+                    const int64_t rj = sh.missing_recency[j];
+                    rank += (rj > r || (rj == r && j < i)) ? 1 : 0;  // sh.missing is ascending in id
                 }
-                if (lane == 0) {
-                    sh.taken_usage = best.usage;
-                    sh.taken_slot = best.slot;
-                }
+                if (rank < k) sh.order[rank] = sh.missing[i];
             }
-            __syncthreads();
-            taken = Key{sh.taken_usage, sh.taken_slot};
+            fetch_order = sh.order;  // read only after the selection's barriers
         }
-
-        // Install: miss fetch_order[i] moves into victims[i]. Victims and their old owners are
-        // distinct, and no old owner is a miss of this call, so the writes never collide.
-        for (int32_t i = tid; i < k; i += kThreads) {
-            const int32_t victim = sh.victims[i], expert = fetch_order[i];
-            if (victim < 0) continue;
-            const int32_t old = st.id_of_slot[victim];
-            if (old >= 0) st.slot_for_id[old] = -1;
-            st.id_of_slot[victim] = base + expert;
-            st.slot_for_id[base + expert] = victim;
-            st.usage[victim] = step;
-            if (i < st.shape.plan_capacity) {  // always true after the launcher's check
-                st.evict_slots[i] = victim;
-                st.src_indices[i] = expert;
-            }
-            sh.expert_slot[expert] = victim;
-        }
-        __syncthreads();
+        // The hit stamps (written before the barriers above) are visible to the usage loads.
+        const int32_t slot_bits = st.shape.slots > 1 ? 32 - __clz(st.shape.slots - 1) : 0;
+        const bool packable = static_cast<uint64_t>(step) < (uint64_t{1} << (63 - slot_bits));
+        if (!packable || !fast_victims<kItems>(st, sh, k, step, base, fetch_order))
+            general_victims<kItems>(st, sh, k, step, base, fetch_order);
     }
 
     // Rewrite: slot of each routed id, -1 for ids outside the layer and for CPU routes. The
@@ -303,7 +546,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         *st.num_indices = k;
         *st.num_missing_full = M;
         int64_t *row = st.stats + static_cast<int64_t>(a.layer) * kStatColumns;
-        row[kStatActive] += sh.active_count;
+        row[kStatActive] += active_count;
         row[kStatMissing] += M;
         row[kStatFetched] += k;
         row[kStatCalls] += 1;
@@ -327,9 +570,9 @@ cudaError_t launch(const SlotCacheState &st, int32_t layer, const int32_t *ids, 
     if (const cudaError_t e = check_args(st, layer, ids, slots_out, count); e != cudaSuccess) return e;
     const AdmissionArgs args{st, layer, ids, slots_out, static_cast<int32_t>(count), fetch};
     if (st.shape.slots <= kThreads * kRegisterItems)
-        admission_kernel<RegisterSlots<kRegisterItems>, kHybrid><<<1, kThreads, 0, stream>>>(args);
+        admission_kernel<kRegisterItems, kHybrid><<<1, kThreads, 0, stream>>>(args);
     else
-        admission_kernel<GlobalSlots, kHybrid><<<1, kThreads, 0, stream>>>(args);
+        admission_kernel<0, kHybrid><<<1, kThreads, 0, stream>>>(args);
     return cudaGetLastError();
 }
 
