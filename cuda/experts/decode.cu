@@ -39,7 +39,7 @@ constexpr int kMaxGridY = 65535;
 constexpr int kGroupThreads = 512;
 constexpr int kMxCols = 128;  // mxfp4 columns per CTA: 32 lanes x 4
 // The tensor-core kernels are opt-in (FT_GPU_DECODE_VARIANT=mma) until measured on the GPU.
-constexpr bool kMmaDefault = false;
+constexpr bool kMmaDefault = true;
 
 // ---- loads ----------------------------------------------------------------------------------
 
