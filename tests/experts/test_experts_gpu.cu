@@ -534,7 +534,7 @@ TEST(ExpertDecoderGpu, ZeroTokensAndBadArguments) {
     const DeviceLayer D(L);
     ft::cuda::ExpertDecoder dec(Format::bf16, 64, 32, 2, 4, {});
     EXPECT_GT(dec.scratch_bytes(), 0u);
-    EXPECT_STREQ(dec.kernel_name(), "bf16-gemv");
+    EXPECT_EQ(std::string(dec.kernel_name()).rfind("bf16-", 0), 0u) << dec.kernel_name();  // -mma or -gemv
     DevBuf y(64 * 2);
     CUDA_OK(cudaMemset(y.p, 0x5a, y.n));
     CUDA_OK(dec.decode(D.dx, nullptr, nullptr, nullptr, nullptr, y.as<uint16_t>(), 0, nullptr));
