@@ -21,6 +21,8 @@
 #include "ft/slotcache.hpp"
 #include "ft/slotcache_cuda.hpp"
 
+#include "bench_cuda.hpp"
+
 namespace {
 
 constexpr int32_t kExperts = 256;
@@ -71,14 +73,6 @@ std::vector<int32_t> routing(const ft::SlotCacheState &st, int32_t layer, int32_
     return ids;
 }
 
-#define BENCH_CUDA(expr)                                                                  \
-    do {                                                                                  \
-        const cudaError_t e_ = (expr);                                                    \
-        if (e_ != cudaSuccess) {                                                          \
-            state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str()); \
-            return;                                                                       \
-        }                                                                                 \
-    } while (0)
 
 // Args: slots, misses per call, hybrid (0/1).
 void BM_Admission(benchmark::State &state) {

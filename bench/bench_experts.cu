@@ -24,19 +24,13 @@
 #include "ft/cuda_experts.hpp"
 #include "ft/formats.hpp"
 
+#include "bench_cuda.hpp"
+
 namespace {
 
 constexpr int kTopK = 8;
 constexpr int kWindow = 64;
 
-#define BENCH_CUDA(expr)                                                                                 \
-    do {                                                                                                 \
-        const cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) {                                                                         \
-            state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str());           \
-            return;                                                                                      \
-        }                                                                                                \
-    } while (0)
 
 __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
     unsigned acc = 0;

@@ -19,6 +19,8 @@
 #include "ft/cuda_prefill.hpp"
 #include "random_banks.hpp"
 
+#include "bench_cuda.hpp"
+
 namespace {
 
 using ft::Format;
@@ -37,14 +39,6 @@ struct Shape {
 const Shape kShapes[] = {{Format::bf16, 4096, 1536},  {Format::fp8_block, 7168, 2048}, {Format::nvfp4, 5120, 1536},
                          {Format::mxfp4, 2880, 2880}, {Format::ds_fp4, 4096, 2048},    {Format::q4_0, 2816, 704}};
 
-#define BENCH_CUDA(expr)                                                                       \
-    do {                                                                                       \
-        const cudaError_t e_ = (expr);                                                         \
-        if (e_ != cudaSuccess) {                                                               \
-            state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str()); \
-            return;                                                                            \
-        }                                                                                      \
-    } while (0)
 
 // Device banks of one format for kExperts slots.
 struct Layer {
