@@ -62,9 +62,7 @@ typedef struct ft_ep_params {
     int32_t nccl_max_ctas;    /* groups that make their communicator: at most this many CTAs
                                  (SMs) per NCCL kernel, so the experts keep the rest; 0: NCCL's
                                  default (NCCL_MAX_CTAS is honoured by NCCL itself)          */
-    double link_bytes_per_s;  /* per-peer link bandwidth for the chunk plan; 0: measured at
-                                 creation by one exchange of 64 MB per rank through the
-                                 group (a collective), or 25e9 with one rank              */
+    double link_bytes_per_s;  /* per-peer link bandwidth for the chunk plan; 0: 25e9        */
     int64_t max_expert_rows;  /* expert rows per chunk the buffers hold; 0: ranks *
                                  max_tokens * top_k (the worst case; lower it to save memory) */
 } ft_ep_params;
@@ -73,10 +71,6 @@ FT_API void ft_ep_params_init(ft_ep_params *params);
 
 /* Creates a group on `device` from an existing communicator (an ncclComm_t, borrowed: it must
  * outlive the group). Rank and size come from the communicator. Allocates every buffer now.
- * Creation is collective (every rank of the communicator creates its group at the same time):
- * it probes the topology (bus ids all-gathered, P2P status, and, unless params set
- * link_bytes_per_s or chunks, a timed 64 MB exchange; see ft_ep_group_info) and logs it at
- * FT_LOG_INFO. The bootstrap calls below probe the same way.
  * Returns FT_ERR_UNSUPPORTED without NCCL or CUDA, FT_ERR_INVALID_ARGUMENT for bad params,
  * FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE. */
 FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, const ft_ep_params *params,
@@ -108,18 +102,6 @@ typedef struct ft_ep_group_info {
     int32_t nccl_version;     /* NCCL_VERSION_CODE of the loaded libnccl                    */
     int32_t last_chunks;      /* chunks of the last throughput call                         */
     uint64_t last_bytes_sent; /* bytes the last call sent to other ranks (both directions)  */
-    /* Topology probe at creation (since issue 7 item 4); unknown values as noted. */
-    char pci_bus_id[16];      /* this GPU, "0000:3b:00.0" (sysfs spelling); "" unknown        */
-    int32_t numa_node;        /* NUMA node of this GPU, -1 unknown                          */
-    int32_t pcie_link_width;  /* current PCIe lanes, 0 unknown                              */
-    double pcie_link_gts;     /* current PCIe link speed per lane in GT/s, 0 unknown        */
-    double link_bytes_per_s;  /* the per-peer bandwidth the chunk plan uses: params' value,
-                                 else the calibration, else 25e9                           */
-    double calibrated_bytes_per_s; /* per-peer rate of the creation-time exchange (minimum
-                                 over ranks, so all ranks plan alike); 0 if not measured    */
-    uint64_t p2p_known;       /* bit r: the P2P status towards rank r's GPU is known (that
-                                 GPU is visible to this process); own bit set              */
-    uint64_t p2p_mask;        /* bit r: cudaDeviceCanAccessPeer to rank r's GPU; own bit set */
 } ft_ep_group_info;
 
 FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info *info);
@@ -175,38 +157,6 @@ FT_API const char *ft_ep_group_last_error(const ft_ep_group *group);
 
 /* Frees the buffers and, if the group made it, the communicator. Accepts NULL. */
 FT_API void ft_ep_group_free(ft_ep_group *group);
-
-/* ---- since issue 7 item 5: the local experts through a FreeToken session ------------------- */
-
-/* ft_ep_forward with this rank's experts computed by `session` (a session of this process on the
- * group's GPU, backend FT_BACKEND_GPU, FT_BACKEND_OFFLOAD or FT_BACKEND_HYBRID), so expert
- * parallelism composes with offloading.
- *
- * `model` is the session's model. It holds exactly this rank's physical expert slots: its
- * num_experts equals the group's slots_per_rank S, and expert j of that model (every layer) is
- * physical slot j of this rank, i.e. logical expert phy2log[rank * S + j] of the group's
- * placement (ft_ep_group_get_placement). Replicas are just slots holding the same weights. Its
- * hidden_size equals the group's hidden; its top_k may be anything (1 is enough: every received
- * row carries one route); `layer` is the MoE layer of that model.
- *
- * The group hands each received row to ft_decode_cuda as a token whose route 0 is its local slot
- * with weight 1 (routes 1.. are -1), at most `session_max_tokens` rows per call, on `stream`,
- * and applies the routing weights in its own reduction, as ft_ep_forward does. Pass the
- * session's max_tokens; in latency mode pass a value below the session's prefill_min_tokens so
- * every call stays on the capturable decode path. Throughput mode reads each chunk's row count
- * on the host (one synchronisation per chunk) and calls the session for those rows only; latency
- * mode covers all max_expert_rows rows (rows without a route are skipped by the session), so
- * keep max_expert_rows small there.
- *
- * The first call allocates this rank's route buffers (make it outside a CUDA graph capture).
- * Errors: FT_ERR_INVALID_ARGUMENT (NULL, geometry mismatch, layer or session_max_tokens out of
- * range), FT_ERR_UNSUPPORTED (a session without a device path), and the session's errors; a
- * session failure in the middle of a step leaves the peers of this rank waiting, so validate
- * the session (e.g. ft_session_status) before the collective. */
-FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, const ft_model *model,
-                                       int32_t session_max_tokens, int32_t layer, const int32_t *topk_ids,
-                                       const float *topk_weights, const uint16_t *x, int64_t tokens,
-                                       uint16_t *out, void *stream);
 
 #ifdef __cplusplus
 }

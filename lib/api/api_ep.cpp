@@ -7,8 +7,6 @@
 #include <memory>
 #include <new>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "freetoken.h"
 #include "freetoken_ep.h"
@@ -17,11 +15,8 @@
 #if defined(FT_EP_HAVE_CUDA)
 #include <cuda_runtime.h>
 
-#include "freetoken_cuda.h"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
-#include "ft/ep_probe.hpp"
-#include "ft/ep_session.hpp"
 #endif
 
 namespace {
@@ -70,10 +65,7 @@ ft_ep_params read_params(const ft_ep_params *in) {
 struct ft_ep_group {
     std::unique_ptr<ft::ep::cuda::NcclTransport> net;
     std::unique_ptr<ft::ep::cuda::EpRank> rank;
-    std::unique_ptr<ft::ep::cuda::SessionExperts> session_experts;  // made by the first session call
     int32_t device = 0;
-    ft::ep::cuda::RankTopology topology;  // probed at creation
-    double link_bytes_per_s = 0;          // what the chunk plan uses
     std::string last_error;
 };
 
@@ -143,32 +135,12 @@ ft::ep::Placement initial_placement(const ft_ep_params &p, int32_t ranks) {
     return ft::ep::make_placement(p.num_experts, ranks, std::move(phy2log));
 }
 
-// Bytes each rank sends in the creation-time calibration exchange (split over its peers): enough
-// to reach the link's plateau, short enough (a few ms on PCIe) to run at every creation.
-constexpr size_t kCalibrationBytes = size_t(64) << 20;
-
-// Collective over the group's ranks (the bus-id all-gather and the calibration exchange).
-ft::ep::cuda::RankTopology probe(ft::ep::cuda::NcclTransport &net, int32_t device, const ft_ep_params &p) {
-    config_of(p);  // bad params fail on every rank before the collective, not in it
-    ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    // The caller's bandwidth wins; only measure when the chunk plan needs it.
-    const size_t bytes = p.link_bytes_per_s > 0 || p.chunks > 0 ? 0 : kCalibrationBytes;
-    return ft::ep::cuda::probe_topology(net, device, bytes);
-}
-
 std::unique_ptr<ft_ep_group> make_group(std::unique_ptr<ft::ep::cuda::NcclTransport> net, int32_t device,
-                                        const ft_ep_params &p, ft::ep::cuda::RankTopology topology) {
+                                        const ft_ep_params &p) {
     auto g = std::make_unique<ft_ep_group>();
     g->device = device;
     ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    ft::ep::cuda::EpConfig cfg = config_of(p);
-    if (p.link_bytes_per_s <= 0 && topology.calibrated_bytes_per_s > 0)
-        cfg.link_bytes_per_s = topology.calibrated_bytes_per_s;
-    g->link_bytes_per_s = cfg.link_bytes_per_s;
-    ft::log(FT_LOG_INFO, ft::ep::cuda::describe(topology, net->rank()), "; chunk plan at ", cfg.link_bytes_per_s / 1e9,
-            " GB/s per peer");
-    g->rank = std::make_unique<ft::ep::cuda::EpRank>(*net, initial_placement(p, net->size()), cfg);
-    g->topology = std::move(topology);
+    g->rank = std::make_unique<ft::ep::cuda::EpRank>(*net, initial_placement(p, net->size()), config_of(p));
     g->net = std::move(net);
     return g;
 }
@@ -201,9 +173,7 @@ FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, c
     return before_group(err, err_size, [&] {
         const ft_ep_params p = read_params(params);
         ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-        auto net = std::make_unique<ft::ep::cuda::NcclTransport>(nccl_comm, false);
-        ft::ep::cuda::RankTopology topo = probe(*net, device, p);
-        *out = make_group(std::move(net), device, p, std::move(topo)).release();
+        *out = make_group(std::make_unique<ft::ep::cuda::NcclTransport>(nccl_comm, false), device, p).release();
     });
 }
 
@@ -226,9 +196,8 @@ FT_API ft_status ft_ep_group_bootstrap(int32_t nranks, int32_t rank, int32_t dev
                 ft::fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: no broadcast callback and NCCL_COMM_ID is not set");
             id = ft::ep::cuda::NcclTransport::unique_id();
         }
-        auto net = ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device, p.nccl_max_ctas);
-        ft::ep::cuda::RankTopology topo = probe(*net, device, p);
-        *out = make_group(std::move(net), device, p, std::move(topo)).release();
+        *out = make_group(ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device, p.nccl_max_ctas), device, p)
+                   .release();
     });
 }
 
@@ -240,22 +209,8 @@ FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *de
         const ft_ep_params p = read_params(params);
         auto nets =
             ft::ep::cuda::NcclTransport::init_all(std::vector<int32_t>(devices, devices + ndevices), p.nccl_max_ctas);
-        // The probe is collective: one host thread per rank, as for any call on these groups.
-        std::vector<ft::ep::cuda::RankTopology> topo(ndevices);
-        std::vector<std::string> errors(ndevices);
-        std::vector<ft_status> codes(ndevices, FT_OK);
-        std::vector<std::thread> threads;
-        for (int32_t i = 0; i < ndevices; ++i)
-            threads.emplace_back([&, i] {
-                codes[i] = guarded([&](const std::string &m) { errors[i] = m; },
-                                   [&] { topo[i] = probe(*nets[i], devices[i], p); });
-            });
-        for (std::thread &t : threads) t.join();
-        for (int32_t i = 0; i < ndevices; ++i)
-            if (codes[i] != FT_OK) ft::fail(codes[i], "EP topology probe of device ", devices[i], ": ", errors[i]);
         std::vector<std::unique_ptr<ft_ep_group>> made;
-        for (int32_t i = 0; i < ndevices; ++i)
-            made.push_back(make_group(std::move(nets[i]), devices[i], p, std::move(topo[i])));
+        for (int32_t i = 0; i < ndevices; ++i) made.push_back(make_group(std::move(nets[i]), devices[i], p));
         for (int32_t i = 0; i < ndevices; ++i) groups[i] = made[i].release();
     });
 }
@@ -271,15 +226,6 @@ FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info
     c.nccl_version = ft::ep::cuda::NcclTransport::library_version();
     c.last_chunks = group->rank->last_chunks();
     c.last_bytes_sent = group->rank->last_bytes_sent();
-    const ft::ep::cuda::RankTopology &t = group->topology;
-    std::strncpy(c.pci_bus_id, t.bus_id.c_str(), sizeof c.pci_bus_id - 1);
-    c.numa_node = t.link.numa_node;
-    c.pcie_link_width = t.link.width;
-    c.pcie_link_gts = t.link.speed_gts;
-    c.link_bytes_per_s = group->link_bytes_per_s;
-    c.calibrated_bytes_per_s = t.calibrated_bytes_per_s;
-    c.p2p_known = t.p2p_known;
-    c.p2p_mask = t.p2p_mask;
     const uint32_t n = std::min<uint32_t>(info->struct_size, sizeof c);
     c.struct_size = n;
     std::memcpy(info, &c, n);
@@ -340,58 +286,6 @@ FT_API ft_status ft_ep_forward(ft_ep_group *group, const int32_t *topk_ids, cons
     });
 }
 
-FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, const ft_model *model,
-                                       int32_t session_max_tokens, int32_t layer, const int32_t *topk_ids,
-                                       const float *topk_weights, const uint16_t *x, int64_t tokens,
-                                       uint16_t *out, void *stream) {
-    return on_group(group, [&] {
-        if (!session || !model || !out || (tokens > 0 && (!topk_ids || !x)))
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): NULL session, model, ids, x or out");
-        // Everything the session could refuse is checked here, before the collective starts:
-        // a failure inside the step would leave the peers waiting.
-        ft_model_info mi{};
-        mi.struct_size = sizeof mi;
-        if (ft_model_get_info(model, &mi) != FT_OK)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): ft_model_get_info failed");
-        const ft::ep::cuda::EpConfig &cfg = group->rank->config();
-        const int32_t S = group->rank->placement().slots_per_rank;
-        if (mi.num_experts != S)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session's model has ", mi.num_experts,
-                     " experts per layer, the group has ", S, " slots per rank (expert j = local slot j)");
-        if (mi.hidden_size != cfg.hidden)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): model hidden size ", mi.hidden_size,
-                     ", group hidden ", cfg.hidden);
-        if (layer < 0 || layer >= mi.num_layers)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): layer ", layer, " of ", mi.num_layers);
-        if (session_max_tokens < 1)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): session_max_tokens ", session_max_tokens,
-                     " (pass the session's max_tokens)");
-        const int32_t backend = ft_session_backend(session);
-        if (backend != FT_BACKEND_GPU && backend != FT_BACKEND_OFFLOAD && backend != FT_BACKEND_HYBRID)
-            ft::fail(FT_ERR_UNSUPPORTED, "EP forward (session): the session's backend ", backend,
-                     " has no device path (GPU, OFFLOAD or HYBRID)");
-        if (ft_session_device(session) != group->device)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session runs on device ",
-                     ft_session_device(session), ", the group on ", group->device);
-        if (const ft_status st = ft_session_status(session); st != FT_OK)
-            ft::fail(st, "EP forward (session): the session cannot run: ", ft_session_last_error(session));
-        auto &se = group->session_experts;
-        if (!se || se->model_top_k() != mi.top_k || se->rows_per_call() != session_max_tokens)
-            se = std::make_unique<ft::ep::cuda::SessionExperts>(mi.top_k, session_max_tokens);
-        const bool exact = cfg.mode == ft::ep::cuda::Mode::Throughput;
-        const ft::ep::cuda::SessionDecodeFn decode = [&](int32_t rows, const uint16_t *xr, const int32_t *ids,
-                                                         const float *w, uint16_t *yr, cudaStream_t st) {
-            const ft_status s = ft_decode_cuda(session, layer, rows, xr, ids, w, yr, st);
-            if (s != FT_OK)
-                ft::fail(s, "EP forward (session): ft_decode_cuda of ", rows, " rows: ", ft_session_last_error(session));
-        };
-        group->rank->forward(
-            topk_ids, topk_weights, x, tokens,
-            [&](const ft::ep::cuda::ExpertBatch &b, cudaStream_t st) { se->run(b, exact, decode, st); }, out,
-            static_cast<cudaStream_t>(stream));
-    });
-}
-
 FT_API const char *ft_ep_group_last_error(const ft_ep_group *group) {
     return group ? group->last_error.c_str() : "";
 }
@@ -444,11 +338,6 @@ FT_API ft_status ft_ep_dispatch(ft_ep_group *, const int32_t *, const float *, c
 FT_API ft_status ft_ep_combine(ft_ep_group *, uint16_t *, void *) { return FT_ERR_UNSUPPORTED; }
 FT_API ft_status ft_ep_forward(ft_ep_group *, const int32_t *, const float *, const uint16_t *, int64_t,
                                ft_ep_expert_fn, void *, uint16_t *, void *) {
-    return FT_ERR_UNSUPPORTED;
-}
-FT_API ft_status ft_ep_forward_session(ft_ep_group *, ft_session *, const ft_model *, int32_t, int32_t,
-                                       const int32_t *, const float *, const uint16_t *, int64_t, uint16_t *,
-                                       void *) {
     return FT_ERR_UNSUPPORTED;
 }
 FT_API const char *ft_ep_group_last_error(const ft_ep_group *) { return kNoCuda; }
