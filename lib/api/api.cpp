@@ -24,6 +24,7 @@ FT_API int32_t ft_session_device(const ft_session *session);
 }
 #endif
 #include "ft/common.hpp"
+#include "shim.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/profile.hpp"
@@ -55,33 +56,8 @@ struct ft_profile {
 
 namespace {
 
-void write_error(char *buf, size_t size, const std::string &msg) {
-    if (!buf || size == 0) return;
-    const size_t n = std::min(size - 1, msg.size());
-    std::memcpy(buf, msg.data(), n);
-    buf[n] = '\0';
-}
-
-// Runs fn, mapping every exception to a status; the message goes to `sink`.
-template <typename Fn, typename Sink>
-ft_status guarded(Sink &&sink, Fn &&fn) noexcept {
-    try {
-        fn();
-        return FT_OK;
-    } catch (const ft::Error &e) {
-        sink(e.what());
-        return e.status();
-    } catch (const std::bad_alloc &) {
-        sink("out of host memory");
-        return FT_ERR_OUT_OF_MEMORY;
-    } catch (const std::exception &e) {
-        sink(std::string("internal error: ") + e.what());
-        return FT_ERR_INTERNAL;
-    } catch (...) {
-        sink("internal error: unknown exception");
-        return FT_ERR_INTERNAL;
-    }
-}
+using ft::api::guarded;
+using ft::api::write_error;
 
 template <typename Fn>
 ft_status on_handle(std::string &last_error, Fn &&fn) noexcept {

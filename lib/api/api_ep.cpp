@@ -11,6 +11,7 @@
 #include "freetoken.h"
 #include "freetoken_ep.h"
 #include "ft/common.hpp"
+#include "shim.hpp"
 
 #if defined(FT_EP_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -21,32 +22,8 @@
 
 namespace {
 
-void write_error(char *buf, size_t size, const std::string &msg) {
-    if (!buf || size == 0) return;
-    const size_t n = std::min(size - 1, msg.size());
-    std::memcpy(buf, msg.data(), n);
-    buf[n] = '\0';
-}
-
-template <typename Fn, typename Sink>
-ft_status guarded(Sink &&sink, Fn &&fn) noexcept {
-    try {
-        fn();
-        return FT_OK;
-    } catch (const ft::Error &e) {
-        sink(e.what());
-        return e.status();
-    } catch (const std::bad_alloc &) {
-        sink("out of host memory");
-        return FT_ERR_OUT_OF_MEMORY;
-    } catch (const std::exception &e) {
-        sink(std::string("internal error: ") + e.what());
-        return FT_ERR_INTERNAL;
-    } catch (...) {
-        sink("internal error: unknown exception");
-        return FT_ERR_INTERNAL;
-    }
-}
+using ft::api::guarded;
+using ft::api::write_error;
 
 ft_ep_params read_params(const ft_ep_params *in) {
     ft_ep_params p;
