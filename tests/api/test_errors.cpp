@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 
@@ -130,6 +131,76 @@ TEST(Errors, DecodeArgumentsOutOfRange) {
     logits[6] = NAN;
     EXPECT_EQ(ft_route(s, 0, 4, logits.data(), ids.data(), w.data()), FT_ERR_NON_FINITE);
     EXPECT_EQ(ft_route(s, 7, 4, logits.data(), ids.data(), w.data()), FT_ERR_INVALID_ARGUMENT);
+}
+
+// The 0.2 session surface without a GPU: GPU backends are refused with a reason, bad slot cache /
+// hybrid parameters are argument errors, and the GPU statistics of a CPU session are zeros.
+TEST(Errors, GpuSessionParametersWithoutAGpu) {
+    ft_engine_params ep;
+    ft_engine_params_init(&ep);
+    ep.device = FT_DEVICE_NONE;
+    ep.cpu_threads = 2;
+    ep.pin_threads = false;
+    ft_engine *eraw = nullptr;
+    char err[512];
+    ASSERT_EQ(ft_engine_create(&ep, &eraw, err, sizeof err), FT_OK) << err;
+    EnginePtr engine(eraw);
+    auto model = tiny_model(engine.get());
+    ft_session_params p;
+    ft_session_params_init(&p);
+    EXPECT_EQ(p.cache_slots, 0);
+    EXPECT_EQ(p.vram_reserve_bytes, uint64_t(2) << 30);
+    EXPECT_TRUE(p.hybrid_adaptive);
+    EXPECT_EQ(p.handoff_timeout_seconds, 10.0);
+    ft_session *s = nullptr;
+    for (int32_t b : {FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID}) {
+        p.backend = b;
+        EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_UNSUPPORTED) << b;
+        EXPECT_EQ(s, nullptr);
+        EXPECT_TRUE(contains(err, "GPU") || contains(err, "CUDA")) << err;
+    }
+    p.backend = 99;
+    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    p.backend = FT_BACKEND_AUTO;
+    p.cache_fraction = 1.5;
+    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(err, "cache_fraction")) << err;
+    p.cache_fraction = 0.0;
+    p.cache_slots = -3;
+    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    p.cache_slots = 0;
+    p.prefill_min_tokens = -1;
+    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    p.prefill_min_tokens = 0;
+
+    // auto without a GPU is the CPU, and says so.
+    ASSERT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_OK) << err;
+    SessionPtr session(s);
+    EXPECT_EQ(ft_session_backend(s), FT_BACKEND_CPU);
+    EXPECT_GT(std::strlen(ft_session_backend_reason(s)), 0u);
+    EXPECT_EQ(ft_session_status(s), FT_OK);
+    EXPECT_EQ(ft_session_status(nullptr), FT_ERR_INVALID_ARGUMENT);
+    std::mt19937 rng(3);
+    const auto x = random_bf16(rng, 32, 1.0f);
+    std::vector<uint16_t> y(32);
+    const std::vector<int32_t> ids = {1, 3};
+    const std::vector<float> w = {0.5f, 0.5f};
+    ASSERT_EQ(ft_decode(s, 1, 1, x.data(), ids.data(), w.data(), y.data()), FT_OK);
+    ft_session_stats st;
+    st.struct_size = sizeof st;
+    ASSERT_EQ(ft_session_get_stats(s, &st), FT_OK);
+    EXPECT_EQ(st.routes_cpu, 2u);
+    EXPECT_EQ(st.routes_gpu, 0u);
+    EXPECT_EQ(st.cache_hits + st.cache_misses + st.fetched_bytes + st.prefill_calls, 0u);
+    ft_layer_stats ls;
+    std::memset(&ls, 0xab, sizeof ls);
+    ls.struct_size = sizeof ls;
+    ASSERT_EQ(ft_session_get_layer_stats(s, 1, &ls), FT_OK);
+    EXPECT_EQ(ls.calls + ls.active_experts + ls.misses + ls.fetched_experts + ls.fetched_bytes, 0u);
+    EXPECT_EQ(ft_session_get_layer_stats(s, 2, &ls), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(ft_session_last_error(s), "layer 2")) << ft_session_last_error(s);
+    EXPECT_EQ(ft_session_get_layer_stats(nullptr, 0, &ls), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ft_session_get_layer_stats(s, 0, nullptr), FT_ERR_INVALID_ARGUMENT);
 }
 
 TEST(Errors, ModelBuildingRules) {
