@@ -4,8 +4,9 @@
 // (ratio_to_read). Flags (removed before Google Benchmark sees argv):
 //   --short            small windows (also FT_BENCH_SHORT=1), for CI-sized machines
 //   --threads=N        pool size (default: one per physical core; also FT_BENCH_THREADS)
-// FT_BENCH_WINDOW_MB sets the window size in MiB.
+// FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages.
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,8 +53,16 @@ struct Buffer {
     uint16_t *data = nullptr;
     size_t elems = 0;
     explicit Buffer(size_t n) : elems(n) {
-        data = static_cast<uint16_t *>(std::aligned_alloc(4096, (n * 2 + 4095) / 4096 * 4096));
+        // Transparent huge pages as the library's banks ask for them (lib/bank: MADV_HUGEPAGE
+        // above 2 MiB), before the first touch. Without them mxfp4's transposed layout, one
+        // 64-byte line per K row of an item at a stride of N bytes, takes a TLB miss per line.
+        // FT_BENCH_HUGEPAGES=0: 4 KiB pages (the earlier runs).
+        const bool huge = n * 2 >= (size_t{2} << 20) && ft::env_string("FT_BENCH_HUGEPAGES") != "0";
+        const size_t align = huge ? size_t{2} << 20 : 4096;
+        const size_t bytes = (n * 2 + align - 1) / align * align;
+        data = static_cast<uint16_t *>(std::aligned_alloc(align, bytes));
         if (!data) throw std::bad_alloc();
+        if (huge) madvise(data, bytes, MADV_HUGEPAGE);
         pool().run([&](int w, int nw) {
             size_t a = n * w / nw, b = n * (w + 1) / nw;
             uint64_t s = 0x9e3779b97f4a7c15ull * (w + 1);

@@ -113,6 +113,16 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     // mxfp4's down matrix is read as columns of [K/2][H]: 64 columns are one cache line per K row,
     // so no line is shared by two items (32 would fetch every line twice, by two workers).
     if (format == Format::mxfp4) s_->p2_block = 2 * kRowBlock;
+    // A line's 128-byte buddy is fetched with it by the adjacent-line prefetchers (Intel's
+    // spatial prefetcher, Zen 4's L2 up/down one). With one line per item that buddy is the next
+    // item's, read by another worker, so DRAM sends about twice the bytes used. Items of two
+    // lines (128 columns) take both halves (pass 1: 5760-byte rows are 128-aligned; pass 2 with
+    // H = 2880 only every other row is); with one token the VBMI kernel reads both lines per K
+    // row in one pass. FT_CPU_MXFP4_LINES=1: the earlier one-line items.
+    if (format == Format::mxfp4) {
+        const std::string v = env_string("FT_CPU_MXFP4_LINES");
+        s_->mxfp4_lines = v.empty() ? kMxfp4Lines : std::clamp(std::atoi(v.c_str()), 1, 16);
+    }
     if (quant_) {
         s_->act_in_bytes = quant_->act_bytes(hidden);
         s_->act_mid_bytes = quant_->act_bytes(intermediate);
@@ -128,7 +138,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         s_->inter.resize(routes * intermediate + int64_t(max_tokens) * shared_intermediate);
         s_->route_out.resize(slots * hidden);
         s_->shared_gate.resize(max_tokens);
-        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock);
+        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock * s_->mxfp4_lines);
         s_->aptr.resize(slots);
         s_->mptr.resize(slots);
         s_->aptr16.resize(slots);
@@ -258,8 +268,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         g.onednn = !g.quant && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
         g.batched = g.quant && quant_batched_min_tokens_ > 0 && g.count >= quant_batched_min_tokens_;
         any_onednn |= g.onednn;
-        s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, kRowBlock));
-        s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, g.quant ? s.p2_block : kRowBlock));
+        s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, int64_t(kRowBlock) * p1_blocks(g)));
+        s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, p2_rows(g)));
     }
     s.num_tokens = num_tokens;
     s.routed_slots = int32_t(nvalid);
@@ -356,16 +366,36 @@ int32_t MoeExecutor::group_of(const std::vector<int64_t> &prefix, int64_t item) 
     return int32_t(std::upper_bound(prefix.begin(), prefix.begin() + ng + 1, item) - prefix.begin() - 1);
 }
 
+int MoeExecutor::p1_blocks(const Group &g) const {
+    // kRowBlock intermediate units are 2 * kRowBlock interleaved gate/up columns, one line.
+    return g.quant && !g.batched && format_ == Format::mxfp4 ? s_->mxfp4_lines : 1;
+}
+
+int64_t MoeExecutor::p2_rows(const Group &g) const {
+    if (!g.quant) return kRowBlock;
+    // The batched path's dequantisation scratch holds 2 * kRowBlock rows.
+    if (g.batched || format_ != Format::mxfp4) return s_->p2_block;
+    return int64_t(s_->mxfp4_lines) * 64;
+}
+
 // Pass 1 item: IB intermediate units of one group for all its routes: gate and up dot products,
 // the format's epilogue (mxfp4 biases, ds_fp4 bf16 rounding and clamp), activation, bf16 store.
 void MoeExecutor::run_item_pass1(int worker, int64_t it) {
     Scratch &s = *s_;
-    const int64_t H = hidden_;
-    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock;
-    float *up_tile = gate_tile + kRouteChunk * kRowBlock;
     const int32_t gi = group_of(s.p1_prefix, it);
     const Group &g = s.groups[gi];
-    const int64_t i0 = (it - s.p1_prefix[gi]) * kRowBlock;
+    // mxfp4 (SIMD path): all the item's lines in one kernel call (its one-token pass reads two
+    // lines per K row); the other paths work in blocks of kRowBlock units.
+    const int blocks = p1_blocks(g);
+    const int64_t i0 = (it - s.p1_prefix[gi]) * blocks * kRowBlock;
+    run_block_pass1(worker, g, i0, blocks * kRowBlock);
+}
+
+void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int units) {
+    Scratch &s = *s_;
+    const int64_t H = hidden_;
+    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock * s.mxfp4_lines;
+    float *up_tile = gate_tile + kRouteChunk * kRowBlock;
     uint16_t *deq = g.batched ? s.deq.data() + size_t(worker) * 2 * kRowBlock * s.deq_ld : nullptr;
     float *deq_scale = g.batched ? s.deq_scale.data() + size_t(worker) * 2 * kRowBlock : nullptr;
     if (g.batched) {
@@ -376,7 +406,7 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
         quant_->dequant(m, i0, n, deq, s.deq_ld, deq_scale);
         quant_->dequant(m, inter_ + i0, n, deq + kRowBlock * s.deq_ld, s.deq_ld, deq_scale + kRowBlock);
     }
-    const int ni = int(std::min<int64_t>(kRowBlock, g.inter - i0));
+    const int ni = int(std::min<int64_t>(units, g.inter - i0));
     const bool mxfp4 = g.quant && format_ == Format::mxfp4;
     const bool ds_clamp = g.quant && format_ == Format::ds_fp4 && act_.kind == FT_ACT_SILU &&
                           std::isfinite(act_.limit) && act_.limit > 0.0f;
@@ -401,7 +431,7 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
                     up_tile[j * kRowBlock + i] *= deq_scale[kRowBlock + i];
                 }
         } else if (mxfp4) {
-            ld = 2 * kRowBlock;  // one tile of n x 64 floats across both halves of the scratch
+            ld = 2 * units;  // one tile of n x 2 * units floats across both halves of the scratch
             quant_->gemv(m, 2 * i0, 2 * ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
         } else {
             quant_->gemv(m, i0, ni, &s.aptr[g.first_slot + c0], n, gate_tile, kRowBlock);
@@ -441,7 +471,7 @@ void MoeExecutor::run_item_pass2(int worker, int64_t it) {
     const int64_t H = hidden_;
     const int32_t gi = group_of(s.p2_prefix, it);
     const Group &g = s.groups[gi];
-    const int64_t block = g.quant ? s.p2_block : kRowBlock;
+    const int64_t block = p2_rows(g);
     const int64_t h0 = (it - s.p2_prefix[gi]) * block;
     const int nh = int(std::min<int64_t>(block, H - h0));
     const BankRoles &ro = s.roles;

@@ -12,6 +12,8 @@
 // pair with one `vdpbf16ps`. (The previous kernel spent a zero-extension, a shift and an or per
 // 16 columns on top.) The e8m0 scales per 32 K are spread to the same lane order by a zero-masked
 // `vpermb` and applied to the block sums; the lanes are put back in column order at the end.
+// One token and more than 64 columns: two lines (128 columns) per K row step, so both halves of
+// a 128-byte pair are requested together (the adjacent-line prefetchers fetch them as a pair).
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -36,12 +38,18 @@ constexpr int column_of(int g, int l) { return 8 * (l >> 1) + 2 * g + (l & 1); }
 // Groups G0 .. G0 + NG - 1 of the tile (NG = 4: all 64 columns; NG = 2 with G0 = 0 or 2: the
 // columns with n % 8 < 4 or >= 4, so four tokens' block sums fit the registers). Every column's
 // lane sees the same operations whatever NT, NG and G0, so the results do not depend on them.
-template <int NT, int NG = 4, int G0 = 0>
+// NL = 2 (one token only, or the registers spill): two adjacent lines of each K row per pass,
+// columns 64 .. 127 in the second, both lines of a 128-byte pair requested together.
+template <int NT, int NG = 4, int G0 = 0, int NL = 1>
 void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
-          int pf_rows) {
+          int pf_rows, int pf_span) {
     const int64_t K = m.K, N = m.N;
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
-    const __mmask64 mask = count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
+    __mmask64 mask[NL];
+    for (int l = 0; l < NL; ++l) {
+        const int cl = count - 64 * l;
+        mask[l] = cl >= 64 ? ~__mmask64(0) : cl <= 0 ? __mmask64(0) : (__mmask64(1) << cl) - 1;
+    }
     __m512i ctrl[NG], sidx[NG];
     #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
@@ -51,25 +59,28 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
         for (int l = 0; l < 16; ++l) si[4 * l] = uint8_t(column_of(G0 + g, l));
         sidx[g] = _mm512_load_si512(si);
     }
-    __m512 acc[NT][NG];
+    __m512 acc[NT][NL * NG];
     #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
-        #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) acc[t][g] = _mm512_setzero_ps();
+        #pragma GCC unroll 8
+        for (int g = 0; g < NL * NG; ++g) acc[t][g] = _mm512_setzero_ps();
     const uint8_t *row = m.data + first;
     for (int64_t kb0 = 0; kb0 < K / 2; kb0 += 16) {
-        __m512 blk[NT][NG];
+        __m512 blk[NT][NL * NG];
         #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t)
-            #pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) blk[t][g] = _mm512_setzero_ps();
+            #pragma GCC unroll 8
+            for (int g = 0; g < NL * NG; ++g) blk[t][g] = _mm512_setzero_ps();
         for (int64_t kb = kb0; kb < kb0 + 16; ++kb, row += N) {
-            if (pf_rows && kb + pf_rows < K / 2) {
+            if (pf_rows && pf_span && kb + pf_rows < K / 2) {
+                // The lines of [pr, pr + pf_span): a tile not 64-aligned spans one more.
                 const char *pr = reinterpret_cast<const char *>(row + pf_rows * N);
-                _mm_prefetch(pr, _MM_HINT_T1);
-                _mm_prefetch(pr + count - 1, _MM_HINT_T1);  // a tile not 64-aligned spans 2 lines
+                for (int o = 0; o < pf_span; o += 64) _mm_prefetch(pr + o, _MM_HINT_T1);
+                _mm_prefetch(pr + pf_span - 1, _MM_HINT_T1);
             }
-            const __m512i v = _mm512_maskz_loadu_epi8(mask, row);
+            __m512i v[NL];
+            #pragma GCC unroll 2
+            for (int l = 0; l < NL; ++l) v[l] = _mm512_maskz_loadu_epi8(mask[l], row + 64 * l);
             __m512i xp[NT];
             #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) {
@@ -77,32 +88,40 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
                 std::memcpy(&pair, act[t] + 4 * kb, 4);
                 xp[t] = _mm512_set1_epi32(int(pair));
             }
+            #pragma GCC unroll 2
+            for (int l = 0; l < NL; ++l)
+                #pragma GCC unroll 4
+                for (int g = 0; g < NG; ++g) {
+                    const __m512i wv =
+                        _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v[l]), lut);
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < NT; ++t) blk[t][l * NG + g] = dp(blk[t][l * NG + g], wv, xp[t]);
+                }
+        }
+        #pragma GCC unroll 2
+        for (int l = 0; l < NL; ++l) {
+            const __m512i sv = _mm512_maskz_loadu_epi8(mask[l], m.scale + (kb0 / 16) * N + first + 64 * l);
             #pragma GCC unroll 4
             for (int g = 0; g < NG; ++g) {
-                const __m512i wv = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut);
+                const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
                 #pragma GCC unroll 4
-                for (int t = 0; t < NT; ++t) blk[t][g] = dp(blk[t][g], wv, xp[t]);
+                for (int t = 0; t < NT; ++t)
+                    acc[t][l * NG + g] = _mm512_fmadd_ps(blk[t][l * NG + g], s, acc[t][l * NG + g]);
             }
-        }
-        const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + (kb0 / 16) * N + first);
-        #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) {
-            const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
-            #pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t) acc[t][g] = _mm512_fmadd_ps(blk[t][g], s, acc[t][g]);
         }
     }
     #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
-        alignas(64) float lanes[64];
-        #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
-        #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g)
-            for (int l = 0; l < 16; ++l) {
-                const int c = column_of(G0 + g, l);
-                if (c < count) out[t * ldo + c] = lanes[16 * g + l];
-            }
+        alignas(64) float lanes[NL * 64];
+        #pragma GCC unroll 8
+        for (int g = 0; g < NL * NG; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
+        for (int li = 0; li < NL; ++li)
+            #pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g)
+                for (int l = 0; l < 16; ++l) {
+                    const int c = 64 * li + column_of(G0 + g, l);
+                    if (c < count) out[t * ldo + c] = lanes[16 * (li * NG + g) + l];
+                }
     }
 }
 
@@ -116,17 +135,25 @@ void mxfp4_avx512vbmi(const QuantMatrix &m, int64_t first, int count, const uint
                       float *out, size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
     for (int c = 0; c < count; c += 64) {
+        if (ntok == 1 && count - c > 64) {
+            // One token and at least two lines left: both lines of the pair in one pass.
+            const int n2 = count - c < 128 ? count - c : 128;
+            tile<1, 4, 0, 2>(m, first + c, n2, act, out + c, ldo, pf_rows, n2);
+            c += 64;
+            continue;
+        }
         const int n = count - c < 64 ? count - c : 64;
+        const int pf = n;
         int t = 0;
         // Four tokens: two passes over the tile's lines (the second from L2), each decoding half
         // the groups once for all four, instead of decoding everything for each pair of tokens.
         // FT_CPU_QUANT_PAIRS=0: pairs of tokens only (the earlier kernel).
         for (; g_quant_row_pairs && t + 4 <= ntok; t += 4) {
-            tile<4, 2, 0>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
-            tile<4, 2, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+            tile<4, 2, 0>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
+            tile<4, 2, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
         }
-        for (; t + 2 <= ntok; t += 2) tile<2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
-        if (t < ntok) tile<1>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+        for (; t + 2 <= ntok; t += 2) tile<2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
+        if (t < ntok) tile<1>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
     }
 }
 

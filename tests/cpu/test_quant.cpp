@@ -568,6 +568,7 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         {Format::fp8_block, 384, 260, 3, 255, 1e-5}, {Format::nvfp4, 272, 40, 1, 37, 1e-5},
         {Format::nvfp4, 512, 8, 0, 8, 1e-5},         {Format::ds_fp4, 384, 24, 2, 21, 1e-5},
         {Format::mxfp4, 96, 160, 5, 150, 1e-5},       {Format::mxfp4, 64, 64, 0, 64, 1e-5},
+        {Format::mxfp4, 64, 200, 7, 100, 1e-5},  // one token: a two-line pass ending mid-line
         {Format::q4_0, 224, 20, 1, 18, 1e-5},         {Format::q4_0, 256, 9, 0, 9, 1e-5},
     };
     for (const G &g : geos) {

@@ -208,6 +208,9 @@ private:
     void run_onednn_groups();
     void reduce_rows(int64_t item);
     void run_item_pass1(int worker, int64_t item);
+    void run_block_pass1(int worker, const Group &g, int64_t i0, int units);
+    int p1_blocks(const Group &g) const;  // kRowBlock units per pass-1 item
+    int64_t p2_rows(const Group &g) const;  // output rows (mxfp4: columns) per pass-2 item
     void run_item_pass2(int worker, int64_t item);
     int32_t group_of(const std::vector<int64_t> &prefix, int64_t item) const;
 
