@@ -15,6 +15,7 @@
 #include "ft/dequant.hpp"
 #include "ft/formats.hpp"
 #include "moe_reference.hpp"
+#include "random_expert_banks.hpp"
 #include "quant.hpp"
 
 namespace {
@@ -31,114 +32,7 @@ std::vector<Isa> tiers_here() {
 
 void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
 
-// Random banks of E experts in format f; scales chosen so gate/up outputs are O(1).
-struct QLayer {
-    Format f;
-    int32_t H, I, E;
-    std::vector<ft::BankSpec> schema;
-    std::vector<std::vector<uint8_t>> banks;
-    std::vector<std::vector<float>> gate, up, down, bgate, bup, bdown;  // per expert
-
-    QLayer(std::mt19937 &rng, Format fmt, int32_t h, int32_t i, int32_t e) : f(fmt), H(h), I(i), E(e) {
-        schema = ft::bank_schema(f, H, I);
-        std::uniform_int_distribution<int> byte(0, 255);
-        for (const auto &b : schema) {
-            std::vector<uint8_t> v(b.row_bytes * E);
-            for (auto &x : v) x = uint8_t(byte(rng));
-            banks.push_back(std::move(v));
-        }
-        for (int32_t x = 0; x < E; ++x) fix_expert(rng, x);
-        for (int32_t x = 0; x < E; ++x) {
-            const uint8_t *rows[8];
-            for (size_t b = 0; b < schema.size(); ++b) rows[b] = banks[b].data() + x * schema[b].row_bytes;
-            auto proj = [&](int p, size_t n) {
-                std::vector<float> o(n);
-                ft::dequant_projection(f, rows, H, I, p, o.data());
-                return o;
-            };
-            gate.push_back(proj(FT_PROJ_GATE, size_t(I) * H));
-            up.push_back(proj(FT_PROJ_UP, size_t(I) * H));
-            down.push_back(proj(FT_PROJ_DOWN, size_t(H) * I));
-            std::vector<float> bg(I), bu(I), bd(H);
-            if (ft::projection_bias(f, rows, H, I, FT_PROJ_GATE, bg.data())) {
-                ft::projection_bias(f, rows, H, I, FT_PROJ_UP, bu.data());
-                ft::projection_bias(f, rows, H, I, FT_PROJ_DOWN, bd.data());
-                bgate.push_back(bg), bup.push_back(bu), bdown.push_back(bd);
-            }
-        }
-    }
-
-    // Scale bytes from the ranges real quantisers produce (no e4m3 NaN, no e8m0 255), with the
-    // edge codes the reference defines mixed in (e8m0 0 = 2^-127, e4m3 subnormal scales).
-    void fix_expert(std::mt19937 &rng, int32_t x) {
-        auto row = [&](int b) { return banks[b].data() + x * schema[b].row_bytes; };
-        auto len = [&](int b) { return schema[b].row_bytes; };
-        std::uniform_int_distribution<int> coin(0, 15);
-        auto e8m0_fill = [&](int b, int64_t K) {
-            const int center = 127 - int(std::lround(std::log2(std::sqrt(double(K))))) - 2;
-            std::uniform_int_distribution<int> c(center - 1, center + 1);
-            for (size_t i = 0; i < len(b); ++i) row(b)[i] = coin(rng) == 0 ? 0 : uint8_t(c(rng));
-        };
-        auto bf16_fill = [&](int b, double mag) {
-            std::uniform_real_distribution<float> d(float(mag) * 0.5f, float(mag));
-            for (size_t i = 0; i < len(b); i += 2) put_u16(row(b) + i, ft::f32_to_bf16(d(rng) * (coin(rng) & 1 ? 1 : -1)));
-        };
-        switch (f) {
-            case Format::fp8_block:
-                for (int b : {0, 2})
-                    for (size_t i = 0; i < len(b); ++i)
-                        if ((row(b)[i] & 0x7f) == 0x7f) row(b)[i] ^= 1;  // no NaN codes
-                bf16_fill(1, 1.0 / (40 * std::sqrt(double(H))));
-                bf16_fill(3, 1.0 / (40 * std::sqrt(double(I))));
-                break;
-            case Format::nvfp4: {
-                std::uniform_int_distribution<int> c(0x02, 0x40);  // subnormal to 2.0
-                for (int b : {1, 4})
-                    for (size_t i = 0; i < len(b); ++i) row(b)[i] = uint8_t(c(rng));
-                for (int b : {2, 5})
-                    for (size_t i = 0; i < len(b); i += 2)
-                        put_u16(row(b) + i, ft::f32_to_f16(float(0.3 / std::sqrt(double(b == 2 ? H : I)))));
-                break;
-            }
-            case Format::mxfp4:
-                e8m0_fill(1, H);
-                e8m0_fill(4, I);
-                bf16_fill(2, 0.1);
-                bf16_fill(5, 0.1);
-                break;
-            case Format::ds_fp4:
-                e8m0_fill(1, H);
-                e8m0_fill(3, I);
-                break;
-            case Format::q4_0:
-                for (int b : {0, 1}) {
-                    const int64_t K = b == 0 ? H : I;
-                    std::uniform_real_distribution<float> d(0.02f / float(std::sqrt(double(K))), 0.1f / float(std::sqrt(double(K))));
-                    for (size_t i = 0; i < len(b); i += 18) put_u16(row(b) + i, ft::f32_to_f16(d(rng)));
-                }
-                break;
-            default: break;
-        }
-    }
-
-    ft::cpu::ExpertSource source() const {
-        ft::cpu::ExpertSource s;
-        s.format = f;
-        s.num_experts = E;
-        s.num_banks = int(schema.size());
-        for (size_t b = 0; b < schema.size(); ++b) {
-            s.base[b] = banks[b].data();
-            s.row_bytes[b] = schema[b].row_bytes;
-        }
-        return s;
-    }
-
-    ft::testing::ExpertF32 expert(int32_t e) const {
-        ft::testing::ExpertF32 x{gate[e].data(), up[e].data(), down[e].data()};
-        if (!bgate.empty()) x.bias_gate = bgate[e].data(), x.bias_up = bup[e].data(), x.bias_down = bdown[e].data();
-        return x;
-    }
-};
+using QLayer = ft::testing::RandomExpertLayer;
 
 struct Batch {
     int32_t T, K;
@@ -214,7 +108,7 @@ TEST_P(QuantMoe, MatchesDequantisedReference) {
                 ft::cpu::MoeExecutor ex(pool, geo.f, L.H, L.I, K, 16, act, 0, isa);
                 Batch b = random_batch(rng, L.E, L.H, T, K);
                 std::vector<uint16_t> y(size_t(T) * L.H, 0x7fc0);
-                auto src = L.source();
+                auto src = L.cpu_source();
                 ex.run(src, nullptr, T, b.x.data(), b.ids.data(), b.w.data(), y.data());
                 const double err = ft::testing::relative_error_bf16(y, reference(L, b, act));
                 EXPECT_LT(err, bound_of(geo.f)) << ft::format_name(geo.f) << " H=" << L.H << " I=" << L.I << " "
@@ -243,7 +137,7 @@ TEST(QuantMoe, SharedBf16ExpertNextToQuantisedRoutes) {
     ft::cpu::MoeExecutor ex(pool, Format::q4_0, L.H, L.I, 2, 4, {}, Is, ft::cpu::cpu_best_isa());
     Batch b = random_batch(rng, L.E, L.H, 3, 2);
     std::vector<uint16_t> y(3 * L.H);
-    auto src = L.source();
+    auto src = L.cpu_source();
     ex.run(src, &sh, 3, b.x.data(), b.ids.data(), b.w.data(), y.data());
     auto ref = reference(L, b, {});
     ft::testing::ExpertRef shr{sg.data(), su.data(), sd.data(), Is};
@@ -270,7 +164,7 @@ TEST(QuantMoe, IdenticalAcrossPoolSizesAndDedupCounts) {
             for (ft::cpu::ThreadPool *pool : {&p1, &p2, &p3}) {
                 ft::cpu::MoeExecutor ex(*pool, geo.f, L.H, L.I, 8, 16, act, 0, isa);
                 std::vector<uint16_t> y(size_t(11) * L.H);
-                auto src = L.source();
+                auto src = L.cpu_source();
                 auto st = ex.run(src, nullptr, 11, b.x.data(), b.ids.data(), b.w.data(), y.data());
                 EXPECT_EQ(st.experts_read, distinct.size());
                 EXPECT_EQ(st.bytes_read, distinct.size() * ft::expert_bytes(geo.f, L.H, L.I));
@@ -298,7 +192,7 @@ TEST(QuantMoe, BatchedPathMatchesReference) {
                 for (ft::cpu::ThreadPool *pool : {&p1, &p3}) {
                     ft::cpu::MoeExecutor ex(*pool, geo.f, L.H, L.I, 4, 16, act, 0, isa, tu);
                     std::vector<uint16_t> y(size_t(13) * L.H, 0x7fc0);
-                    auto src = L.source();
+                    auto src = L.cpu_source();
                     ex.run(src, nullptr, 13, b.x.data(), b.ids.data(), b.w.data(), y.data());
                     EXPECT_LT(ft::testing::relative_error_bf16(y, reference(L, b, act)), bound_of(geo.f))
                         << ft::format_name(geo.f) << " " << ex.kernel_name() << " bmin " << bmin << " batched from "
@@ -319,10 +213,10 @@ TEST(QuantMoe, RejectsMismatchedSources) {
     std::vector<uint16_t> x(128, 0x3f80), y(128);
     int32_t id = 0;
     float w = 1.0f;
-    auto src = L.source();
+    auto src = L.cpu_source();
     src.format = Format::nvfp4;
     EXPECT_THROW(ex.run(src, nullptr, 1, x.data(), &id, &w, y.data()), ft::Error);
-    src = L.source();
+    src = L.cpu_source();
     src.row_bytes[3] = 1;
     EXPECT_THROW(ex.run(src, nullptr, 1, x.data(), &id, &w, y.data()), ft::Error);
     // ds_fp4 needs multiples of 128.
