@@ -391,8 +391,11 @@ ft_status ft_route(ft_session *session, int32_t layer, int32_t num_tokens, const
     return on_handle(session->last_error, [&] { session->impl->route(layer, num_tokens, logits, expert_ids, expert_weights); });
 }
 
-ft_status ft_decode(ft_session *session, int32_t layer, int32_t num_tokens, const uint16_t *hidden, const int32_t *expert_ids,
-                    const float *expert_weights, uint16_t *out) {
+namespace {
+
+// ft_decode and ft_decode_cuda: the same call, from host or device pointers.
+ft_status decode(ft_session *session, int32_t layer, int32_t num_tokens, const uint16_t *hidden, const int32_t *expert_ids,
+                 const float *expert_weights, uint16_t *out, bool on_device, void *stream) {
     if (!session) return FT_ERR_INVALID_ARGUMENT;
     return on_handle(session->last_error, [&] {
         ft::DecodeCall c;
@@ -402,25 +405,22 @@ ft_status ft_decode(ft_session *session, int32_t layer, int32_t num_tokens, cons
         c.ids = expert_ids;
         c.weights = expert_weights;
         c.out = out;
+        c.on_device = on_device;
+        c.stream = stream;
         session->impl->decode(c);
     });
 }
 
+}  // namespace
+
+ft_status ft_decode(ft_session *session, int32_t layer, int32_t num_tokens, const uint16_t *hidden, const int32_t *expert_ids,
+                    const float *expert_weights, uint16_t *out) {
+    return decode(session, layer, num_tokens, hidden, expert_ids, expert_weights, out, false, nullptr);
+}
+
 ft_status ft_decode_cuda(ft_session *session, int32_t layer, int32_t num_tokens, const uint16_t *hidden,
                          const int32_t *expert_ids, const float *expert_weights, uint16_t *out, cudaStream_t stream) {
-    if (!session) return FT_ERR_INVALID_ARGUMENT;
-    return on_handle(session->last_error, [&] {
-        ft::DecodeCall c;
-        c.layer = layer;
-        c.num_tokens = num_tokens;
-        c.hidden = hidden;
-        c.ids = expert_ids;
-        c.weights = expert_weights;
-        c.out = out;
-        c.on_device = true;
-        c.stream = stream;
-        session->impl->decode(c);
-    });
+    return decode(session, layer, num_tokens, hidden, expert_ids, expert_weights, out, true, stream);
 }
 
 int32_t ft_session_device(const ft_session *session) { return session ? session->impl->device() : FT_DEVICE_NONE; }

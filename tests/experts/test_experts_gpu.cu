@@ -72,7 +72,6 @@ std::vector<T> get(const DevBuf &b, size_t count) {
     return v;
 }
 
-
 // Random banks of E experts plus one extra slot (index E) of NaN bytes that routes never name.
 struct Layer : ft::testing::RandomExpertLayer {
     Layer(std::mt19937 &rng, Format fmt, int32_t h, int32_t i, int32_t e) : RandomExpertLayer(rng, fmt, h, i, e, 1) {}
