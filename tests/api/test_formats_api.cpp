@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "api_test_util.hpp"
+#include "synth_reference.hpp"
 #include "ft/dequant.hpp"
 #include "ft/synth.hpp"
 
@@ -53,13 +54,7 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
     const FormatCase &c = GetParam();
     const ft::synth::Spec &s = c.spec;
     TempDir dir;
-    std::string path = dir.path();
-    if (s.gguf) {
-        path += "/model.gguf";
-        ft::synth::write_gguf(path, s);
-    } else {
-        ft::synth::write_checkpoint(path, s);
-    }
+    const std::string path = write_synth_model(dir.path(), s);
     auto engine = make_engine();
     ft_model *raw = nullptr;
     char err[512];
@@ -83,15 +78,7 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
     std::mt19937 rng(c.format * 13 + 1);
     std::normal_distribution<float> n(0.f, 1.5f);
     for (int l = 0; l < info.num_layers; ++l) {
-        std::vector<std::vector<float>> g(E), u(E), d(E), bg(E), bu(E), bd(E);
-        for (int e = 0; e < E; ++e) {
-            g[e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_GATE);
-            u[e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_UP);
-            d[e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_DOWN);
-            bg[e] = ft::synth::expert_bias(s, l, e, FT_PROJ_GATE);
-            bu[e] = ft::synth::expert_bias(s, l, e, FT_PROJ_UP);
-            bd[e] = ft::synth::expert_bias(s, l, e, FT_PROJ_DOWN);
-        }
+        const SynthLayerRef layer_ref(s, l, E);
         for (int T : {1, 5, 16}) {
             std::vector<float> logits(size_t(T) * E);
             for (float &x : logits) x = n(rng);
@@ -104,13 +91,7 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
             std::vector<uint16_t> out(size_t(T) * H, 0x7fc0);
             ASSERT_EQ(ft_decode(session.get(), l, T, x.data(), ids.data(), w.data(), out.data()), FT_OK)
                 << ft_session_last_error(session.get());
-            const auto ref = ft::testing::moe_reference_f32(
-                [&](int32_t e) {
-                    ft::testing::ExpertF32 x{g[e].data(), u[e].data(), d[e].data()};
-                    if (!bg[e].empty()) x.bias_gate = bg[e].data(), x.bias_up = bu[e].data(), x.bias_down = bd[e].data();
-                    return x;
-                },
-                E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
+            const auto ref = ft::testing::moe_reference_f32([&](int32_t e) { return layer_ref.expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
             EXPECT_LT(ft::testing::relative_error_bf16(out, ref), c.bound) << c.name << " layer " << l << " T " << T;
         }
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../api/api_test_util.hpp"
+#include "../api/synth_reference.hpp"
 #include "freetoken_cuda.h"
 #include "ft/dequant.hpp"
 #include "ft/synth.hpp"
@@ -79,17 +80,6 @@ void PrintTo(const FormatCase &c, std::ostream *os) { *os << c.name; }
 
 class Backends : public ::testing::TestWithParam<FormatCase> {};
 
-std::string write_model(const TempDir &dir, const ft::synth::Spec &s) {
-    std::string path = dir.path();
-    if (s.gguf) {
-        path += "/model.gguf";
-        ft::synth::write_gguf(path, s);
-    } else {
-        ft::synth::write_checkpoint(path, s);
-    }
-    return path;
-}
-
 // cpu, gpu and offload (one layer of slots: every layer change evicts) decode the same calls;
 // offload must equal gpu bit for bit (same kernels, same weights), both must match the CPU and
 // the fp64 reference within the format's bound, and the slot cache figures must add up.
@@ -99,7 +89,7 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     if (!gpu_engine(engine.get())) GTEST_SKIP() << "no usable GPU";
     const ft::synth::Spec &s = c.spec;
     TempDir dir;
-    const std::string path = write_model(dir, s);
+    const std::string path = write_synth_model(dir.path(), s);
     ft_model *raw = nullptr;
     char err[512];
     ASSERT_EQ(ft_model_load(engine.get(), path.c_str(), nullptr, &raw, err, sizeof err), FT_OK) << err;
@@ -127,18 +117,8 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
         fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
     }
     const int L = info.num_layers, E = info.num_experts, K = info.top_k, H = info.hidden_size, I = info.intermediate_size;
-    std::vector<std::vector<std::vector<float>>> g(L), u(L), d(L), bg(L), bu(L), bd(L);
-    for (int l = 0; l < L; ++l) {
-        for (auto *v : {&g[l], &u[l], &d[l], &bg[l], &bu[l], &bd[l]}) v->resize(E);
-        for (int e = 0; e < E; ++e) {
-            g[l][e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_GATE);
-            u[l][e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_UP);
-            d[l][e] = ft::synth::expert_dequant(s, l, e, FT_PROJ_DOWN);
-            bg[l][e] = ft::synth::expert_bias(s, l, e, FT_PROJ_GATE);
-            bu[l][e] = ft::synth::expert_bias(s, l, e, FT_PROJ_UP);
-            bd[l][e] = ft::synth::expert_bias(s, l, e, FT_PROJ_DOWN);
-        }
-    }
+    std::vector<SynthLayerRef> layer_ref;
+    for (int l = 0; l < L; ++l) layer_ref.emplace_back(s, l, E);
 
     std::mt19937 rng(1234 + info.format);
     std::normal_distribution<float> n(0.f, 1.5f);
@@ -170,13 +150,7 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
             std::vector<double> cpu_ref(y_cpu.size());
             for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::testing::bf16_to_f64(y_cpu[i]);
             EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, cpu_ref), c.bound) << c.name << " gpu vs cpu, T " << T;
-            const auto ref = ft::testing::moe_reference_f32(
-                [&](int32_t e) {
-                    ft::testing::ExpertF32 ex{g[l][e].data(), u[l][e].data(), d[l][e].data()};
-                    if (!bg[l][e].empty()) ex.bias_gate = bg[l][e].data(), ex.bias_up = bu[l][e].data(), ex.bias_down = bd[l][e].data();
-                    return ex;
-                },
-                E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
+            const auto ref = ft::testing::moe_reference_f32([&](int32_t e) { return layer_ref[l].expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
             EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, ref), c.bound) << c.name << " gpu vs reference, T " << T;
             // Hybrid adds a CPU partial sum rounded to bf16 once more: within the same bound.
             EXPECT_LT(ft::testing::relative_error_bf16(y_hyb, ref), c.bound) << c.name << " hybrid vs reference, T " << T;
