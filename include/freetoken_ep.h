@@ -158,6 +158,38 @@ FT_API const char *ft_ep_group_last_error(const ft_ep_group *group);
 /* Frees the buffers and, if the group made it, the communicator. Accepts NULL. */
 FT_API void ft_ep_group_free(ft_ep_group *group);
 
+/* ---- since issue 7 item 5: the local experts through a FreeToken session ------------------- */
+
+/* ft_ep_forward with this rank's experts computed by `session` (a session of this process on the
+ * group's GPU, backend FT_BACKEND_GPU, FT_BACKEND_OFFLOAD or FT_BACKEND_HYBRID), so expert
+ * parallelism composes with offloading.
+ *
+ * `model` is the session's model. It holds exactly this rank's physical expert slots: its
+ * num_experts equals the group's slots_per_rank S, and expert j of that model (every layer) is
+ * physical slot j of this rank, i.e. logical expert phy2log[rank * S + j] of the group's
+ * placement (ft_ep_group_get_placement). Replicas are just slots holding the same weights. Its
+ * hidden_size equals the group's hidden; its top_k may be anything (1 is enough: every received
+ * row carries one route); `layer` is the MoE layer of that model.
+ *
+ * The group hands each received row to ft_decode_cuda as a token whose route 0 is its local slot
+ * with weight 1 (routes 1.. are -1), at most `session_max_tokens` rows per call, on `stream`,
+ * and applies the routing weights in its own reduction, as ft_ep_forward does. Pass the
+ * session's max_tokens; in latency mode pass a value below the session's prefill_min_tokens so
+ * every call stays on the capturable decode path. Throughput mode reads each chunk's row count
+ * on the host (one synchronisation per chunk) and calls the session for those rows only; latency
+ * mode covers all max_expert_rows rows (rows without a route are skipped by the session), so
+ * keep max_expert_rows small there.
+ *
+ * The first call allocates this rank's route buffers (make it outside a CUDA graph capture).
+ * Errors: FT_ERR_INVALID_ARGUMENT (NULL, geometry mismatch, layer or session_max_tokens out of
+ * range), FT_ERR_UNSUPPORTED (a session without a device path), and the session's errors; a
+ * session failure in the middle of a step leaves the peers of this rank waiting, so validate
+ * the session (e.g. ft_session_status) before the collective. */
+FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, const ft_model *model,
+                                       int32_t session_max_tokens, int32_t layer, const int32_t *topk_ids,
+                                       const float *topk_weights, const uint16_t *x, int64_t tokens,
+                                       uint16_t *out, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,8 +16,10 @@
 #if defined(FT_EP_HAVE_CUDA)
 #include <cuda_runtime.h>
 
+#include "freetoken_cuda.h"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
+#include "ft/ep_session.hpp"
 #endif
 
 namespace {
@@ -42,6 +44,7 @@ ft_ep_params read_params(const ft_ep_params *in) {
 struct ft_ep_group {
     std::unique_ptr<ft::ep::cuda::NcclTransport> net;
     std::unique_ptr<ft::ep::cuda::EpRank> rank;
+    std::unique_ptr<ft::ep::cuda::SessionExperts> session_experts;  // made by the first session call
     int32_t device = 0;
     std::string last_error;
 };
@@ -263,6 +266,58 @@ FT_API ft_status ft_ep_forward(ft_ep_group *group, const int32_t *topk_ids, cons
     });
 }
 
+FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, const ft_model *model,
+                                       int32_t session_max_tokens, int32_t layer, const int32_t *topk_ids,
+                                       const float *topk_weights, const uint16_t *x, int64_t tokens,
+                                       uint16_t *out, void *stream) {
+    return on_group(group, [&] {
+        if (!session || !model || !out || (tokens > 0 && (!topk_ids || !x)))
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): NULL session, model, ids, x or out");
+        // Everything the session could refuse is checked here, before the collective starts:
+        // a failure inside the step would leave the peers waiting.
+        ft_model_info mi{};
+        mi.struct_size = sizeof mi;
+        if (ft_model_get_info(model, &mi) != FT_OK)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): ft_model_get_info failed");
+        const ft::ep::cuda::EpConfig &cfg = group->rank->config();
+        const int32_t S = group->rank->placement().slots_per_rank;
+        if (mi.num_experts != S)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session's model has ", mi.num_experts,
+                     " experts per layer, the group has ", S, " slots per rank (expert j = local slot j)");
+        if (mi.hidden_size != cfg.hidden)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): model hidden size ", mi.hidden_size,
+                     ", group hidden ", cfg.hidden);
+        if (layer < 0 || layer >= mi.num_layers)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): layer ", layer, " of ", mi.num_layers);
+        if (session_max_tokens < 1)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): session_max_tokens ", session_max_tokens,
+                     " (pass the session's max_tokens)");
+        const int32_t backend = ft_session_backend(session);
+        if (backend != FT_BACKEND_GPU && backend != FT_BACKEND_OFFLOAD && backend != FT_BACKEND_HYBRID)
+            ft::fail(FT_ERR_UNSUPPORTED, "EP forward (session): the session's backend ", backend,
+                     " has no device path (GPU, OFFLOAD or HYBRID)");
+        if (ft_session_device(session) != group->device)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session runs on device ",
+                     ft_session_device(session), ", the group on ", group->device);
+        if (const ft_status st = ft_session_status(session); st != FT_OK)
+            ft::fail(st, "EP forward (session): the session cannot run: ", ft_session_last_error(session));
+        auto &se = group->session_experts;
+        if (!se || se->model_top_k() != mi.top_k || se->rows_per_call() != session_max_tokens)
+            se = std::make_unique<ft::ep::cuda::SessionExperts>(mi.top_k, session_max_tokens);
+        const bool exact = cfg.mode == ft::ep::cuda::Mode::Throughput;
+        const ft::ep::cuda::SessionDecodeFn decode = [&](int32_t rows, const uint16_t *xr, const int32_t *ids,
+                                                         const float *w, uint16_t *yr, cudaStream_t st) {
+            const ft_status s = ft_decode_cuda(session, layer, rows, xr, ids, w, yr, st);
+            if (s != FT_OK)
+                ft::fail(s, "EP forward (session): ft_decode_cuda of ", rows, " rows: ", ft_session_last_error(session));
+        };
+        group->rank->forward(
+            topk_ids, topk_weights, x, tokens,
+            [&](const ft::ep::cuda::ExpertBatch &b, cudaStream_t st) { se->run(b, exact, decode, st); }, out,
+            static_cast<cudaStream_t>(stream));
+    });
+}
+
 FT_API const char *ft_ep_group_last_error(const ft_ep_group *group) {
     return group ? group->last_error.c_str() : "";
 }
@@ -315,6 +370,11 @@ FT_API ft_status ft_ep_dispatch(ft_ep_group *, const int32_t *, const float *, c
 FT_API ft_status ft_ep_combine(ft_ep_group *, uint16_t *, void *) { return FT_ERR_UNSUPPORTED; }
 FT_API ft_status ft_ep_forward(ft_ep_group *, const int32_t *, const float *, const uint16_t *, int64_t,
                                ft_ep_expert_fn, void *, uint16_t *, void *) {
+    return FT_ERR_UNSUPPORTED;
+}
+FT_API ft_status ft_ep_forward_session(ft_ep_group *, ft_session *, const ft_model *, int32_t, int32_t,
+                                       const int32_t *, const float *, const uint16_t *, int64_t, uint16_t *,
+                                       void *) {
     return FT_ERR_UNSUPPORTED;
 }
 FT_API const char *ft_ep_group_last_error(const ft_ep_group *) { return kNoCuda; }
