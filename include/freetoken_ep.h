@@ -62,7 +62,9 @@ typedef struct ft_ep_params {
     int32_t nccl_max_ctas;    /* groups that make their communicator: at most this many CTAs
                                  (SMs) per NCCL kernel, so the experts keep the rest; 0: NCCL's
                                  default (NCCL_MAX_CTAS is honoured by NCCL itself)          */
-    double link_bytes_per_s;  /* per-peer link bandwidth for the chunk plan; 0: 25e9        */
+    double link_bytes_per_s;  /* per-peer link bandwidth for the chunk plan; 0: measured at
+                                 creation by one exchange of 64 MB per rank through the
+                                 group (a collective), or 25e9 with one rank              */
     int64_t max_expert_rows;  /* expert rows per chunk the buffers hold; 0: ranks *
                                  max_tokens * top_k (the worst case; lower it to save memory) */
 } ft_ep_params;
@@ -71,6 +73,10 @@ FT_API void ft_ep_params_init(ft_ep_params *params);
 
 /* Creates a group on `device` from an existing communicator (an ncclComm_t, borrowed: it must
  * outlive the group). Rank and size come from the communicator. Allocates every buffer now.
+ * Creation is collective (every rank of the communicator creates its group at the same time):
+ * it probes the topology (bus ids all-gathered, P2P status, and, unless params set
+ * link_bytes_per_s or chunks, a timed 64 MB exchange; see ft_ep_group_info) and logs it at
+ * FT_LOG_INFO. The bootstrap calls below probe the same way.
  * Returns FT_ERR_UNSUPPORTED without NCCL or CUDA, FT_ERR_INVALID_ARGUMENT for bad params,
  * FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE. */
 FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, const ft_ep_params *params,
@@ -102,6 +108,18 @@ typedef struct ft_ep_group_info {
     int32_t nccl_version;     /* NCCL_VERSION_CODE of the loaded libnccl                    */
     int32_t last_chunks;      /* chunks of the last throughput call                         */
     uint64_t last_bytes_sent; /* bytes the last call sent to other ranks (both directions)  */
+    /* Topology probe at creation (since issue 7 item 4); unknown values as noted. */
+    char pci_bus_id[16];      /* this GPU, "0000:3b:00.0" (sysfs spelling); "" unknown        */
+    int32_t numa_node;        /* NUMA node of this GPU, -1 unknown                          */
+    int32_t pcie_link_width;  /* current PCIe lanes, 0 unknown                              */
+    double pcie_link_gts;     /* current PCIe link speed per lane in GT/s, 0 unknown        */
+    double link_bytes_per_s;  /* the per-peer bandwidth the chunk plan uses: params' value,
+                                 else the calibration, else 25e9                           */
+    double calibrated_bytes_per_s; /* per-peer rate of the creation-time exchange (minimum
+                                 over ranks, so all ranks plan alike); 0 if not measured    */
+    uint64_t p2p_known;       /* bit r: the P2P status towards rank r's GPU is known (that
+                                 GPU is visible to this process); own bit set              */
+    uint64_t p2p_mask;        /* bit r: cudaDeviceCanAccessPeer to rank r's GPU; own bit set */
 } ft_ep_group_info;
 
 FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info *info);

@@ -7,6 +7,8 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "freetoken.h"
 #include "freetoken_ep.h"
@@ -19,6 +21,7 @@
 #include "freetoken_cuda.h"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
+#include "ft/ep_probe.hpp"
 #include "ft/ep_session.hpp"
 #endif
 
@@ -46,6 +49,8 @@ struct ft_ep_group {
     std::unique_ptr<ft::ep::cuda::EpRank> rank;
     std::unique_ptr<ft::ep::cuda::SessionExperts> session_experts;  // made by the first session call
     int32_t device = 0;
+    ft::ep::cuda::RankTopology topology;  // probed at creation
+    double link_bytes_per_s = 0;          // what the chunk plan uses
     std::string last_error;
 };
 
@@ -115,12 +120,32 @@ ft::ep::Placement initial_placement(const ft_ep_params &p, int32_t ranks) {
     return ft::ep::make_placement(p.num_experts, ranks, std::move(phy2log));
 }
 
+// Bytes each rank sends in the creation-time calibration exchange (split over its peers): enough
+// to reach the link's plateau, short enough (a few ms on PCIe) to run at every creation.
+constexpr size_t kCalibrationBytes = size_t(64) << 20;
+
+// Collective over the group's ranks (the bus-id all-gather and the calibration exchange).
+ft::ep::cuda::RankTopology probe(ft::ep::cuda::NcclTransport &net, int32_t device, const ft_ep_params &p) {
+    config_of(p);  // bad params fail on every rank before the collective, not in it
+    ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    // The caller's bandwidth wins; only measure when the chunk plan needs it.
+    const size_t bytes = p.link_bytes_per_s > 0 || p.chunks > 0 ? 0 : kCalibrationBytes;
+    return ft::ep::cuda::probe_topology(net, device, bytes);
+}
+
 std::unique_ptr<ft_ep_group> make_group(std::unique_ptr<ft::ep::cuda::NcclTransport> net, int32_t device,
-                                        const ft_ep_params &p) {
+                                        const ft_ep_params &p, ft::ep::cuda::RankTopology topology) {
     auto g = std::make_unique<ft_ep_group>();
     g->device = device;
     ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    g->rank = std::make_unique<ft::ep::cuda::EpRank>(*net, initial_placement(p, net->size()), config_of(p));
+    ft::ep::cuda::EpConfig cfg = config_of(p);
+    if (p.link_bytes_per_s <= 0 && topology.calibrated_bytes_per_s > 0)
+        cfg.link_bytes_per_s = topology.calibrated_bytes_per_s;
+    g->link_bytes_per_s = cfg.link_bytes_per_s;
+    ft::log(FT_LOG_INFO, ft::ep::cuda::describe(topology, net->rank()), "; chunk plan at ", cfg.link_bytes_per_s / 1e9,
+            " GB/s per peer");
+    g->rank = std::make_unique<ft::ep::cuda::EpRank>(*net, initial_placement(p, net->size()), cfg);
+    g->topology = std::move(topology);
     g->net = std::move(net);
     return g;
 }
@@ -153,7 +178,9 @@ FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, c
     return before_group(err, err_size, [&] {
         const ft_ep_params p = read_params(params);
         ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-        *out = make_group(std::make_unique<ft::ep::cuda::NcclTransport>(nccl_comm, false), device, p).release();
+        auto net = std::make_unique<ft::ep::cuda::NcclTransport>(nccl_comm, false);
+        ft::ep::cuda::RankTopology topo = probe(*net, device, p);
+        *out = make_group(std::move(net), device, p, std::move(topo)).release();
     });
 }
 
@@ -176,8 +203,9 @@ FT_API ft_status ft_ep_group_bootstrap(int32_t nranks, int32_t rank, int32_t dev
                 ft::fail(FT_ERR_INVALID_ARGUMENT, "EP bootstrap: no broadcast callback and NCCL_COMM_ID is not set");
             id = ft::ep::cuda::NcclTransport::unique_id();
         }
-        *out = make_group(ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device, p.nccl_max_ctas), device, p)
-                   .release();
+        auto net = ft::ep::cuda::NcclTransport::init_rank(nranks, id, rank, device, p.nccl_max_ctas);
+        ft::ep::cuda::RankTopology topo = probe(*net, device, p);
+        *out = make_group(std::move(net), device, p, std::move(topo)).release();
     });
 }
 
@@ -189,8 +217,22 @@ FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *de
         const ft_ep_params p = read_params(params);
         auto nets =
             ft::ep::cuda::NcclTransport::init_all(std::vector<int32_t>(devices, devices + ndevices), p.nccl_max_ctas);
+        // The probe is collective: one host thread per rank, as for any call on these groups.
+        std::vector<ft::ep::cuda::RankTopology> topo(ndevices);
+        std::vector<std::string> errors(ndevices);
+        std::vector<ft_status> codes(ndevices, FT_OK);
+        std::vector<std::thread> threads;
+        for (int32_t i = 0; i < ndevices; ++i)
+            threads.emplace_back([&, i] {
+                codes[i] = guarded([&](const std::string &m) { errors[i] = m; },
+                                   [&] { topo[i] = probe(*nets[i], devices[i], p); });
+            });
+        for (std::thread &t : threads) t.join();
+        for (int32_t i = 0; i < ndevices; ++i)
+            if (codes[i] != FT_OK) ft::fail(codes[i], "EP topology probe of device ", devices[i], ": ", errors[i]);
         std::vector<std::unique_ptr<ft_ep_group>> made;
-        for (int32_t i = 0; i < ndevices; ++i) made.push_back(make_group(std::move(nets[i]), devices[i], p));
+        for (int32_t i = 0; i < ndevices; ++i)
+            made.push_back(make_group(std::move(nets[i]), devices[i], p, std::move(topo[i])));
         for (int32_t i = 0; i < ndevices; ++i) groups[i] = made[i].release();
     });
 }
@@ -206,6 +248,15 @@ FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info
     c.nccl_version = ft::ep::cuda::NcclTransport::library_version();
     c.last_chunks = group->rank->last_chunks();
     c.last_bytes_sent = group->rank->last_bytes_sent();
+    const ft::ep::cuda::RankTopology &t = group->topology;
+    std::strncpy(c.pci_bus_id, t.bus_id.c_str(), sizeof c.pci_bus_id - 1);
+    c.numa_node = t.link.numa_node;
+    c.pcie_link_width = t.link.width;
+    c.pcie_link_gts = t.link.speed_gts;
+    c.link_bytes_per_s = group->link_bytes_per_s;
+    c.calibrated_bytes_per_s = t.calibrated_bytes_per_s;
+    c.p2p_known = t.p2p_known;
+    c.p2p_mask = t.p2p_mask;
     const uint32_t n = std::min<uint32_t>(info->struct_size, sizeof c);
     c.struct_size = n;
     std::memcpy(info, &c, n);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
@@ -23,6 +24,7 @@
 #include "ft/cuda_device.hpp"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
+#include "ft/ep_probe.hpp"
 #include "ft/ep_session.hpp"
 #include "sim_transport.hpp"
 
@@ -427,6 +429,13 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
         char err[256];
         const int32_t dev = 0;
         ASSERT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+        ft_ep_group_info info;
+        info.struct_size = sizeof info;
+        ASSERT_EQ(ft_ep_group_info_get(g, &info), FT_OK);
+        EXPECT_NE(std::string(info.pci_bus_id), "");
+        EXPECT_EQ(info.p2p_known, 1u);
+        EXPECT_EQ(info.calibrated_bytes_per_s, 0.0);  // one rank: nothing to measure
+        EXPECT_EQ(info.link_bytes_per_s, 25e9);
         EXPECT_EQ(ft_ep_forward_session(g, wrong.session, wrong.model, 32, 0, ids.ptr, wts.ptr, x.ptr, d.tokens,
                                         out.ptr, nullptr),
                   FT_ERR_INVALID_ARGUMENT);
@@ -448,6 +457,45 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
         EXPECT_EQ(check_rank(full.session, 1, d, WireDtype::Fp8Fp32, out.download(d.x.size()), &worst), 0)
             << "mode " << mode << ", worst error / tolerance " << worst;
         ft_ep_group_free(g);
+    }
+}
+
+// The topology probe over ranks simulated on one GPU: every rank sees every bus id (all the
+// same device here), knows the P2P status of all, and all agree on one calibrated rate.
+TEST(EpCudaSession, ProbeTopologyOverSimulatedRanks) {
+    REQUIRE_GPU();
+    for (int32_t R : {2, 4}) {
+        ft::ep::test::SimHub hub(R, true);
+        std::vector<std::unique_ptr<ft::ep::test::SimTransport>> net;
+        for (int32_t r = 0; r < R; ++r) net.push_back(std::make_unique<ft::ep::test::SimTransport>(hub, r));
+        std::vector<epc::RankTopology> topo(R);
+        std::vector<std::string> errors(R);
+        std::vector<std::thread> threads;
+        for (int32_t r = 0; r < R; ++r)
+            threads.emplace_back([&, r] {
+                try {
+                    cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+                    topo[r] = epc::probe_topology(*net[r], 0, size_t(16) << 20);
+                } catch (const std::exception &e) {
+                    errors[r] = e.what();
+                    hub.abort(e.what());
+                }
+            });
+        for (std::thread &t : threads) t.join();
+        for (int32_t r = 0; r < R; ++r) {
+            ASSERT_EQ(errors[r], "") << "rank " << r;
+            const epc::RankTopology &t = topo[r];
+            EXPECT_NE(t.bus_id, "");
+            EXPECT_EQ(t.bus_id, ft::ep::normalize_pci_bus_id(t.bus_id));
+            ASSERT_EQ(t.peer_bus.size(), size_t(R));
+            for (const std::string &b : t.peer_bus) EXPECT_EQ(b, t.bus_id);
+            EXPECT_EQ(t.p2p_known, (uint64_t(1) << R) - 1);
+            EXPECT_TRUE(t.p2p_mask & (uint64_t(1) << r));
+            EXPECT_GT(t.calibrated_bytes_per_s, 1e8);
+            EXPECT_EQ(t.calibrated_bytes_per_s, topo[0].calibrated_bytes_per_s);  // the same minimum everywhere
+            EXPECT_GT(t.calibration_seconds, 0.0);
+            std::printf("%s\n", epc::describe(t, r).c_str());
+        }
     }
 }
 
