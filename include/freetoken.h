@@ -201,7 +201,9 @@ typedef struct ft_engine_params {
     uint32_t struct_size;
     int32_t device;       /* CUDA device ordinal, FT_DEVICE_AUTO (default) or FT_DEVICE_NONE.
                              With a device, host expert banks are page-locked for it.          */
-    int32_t cpu_threads;  /* worker threads; 0 (default) = one per physical core               */
+    int32_t cpu_threads;  /* worker threads; 0 (default) = one per physical core, less one when
+                             the engine uses a GPU: that core is left to the thread that
+                             drives the GPU and to the hybrid coordinator                      */
     bool pin_threads;     /* pin each worker to its own core (default true)                    */
     uint8_t reserved_[3];
 } ft_engine_params;
@@ -489,7 +491,8 @@ typedef struct ft_profile_params {
     uint32_t struct_size;
     int32_t device;          /* CUDA device to measure: FT_DEVICE_AUTO (default) or an ordinal;
                                 FT_DEVICE_NONE measures the CPU only                           */
-    int32_t cpu_threads;     /* 0 (default): one per physical core, as engines use             */
+    int32_t cpu_threads;     /* 0 (default): as engines choose (one per physical core, less one
+                                with a GPU)                                                    */
     uint32_t formats;        /* bit (1u << FT_FORMAT_x) per expert format to measure; 0
                                 (default): every format                                         */
     double max_seconds;      /* soft bound on the whole run (default 30)                       */

@@ -116,6 +116,11 @@ std::vector<int> physical_core_cpus() {
     return reps;
 }
 
+int default_worker_count(bool drives_gpu) {
+    const int cores = static_cast<int>(std::max<size_t>(1, physical_core_cpus().size()));
+    return drives_gpu && cores > 1 ? cores - 1 : cores;
+}
+
 size_t last_level_cache_bytes() {
     size_t best = 0;
     for (int i = 0; i < 16; ++i) {

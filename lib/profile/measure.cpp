@@ -535,7 +535,8 @@ Profile measure_profile(const ft_profile_params &p) {
         prof.gpu_name = cuda::device_name(device);
     }
 
-    cpu::ThreadPool pool(p.cpu_threads, true);
+    // The engine's default, so the figures describe the pool a session will run with.
+    cpu::ThreadPool pool(p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device >= 0), true);
     prof.physical_cores = static_cast<int64_t>(cpu::physical_core_cpus().size());
     prof.threads_used = pool.size();
     // Unknown cache sizes are taken as a large server LLC, so windows err on the DRAM side.

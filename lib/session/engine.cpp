@@ -22,7 +22,8 @@ Engine::Engine(const ft_engine_params &p) : isa_(cpu::default_isa()) {
     if (device_ >= 0) device_name_ = cuda::device_name(device_);
 
     physical_cores_ = static_cast<int32_t>(cpu::physical_core_cpus().size());
-    pool_ = std::make_unique<cpu::ThreadPool>(p.cpu_threads, p.pin_threads);
+    pool_ = std::make_unique<cpu::ThreadPool>(p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device_ >= 0),
+                                               p.pin_threads);
     log(FT_LOG_INFO, "engine: ", pool_->size(), " CPU workers (", cpu::isa_name(isa_), "), ",
         device_ >= 0 ? cat("GPU ", device_, " ", device_name_) : std::string("no GPU"));
 }

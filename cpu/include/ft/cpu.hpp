@@ -40,6 +40,14 @@ bool isa_from_name(const char *name, Isa *out);
 // thread_siblings_list); all allowed CPUs when the topology cannot be read.
 std::vector<int> physical_core_cpus();
 
+// The default worker count: one per physical core, less one when a GPU is driven from this
+// process (and at least one). That core is left to the thread that enqueues the GPU work and
+// waits on it (CUDA's default wait spins) and to the hybrid coordinator: a pinned worker sharing
+// its core with either is descheduled for whole time slices, and every pass barrier of the MoE
+// layer then waits for it (measured on the H200 host: the CPU half of a hybrid step ran at 0.6
+// of the CPU backend's speed with all 16 cores taken).
+int default_worker_count(bool drives_gpu);
+
 // Size in bytes of the largest CPU cache (sysfs), 0 if unknown. Working sets that must come
 // from DRAM have to be several times larger.
 size_t last_level_cache_bytes();
