@@ -190,6 +190,7 @@ WireBytes wire_bytes(const Placement &p, const int32_t *ids, int64_t tokens, int
     w.allgather_bf16 = (R - 1) * row;
     w.alltoall_bf16 = remote_routes * row / T;
     w.combine_dedup_bf16 = remote_rows * row / T;
+    w.combine_dedup_fp8 = remote_rows * static_cast<double>(combine_row_bytes(hidden, WireDtype::Fp8Fp32)) / T;
     w.remote_fraction = R > 1 ? remote_rows / (T * (R - 1)) : 0.0;
     return w;
 }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
@@ -45,6 +46,8 @@ T get(const uint8_t *base, size_t at) {
 }
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+ScaleFormat scale_format(WireDtype dtype) { return dtype == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0; }
 
 }  // namespace
 
@@ -202,16 +205,72 @@ void reduce_partials(const uint8_t *records, int64_t num_records, const RecordLa
 
 void combine_at_source(const DispatchLayout &layout, const uint16_t *const *partials, int64_t hidden,
                        uint16_t *out) {
+    std::vector<const uint8_t *> rows(layout.num_ranks);
+    for (int32_t r = 0; r < layout.num_ranks; ++r) rows[r] = reinterpret_cast<const uint8_t *>(partials[r]);
+    combine_at_source_wire(layout, rows.data(), hidden, WireDtype::Bf16, out);
+}
+
+// ---- FP8 combine ------------------------------------------------------------------------------
+
+size_t combine_row_bytes(int64_t hidden, WireDtype dtype) {
+    check_hidden(hidden);
+    if (dtype == WireDtype::Bf16) return static_cast<size_t>(hidden) * 2;
+    // Whole 4-byte words: the kernels store e4m3 four at a time and read fp32 scales.
+    return round_up(static_cast<size_t>(hidden) + fp8_scale_bytes(hidden, scale_format(dtype)), 4);
+}
+
+double combine_rel_error(const uint16_t *row, const float *decoded, int64_t hidden) {
+    double err = 0, norm = 0;
+    for (int64_t h = 0; h < hidden; ++h) {
+        const float v = bf16_to_f32(row[h]);
+        if (!std::isfinite(v)) return HUGE_VAL;
+        const double d = static_cast<double>(decoded[h]) - v;
+        err += d * d;
+        norm += static_cast<double>(v) * v;
+    }
+    return norm > 0 ? std::sqrt(err) / std::sqrt(norm) : 0.0;
+}
+
+double encode_combine_row(const uint16_t *partial, int64_t hidden, WireDtype dtype, uint8_t *wire) {
+    const size_t bytes = combine_row_bytes(hidden, dtype);
+    if (dtype == WireDtype::Bf16) {
+        std::memcpy(wire, partial, bytes);
+        return 0.0;
+    }
+    std::memset(wire, 0, bytes);
+    quantize_fp8_row(partial, hidden, scale_format(dtype), wire, wire + hidden);
+    std::vector<float> back(static_cast<size_t>(hidden));
+    decode_combine_row(wire, hidden, dtype, back.data());
+    return combine_rel_error(partial, back.data(), hidden);
+}
+
+void decode_combine_row(const uint8_t *wire, int64_t hidden, WireDtype dtype, float *out) {
+    check_hidden(hidden);
+    if (dtype == WireDtype::Bf16) {
+        for (int64_t h = 0; h < hidden; ++h) out[h] = bf16_to_f32(get<uint16_t>(wire, 2 * h));
+        return;
+    }
+    dequantize_fp8_row(wire, wire + hidden, hidden, scale_format(dtype), out);
+}
+
+void combine_at_source_wire(const DispatchLayout &layout, const uint8_t *const *rows, int64_t hidden, WireDtype dtype,
+                            uint16_t *out) {
     const int64_t T = layout.tokens;
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < hidden; ++h) {
-            float sum = 0.0f;
-            for (int32_t r = 0; r < layout.num_ranks; ++r) {
-                const int32_t row = layout.row[static_cast<size_t>(r) * T + t];
-                if (row >= 0) sum += bf16_to_f32(partials[r][static_cast<int64_t>(row) * hidden + h]);
-            }
-            out[t * hidden + h] = f32_to_bf16(sum);
+    const size_t row_bytes = combine_row_bytes(hidden, dtype), own_bytes = static_cast<size_t>(hidden) * 2;
+    std::vector<float> sum(static_cast<size_t>(hidden)), v(static_cast<size_t>(hidden));
+    for (int64_t t = 0; t < T; ++t) {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int32_t r = 0; r < layout.num_ranks; ++r) {
+            const int32_t row = layout.row[static_cast<size_t>(r) * T + t];
+            if (row < 0) continue;
+            if (r == layout.source_rank)
+                decode_combine_row(rows[r] + own_bytes * row, hidden, WireDtype::Bf16, v.data());
+            else
+                decode_combine_row(rows[r] + row_bytes * row, hidden, dtype, v.data());
+            for (int64_t h = 0; h < hidden; ++h) sum[h] += v[h];
         }
+        for (int64_t h = 0; h < hidden; ++h) out[t * hidden + h] = f32_to_bf16(sum[h]);
+    }
 }
 
 }  // namespace ft::ep

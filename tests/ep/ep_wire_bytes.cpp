@@ -5,7 +5,8 @@
 // Columns: P = mean fraction of the R - 1 remote ranks a token is sent to; dispatch with dedup in
 // FP8 records (payload + fp32 scales + metadata) and in bf16 records; the bf16 all-gather
 // (ThunderEP's and vLLM's baseline) and a per-route bf16 all-to-all without dedup; our bf16
-// combine (one partial per remote destination). "vs AG" is FP8 dispatch over all-gather.
+// combine (one partial per remote destination) and the same partials on the optional FP8 combine
+// wire (e4m3 + fp32 scales). "vs AG" is FP8 dispatch over all-gather.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -37,7 +38,7 @@ int main(int argc, char **argv) {
     std::printf("tokens %lld, seed %llu; bytes per token leaving its rank\n\n", static_cast<long long>(tokens),
                 static_cast<unsigned long long>(seed));
     std::printf("| shape | trace | R | placement | P | FP8 dedup | bf16 dedup | bf16 all-gather | bf16 a2a | "
-                "combine bf16 | vs AG |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "combine bf16 | combine FP8 | vs AG |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Shape &sh : shapes)
         for (const Trace &tr : traces) {
             ft::ep::test::TraceSpec spec;
@@ -58,9 +59,10 @@ int main(int argc, char **argv) {
                 for (const auto &[pname, p] : {std::pair<const char *, const Placement &>{"contiguous", linear},
                                                std::pair<const char *, const Placement &>{"planned", planned}}) {
                     const WireBytes w = wire_bytes(p, ids.data(), tokens, sh.top_k, sh.hidden);
-                    std::printf("| %s | %s | %d | %s | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f |\n", sh.name, tr.name,
+                    std::printf("| %s | %s | %d | %s | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f |\n", sh.name, tr.name,
                                 R, pname, w.remote_fraction, w.dispatch_dedup_fp8, w.dispatch_dedup_bf16, w.allgather_bf16,
-                                w.alltoall_bf16, w.combine_dedup_bf16, w.dispatch_dedup_fp8 / w.allgather_bf16);
+                                w.alltoall_bf16, w.combine_dedup_bf16, w.combine_dedup_fp8,
+                                w.dispatch_dedup_fp8 / w.allgather_bf16);
                 }
             }
         }

@@ -223,6 +223,36 @@ void reduce_partials(const uint8_t *records, int64_t num_records, const RecordLa
 void combine_at_source(const DispatchLayout &layout, const uint16_t *const *partials, int64_t hidden,
                        uint16_t *out_bf16);
 
+// ---- FP8 combine (issue 7 item 2: optional, throughput mode, behind an accuracy gate) ----------
+
+// With an FP8 combine wire each partial row (the bf16 output of reduce_partials) travels as
+//   [e4m3 x H | scales: fp32 or e8m0 x H/128]      padded to a multiple of 4 bytes
+// encoded by quantize_fp8_row (the dispatch quantiser, same rounding, same scales) and decoded
+// by dequantize_fp8_row at the source. The source's own rows are not sent and stay bf16. Bf16
+// means today's wire: the bf16 partial row, 2H bytes.
+size_t combine_row_bytes(int64_t hidden, WireDtype dtype);  // 2H; H + H/32 (fp32); H + H/128 (e8m0)
+// Default accuracy gate on the largest row error of a call. The measure is dominated by a row's
+// largest values, which e4m3 keeps to half an ulp (2^-4 relative); small values lost to the
+// subnormal range add at most H (amax / 448)^2 2^-20 to the squared error. So a finite row's
+// error is below ~0.0626 whatever its range (~0.026 for gaussian rows, more when values sit near
+// rounding midpoints), and a non-finite row's is +Inf. 0.05 passes normal data and trips on
+// non-finite partials and on rows rounding near the worst case; lower it for a tighter budget.
+inline constexpr float kCombineDefaultMaxRelError = 0.05f;
+// Writes one row's wire bytes (padding zero) and returns its relative L2 error (the gate's
+// measure, combine_rel_error of the decoded row; 0 for Bf16).
+double encode_combine_row(const uint16_t *partial_bf16, int64_t hidden, WireDtype dtype, uint8_t *wire);
+// The row's values at the source: dequantised (e4m3 * scale, one fp32 multiply) or the bf16 values.
+void decode_combine_row(const uint8_t *wire, int64_t hidden, WireDtype dtype, float *out);
+// ||decoded - row|| / ||row|| (L2, accumulated in double): 0 for an all-zero row, +Inf when the
+// row holds a non-finite value (FP8 cannot carry Inf, so such a row must trip the gate).
+double combine_rel_error(const uint16_t *row_bf16, const float *decoded, int64_t hidden);
+// combine_at_source for any combine wire: rows[r] points at rank r's rows in `dtype` wire format
+// (combine_row_bytes apart, the layout's row order for r), except rows[source_rank], which are the
+// source's own bf16 partial rows (2H bytes apart). The sum is combine_at_source's: fp32 from 0,
+// ranks ascending, of the decoded values, then one bf16 rounding; with Bf16 it is that function.
+void combine_at_source_wire(const DispatchLayout &layout, const uint8_t *const *rows, int64_t hidden, WireDtype dtype,
+                            uint16_t *out_bf16);
+
 // ---- chunking for throughput mode (5.2 step 5) -----------------------------------------------
 
 struct ChunkPolicy {
@@ -259,6 +289,7 @@ struct WireBytes {
     double alltoall_bf16 = 0;       // one bf16 row per remote route (per-expert a2a, no dedup)
     double combine_dedup_bf16 = 0;  // our combine: one bf16 partial per remote destination rank
     double remote_fraction = 0;     // P: mean fraction of the R - 1 remote ranks a token goes to
+    double combine_dedup_fp8 = 0;   // the same partials on the FP8 combine wire (fp32 scales)
 };
 WireBytes wire_bytes(const Placement &placement, const int32_t *ids, int64_t tokens, int32_t top_k, int64_t hidden);
 
