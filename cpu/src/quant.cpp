@@ -15,7 +15,8 @@
 //                     zero-padded to a multiple of 128 (ds_fp4 after the FP8 round trip, whose
 //                     results are bf16 values).
 // q4_0 with AVX-512-VNNI: the Q8_0 q as above, then per-lane d and -8 * sum(q)
-// (q8_0_vnni_act_bytes in quant_kernels.hpp).
+// (q8_0_vnni_act_bytes in quant_kernels.hpp); the four-block kernel (FT_CPU_Q4_0_X4, default)
+// the same values grouped per 4 blocks (q8_0_x4_act_bytes).
 #include "quant.hpp"
 
 #include <algorithm>
@@ -70,6 +71,7 @@ uint16_t load_u16(const uint8_t *p) {
 
 size_t q8_0_act_bytes(int64_t K) { return size_t(round_up(K, 64) + 4 * (K / 32 + 1) + 63) / 64 * 64; }
 size_t q8_0_vnni_act_bytes(int64_t K) { return size_t(3 * round_up(K, 64)); }
+size_t q8_0_x4_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
 
 // The scalar kernels dequantise each weight exactly as lib/formats does and accumulate in fp32.
 void fp8_block_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
@@ -295,6 +297,37 @@ void prepare_q8_0_vnni(const uint16_t *x, int64_t K, uint8_t *dst) {
     for (int64_t l = 0; l < qbytes / 4; ++l) cl[l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
 }
 
+// Groups of 4 Q8_0 blocks (q8_0_x4_act_bytes): q of elements 0..15 of each block, then 16..31,
+// then per int32 lane (8 elements of block l / 4) -8 * sum(q) and the block's d.
+void prepare_q8_0_x4(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t nb = K / 32;
+    float v[32], d[4];
+    int8_t q[4][32];
+    for (int64_t g = 0; g < round_up(nb, 4); g += 4) {
+        uint8_t *o = dst + g * 64;
+        for (int j = 0; j < 4; ++j) {
+            if (g + j < nb) {
+                for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[(g + j) * 32 + i]);
+                quantize_q8_0(v, 32, q[j], &d[j]);
+            } else {
+                std::memset(q[j], 0, 32);
+                d[j] = 0.0f;
+            }
+            std::memcpy(o + 16 * j, q[j], 16);
+            std::memcpy(o + 64 + 16 * j, q[j] + 16, 16);
+        }
+        int32_t c[16];
+        float dl[16];
+        for (int l = 0; l < 16; ++l) {
+            const int8_t *lo = q[l / 4] + 4 * (l % 4), *hi = lo + 16;
+            c[l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
+            dl[l] = d[l / 4];
+        }
+        std::memcpy(o + 128, c, 64);
+        std::memcpy(o + 192, dl, 64);
+    }
+}
+
 struct Kernel {
     detail::QuantGemv gemv = nullptr;  // nullptr: the tier below's
     const char *suffix = nullptr;
@@ -309,6 +342,10 @@ struct TierKernels {
     Kernel tier[4];  // scalar, avx2, avx512, avx512bf16
     Kernel vnni;     // with AVX-512-VNNI, at tiers >= avx512 (q4_0 only)
     Kernel vbmi;     // with AVX-512-VBMI, at the avx512bf16 tier (mxfp4 only)
+    // The newer kernel where it is switched on (quant_ops: its knob, see fast_kernel()), at tiers
+    // >= avx512 on a CPU with AVX-512-VNNI (and VBMI where fast_vbmi): q4_0 four blocks per step.
+    Kernel fast = {};
+    bool fast_vbmi = false;
 };
 
 const TierKernels kKernels[] = {
@@ -358,7 +395,8 @@ const TierKernels kKernels[] = {
 #endif
      },
 #if defined(FT_CPU_X86_KERNELS)
-     {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}, {}},
+     {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}, {},
+     {detail::q4_0_avx512vnni_x4, "-avx512vnni-x4", detail::q8_0_x4_act_bytes, prepare_q8_0_x4}},
 #else
      {}, {}},
 #endif
@@ -379,6 +417,12 @@ bool use_vnni() {
 #endif
 }
 
+// The newer kernels (TierKernels::fast), each on unless its knob is 0: q4_0 FT_CPU_Q4_0_X4.
+bool fast_kernel(Format f) {
+    static const bool q4 = env_string("FT_CPU_Q4_0_X4") != "0";
+    return f == Format::q4_0 ? q4 : false;
+}
+
 }  // namespace
 
 bool cpu_has_vbmi() {
@@ -390,15 +434,16 @@ bool cpu_has_vbmi() {
 #endif
 }
 
-const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi) {
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast) {
     if (f == Format::bf16) return nullptr;
-    // One table of every (format, tier, vnni, vbmi) quadruple, built once; tiers without their own
-    // kernel use the next lower one.
+    // One table of every (format, tier, vnni, vbmi, fast) combination, built once; tiers without
+    // their own kernel use the next lower one.
     static const std::vector<QuantOps> table = [] {
         std::vector<QuantOps> t;
         static std::vector<std::string> names;
-        names.reserve(128);
+        names.reserve(256);
         for (const TierKernels &k : kKernels)
+            for (int fa = 0; fa < 2; ++fa)
             for (int vb = 0; vb < 2; ++vb)
             for (int v = 0; v < 2; ++v)
                 for (int tier = 0; tier < 4; ++tier) {
@@ -407,13 +452,15 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi) {
                         if (k.tier[i].gemv) use = k.tier[i];
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
+                    if (fa && v && (vb || !k.fast_vbmi) && tier >= int(Isa::avx512) && k.fast.gemv) use = k.fast;
                     names.push_back(std::string(k.name) + use.suffix);
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant});
                 }
         return t;
     }();
     for (size_t i = 0; i < std::size(kKernels); ++i)
-        if (kKernels[i].format == f) return &table[i * 16 + (vbmi ? 8 : 0) + (vnni ? 4 : 0) + size_t(isa)];
+        if (kKernels[i].format == f)
+            return &table[i * 32 + (fast ? 16 : 0) + (vbmi ? 8 : 0) + (vnni ? 4 : 0) + size_t(isa)];
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
 
@@ -425,7 +472,7 @@ const QuantOps *quant_ops(Format f, Isa isa) {
         return true;
     }();
     (void)pairs_set;
-    return quant_ops_variant(f, isa, use_vnni(), cpu_has_vbmi());
+    return quant_ops_variant(f, isa, use_vnni(), cpu_has_vbmi(), fast_kernel(f));
 }
 
 }  // namespace ft::cpu

@@ -29,7 +29,8 @@ const QuantOps *quant_ops(Format f, Isa isa);
 // The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it). VBMI
 // selects mxfp4's avx512bf16vbmi kernel at the avx512bf16 tier (quant_avx512vbmi.cpp), which
 // quant_ops uses whenever the CPU has avx512vbmi.
-const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi);
+// fast: the format's newer kernel where it has one (q4_0: four blocks per step), only with vnni.
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast = false);
 bool cpu_has_vbmi();
 
 // DeepSeek-V4 FP8 round trip per 128 (ft::fp8_round_trip_per128, bit-identical), input bf16.

@@ -47,6 +47,11 @@ size_t q8_0_act_bytes(int64_t K);
 // q (one int32 lane of vpdpbusd) float d[Kp/4] (the block's d, 0 in the padding) and int32
 // c[Kp/4] = -8 * (sum of the 4 q), which turns sum(u * q) over nibbles u into sum((u - 8) * q).
 size_t q8_0_vnni_act_bytes(int64_t K);
+// q4_0 with VNNI, four blocks per step (q4_0_avx512vnni_x4): per group of 4 blocks (128
+// elements, zero-padded), 256 bytes: int8 q of elements 0..15 of the 4 blocks (16 bytes each),
+// int8 q of elements 16..31, int32 c[16] (lane l: -8 * the sum of its 8 q, block l / 4), float
+// d[16] (the block's d per lane).
+size_t q8_0_x4_act_bytes(int64_t K);
 
 void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -90,5 +95,6 @@ void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *,
 
 // AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
 void q4_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 }  // namespace ft::cpu::detail

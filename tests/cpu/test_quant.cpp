@@ -290,11 +290,12 @@ std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     const bool vnni = __builtin_cpu_supports("avx512vnni"), vbmi = ft::cpu::cpu_has_vbmi();
     for (Isa isa : tiers_here())
         for (bool vn : {false, true})
-            for (bool vb : {false, true}) {
-                if ((vn && !vnni) || (vb && !vbmi)) continue;
-                const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb);
-                if (seen.insert(ops->kernel).second) v.push_back(ops);
-            }
+            for (bool vb : {false, true})
+                for (bool fast : {false, true}) {
+                    if ((vn && !vnni) || (vb && !vbmi)) continue;
+                    const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb, fast);
+                    if (seen.insert(ops->kernel).second) v.push_back(ops);
+                }
     return v;
 }
 
@@ -464,10 +465,17 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         {Format::mxfp4, 96, 160, 5, 150, 1e-5},       {Format::mxfp4, 64, 64, 0, 64, 1e-5},
         {Format::mxfp4, 64, 200, 7, 100, 1e-5},  // one token: a two-line pass ending mid-line
         {Format::q4_0, 224, 20, 1, 18, 1e-5},         {Format::q4_0, 256, 9, 0, 9, 1e-5},
+        // q4_0 four blocks per step (avx512vnni-x4): fewer blocks than a group, one group + 1.
+        {Format::q4_0, 96, 7, 2, 5, 1e-5},            {Format::q4_0, 160, 12, 0, 11, 1e-5},
     };
     for (const G &g : geos) {
         const Case c = make_case(rng, g.f, g.K, g.N);
-        for (int ntok : {5, 1}) check(c, g.first, g.count, ntok, rng, g.bound);
+        // Every token count 1..8 (tiles of 4 and every remainder) for the formats with W4A8 /
+        // multi-block kernels, 5 and 1 for the others.
+        if (g.f == Format::q4_0)
+            for (int ntok = 1; ntok <= 8; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
+        else
+            for (int ntok : {5, 1}) check(c, g.first, g.count, ntok, rng, g.bound);
     }
 }
 
