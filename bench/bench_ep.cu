@@ -252,6 +252,7 @@ void BM_WireBytesPerToken(benchmark::State &state) {
     state.counters["allgather_bf16_B"] = w.allgather_bf16;
     state.counters["alltoall_bf16_B"] = w.alltoall_bf16;
     state.counters["combine_bf16_B"] = w.combine_dedup_bf16;
+    state.counters["combine_fp8_B"] = w.combine_dedup_fp8;  // the optional FP8 combine wire
     state.counters["P"] = w.remote_fraction;
     state.counters["vs_allgather"] = w.allgather_bf16 / std::max(w.dispatch_dedup_fp8, 1e-9);
     state.counters["vs_alltoall"] = w.alltoall_bf16 / std::max(w.dispatch_dedup_fp8, 1e-9);

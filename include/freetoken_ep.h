@@ -6,7 +6,8 @@
  * router's choice; dispatch sends every token at most once to each GPU that holds one of its
  * experts, in FP8 e4m3 with one scale per 128 channels by default; the caller runs its local
  * experts on the received rows; combine reduces each token's routes on the GPU that computed
- * them, returns one bf16 row per (token, GPU) and sums them at the source in rank order, so the
+ * them, returns one bf16 row per (token, GPU) (optionally FP8, throughput mode, behind an
+ * accuracy gate: ft_ep_params.combine_wire) and sums them at the source in rank order, so the
  * result does not depend on chunking or arrival order.
  *
  * Conventions are those of freetoken.h (statuses, struct_size params, *_last_error, NULL-safe
@@ -42,7 +43,7 @@ typedef struct ft_ep_group ft_ep_group;
 #define FT_EP_MODE_THROUGHPUT 0 /* prefill: exact sizes (one host sync per call), chunked     */
 #define FT_EP_MODE_LATENCY    1 /* decode: fixed capacity per peer, no host sync, capturable  */
 
-/* Dispatch payload on the wire (compute stays bf16). */
+/* Dispatch payload on the wire (compute stays bf16); also the combine wire (combine_wire). */
 #define FT_EP_WIRE_BF16       0 /* bf16 rows                                                 */
 #define FT_EP_WIRE_FP8        1 /* e4m3, one fp32 scale per 128 channels (default)           */
 #define FT_EP_WIRE_FP8_UE8M0  2 /* e4m3, one power-of-two (e8m0) scale per 128 channels      */
@@ -67,6 +68,26 @@ typedef struct ft_ep_params {
                                  group (a collective), or 25e9 with one rank              */
     int64_t max_expert_rows;  /* expert rows per chunk the buffers hold; 0: ranks *
                                  max_tokens * top_k (the worst case; lower it to save memory) */
+    /* Since issue 7 item 2 (callers with a smaller struct_size get the defaults). */
+    int32_t combine_wire;     /* FT_EP_WIRE_* of the partial rows combine returns (default
+                                 BF16). FP8 / FP8_UE8M0 (throughput mode only; a latency-mode
+                                 group refuses them): each remote partial row travels as e4m3
+                                 with one scale per 128 channels, H + 4H/128 (or H + H/128)
+                                 bytes instead of 2H, with the dispatch quantiser's rounding;
+                                 the source dequantises and sums in rank order as before, so
+                                 results stay bit-identical across chunk counts. Its own rows
+                                 are not sent and stay bf16. See combine_max_rel_error.     */
+    float combine_max_rel_error; /* accuracy gate of an FP8 combine wire (default 0.05; > 0,
+                                 finite): each call measures every encoded row's relative L2
+                                 error ||dequant(q(r)) - r|| / ||r|| (0 for zero rows, +Inf for
+                                 non-finite ones); if the largest on any rank exceeds this,
+                                 all ranks learn it in the next call's count exchange and
+                                 combine in bf16 from that call on, for good (one
+                                 FT_LOG_WARN). The measure is set by a row's largest values:
+                                 ~0.026 on gaussian rows, below ~0.063 for any finite row
+                                 (half an e4m3 ulp), +Inf for Inf/NaN partials (which FP8
+                                 cannot carry); small values lost in a block of huge range
+                                 barely move it. Lower the limit for a tighter budget.      */
 } ft_ep_params;
 
 FT_API void ft_ep_params_init(ft_ep_params *params);
@@ -120,6 +141,12 @@ typedef struct ft_ep_group_info {
     uint64_t p2p_known;       /* bit r: the P2P status towards rank r's GPU is known (that
                                  GPU is visible to this process); own bit set              */
     uint64_t p2p_mask;        /* bit r: cudaDeviceCanAccessPeer to rank r's GPU; own bit set */
+    /* Since issue 7 item 2. */
+    int32_t combine_wire;     /* FT_EP_WIRE_* the combine uses now: params' combine_wire until
+                                 the accuracy gate trips (noticed in the call after the one
+                                 that exceeded it), then FT_EP_WIRE_BF16                     */
+    float combine_last_rel_error; /* largest row error of the last FP8-encoded combine on this
+                                 rank, 0 if none yet (waits for that call's encoding)       */
 } ft_ep_group_info;
 
 FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info *info);

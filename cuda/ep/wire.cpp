@@ -47,7 +47,9 @@ T get(const uint8_t *base, size_t at) {
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
-ScaleFormat scale_format(WireDtype dtype) { return dtype == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0; }
+ScaleFormat scale_format(WireDtype dtype) {
+    return dtype == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0;
+}
 
 }  // namespace
 

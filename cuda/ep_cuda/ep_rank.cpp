@@ -2,6 +2,7 @@
 // pack, exchanges through the Transport, expert rows for the caller's experts, local reduction,
 // return exchange and the rank-ordered combine.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "ft/common.hpp"
@@ -36,6 +37,17 @@ EpRank::EpRank(Transport &transport, const Placement &placement, const EpConfig 
         fail(FT_ERR_INVALID_ARGUMENT, "EP config: top-k ", c.top_k, ", hidden ", c.hidden, ", max tokens ",
              c.max_tokens, ", chunks ", c.chunks);
     if (S_ > INT16_MAX) fail(FT_ERR_UNSUPPORTED, "EP: ", S_, " slots per rank do not fit the record's int16 slot");
+    const bool fp8_combine = c.combine_dtype != WireDtype::Bf16;
+    if (c.combine_dtype != WireDtype::Bf16 && c.combine_dtype != WireDtype::Fp8Fp32 &&
+        c.combine_dtype != WireDtype::Fp8Ue8m0)
+        fail(FT_ERR_INVALID_ARGUMENT, "EP config: combine wire ", static_cast<int>(c.combine_dtype));
+    if (fp8_combine && c.mode == Mode::Latency)
+        fail(FT_ERR_INVALID_ARGUMENT,
+             "EP config: an FP8 combine wire needs throughput mode (latency mode never synchronises the host, so the "
+             "ranks could not agree to fall back to bf16 when the accuracy gate trips); use a bf16 combine wire");
+    if (!(c.combine_max_rel_error > 0.0f) || !std::isfinite(c.combine_max_rel_error))
+        fail(FT_ERR_INVALID_ARGUMENT, "EP config: combine_max_rel_error ", c.combine_max_rel_error,
+             " (must be > 0 and finite)");
     rec_ = record_layout(c.hidden, c.top_k, c.dispatch_dtype);
     dplace_ = std::make_unique<PlacementBuffer>(placement);
 
@@ -47,8 +59,15 @@ EpRank::EpRank(Transport &transport, const Placement &placement, const EpConfig 
     const size_t lb = layout_bytes(R_, S_, c.top_k, c.max_tokens);
     const size_t rb = receive_bytes(R_, S_, c.top_k, c.max_tokens, rows);
     const size_t row_bytes = static_cast<size_t>(rows) * H * 2, part_bytes = positions * H * 2;
+    // An FP8 combine wire adds the gate word to each rank's counts, and a buffer for the encoded
+    // partials (they land in back_, which is larger: H + H/32 < 2H bytes a row).
+    count_stride_ = R_ + (fp8_combine ? 1 : 0);
+    const size_t W = static_cast<size_t>(count_stride_);
+    combine_row_bytes_ = combine_row_bytes(c.hidden, c.combine_dtype);
+    const size_t cwire_bytes = fp8_combine ? positions * combine_row_bytes_ : 0;
     const size_t total = align256(lb) + align256(rb) + 2 * align256(wire) + 2 * align256(row_bytes) +
-                         2 * align256(part_bytes) + align256(R * R * 8);
+                         2 * align256(part_bytes) + align256(R * W * 8) + align256(W * 8) + align256(4) +
+                         align256(cwire_bytes);
     check_cuda(cudaMalloc(&mem_, total), "EP buffers");
     uint8_t *p = static_cast<uint8_t *>(mem_);
     layout_ = carve_layout(take<uint8_t>(p, lb), R_, S_, c.top_k, c.max_tokens);
@@ -59,21 +78,26 @@ EpRank::EpRank(Transport &transport, const Placement &placement, const EpConfig 
     y_rows_ = take<uint16_t>(p, row_bytes);
     partial_ = take<uint16_t>(p, part_bytes);
     back_ = take<uint16_t>(p, part_bytes);
-    count_matrix_ = take<int64_t>(p, R * R * 8);
+    count_matrix_ = take<int64_t>(p, R * W * 8);
+    count_send_ = take<int64_t>(p, W * 8);
+    gate_max_ = take<uint32_t>(p, 4);
+    if (fp8_combine) cwire_ = take<uint8_t>(p, cwire_bytes);
     // Padding rows of latency-mode regions travel on the wire: defined bytes keep tools quiet.
     check_cuda(cudaMemset(mem_, 0, total), "EP buffer clear");
-    check_cuda(cudaMallocHost(reinterpret_cast<void **>(&count_pinned_), R * R * 8), "EP pinned counts");
+    check_cuda(cudaMallocHost(reinterpret_cast<void **>(&count_pinned_), R * W * 8), "EP pinned counts");
     count_host_.assign(R * R, 0);
     int lo = 0, hi = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "stream priorities");
     check_cuda(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, hi), "EP comm stream");
     events_.resize(2 * static_cast<size_t>(std::max(c.policy.max_chunks, std::max(c.chunks, 1))) + 2);
     for (cudaEvent_t &e : events_) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "EP events");
+    check_cuda(cudaEventCreateWithFlags(&gate_event_, cudaEventDisableTiming), "EP gate event");
 }
 
 EpRank::~EpRank() {
     for (cudaEvent_t e : events_)
         if (e) cudaEventDestroy(e);
+    if (gate_event_) cudaEventDestroy(gate_event_);
     if (comm_) cudaStreamDestroy(comm_);
     if (count_pinned_) cudaFreeHost(count_pinned_);
     cudaFree(mem_);
@@ -107,6 +131,16 @@ ExpertBatch EpRank::batch() const {
     return b;
 }
 
+float EpRank::combine_last_rel_error() const {
+    if (!combine_encoded_) return 0.0f;
+    check_cuda(cudaEventSynchronize(gate_event_), "EP gate event");
+    uint32_t bits = 0;
+    check_cuda(cudaMemcpy(&bits, gate_max_, sizeof bits, cudaMemcpyDeviceToHost), "EP gate word");
+    float e;
+    std::memcpy(&e, &bits, sizeof e);
+    return e;
+}
+
 bool EpRank::overflowed(cudaStream_t stream) const {
     int32_t flag = 0;
     check_cuda(cudaMemcpyAsync(&flag, recv_.overflow, sizeof flag, cudaMemcpyDeviceToHost, stream), "EP overflow flag");
@@ -117,12 +151,40 @@ bool EpRank::overflowed(cudaStream_t stream) const {
 // ---- throughput mode -------------------------------------------------------------------------
 
 void EpRank::count_exchange(cudaStream_t stream) {
-    const size_t R = static_cast<size_t>(R_);
-    net_.all_gather(layout_.count, count_matrix_, R * sizeof(int64_t), stream);
-    check_cuda(cudaMemcpyAsync(count_pinned_, count_matrix_, R * R * 8, cudaMemcpyDeviceToHost, stream), "EP counts");
+    const size_t R = static_cast<size_t>(R_), W = static_cast<size_t>(count_stride_);
+    const int64_t *send = layout_.count;
+    if (W > R) {  // FP8 combine: this rank's gate word (the previous call's error) after its counts
+        check_cuda(cudaMemcpyAsync(count_send_, layout_.count, R * 8, cudaMemcpyDeviceToDevice, stream), "EP counts");
+        launch_gate_word(gate_max_, config_.combine_max_rel_error, count_send_ + R, stream);
+        send = count_send_;
+    }
+    net_.all_gather(send, count_matrix_, W * sizeof(int64_t), stream);
+    check_cuda(cudaMemcpyAsync(count_pinned_, count_matrix_, R * W * 8, cudaMemcpyDeviceToHost, stream), "EP counts");
     // The one host synchronisation of a throughput-mode layer: NCCL's sizes are host arguments.
     check_cuda(cudaStreamSynchronize(stream), "EP count exchange");
-    std::memcpy(count_host_.data(), count_pinned_, R * R * 8);
+    for (size_t s = 0; s < R; ++s) std::memcpy(&count_host_[s * R], count_pinned_ + s * W, R * 8);
+    combine_fp8_now_ = false;
+    if (W == R) return;
+    // Every rank sees every gate word at this same point, so all switch in the same call.
+    std::string over;
+    for (size_t s = 0; s < R; ++s) {
+        const uint64_t word = static_cast<uint64_t>(count_pinned_[s * W + R]);
+        if (!(word & 1)) continue;
+        const uint32_t bits = static_cast<uint32_t>(word >> 32);
+        float e;
+        std::memcpy(&e, &bits, sizeof e);
+        over += ft::cat(over.empty() ? "" : ", ", "rank ", s, ": ", e);
+    }
+    if (!over.empty() && !combine_tripped_) {
+        combine_tripped_ = true;
+        ft::log(FT_LOG_WARN, "EP rank ", me_, ": the FP8 combine accuracy gate tripped (largest row error of the last",
+                " call ", over, "; limit ", config_.combine_max_rel_error,
+                "); combining in bf16 from this call on, for good");
+    }
+    combine_fp8_now_ = !combine_tripped_;
+    // The error word measures one call: cleared before this call's encodings (stream order keeps
+    // the gate word above reading the old value).
+    if (combine_fp8_now_) check_cuda(cudaMemsetAsync(gate_max_, 0, sizeof(uint32_t), stream), "EP gate clear");
 }
 
 // Chunk c of C of every pair, the boundaries of ChunkPlan::begin (sender and receiver agree).
@@ -136,7 +198,9 @@ void EpRank::exchange_chunk(bool combine, int32_t c, int32_t C, cudaStream_t str
         recv_at[p + 1] = recv_at[p] + n(p, me_);
     }
     std::vector<PeerRange> ranges(R);
-    const size_t rb = rec_.bytes, pb = static_cast<size_t>(config_.hidden) * 2;
+    // Combine rows: bf16 partials, or their FP8 encoding (the own rows then stay where they are).
+    const bool fp8 = combine && combine_fp8_now_;
+    const size_t rb = rec_.bytes, pb = fp8 ? combine_row_bytes_ : static_cast<size_t>(config_.hidden) * 2;
     for (int32_t p = 0; p < R; ++p) {
         const int64_t out0 = begin(me_, p, c), out1 = begin(me_, p, c + 1);  // my rows for p
         const int64_t in0 = begin(p, me_, c), in1 = begin(p, me_, c + 1);    // p's rows for me
@@ -151,13 +215,34 @@ void EpRank::exchange_chunk(bool combine, int32_t c, int32_t C, cudaStream_t str
             r.send_bytes = (in1 - in0) * pb;
             r.recv_offset = (send_at[p] + out0) * pb;
             r.recv_bytes = (out1 - out0) * pb;
+            if (fp8 && p == me_) r = PeerRange{};  // read in place by the combine kernel
         }
         if (p != me_) last_bytes_sent_ += r.send_bytes;
     }
     if (!combine)
         net_.exchange(send_, recvbuf_, ranges.data(), stream);
+    else if (fp8)
+        net_.exchange(cwire_, back_, ranges.data(), stream);
     else
         net_.exchange(partial_, back_, ranges.data(), stream);
+}
+
+void EpRank::reduce_chunk(int32_t c, int32_t C, cudaStream_t stream) {
+    launch_reduce(recv_, recv_region(), config_.hidden, config_.dispatch_dtype, c, C, y_rows_, partial_, stream);
+    if (combine_fp8_now_)
+        launch_encode_combine(recv_, config_.hidden, config_.combine_dtype, me_, c, C, partial_, cwire_, gate_max_,
+                              stream);
+}
+
+void EpRank::combine_at_source(uint16_t *out, cudaStream_t stream) {
+    if (!combine_fp8_now_) {
+        launch_combine(layout_, tokens_, back_, 0, config_.hidden, out, stream);
+        return;
+    }
+    launch_combine_wire(layout_, tokens_, reinterpret_cast<const uint8_t *>(back_), config_.combine_dtype, me_,
+                        partial_, recv_.prefix + me_, config_.hidden, out, stream);
+    check_cuda(cudaEventRecord(gate_event_, stream), "EP gate event");
+    combine_encoded_ = true;
 }
 
 void EpRank::receive_chunk(int32_t c, int32_t C, cudaStream_t stream) {
@@ -183,7 +268,7 @@ void EpRank::dispatch(const int32_t *ids, const float *weights, const uint16_t *
     launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
                 {send_, 0}, stream);
     count_exchange(stream);
-    launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream);
+    launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream, count_stride_);
     exchange_chunk(false, 0, 1, stream);
     receive_chunk(0, 1, stream);
 }
@@ -194,9 +279,9 @@ void EpRank::combine(uint16_t *out, cudaStream_t stream) {
         combine_recv(out, stream);
         return;
     }
-    launch_reduce(recv_, recv_region(), config_.hidden, config_.dispatch_dtype, 0, 1, y_rows_, partial_, stream);
+    reduce_chunk(0, 1, stream);
     exchange_chunk(true, 0, 1, stream);
-    launch_combine(layout_, tokens_, back_, 0, config_.hidden, out, stream);
+    combine_at_source(out, stream);
 }
 
 void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
@@ -216,7 +301,7 @@ void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x
     launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
                 {send_, 0}, stream);
     count_exchange(stream);
-    launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream);
+    launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream, count_stride_);
 
     int32_t C = config_.chunks;
     if (C == 0) C = plan_chunks(count_host_, R_, rec_.bytes, config_.link_bytes_per_s, config_.policy).chunks;
@@ -227,13 +312,12 @@ void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x
 
     // The comm stream runs d0 d1 c0 d2 c1 ... : dispatch of chunk i+1 overlaps the experts of
     // chunk i, and each combine chunk leaves as soon as its partials exist.
-    const RecvRegion src = recv_region();
     const ExpertBatch b = batch();
     auto compute = [&](int32_t i) {
         check_cuda(cudaStreamWaitEvent(stream, dispatched[i], 0), "EP chunk wait");
         receive_chunk(i, C, stream);
         expert(b, stream);
-        launch_reduce(recv_, src, config_.hidden, config_.dispatch_dtype, i, C, y_rows_, partial_, stream);
+        reduce_chunk(i, C, stream);
         check_cuda(cudaEventRecord(reduced[i], stream), "EP chunk event");
     };
     auto send_back = [&](int32_t i) {
@@ -254,7 +338,7 @@ void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x
     send_back(C - 1);
     check_cuda(cudaEventRecord(end, comm_), "EP end event");
     check_cuda(cudaStreamWaitEvent(stream, end, 0), "EP end wait");
-    launch_combine(layout_, tokens, back_, 0, config_.hidden, out, stream);
+    combine_at_source(out, stream);
 }
 
 // ---- latency mode ----------------------------------------------------------------------------

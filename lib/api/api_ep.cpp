@@ -3,6 +3,8 @@
 // caller's buffer before a group exists). Without the GPU side (FT_EP_HAVE_CUDA, set by the
 // ft_ep_cuda target) every entry point reports FT_ERR_UNSUPPORTED.
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -100,6 +102,20 @@ ft::ep::cuda::EpConfig config_of(const ft_ep_params &p) {
     if (p.link_bytes_per_s < 0) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: link bandwidth ", p.link_bytes_per_s);
     if (p.link_bytes_per_s > 0) c.link_bytes_per_s = p.link_bytes_per_s;
     c.max_expert_rows = p.max_expert_rows;
+    switch (p.combine_wire) {
+        case FT_EP_WIRE_BF16: c.combine_dtype = WireDtype::Bf16; break;
+        case FT_EP_WIRE_FP8: c.combine_dtype = WireDtype::Fp8Fp32; break;
+        case FT_EP_WIRE_FP8_UE8M0: c.combine_dtype = WireDtype::Fp8Ue8m0; break;
+        default: ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: combine wire format ", p.combine_wire);
+    }
+    if (c.combine_dtype != WireDtype::Bf16 && c.mode == ft::ep::cuda::Mode::Latency)
+        ft::fail(FT_ERR_INVALID_ARGUMENT,
+                 "EP: an FP8 combine_wire needs FT_EP_MODE_THROUGHPUT (latency mode never synchronises the host, so "
+                 "the ranks could not agree to fall back to bf16 when the accuracy gate trips)");
+    if (!(p.combine_max_rel_error > 0.0f) || !std::isfinite(p.combine_max_rel_error))
+        ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: combine_max_rel_error ", p.combine_max_rel_error,
+                 " (must be > 0 and finite)");
+    c.combine_max_rel_error = p.combine_max_rel_error;
     return c;
 }
 
@@ -257,6 +273,21 @@ FT_API ft_status ft_ep_group_info_get(const ft_ep_group *group, ft_ep_group_info
     c.calibrated_bytes_per_s = t.calibrated_bytes_per_s;
     c.p2p_known = t.p2p_known;
     c.p2p_mask = t.p2p_mask;
+    switch (group->rank->combine_dtype()) {
+        case ft::ep::WireDtype::Bf16: c.combine_wire = FT_EP_WIRE_BF16; break;
+        case ft::ep::WireDtype::Fp8Fp32: c.combine_wire = FT_EP_WIRE_FP8; break;
+        case ft::ep::WireDtype::Fp8Ue8m0: c.combine_wire = FT_EP_WIRE_FP8_UE8M0; break;
+    }
+    // Reading the device word can fail only with a broken context; report 0 then, as documented
+    // for "none yet", rather than failing a query that has no error channel for it.
+    if (info->struct_size > offsetof(ft_ep_group_info, combine_last_rel_error)) {
+        try {
+            ft::ep::cuda::check_cuda(cudaSetDevice(group->device), "cudaSetDevice");
+            c.combine_last_rel_error = group->rank->combine_last_rel_error();
+        } catch (...) {
+            c.combine_last_rel_error = 0.0f;
+        }
+    }
     const uint32_t n = std::min<uint32_t>(info->struct_size, sizeof c);
     c.struct_size = n;
     std::memcpy(info, &c, n);
@@ -442,4 +473,6 @@ extern "C" FT_API void ft_ep_params_init(ft_ep_params *params) {
     params->top_k = 8;
     params->mode = FT_EP_MODE_THROUGHPUT;
     params->wire = FT_EP_WIRE_FP8;
+    params->combine_wire = FT_EP_WIRE_BF16;
+    params->combine_max_rel_error = 0.05f;  // ft::ep::kCombineDefaultMaxRelError (above e4m3 round-off)
 }

@@ -33,8 +33,10 @@ _Static_assert(sizeof(ft_tensor_view) == 64, "ft_tensor_view layout");
 _Static_assert(sizeof(ft_session_stats) == 128, "ft_session_stats layout");
 _Static_assert(offsetof(ft_session_stats, routes_gpu) == 64, "ft_session_stats layout (0.2)");
 _Static_assert(sizeof(ft_layer_stats) == 48, "ft_layer_stats layout");
-_Static_assert(sizeof(ft_ep_params) == 64, "ft_ep_params layout");
-_Static_assert(sizeof(ft_ep_group_info) == 104, "ft_ep_group_info layout");
+_Static_assert(sizeof(ft_ep_params) == 72, "ft_ep_params layout");
+_Static_assert(offsetof(ft_ep_params, combine_wire) == 64, "ft_ep_params layout (combine wire)");
+_Static_assert(sizeof(ft_ep_group_info) == 112, "ft_ep_group_info layout");
+_Static_assert(offsetof(ft_ep_group_info, combine_wire) == 104, "ft_ep_group_info layout (combine wire)");
 _Static_assert(offsetof(ft_ep_group_info, pci_bus_id) == 40, "ft_ep_group_info layout (topology)");
 _Static_assert(sizeof(ft_ep_expert_batch) == 72, "ft_ep_expert_batch layout");
 _Static_assert(offsetof(ft_session_stats, cpu_seconds) == 56, "ft_session_stats layout");
@@ -161,6 +163,14 @@ int main(void) {
     ft_session_free(NULL);
     ft_model_free(NULL);
     ft_engine_free(NULL);
+
+    /* EP params: the combine wire fields appended in issue 7 item 2 default to bf16 and a 0.05 gate. */
+    ft_ep_params epp;
+    ft_ep_params_init(&epp);
+    EXPECT(epp.struct_size == sizeof epp);
+    EXPECT(epp.wire == FT_EP_WIRE_FP8);
+    EXPECT(epp.combine_wire == FT_EP_WIRE_BF16);
+    EXPECT(epp.combine_max_rel_error > 0.0499f && epp.combine_max_rel_error < 0.0501f);
 
     ft_build_info bi;
     bi.struct_size = sizeof bi;

@@ -45,12 +45,14 @@ std::vector<uint16_t> gaussian_row(Rng &rng, int64_t H) {
     return r;
 }
 
-ScaleFormat fmt_of(WireDtype d) { return d == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0; }
+ScaleFormat fmt_of(WireDtype d) {
+    return d == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0;
+}
 
 TEST(EpCombineFp8, RowBytes) {
     EXPECT_EQ(combine_row_bytes(7168, WireDtype::Bf16), 14336u);
-    EXPECT_EQ(combine_row_bytes(7168, WireDtype::Fp8Fp32), 7168u + 224u);   // H + 4 H / 128
-    EXPECT_EQ(combine_row_bytes(7168, WireDtype::Fp8Ue8m0), 7168u + 56u);   // H + H / 128
+    EXPECT_EQ(combine_row_bytes(7168, WireDtype::Fp8Fp32), 7168u + 224u);  // H + 4 H / 128
+    EXPECT_EQ(combine_row_bytes(7168, WireDtype::Fp8Ue8m0), 7168u + 56u);  // H + H / 128
     EXPECT_EQ(combine_row_bytes(2048, WireDtype::Fp8Fp32), 2112u);
     EXPECT_EQ(combine_row_bytes(2048, WireDtype::Fp8Ue8m0), 2064u);
     EXPECT_EQ(combine_row_bytes(256, WireDtype::Fp8Ue8m0), 260u);  // 258 padded to whole words
@@ -171,9 +173,15 @@ TEST(EpCombineFp8, FiniteRowsStayBelowHalfAnUlp) {
                     const double sign = rng.uniform() < 0.5 ? -1 : 1;
                     double v;
                     switch (rep % 3) {
-                        case 0: v = std::ldexp(1.0 + rng.uniform(), static_cast<int>(rng.below(40)) - 20); break;
-                        case 1: v = rng.uniform() < 0.02 ? 1e4 * (1 + rng.uniform()) : 1e-3 * rng.uniform() + 1e-6; break;
-                        default: v = gaussian(rng); break;
+                        case 0:
+                            v = std::ldexp(1.0 + rng.uniform(), static_cast<int>(rng.below(40)) - 20);
+                            break;
+                        case 1:
+                            v = rng.uniform() < 0.02 ? 1e4 * (1 + rng.uniform()) : 1e-3 * rng.uniform() + 1e-6;
+                            break;
+                        default:
+                            v = gaussian(rng);
+                            break;
                     }
                     row[h] = f32_to_bf16(static_cast<float>(sign * v));
                 }
@@ -258,7 +266,8 @@ TEST(EpCombineFp8, SourceSumsDecodedRowsInRankOrder) {
     const std::vector<int32_t> one = {0, 1, 2};
     const DispatchLayout L3 = dispatch_layout(p3, one.data(), nullptr, 1, 3, 0);
     const int64_t H3 = 128;
-    std::vector<uint16_t> r0(H3, f32_to_bf16(0x1p25f)), r1(H3, f32_to_bf16(1.0f)), r2(H3, f32_to_bf16(-0x1p25f)), out3(H3);
+    std::vector<uint16_t> r0(H3, f32_to_bf16(0x1p25f)), r1(H3, f32_to_bf16(1.0f)), r2(H3, f32_to_bf16(-0x1p25f)),
+        out3(H3);
     const size_t rb = combine_row_bytes(H3, WireDtype::Fp8Fp32);
     std::vector<uint8_t> w1(rb), w2(rb);
     EXPECT_EQ(encode_combine_row(r1.data(), H3, WireDtype::Fp8Fp32, w1.data()), 0.0);

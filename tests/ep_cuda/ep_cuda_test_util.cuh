@@ -64,7 +64,8 @@ inline uint16_t toy_expert_host(float a, float b, float x0, float x1) {
 }
 
 // One block per expert row; the slot from the batch's offsets, the logical expert from phy2log.
-__global__ void toy_expert_kernel(cuda::ExpertBatch b, const int32_t *phy2log_rank, const float *a, const float *bb) {
+// Internal linkage: several test translation units include this header.
+static __global__ void toy_expert_kernel(cuda::ExpertBatch b, const int32_t *phy2log_rank, const float *a, const float *bb) {
     const int64_t rows = min(b.offset[b.slots], b.max_rows);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         int32_t slot = 0;

@@ -102,10 +102,13 @@ struct HostRank {
     std::vector<uint16_t> partials;       // [records, H]
     std::vector<uint16_t> out;            // [T, H]
     int64_t expert_rows = 0;
+    double combine_max_error = 0;         // FP8 combine: largest error of the rows this rank encodes
 };
 
+// combine: the combine wire (FP8 encodes the partials a rank returns to other sources; each
+// source keeps its own rows bf16, ft::ep::combine_at_source_wire).
 inline std::vector<HostRank> host_pipeline(const Placement &p, const std::vector<RankInput> &in, int64_t H, WireDtype dtype,
-                                    const Experts &ex) {
+                                    const Experts &ex, WireDtype combine = WireDtype::Bf16) {
     const int32_t R = p.num_ranks, S = p.slots_per_rank, K = kTopK;
     const RecordLayout RL = record_layout(H, K, dtype);
     std::vector<HostRank> h(R);
@@ -145,11 +148,25 @@ inline std::vector<HostRank> host_pipeline(const Placement &p, const std::vector
         hd.partials.resize(n * H);
         reduce_partials(hd.received.data(), n, RL, K, H, expert_out.data(), hd.partials.data());
     }
+    const size_t crb = combine_row_bytes(H, combine);
+    std::vector<std::vector<uint8_t>> cwire(R);
+    if (combine != WireDtype::Bf16)
+        for (int32_t d = 0; d < R; ++d) {
+            cwire[d].resize(crb * recv_at[d][R]);
+            for (int32_t s = 0; s < R; ++s)
+                for (int64_t i = recv_at[d][s]; s != d && i < recv_at[d][s + 1]; ++i)
+                    h[d].combine_max_error = std::max(
+                        h[d].combine_max_error,
+                        encode_combine_row(h[d].partials.data() + i * H, H, combine, cwire[d].data() + crb * i));
+        }
     for (int32_t s = 0; s < R; ++s) {
-        std::vector<const uint16_t *> ptr(R);
-        for (int32_t d = 0; d < R; ++d) ptr[d] = h[d].partials.data() + recv_at[d][s] * H;
+        std::vector<const uint8_t *> rows(R);
+        for (int32_t d = 0; d < R; ++d)
+            rows[d] = combine == WireDtype::Bf16 || d == s
+                          ? reinterpret_cast<const uint8_t *>(h[d].partials.data() + recv_at[d][s] * H)
+                          : cwire[d].data() + crb * recv_at[d][s];
         h[s].out.resize(in[s].tokens * H);
-        combine_at_source(h[s].layout, ptr.data(), H, h[s].out.data());
+        combine_at_source_wire(h[s].layout, rows.data(), H, combine, h[s].out.data());
     }
     return h;
 }

@@ -133,10 +133,10 @@ size_t receive_bytes(int32_t num_ranks, int32_t slots, int32_t top_k, int64_t ma
 ReceiveBuffers carve_receive(void *base, int32_t num_ranks, int32_t slots, int32_t top_k, int64_t max_tokens,
                              int64_t max_rows);
 
-// count[s] from an all-gathered count matrix (count_matrix[s * R + me], throughput) or, when
-// count_matrix is null, from the region headers (latency); then prefix.
+// count[s] from an all-gathered count matrix (count_matrix[s * stride + me], stride 0 meaning R;
+// throughput) or, when count_matrix is null, from the region headers (latency); then prefix.
 void launch_receive_counts(const ReceiveBuffers &B, const RecvRegion &src, const int64_t *count_matrix,
-                           int32_t me, cudaStream_t stream);
+                           int32_t me, cudaStream_t stream, int32_t matrix_stride = 0);
 // Expert-major rows of chunk c of C (records [count*c/C, count*(c+1)/C) of every source), in the
 // order of ft::ep::group_by_expert; fills expert_offset, row_*, route_row.
 void launch_group(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden, WireDtype dtype, int32_t chunk,
@@ -149,12 +149,31 @@ void launch_unpack(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidde
 void launch_reduce(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden, WireDtype dtype, int32_t chunk,
                    int32_t chunks, const uint16_t *y, uint16_t *partial, cudaStream_t stream);
 
+// FP8 combine, receiving side (ft::ep::encode_combine_row; throughput numbering only): the
+// partial of every record of chunk c whose source is not `me` is encoded into wire + position *
+// combine_row_bytes(H, dtype) (dtype Fp8Fp32 or Fp8Ue8m0, the dispatch quantiser's device code),
+// and the largest relative L2 error of those rows is max-ed into *max_error_bits (the fp32 bits
+// of a non-negative float, so an unsigned atomicMax orders them; +Inf for non-finite rows).
+// The error is accumulated in double in another order than the host's: equal to ~1e-12, not bits.
+void launch_encode_combine(const ReceiveBuffers &B, int64_t hidden, WireDtype dtype, int32_t me, int32_t chunk,
+                           int32_t chunks, const uint16_t *partial, uint8_t *wire, uint32_t *max_error_bits,
+                           cudaStream_t stream);
+// word = (max error > limit ? 1 : 0) | (fp32 bits of the max error) << 32: the gate's entry in the
+// count exchange (one more int64 per rank).
+void launch_gate_word(const uint32_t *max_error_bits, float limit, int64_t *word, cudaStream_t stream);
+
 // ---- combine at the source (ft::ep::combine_at_source) -------------------------------------
 
 // partials: rank r's rows at partial + (base_r + row) * H with base_r = offset[r] (peer_rows == 0)
 // or r * peer_rows.
 void launch_combine(const LayoutBuffers &L, int64_t tokens, const uint16_t *partial, int64_t peer_rows,
                     int64_t hidden, uint16_t *out, cudaStream_t stream);
+// ft::ep::combine_at_source_wire (throughput): rank r != me's rows at wire + (offset[r] + row) *
+// combine_row_bytes(H, dtype), decoded; this rank's own rows bf16 at own_partial + (*own_first +
+// row) * H (own_first: device, the receive prefix of source `me`, where its own records sit).
+void launch_combine_wire(const LayoutBuffers &L, int64_t tokens, const uint8_t *wire, WireDtype dtype, int32_t me,
+                         const uint16_t *own_partial, const int64_t *own_first, int64_t hidden, uint16_t *out,
+                         cudaStream_t stream);
 
 // ---- transport ---------------------------------------------------------------------------------
 
@@ -233,6 +252,13 @@ struct EpConfig {
     double link_bytes_per_s = 25e9;  // feeds the chunk plan
     ChunkPolicy policy;
     int64_t max_expert_rows = 0;     // rows per chunk the expert buffers hold; 0: R * max_tokens * K
+    // Combine wire (issue 7 item 2). Bf16: the default. Fp8Fp32 / Fp8Ue8m0: throughput mode only;
+    // partial rows leave in e4m3 with one scale per 128 channels while every call's largest row
+    // error (ft::ep::combine_rel_error) stays <= combine_max_rel_error. The error of call N is
+    // agreed on in call N+1's count exchange (one more int64 per rank: flag | error bits << 32):
+    // if any rank's exceeded the limit, every rank combines in bf16 from call N+1 on, for good.
+    WireDtype combine_dtype = WireDtype::Bf16;
+    float combine_max_rel_error = kCombineDefaultMaxRelError;  // > 0, finite
 };
 
 // The rows the local experts must process, expert-major (device pointers, valid during the call).
@@ -291,6 +317,12 @@ public:
     int32_t last_chunks() const { return last_chunks_; }
     const std::vector<int64_t> &last_count_matrix() const { return count_host_; }  // throughput
     size_t last_bytes_sent() const { return last_bytes_sent_; }  // to other ranks, both phases
+    // The combine wire in use now: the configured one until the gate trips, then Bf16.
+    WireDtype combine_dtype() const { return combine_tripped_ ? WireDtype::Bf16 : config_.combine_dtype; }
+    bool combine_gate_tripped() const { return combine_tripped_; }
+    // Largest row error of the last FP8-encoded combine (0 before any). Waits for that call's
+    // encoding to finish (an event) and reads the device word.
+    float combine_last_rel_error() const;
     // True if the last step's expert rows exceeded max_expert_rows (reads a device flag: syncs).
     bool overflowed(cudaStream_t stream) const;
 
@@ -298,6 +330,8 @@ private:
     void count_exchange(cudaStream_t stream);
     void exchange_chunk(bool combine, int32_t chunk, int32_t chunks, cudaStream_t stream);
     void receive_chunk(int32_t chunk, int32_t chunks, cudaStream_t stream);
+    void reduce_chunk(int32_t chunk, int32_t chunks, cudaStream_t stream);
+    void combine_at_source(uint16_t *out, cudaStream_t stream);
 
     Transport &net_;
     Placement placement_;
@@ -312,8 +346,17 @@ private:
     ReceiveBuffers recv_;
     uint8_t *send_ = nullptr, *recvbuf_ = nullptr;
     uint16_t *x_rows_ = nullptr, *y_rows_ = nullptr, *partial_ = nullptr, *back_ = nullptr;
-    int64_t *count_matrix_ = nullptr;
+    int64_t *count_matrix_ = nullptr;  // [R * count_stride_] all-gathered
+    int64_t *count_send_ = nullptr;    // [count_stride_] this rank's counts (+ the gate word)
     int64_t *count_pinned_ = nullptr;
+    int32_t count_stride_ = 0;         // R, or R + 1 with an FP8 combine wire (the gate word)
+    uint8_t *cwire_ = nullptr;         // FP8 combine: encoded partials to send [positions * crb]
+    uint32_t *gate_max_ = nullptr;     // FP8 combine: fp32 bits of the encoding call's max error
+    size_t combine_row_bytes_ = 0;     // of the configured combine wire
+    bool combine_tripped_ = false;     // sticky: the gate tripped on some rank
+    bool combine_fp8_now_ = false;     // the current call encodes its combine in FP8
+    bool combine_encoded_ = false;     // some call has encoded (gate_event_ is recorded)
+    cudaEvent_t gate_event_ = nullptr;
     std::vector<int64_t> count_host_;
     cudaStream_t comm_ = nullptr;
     std::vector<cudaEvent_t> events_;
