@@ -84,45 +84,69 @@ Fp8Run run_calls(const Placement &p, const std::vector<std::vector<RankInput>> &
         c.last_error.resize(R);
         c.tripped.resize(R);
     }
+    // Every device array is made here, before the rank threads start (no cudaMalloc/cudaFree,
+    // which synchronise the device, while other ranks are mid-step).
+    struct CallArrays {
+        DeviceArray<int32_t> ids;
+        DeviceArray<float> w;
+        DeviceArray<uint16_t> x, out;
+    };
+    struct RankArrays {
+        DeviceArray<int32_t> phy2log;
+        DeviceArray<float> a, b;
+        std::vector<CallArrays> call;
+    };
+    std::vector<RankArrays> dev(R);
+    for (int32_t r = 0; r < R; ++r) {
+        dev[r].phy2log =
+            DeviceArray<int32_t>(std::vector<int32_t>(p.phy2log.begin() + r * S, p.phy2log.begin() + (r + 1) * S));
+        dev[r].a = DeviceArray<float>(ex.a);
+        dev[r].b = DeviceArray<float>(ex.b);
+        for (const auto &in : calls) {
+            CallArrays c;
+            c.ids = DeviceArray<int32_t>(in[r].ids);
+            c.w = DeviceArray<float>(in[r].weights);
+            c.x = DeviceArray<uint16_t>(in[r].x);
+            c.out = DeviceArray<uint16_t>(std::max<size_t>(in[r].x.size(), 1));
+            dev[r].call.push_back(std::move(c));
+        }
+    }
+    std::vector<cudaStream_t> streams(R);
+    for (cudaStream_t &st : streams) cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
     std::vector<std::string> errors(R);
     std::vector<std::thread> threads;
     for (int32_t r = 0; r < R; ++r)
         threads.emplace_back([&, r] {
             try {
-                cudaStream_t st;
-                cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-                DeviceArray<int32_t> phy2log(
-                    std::vector<int32_t>(p.phy2log.begin() + r * S, p.phy2log.begin() + (r + 1) * S));
-                DeviceArray<float> a(ex.a), b(ex.b);
-                const epc::ExpertFn expert = toy_expert(phy2log.ptr, a.ptr, b.ptr);
+                const cudaStream_t st = streams[r];
+                const epc::ExpertFn expert = toy_expert(dev[r].phy2log.ptr, dev[r].a.ptr, dev[r].b.ptr);
                 for (size_t i = 0; i < calls.size(); ++i) {
                     const RankInput &ri = calls[i][r];
-                    DeviceArray<int32_t> ids(ri.ids);
-                    DeviceArray<float> w(ri.weights);
-                    DeviceArray<uint16_t> x(ri.x), out(std::max<size_t>(ri.x.size(), 1));
+                    CallArrays &a = dev[r].call[i];
                     if (split) {
-                        ranks[r]->dispatch(ids.ptr, w.ptr, x.ptr, ri.tokens, st);
+                        ranks[r]->dispatch(a.ids.ptr, a.w.ptr, a.x.ptr, ri.tokens, st);
                         expert(ranks[r]->batch(), st);
-                        ranks[r]->combine(out.ptr, st);
+                        ranks[r]->combine(a.out.ptr, st);
                     } else {
-                        ranks[r]->forward(ids.ptr, w.ptr, x.ptr, ri.tokens, expert, out.ptr, st);
+                        ranks[r]->forward(a.ids.ptr, a.w.ptr, a.x.ptr, ri.tokens, expert, a.out.ptr, st);
                     }
                     cuda_ok(cudaStreamSynchronize(st), "sync");
                     CallState &c = res.calls[i];
-                    c.out[r] = out.download(ri.x.size());
+                    c.out[r] = a.out.download(ri.x.size());
                     c.bytes_sent[r] = ranks[r]->last_bytes_sent();
                     c.wire_after[r] = ranks[r]->combine_dtype();
                     c.last_error[r] = ranks[r]->combine_last_rel_error();
                     c.tripped[r] = ranks[r]->combine_gate_tripped();
                     if (ranks[r]->overflowed(st)) throw std::runtime_error("expert rows overflowed");
                 }
-                cudaStreamDestroy(st);
             } catch (const std::exception &e) {
                 errors[r] = e.what();
                 hub.abort(ft::cat("rank ", r, " failed: ", e.what()));
             }
         });
     for (std::thread &t : threads) t.join();
+    cuda_ok(cudaDeviceSynchronize(), "EP calls");
+    for (cudaStream_t st : streams) cudaStreamDestroy(st);
     for (int32_t r = 0; r < R; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
     res.sim_remote_bytes = hub.remote_bytes();
     return res;
