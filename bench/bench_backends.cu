@@ -324,6 +324,7 @@ struct RunResult {
     double fraction = 0.0;   // hybrid: f in use at the end
     double cpu_share = 0.0;  // routes_cpu / (routes_cpu + routes_gpu)
     double cpu_bytes_per_call = 0.0;
+    double cpu_task_seconds = 0.0;  // hybrid: mean wall time of the CPU task per call
 };
 
 struct RunOptions {
@@ -402,6 +403,7 @@ RunResult timed_run(ft_session *s, const Model &m, const Trace &t, const RunOpti
     const double all = double(st.routes_cpu + st.routes_gpu);
     r.cpu_share = all > 0 ? double(st.routes_cpu) / all : 0.0;
     r.cpu_bytes_per_call = double(st.cpu_bytes) / double(meas);
+    r.cpu_task_seconds = st.cpu_seconds / double(meas);
     return r;
 }
 
@@ -578,6 +580,10 @@ void BM_offload_hits(benchmark::State &state, int percent) {
         state.counters["gather_GBps"] = bw.h2d / 1e9;
         state.counters["hbm_GBps"] = bw.hbm / 1e9;
         state.counters["missed_MB"] = r.misses_per_call * eb / 1e6;
+        // Where a step's time goes: the CPU task alone (the coordinator's clock) and the CPU
+        // share's bytes over it; the rest of us_per_layer is GPU time and the handoff.
+        state.counters["cpu_task_us"] = r.cpu_task_seconds * 1e6;
+        state.counters["cpu_task_GBps"] = r.cpu_task_seconds > 0 ? r.cpu_bytes_per_call / r.cpu_task_seconds / 1e9 : 0.0;
     } catch (const std::exception &e) {
         state.SkipWithError(e.what());
         return;

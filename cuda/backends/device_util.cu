@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "ft/device_util.hpp"
 
 namespace ft::cuda {
@@ -34,21 +36,33 @@ __global__ void resident_slots_kernel(const int32_t *ids, int32_t *slots, int64_
     }
 }
 
-__global__ void cpu_ids_kernel(const int32_t *ids, const int32_t *slots, int32_t *cpu_ids, int64_t count, int32_t experts) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
-        const int32_t id = ids[i];
-        cpu_ids[i] = slots[i] < 0 && id >= 0 && id < experts ? id : -1;
+__global__ void hybrid_stage_kernel(const HybridStage s) {
+    const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = first; i < s.routes; i += stride) {
+        const int32_t id = s.ids[i];
+        s.host_ids[i] = s.slots[i] < 0 && id >= 0 && id < s.experts ? id : -1;
+        s.host_weights[i] = s.weights[i];
     }
+    // Hidden states in 16-byte pieces where both sides allow it (PCIe writes of whole pieces).
+    const bool wide = (reinterpret_cast<uintptr_t>(s.x) | reinterpret_cast<uintptr_t>(s.host_x)) % 16 == 0;
+    const int64_t pieces = wide ? s.x_elems / 8 : 0;
+    for (int64_t i = first; i < pieces; i += stride)
+        reinterpret_cast<uint4 *>(s.host_x)[i] = reinterpret_cast<const uint4 *>(s.x)[i];
+    for (int64_t i = pieces * 8 + first; i < s.x_elems; i += stride) s.host_x[i] = s.x[i];
+    if (first == 0 && s.missing) *s.host_missing = *s.missing;
+    __threadfence_system();
 }
 
 }  // namespace
 
-cudaError_t launch_cpu_ids(const int32_t *ids, const int32_t *slots, int32_t *cpu_ids, int64_t count, int32_t experts,
-                           cudaStream_t stream) {
-    if (count < 0 || experts <= 0 || (count > 0 && (!ids || !slots || !cpu_ids))) return cudaErrorInvalidValue;
-    if (count == 0) return cudaSuccess;
-    const int blocks = int((count + kThreads - 1) / kThreads < 64 ? (count + kThreads - 1) / kThreads : 64);
-    cpu_ids_kernel<<<blocks, kThreads, 0, stream>>>(ids, slots, cpu_ids, count, experts);
+cudaError_t launch_hybrid_stage(const HybridStage &s, cudaStream_t stream) {
+    if (s.routes < 0 || s.x_elems < 0 || s.experts <= 0) return cudaErrorInvalidValue;
+    if (s.routes > 0 && (!s.ids || !s.slots || !s.weights || !s.host_ids || !s.host_weights)) return cudaErrorInvalidValue;
+    if (s.x_elems > 0 && (!s.x || !s.host_x)) return cudaErrorInvalidValue;
+    if (s.missing && !s.host_missing) return cudaErrorInvalidValue;
+    const int64_t work = std::max<int64_t>({s.routes, s.x_elems / 8, 1});
+    const int blocks = int(std::min<int64_t>((work + kThreads - 1) / kThreads, 64));
+    hybrid_stage_kernel<<<blocks, kThreads, 0, stream>>>(s);
     return cudaGetLastError();
 }
 

@@ -92,22 +92,34 @@ private:
 class PinnedBuffer {
 public:
     PinnedBuffer() = default;
+    // Page-locked, portable and mapped: device() is the address kernels use for the same bytes.
     explicit PinnedBuffer(size_t bytes, const char *what) {
-        if (bytes) check(cudaHostAlloc(&p_, bytes, cudaHostAllocPortable), what);
+        if (!bytes) return;
+        check(cudaHostAlloc(&p_, bytes, cudaHostAllocPortable | cudaHostAllocMapped), what);
+        const cudaError_t e = cudaHostGetDevicePointer(&d_, p_, 0);
+        if (e != cudaSuccess) {
+            cudaFreeHost(p_);
+            p_ = nullptr;
+            check(e, what);
+        }
     }
     ~PinnedBuffer() {
         if (p_) cudaFreeHost(p_);
     }
-    PinnedBuffer(PinnedBuffer &&o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    PinnedBuffer(PinnedBuffer &&o) noexcept : p_(o.p_), d_(o.d_) { o.p_ = o.d_ = nullptr; }
     PinnedBuffer &operator=(PinnedBuffer &&o) noexcept {
         std::swap(p_, o.p_);
+        std::swap(d_, o.d_);
         return *this;
     }
     template <typename T = uint8_t>
     T *get() const { return static_cast<T *>(p_); }
+    template <typename T = uint8_t>
+    T *device() const { return static_cast<T *>(d_); }
 
 private:
     void *p_ = nullptr;
+    void *d_ = nullptr;
 };
 
 class Stream {
@@ -636,8 +648,6 @@ public:
         pin_y_ = PinnedBuffer(T * H * sizeof(uint16_t), "allocating hybrid staging");
         pin_missing_ = PinnedBuffer(sizeof(int64_t), "allocating hybrid staging");
         *pin_missing_.get<int64_t>() = 0;
-        cpu_ids_ = DeviceBuffer(T * K * sizeof(int32_t), "allocating hybrid ids");
-        addend_ = DeviceBuffer(T * H * sizeof(uint16_t), "allocating the hybrid partial sum");
         log(FT_LOG_INFO, "hybrid: fetch fraction ", fraction_, adaptive_ ? " (adaptive)" : " (fixed)", ", handoff by ",
             cuda::handoff_mechanism_name(handoff_->mechanism()));
     }
@@ -682,7 +692,6 @@ private:
         if (const ft_status st = handoff_->status(); st != FT_OK)
             fail(st, "hybrid CPU handoff failed: ", handoff_->status_message());
         const int64_t routes = int64_t(tokens) * spec_.top_k;
-        const size_t act = size_t(tokens) * spec_.hidden * sizeof(uint16_t);
         int32_t *slots = slots_.get<int32_t>();
         cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
         check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
@@ -694,16 +703,20 @@ private:
         if (fraction_ <= 0.0) fetch.max_fetch = 0;  // everything missing goes to the CPU
         else fetch.fraction_q16 = fraction_to_q16(fraction_);
         check(cuda::launch_admit_hybrid(state_, layer, ids, slots, routes, fetch, stream), "launching hybrid admission");
-        if (eager)  // the step's distinct misses, for adapt() once the step is done
-            check(cudaMemcpyAsync(pin_missing_.get(), state_.num_missing_full, sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
-                  "reading the miss count");
-        check(cuda::launch_cpu_ids(ids, slots, cpu_ids_.get<int32_t>(), routes, spec_.num_experts, stream),
-              "launching the CPU route split");
-        check(cudaMemcpyAsync(pin_x_.get(), x, act, cudaMemcpyDeviceToHost, stream), "copying hidden states for the CPU");
-        check(cudaMemcpyAsync(pin_ids_.get(), cpu_ids_.get(), size_t(routes) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-              "copying the CPU's routes");
-        check(cudaMemcpyAsync(pin_w_.get(), w, size_t(routes) * sizeof(float), cudaMemcpyDeviceToHost, stream),
-              "copying routing weights for the CPU");
+        cuda::HybridStage stage;
+        stage.ids = ids;
+        stage.slots = slots;
+        stage.weights = w;
+        stage.x = x;
+        stage.missing = eager ? state_.num_missing_full : nullptr;  // for adapt() once the step is done
+        stage.routes = routes;
+        stage.x_elems = int64_t(tokens) * spec_.hidden;
+        stage.experts = spec_.num_experts;
+        stage.host_ids = pin_ids_.device<int32_t>();
+        stage.host_weights = pin_w_.device<float>();
+        stage.host_x = pin_x_.device<uint16_t>();
+        stage.host_missing = pin_missing_.device<int64_t>();
+        check(cuda::launch_hybrid_stage(stage, stream), "staging the CPU's share");
         const int site = site_for(layer, tokens);
         check(handoff_->signal(site, stream), "signalling the CPU task");
         if (eager) check(cudaEventRecord(gpu_start_.get(), stream), "recording a timing event");
@@ -714,8 +727,9 @@ private:
             pending_site_ = site;
         }
         check(handoff_->wait(site, stream), "waiting for the CPU task");
-        check(cudaMemcpyAsync(addend_.get(), pin_y_.get(), act, cudaMemcpyHostToDevice, stream), "copying the CPU's partial sum");
-        check(decoder_->combine(slots, w, addend_.get<uint16_t>(), y, tokens, stream), "launching the combine");
+        // The combine reads the CPU's partial sum where the task left it (mapped host memory; the
+        // done flag the wait saw was written after it): no copy on the critical path.
+        check(decoder_->combine(slots, w, pin_y_.device<uint16_t>(), y, tokens, stream), "launching the combine");
     }
 
     // One handoff site per (layer, tokens): the task knows its shape, so captured graphs replay it.
@@ -797,7 +811,6 @@ private:
     std::unique_ptr<cuda::Handoff> handoff_;
     std::map<int64_t, int> sites_;
     PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
-    DeviceBuffer cpu_ids_, addend_;
     Event gpu_start_{true}, gpu_stop_{true};
     int pending_site_ = -1;
     double fraction_ = 0.5;

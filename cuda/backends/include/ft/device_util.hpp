@@ -14,9 +14,27 @@ namespace ft::cuda {
 cudaError_t launch_resident_slots(const int32_t *ids, int32_t *slots, int64_t count, int32_t experts,
                                   int64_t *layer_stats, cudaStream_t stream);
 
-// Hybrid: the routes the CPU computes. cpu_ids[i] = ids[i] where the admission left slots[i] = -1
-// and the id is a valid expert, else -1 (routes the GPU computes, or no route). Capturable.
-cudaError_t launch_cpu_ids(const int32_t *ids, const int32_t *slots, int32_t *cpu_ids, int64_t count, int32_t experts,
-                           cudaStream_t stream);
+// Hybrid: everything the CPU task of one step reads, written by one kernel straight into mapped
+// pinned host memory (the host_* pointers are device-visible pointers of such memory): the CPU's
+// routes (ids[i] where the admission left slots[i] = -1 and the id is a valid expert, else -1), the routing weights, the hidden states and, when
+// `missing` is not null, the step's distinct miss count. One launch instead of a kernel and four
+// small copies (each a copy-engine round trip of a few microseconds on the step's critical path).
+// Every thread fences its writes system-wide, so a stream operation ordered after the kernel (the
+// handoff's go) cannot reach the host before the data. Capturable.
+struct HybridStage {
+    const int32_t *ids = nullptr;      // [routes] routed expert ids, device
+    const int32_t *slots = nullptr;    // [routes] admission result, -1 = CPU route, device
+    const float *weights = nullptr;    // [routes] device
+    const uint16_t *x = nullptr;       // [x_elems] bf16 hidden states, device
+    const int64_t *missing = nullptr;  // the admission's distinct miss count, device (optional)
+    int64_t routes = 0;
+    int64_t x_elems = 0;
+    int32_t experts = 0;
+    int32_t *host_ids = nullptr;
+    float *host_weights = nullptr;
+    uint16_t *host_x = nullptr;
+    int64_t *host_missing = nullptr;   // required when `missing` is set
+};
+cudaError_t launch_hybrid_stage(const HybridStage &stage, cudaStream_t stream);
 
 }  // namespace ft::cuda
