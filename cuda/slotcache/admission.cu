@@ -122,14 +122,15 @@ template <int kItems>
 struct FastRegisterSlots {
     uint64_t keys[kItems];
 
-    // Loads thread t's keys; returns the smallest.
-    __device__ __forceinline__ uint64_t load(const int64_t *usage, const Packing &p, int32_t t, bool &bad) {
+    // Loads thread t's keys; returns the smallest, `second` gets the next.
+    __device__ __forceinline__ uint64_t load(const int64_t *usage, const Packing &p, int32_t t, bool &bad,
+                                             uint64_t &second) {
 #pragma unroll
         for (int j = 0; j < kItems; ++j) {
             const int32_t s = j * kThreads + t;
             keys[j] = s < p.slots ? p.key(usage[s], s, bad) : kNoKey;
         }
-        return min_from(0);
+        return min2_from(0, second);
     }
     // Smallest key >= lo (kNoKey if none).
     __device__ __forceinline__ uint64_t min_from(uint64_t lo) const {
@@ -137,6 +138,18 @@ struct FastRegisterSlots {
 #pragma unroll
         for (int j = 0; j < kItems; ++j)
             if (keys[j] >= lo && keys[j] < best) best = keys[j];
+        return best;
+    }
+    // The two smallest keys >= lo: returns the smallest, `second` gets the next (kNoKey if none).
+    __device__ __forceinline__ uint64_t min2_from(uint64_t lo, uint64_t &second) const {
+        uint64_t best = kNoKey, next = kNoKey;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const uint64_t k = keys[j] >= lo ? keys[j] : kNoKey;
+            next = k < best ? best : (k < next ? k : next);
+            best = k < best ? k : best;
+        }
+        second = next;
         return best;
     }
 };
@@ -147,26 +160,34 @@ struct FastGlobalSlots {
     Packing p;
     int32_t t;
 
-    // Remembers thread t's slots; returns their smallest key, checking every usage (later scans
-    // read the same values, so they cannot meet a bad one).
+    // Remembers thread t's slots; returns their smallest key (`second`: the next), checking every
+    // usage (later scans read the same values, so they cannot meet a bad one).
     __device__ __forceinline__ uint64_t load(const int64_t *g_usage, const Packing &packing, int32_t thread,
-                                             bool &bad) {
+                                             bool &bad, uint64_t &second) {
         usage = g_usage;
         p = packing;
         t = thread;
-        return scan(0, bad);
+        return scan(0, bad, second);
     }
     __device__ __forceinline__ uint64_t min_from(uint64_t lo) const {
         bool ignored = false;
-        return scan(lo, ignored);
+        uint64_t second;
+        return scan(lo, ignored, second);
     }
-    __device__ __forceinline__ uint64_t scan(uint64_t lo, bool &bad) const {
-        uint64_t best = kNoKey;
+    __device__ __forceinline__ uint64_t min2_from(uint64_t lo, uint64_t &second) const {
+        bool ignored = false;
+        return scan(lo, ignored, second);
+    }
+    __device__ __forceinline__ uint64_t scan(uint64_t lo, bool &bad, uint64_t &second) const {
+        uint64_t best = kNoKey, next = kNoKey;
 #pragma unroll 8
         for (int32_t s = t; s < p.slots; s += kThreads) {
-            const uint64_t k = p.key(usage[s], s, bad);
-            if (k >= lo && k < best) best = k;
+            uint64_t k = p.key(usage[s], s, bad);
+            k = k >= lo ? k : kNoKey;
+            next = k < best ? best : (k < next ? k : next);
+            best = k < best ? k : best;
         }
+        second = next;
         return best;
     }
 };
@@ -271,7 +292,10 @@ struct Shared {
             int64_t usage[kWarps * kRound];
             int32_t slot[kWarps * kRound];
         } round;
-        uint64_t minima[kWarps * kFastVictims];  // fast path: each warp's smallest thread minima
+        struct {  // fast path
+            uint64_t minima[kWarps * kFastVictims];  // each warp's smallest thread minima
+            uint64_t second[kThreads];               // each thread's second key of the round
+        } fast;
     } lists;
     int32_t warp_missing[kWarps], warp_active[kWarps];
     int64_t step;
@@ -323,12 +347,15 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
     uint64_t lo = 0;
     for (int32_t done = 0; done < k; done += kFastVictims) {
         const int32_t R = k - done < kFastVictims ? k - done : kFastVictims;
-        // 1. This thread's smallest key at or above lo (the first round also loads and checks).
-        uint64_t mine = done == 0 ? own.load(st.usage, p, tid, bad) : own.min_from(lo);
+        // 1. This thread's two smallest keys at or above lo (the first round also loads and
+        // checks); the second is published for the shortcut of step 3.
+        uint64_t second = kNoKey;
+        uint64_t mine = done == 0 ? own.load(st.usage, p, tid, bad, second) : own.min2_from(lo, second);
+        sh.lists.fast.second[tid] = second;
         // 2. This warp's R smallest thread minima, ascending; a list cut short ends with kNoKey.
         for (int32_t r = 0; r < R; ++r) {
             const uint64_t m = warp_min(mine);
-            if (lane == 0) sh.lists.minima[warp * kFastVictims + r] = m;
+            if (lane == 0) sh.lists.fast.minima[warp * kFastVictims + r] = m;
             if (m == kNoKey) break;  // warp-uniform
             if (mine == m) mine = kNoKey;
         }
@@ -348,7 +375,7 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
             // 3. Merge: lane j walks warp j's list; lane r keeps the r-th smallest thread minimum.
             // The loop bodies here and in step 4 are branch-free (selects, loads by every lane):
             // no lane leaves the warp's path between two warp minima.
-            const uint64_t *list = sh.lists.minima + lane * kFastVictims;
+            const uint64_t *list = sh.lists.fast.minima + lane * kFastVictims;
             int32_t pos = 0;
             uint64_t head = list[0], winner = kNoKey;
             for (int32_t r = 0; r < R; ++r) {
@@ -363,19 +390,36 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
                 head = step_on ? (pos + 1 < R ? following : kNoKey) : head;
                 pos = at;
             }
-            // 4. Lane i holds winner i's slots; R rounds of "smallest head wins, winner steps on".
-            Slots theirs;
-            bool ignored = false;
-            theirs.load(st.usage, p, winner == kNoKey ? 0 : p.slot_of(winner) % kThreads, ignored);
-            head = winner;  // the smallest key >= lo of those slots
+            // Shortcut: when no winner's second key comes before the R-th smallest thread minimum,
+            // the R coldest keys are the winners' minima themselves (every other key is either a
+            // non-winner's, above its minimum and so above the R-th, or a winner's second or
+            // later). After a decode step the few slots stamped together rarely share a thread,
+            // so this usually holds and step 4 -- a dependent global load and R warp minima --
+            // is skipped. The vote is warp-uniform.
             uint64_t mine_key = kNoKey, last = kNoKey;
-            for (int32_t r = 0; r < R; ++r) {
-                const uint64_t m = warp_min(head);
-                last = m;
-                if (m == kNoKey) break;  // warp-uniform; cannot run out while S >= E
-                mine_key = lane == r ? m : mine_key;
-                const uint64_t following = theirs.min_from(m + 1);  // every lane scans: no branch
-                head = head == m ? following : head;
+            const int32_t winner_thread = winner == kNoKey ? 0 : p.slot_of(winner) % kThreads;
+            const uint64_t winner_second = sh.lists.fast.second[winner_thread];  // every lane loads
+            const uint64_t rth = __shfl_sync(kFullMask, winner, R - 1);
+            const bool simple =
+                __all_sync(kFullMask, lane >= R || (winner != kNoKey && rth != kNoKey && winner_second > rth));
+            if (simple) {
+                mine_key = lane < R ? winner : kNoKey;
+                last = rth;
+            } else {
+                // 4. Lane i holds winner i's slots; R rounds of "smallest head wins, winner steps on".
+                Slots theirs;
+                bool ignored = false;
+                uint64_t unused;
+                theirs.load(st.usage, p, winner_thread, ignored, unused);
+                head = winner;  // the smallest key >= lo of those slots
+                for (int32_t r = 0; r < R; ++r) {
+                    const uint64_t m = warp_min(head);
+                    last = m;
+                    if (m == kNoKey) break;  // warp-uniform; cannot run out while S >= E
+                    mine_key = lane == r ? m : mine_key;
+                    const uint64_t following = theirs.min_from(m + 1);  // every lane scans: no branch
+                    head = head == m ? following : head;
+                }
             }
             const int32_t victim = mine_key == kNoKey ? -1 : p.slot_of(mine_key);
             const int32_t old = victim >= 0 ? st.id_of_slot[victim] : -1;  // no install has run yet
