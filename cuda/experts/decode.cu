@@ -27,6 +27,7 @@
 #include <string>
 
 #include "ft/common.hpp"
+#include "ft/cuda_launch.cuh"
 #include "ft/cuda_numerics.cuh"
 
 namespace ft::cuda {
@@ -304,6 +305,7 @@ __device__ __forceinline__ void chunk_dot(const F &f, int n0, int n1, bool has1,
 // down: rows 2j and 2j + 1 of the N = H outputs.
 template <class F, bool GATE_UP>
 __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int unit = blockIdx.x * kWarps + warp;
     int n0, n1;
@@ -372,6 +374,7 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
 // mxfp4, transposed: blocks [K/2][N] (byte (kb, n) = W[n, 2kb] low nibble, W[n, 2kb+1] high),
 // scales [K/32][N] e8m0, bias [N] bf16. Lane owns columns c0..c0+3; warp w sums K blocks w, w+8, ..
 __global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_up) {
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     __shared__ float red[kWarps][kRouteChunk][kMxCols];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int N = p.N, nblk = p.K / 32;
@@ -694,6 +697,7 @@ struct MmaQ4_0 {
 
 template <class F, bool GATE_UP>
 __global__ void __launch_bounds__(kThreads, F::kMinBlocks) mma_kernel(ProjArgs p) {
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     __shared__ float red[kWarps][4][32];
     constexpr int CE = 4 * F::E;  // elements per chunk and row (the lane quad)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -825,6 +829,7 @@ __device__ __forceinline__ void e2m1_word_to_bf16x4(uint32_t u, uint32_t (&o)[4]
 }
 
 __global__ void __launch_bounds__(kThreads, 3) mxfp4_mma_kernel(ProjArgs p, bool gate_up) {
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     __shared__ float red[kWarps][16][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int N = p.N, nblk = p.K / 32;
@@ -1053,6 +1058,7 @@ __device__ __forceinline__ void round_trip_128(const uint16_t *in, uint16_t *out
 __global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slots, int R, GroupScratch g,
                                                             const uint16_t *x, uint16_t *xin, int64_t elems,
                                                             int mode) {
+    pdl_wait();
     if (blockIdx.x == 0) {
         build_groups(slots, R, g);
         return;
@@ -1071,6 +1077,7 @@ __global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slot
 // ds_fp4: the intermediate of every valid route, round-tripped per 128 in place.
 __global__ void __launch_bounds__(kThreads) inter_round_trip_kernel(const int32_t *slots, uint16_t *inter,
                                                                    int64_t R, int32_t I) {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t per_row = I / 128, total = R * per_row;
     for (int64_t grp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; grp < total;
@@ -1083,6 +1090,7 @@ __global__ void __launch_bounds__(kThreads) inter_round_trip_kernel(const int32_
 
 __global__ void combine_kernel(const float *route_out, const int32_t *slots, const float *w, const uint16_t *addend,
                                uint16_t *y, int32_t tokens, int32_t K, int32_t H, bool ds) {
+    pdl_wait();
     const int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= H) return;
     for (int t = blockIdx.y; t < tokens; t += gridDim.y) {
@@ -1123,7 +1131,7 @@ cudaError_t launch_combine_routes(const float *route_out, const int32_t *slots, 
     if (tokens == 0) return cudaSuccess;
     if (!route_out || !slots || !w || !y) return cudaErrorInvalidValue;
     const dim3 grid((hidden + 255) / 256, unsigned(tokens < kMaxGridY ? tokens : kMaxGridY));
-    combine_kernel<<<grid, 256, 0, stream>>>(route_out, slots, w, addend, y, tokens, top_k, hidden, ds_fp4_rounding);
+    launch_pdl(combine_kernel, dim3(grid), dim3(256), 0, stream, route_out, slots, w, addend, y, tokens, top_k, hidden, ds_fp4_rounding);
     return cudaGetLastError();
 }
 
@@ -1275,7 +1283,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     if (mode == 1) prep_blocks = int((elems + kGroupThreads - 1) / kGroupThreads);
     if (mode == 2) prep_blocks = int((elems / 128 + kGroupThreads / 32 - 1) / (kGroupThreads / 32));
     prep_blocks = prep_blocks > 1024 ? 1024 : prep_blocks;
-    prep_kernel<<<1 + prep_blocks, kGroupThreads, 0, stream>>>(slots, int(R), gs, x, xin_, elems, mode);
+    launch_pdl(prep_kernel, dim3(1 + prep_blocks), dim3(kGroupThreads), 0, stream, slots, int(R), gs, x, xin_, elems, mode);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
 
@@ -1318,29 +1326,29 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const int64_t gx_mx_gu = (2 * I + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_gu = (2 * I + kMxCols - 1) / kMxCols;
     if (mma_) {
         switch (format_) {
-            case Format::bf16: mma_kernel<MmaBf16, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
-            case Format::fp8_block: mma_kernel<MmaFp8, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
-            case Format::nvfp4: mma_kernel<MmaNvfp4, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
-            case Format::ds_fp4: mma_kernel<MmaDsFp4, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
-            case Format::q4_0: mma_kernel<MmaQ4_0, true><<<grid_mma_gu, kThreads, 0, stream>>>(p); break;
+            case Format::bf16: launch_pdl(mma_kernel<MmaBf16, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
+            case Format::fp8_block: launch_pdl(mma_kernel<MmaFp8, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
+            case Format::nvfp4: launch_pdl(mma_kernel<MmaNvfp4, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
+            case Format::ds_fp4: launch_pdl(mma_kernel<MmaDsFp4, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
+            case Format::q4_0: launch_pdl(mma_kernel<MmaQ4_0, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
             case Format::mxfp4:
-                mxfp4_mma_kernel<<<dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu)), kThreads, 0, stream>>>(p, true);
+                launch_pdl(mxfp4_mma_kernel, dim3(dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu))), dim3(kThreads), 0, stream, p, true);
                 break;
             default: return cudaErrorInvalidValue;  // mma_ is only set for the formats above
         }
     } else switch (format_) {
         case Format::bf16:
             if (vec_)
-                rowmajor_kernel<Bf16Vec, true><<<grid_gu, kThreads, 0, stream>>>(p);
+                launch_pdl(rowmajor_kernel<Bf16Vec, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p);
             else
-                rowmajor_kernel<Bf16Scalar, true><<<grid_gu, kThreads, 0, stream>>>(p);
+                launch_pdl(rowmajor_kernel<Bf16Scalar, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p);
             break;
-        case Format::fp8_block: rowmajor_kernel<Fp8Block, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
-        case Format::nvfp4: rowmajor_kernel<Nvfp4, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
-        case Format::ds_fp4: rowmajor_kernel<DsFp4, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
-        case Format::q4_0: rowmajor_kernel<Q4_0, true><<<grid_gu, kThreads, 0, stream>>>(p); break;
+        case Format::fp8_block: launch_pdl(rowmajor_kernel<Fp8Block, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
+        case Format::nvfp4: launch_pdl(rowmajor_kernel<Nvfp4, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
+        case Format::ds_fp4: launch_pdl(rowmajor_kernel<DsFp4, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
+        case Format::q4_0: launch_pdl(rowmajor_kernel<Q4_0, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
         case Format::mxfp4:
-            mxfp4_kernel<<<dim3(unsigned(gx_mx1_gu), grid_y(gx_mx1_gu)), kThreads, 0, stream>>>(p, true);
+            launch_pdl(mxfp4_kernel, dim3(dim3(unsigned(gx_mx1_gu), grid_y(gx_mx1_gu))), dim3(kThreads), 0, stream, p, true);
             break;
     }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -1349,7 +1357,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
         const int64_t groups = R * (I / 128);
         int64_t blocks = (groups + kWarps - 1) / kWarps;
         blocks = blocks > 4096 ? 4096 : blocks;
-        inter_round_trip_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(slots, inter_buf_, R, inter_);
+        launch_pdl(inter_round_trip_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, slots, inter_buf_, R, inter_);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
 
@@ -1364,29 +1372,29 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const int64_t gx_mx_dn = (H + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_dn = (H + kMxCols - 1) / kMxCols;
     if (mma_) {
         switch (format_) {
-            case Format::bf16: mma_kernel<MmaBf16, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
-            case Format::fp8_block: mma_kernel<MmaFp8, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
-            case Format::nvfp4: mma_kernel<MmaNvfp4, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
-            case Format::ds_fp4: mma_kernel<MmaDsFp4, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
-            case Format::q4_0: mma_kernel<MmaQ4_0, false><<<grid_mma_dn, kThreads, 0, stream>>>(p); break;
+            case Format::bf16: launch_pdl(mma_kernel<MmaBf16, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
+            case Format::fp8_block: launch_pdl(mma_kernel<MmaFp8, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
+            case Format::nvfp4: launch_pdl(mma_kernel<MmaNvfp4, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
+            case Format::ds_fp4: launch_pdl(mma_kernel<MmaDsFp4, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
+            case Format::q4_0: launch_pdl(mma_kernel<MmaQ4_0, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
             case Format::mxfp4:
-                mxfp4_mma_kernel<<<dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn)), kThreads, 0, stream>>>(p, false);
+                launch_pdl(mxfp4_mma_kernel, dim3(dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn))), dim3(kThreads), 0, stream, p, false);
                 break;
             default: return cudaErrorInvalidValue;
         }
     } else switch (format_) {
         case Format::bf16:
             if (vec_)
-                rowmajor_kernel<Bf16Vec, false><<<grid_dn, kThreads, 0, stream>>>(p);
+                launch_pdl(rowmajor_kernel<Bf16Vec, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p);
             else
-                rowmajor_kernel<Bf16Scalar, false><<<grid_dn, kThreads, 0, stream>>>(p);
+                launch_pdl(rowmajor_kernel<Bf16Scalar, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p);
             break;
-        case Format::fp8_block: rowmajor_kernel<Fp8Block, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
-        case Format::nvfp4: rowmajor_kernel<Nvfp4, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
-        case Format::ds_fp4: rowmajor_kernel<DsFp4, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
-        case Format::q4_0: rowmajor_kernel<Q4_0, false><<<grid_dn, kThreads, 0, stream>>>(p); break;
+        case Format::fp8_block: launch_pdl(rowmajor_kernel<Fp8Block, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
+        case Format::nvfp4: launch_pdl(rowmajor_kernel<Nvfp4, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
+        case Format::ds_fp4: launch_pdl(rowmajor_kernel<DsFp4, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
+        case Format::q4_0: launch_pdl(rowmajor_kernel<Q4_0, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
         case Format::mxfp4:
-            mxfp4_kernel<<<dim3(unsigned(gx_mx1_dn), grid_y(gx_mx1_dn)), kThreads, 0, stream>>>(p, false);
+            launch_pdl(mxfp4_kernel, dim3(dim3(unsigned(gx_mx1_dn), grid_y(gx_mx1_dn))), dim3(kThreads), 0, stream, p, false);
             break;
     }
     return cudaGetLastError();

@@ -43,6 +43,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "ft/cuda_launch.cuh"
 #include "ft/hybrid.hpp"
 #include "ft/slotcache_cuda.hpp"
 
@@ -502,6 +503,11 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
     __shared__ Shared sh;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const SlotCacheState &st = a.st;
+    // Launched by launch_pdl: wait for the previous kernel (the routing, a previous admission),
+    // then let the next kernel of the step be scheduled at once -- this one CTA leaves the rest of
+    // the GPU idle, and the launch gap would otherwise add to every layer's latency.
+    pdl_wait();
+    pdl_trigger();
     const int32_t E = st.shape.experts, base = a.layer * E;
 
     if (tid < E) sh.active[tid] = 0;
@@ -614,10 +620,8 @@ cudaError_t launch(const SlotCacheState &st, int32_t layer, const int32_t *ids, 
     if (const cudaError_t e = check_args(st, layer, ids, slots_out, count); e != cudaSuccess) return e;
     const AdmissionArgs args{st, layer, ids, slots_out, static_cast<int32_t>(count), fetch};
     if (st.shape.slots <= kThreads * kRegisterItems)
-        admission_kernel<kRegisterItems, kHybrid><<<1, kThreads, 0, stream>>>(args);
-    else
-        admission_kernel<0, kHybrid><<<1, kThreads, 0, stream>>>(args);
-    return cudaGetLastError();
+        return launch_pdl(admission_kernel<kRegisterItems, kHybrid>, dim3(1), dim3(kThreads), 0, stream, args);
+    return launch_pdl(admission_kernel<0, kHybrid>, dim3(1), dim3(kThreads), 0, stream, args);
 }
 
 __global__ void reset_kernel(const SlotCacheState st) {
