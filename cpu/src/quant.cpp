@@ -35,6 +35,7 @@ float g_e4m3[256];
 float g_e8m0[256];
 uint16_t g_e2m1_bf16x32[32];
 uint16_t g_e4m3_sub_bf16x32[32];
+uint8_t g_e2m1_u8x64[64];
 int g_quant_row_pairs = 1;
 
 namespace {
@@ -49,6 +50,7 @@ const bool g_tables_ready = [] {
         g_e2m1_bf16x32[i] = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));
         g_e4m3_sub_bf16x32[i] = f32_to_bf16(e4m3_to_f32(uint8_t(i & 7)));
     }
+    for (int i = 0; i < 64; ++i) g_e2m1_u8x64[i] = uint8_t(int(2.0f * e2m1_to_f32(uint8_t(i & 15))) + 12);
     return true;
 }();
 
@@ -72,6 +74,15 @@ uint16_t load_u16(const uint8_t *p) {
 size_t q8_0_act_bytes(int64_t K) { return size_t(round_up(K, 64) + 4 * (K / 32 + 1) + 63) / 64 * 64; }
 size_t q8_0_vnni_act_bytes(int64_t K) { return size_t(3 * round_up(K, 64)); }
 size_t q8_0_x4_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
+size_t mxfp4_q8_act_bytes(int64_t K) { return size_t(round_up(4 * round_up(K, 64) + 12 * (K / 32), 64)); }
+
+void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2) {
+    const float inv = 256.0f * (1.0f / d);
+    for (int i = 0; i < 32; ++i) {
+        const float r = x[i] - float(q[i]) * d;
+        q2[i] = int8_t(std::clamp(std::round(r * inv), -127.0f, 127.0f));
+    }
+}
 
 // The scalar kernels dequantise each weight exactly as lib/formats does and accumulate in fp32.
 void fp8_block_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
@@ -328,12 +339,35 @@ void prepare_q8_0_x4(const uint16_t *x, int64_t K, uint8_t *dst) {
     }
 }
 
+void prepare_mxfp4_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t qbytes = round_up(K, 64), nb = K / 32;
+    prepare_bf16(x, K, dst);  // for calls of several tokens (W4A16)
+    dst += 2 * qbytes;
+    int8_t *q1 = reinterpret_cast<int8_t *>(dst), *q2 = q1 + qbytes;
+    float v[32], d;
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[b * 32 + i]);
+        int8_t *h = q1 + b * 32, *l = q2 + b * 32;
+        quantize_q8_0(v, 32, h, &d);
+        detail::mxfp4_residual_q8(v, h, d, l);
+        int32_t c[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) c[0] += h[i], c[1] += l[i];
+        c[0] *= -12, c[1] *= -12;
+        const float ds = d / 512.0f;  // 1/2 of u = 2 * e2m1 + 12, 1/256 of the residual's step
+        std::memcpy(dst + 2 * qbytes + 4 * b, &ds, 4);
+        std::memcpy(dst + 2 * qbytes + 4 * nb + 8 * b, c, 8);
+    }
+    std::memset(q1 + K, 0, size_t(qbytes - K));
+    std::memset(q2 + K, 0, size_t(qbytes - K));
+}
+
 struct Kernel {
     detail::QuantGemv gemv = nullptr;  // nullptr: the tier below's
     const char *suffix = nullptr;
     size_t (*act_bytes)(int64_t) = nullptr;
     void (*prepare)(const uint16_t *, int64_t, uint8_t *) = nullptr;
     detail::QuantDequant dequant = nullptr;
+    const char *name = nullptr;  // replaces TierKernels::name (a kernel of other numerics)
 };
 
 struct TierKernels {
@@ -346,6 +380,7 @@ struct TierKernels {
     // >= avx512 on a CPU with AVX-512-VNNI (and VBMI where fast_vbmi): q4_0 four blocks per step.
     Kernel fast = {};
     bool fast_vbmi = false;
+    Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
 };
 
 const TierKernels kKernels[] = {
@@ -383,7 +418,9 @@ const TierKernels kKernels[] = {
 #endif
      }, {},
 #if defined(FT_CPU_X86_KERNELS)
-     {detail::mxfp4_avx512vbmi, "-avx512bf16vbmi", bf16_act_bytes, prepare_bf16}},
+     {detail::mxfp4_avx512vbmi, "-avx512bf16vbmi", bf16_act_bytes, prepare_bf16},
+     {detail::mxfp4_avx512vnni_w4a8, "-avx512vnnivbmi", detail::mxfp4_q8_act_bytes, prepare_mxfp4_q8, nullptr,
+      "mxfp4-w4a8x2"}, true, Isa::avx512bf16},
 #else
      {}},
 #endif
@@ -417,10 +454,13 @@ bool use_vnni() {
 #endif
 }
 
-// The newer kernels (TierKernels::fast), each on unless its knob is 0: q4_0 FT_CPU_Q4_0_X4.
+// The newer kernels (TierKernels::fast): q4_0 four blocks per step unless FT_CPU_Q4_0_X4=0;
+// mxfp4 W4A8 x2 only with FT_CPU_MXFP4_W4A8=1 (faster kernel, but slower layer on the dev box;
+// cpu/README.md, fifth round).
 bool fast_kernel(Format f) {
     static const bool q4 = env_string("FT_CPU_Q4_0_X4") != "0";
-    return f == Format::q4_0 ? q4 : false;
+    static const bool mx = env_string("FT_CPU_MXFP4_W4A8") == "1";
+    return f == Format::q4_0 ? q4 : f == Format::mxfp4 ? mx : false;
 }
 
 }  // namespace
@@ -452,8 +492,8 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                         if (k.tier[i].gemv) use = k.tier[i];
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
-                    if (fa && v && (vb || !k.fast_vbmi) && tier >= int(Isa::avx512) && k.fast.gemv) use = k.fast;
-                    names.push_back(std::string(k.name) + use.suffix);
+                    if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv) use = k.fast;
+                    names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant});
                 }
         return t;

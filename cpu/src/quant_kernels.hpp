@@ -40,6 +40,9 @@ extern float g_e8m0[256];
 // byte gives its low nibble), and bf16(e4m3(i & 7)) for the E == 0 codes (zero and subnormals).
 extern uint16_t g_e2m1_bf16x32[32];
 extern uint16_t g_e4m3_sub_bf16x32[32];
+// u = 2 * e2m1 + 12 as unsigned bytes (0 .. 24, exact), the 16 codes four times (a `vpermb`
+// index reads the low 6 bits): the W4A8 mxfp4/nvfp4 kernels' weights.
+extern uint8_t g_e2m1_u8x64[64];
 
 // Bytes of a prepared q4_0 activation of length K: int8 q[K] (Q8_0), then float d[K/32].
 size_t q8_0_act_bytes(int64_t K);
@@ -52,6 +55,15 @@ size_t q8_0_vnni_act_bytes(int64_t K);
 // int8 q of elements 16..31, int32 c[16] (lane l: -8 * the sum of its 8 q, block l / 4), float
 // d[16] (the block's d per lane).
 size_t q8_0_x4_act_bytes(int64_t K);
+// mxfp4 W4A8 x2 (mxfp4_avx512vnni_w4a8): each activation block of 32 as two int8 terms,
+// x ~ d * (q1 + q2 / 256): q1, d = Q8_0 (ft::quantize_q8_0), q2 = the residual (mxfp4_residual_q8),
+// so |x - d (q1 + q2 / 256)| <= d / 512 (d / 256 where q2 clamps): about 15 bits per block,
+// finer than bf16 for all but the block's smallest values. Layout: int8 q1[Kp], int8 q2[Kp]
+// (Kp = K rounded up to 64, zero-padded), float d[K/32] / 512, int32 {-12 sum(q1), -12 sum(q2)}
+// per block; all of it after a bf16[Kp] copy of x (the layout of mxfp4_avx512vbmi, which the
+// kernel runs for calls of several tokens).
+void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2);
+size_t mxfp4_q8_act_bytes(int64_t K);
 
 void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -95,6 +107,8 @@ void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *,
 
 // AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
 void q4_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// AVX-512-VNNI + VBMI (quant_avx512vnni_vbmi.cpp): mxfp4 W4A8, activations mxfp4_q8 layout.
+void mxfp4_avx512vnni_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 }  // namespace ft::cpu::detail

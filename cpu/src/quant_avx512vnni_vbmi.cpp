@@ -1,0 +1,178 @@
+// AVX-512-VNNI + VBMI kernel of mxfp4 (gpt-oss transposed layout) as W4A8: the weights as
+// integers 2 * e2m1 (exact: {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}), activations Q8_0 per block of
+// 32 (ft::quantize_q8_0, the block of the e8m0 scales), `vpdpbusd` into exact int32 block sums.
+// Chosen where cpuid has avx512vnni and avx512vbmi (FT_CPU_MXFP4_W4A8, see quant.cpp).
+//
+// Per step two K rows kb, kb + 1 (64 bytes of each per line): `vpunpck{l,h}bw` pairs the bytes of
+// a column into one word, whose four nibbles are its weights at k = 2kb .. 2kb + 3 in order; one
+// `vpmultishiftqb` per 16 columns moves each nibble to the low bits of its own byte (two columns
+// per qword; the upper bits hold the next nibble) and one `vpermb` (a 64-entry table, the 16 codes
+// four times, so those upper bits do not matter) makes the unsigned bytes u = 2 * e2m1 + 12 in
+// [0, 24]. Lane = one column x 4 consecutive k, multiplied by the broadcast 4 activation bytes:
+// 2 shuffles + 1 `vpdpbusd` per 64 weights (the W4A16 VBMI kernel: 2 shuffles + 1 `vdpbf16ps`
+// per 32), plus one unpack per 32 columns and 2 rows. The int32 block sums start at
+// -12 * sum(q) of the block (the offset of u), so after 8 steps each lane is exactly
+// sum(2 * e2m1 * q) over the block's 32 k; then fp32: sum * (e8m0 * d / 2), one FMA per block.
+// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
+// (GCC bug 105593); the warning says nothing about this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels.hpp"
+#include "quant_kernels.hpp"
+
+namespace ft::cpu::detail {
+namespace {
+
+#include "tier_avx512.inc"
+
+// Column (within a line) of lane l of group g: groups 0, 1 come from the low unpack (columns
+// 8 .. 15 of each 16 excluded), 2, 3 from the high one; even groups take words 0, 1 of each
+// qword of the unpacked vector, odd groups words 2, 3.
+constexpr int column_of(int g, int l) {
+    return 16 * (l >> 2) + 8 * (g >> 1) + 4 * ((l >> 1) & 1) + 2 * (g & 1) + (l & 1);
+}
+
+// vpermb indices putting the scale byte of lane l's column into byte 4l (the others masked).
+alignas(64) const struct SIdx {
+    uint8_t v[4][64];
+    constexpr SIdx() : v() {
+        for (int g = 0; g < 4; ++g)
+            for (int l = 0; l < 16; ++l) v[g][4 * l] = uint8_t(column_of(g, l));
+    }
+} kSidx;
+
+// NL lines (64 columns each) x NT tokens, groups G0 .. G0 + NG - 1 of each line (NG = 2: half
+// the columns, so two tokens' block sums fit the registers; the other half is a second pass).
+// Every column's lane sees the same operations whatever NT, NL, NG and G0.
+template <int NT, int NL, int NG = 4, int G0 = 0>
+void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes, float *out,
+          size_t ldo, int pf_rows, int pf_span) {
+    const int64_t K = m.K, N = m.N, nb = K / 32;
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_u8x64);
+    // Bit offsets of the nibbles of words 0, 1 (even groups) and 2, 3 (odd) of each qword.
+    const __m512i ctrl_a = _mm512_set1_epi64(0x1c1814100c080400ll), ctrl_b = _mm512_set1_epi64(0x3c3834302c282420ll);
+    __mmask64 mask[NL];
+    for (int l = 0; l < NL; ++l) {
+        const int cl = count - 64 * l;
+        mask[l] = cl >= 64 ? ~__mmask64(0) : cl <= 0 ? __mmask64(0) : (__mmask64(1) << cl) - 1;
+    }
+    __m512 acc[NT][NL * NG];
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+        for (int g = 0; g < NL * NG; ++g) acc[t][g] = _mm512_setzero_ps();
+    const uint8_t *row = m.data + first;
+    for (int64_t b = 0; b < nb; ++b) {
+        // hi: sums with the high halves q1, lo: with the residuals q2, each starting at its
+        // block's -12 * sum(q).
+        __m512i hi[NT][NL * NG], lo[NT][NL * NG];
+        __m512 dt[NT];
+#pragma GCC unroll 2
+        for (int t = 0; t < NT; ++t) {
+            const uint8_t *a = act[t] + 2 * qbytes;
+            int32_t c1, c2;
+            float d;
+            std::memcpy(&d, a + 4 * b, 4);
+            std::memcpy(&c1, a + 4 * nb + 8 * b, 4);
+            std::memcpy(&c2, a + 4 * nb + 8 * b + 4, 4);
+            dt[t] = _mm512_set1_ps(d);
+#pragma GCC unroll 8
+            for (int g = 0; g < NL * NG; ++g) hi[t][g] = _mm512_set1_epi32(c1), lo[t][g] = _mm512_set1_epi32(c2);
+        }
+        for (int s = 0; s < 8; ++s, row += 2 * N) {
+            const int64_t kb = 16 * b + 2 * s;
+            if (pf_rows && kb + pf_rows + 1 < K / 2) {
+                const char *pr = reinterpret_cast<const char *>(row + pf_rows * N);
+                for (int r = 0; r < 2; ++r, pr += N) {
+                    for (int o = 0; o < pf_span; o += 64) _mm_prefetch(pr + o, _MM_HINT_T1);
+                    _mm_prefetch(pr + pf_span - 1, _MM_HINT_T1);
+                }
+            }
+            __m512i x1[NT], x2[NT];
+#pragma GCC unroll 2
+            for (int t = 0; t < NT; ++t) {
+                int32_t q4;
+                std::memcpy(&q4, act[t] + 2 * kb, 4);
+                x1[t] = _mm512_set1_epi32(q4);
+                std::memcpy(&q4, act[t] + qbytes + 2 * kb, 4);
+                x2[t] = _mm512_set1_epi32(q4);
+            }
+#pragma GCC unroll 2
+            for (int l = 0; l < NL; ++l) {
+                const __m512i v0 = _mm512_maskz_loadu_epi8(mask[l], row + 64 * l);
+                const __m512i v1 = _mm512_maskz_loadu_epi8(mask[l], row + N + 64 * l);
+                __m512i u[2];
+                if (G0 < 2) u[0] = _mm512_unpacklo_epi8(v0, v1);
+                if (G0 + NG > 2) u[1] = _mm512_unpackhi_epi8(v0, v1);
+#pragma GCC unroll 4
+                for (int gi = 0; gi < NG; ++gi) {
+                    const int g = G0 + gi;
+                    const __m512i w =
+                        _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(g & 1 ? ctrl_b : ctrl_a, u[g >> 1]), lut);
+#pragma GCC unroll 2
+                    for (int t = 0; t < NT; ++t) {
+                        hi[t][l * NG + gi] = _mm512_dpbusd_epi32(hi[t][l * NG + gi], w, x1[t]);
+                        lo[t][l * NG + gi] = _mm512_dpbusd_epi32(lo[t][l * NG + gi], w, x2[t]);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int l = 0; l < NL; ++l) {
+            const __m512i sv = _mm512_maskz_loadu_epi8(mask[l], m.scale + b * N + first + 64 * l);
+#pragma GCC unroll 4
+            for (int gi = 0; gi < NG; ++gi) {
+                const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(
+                    0x1111111111111111ull, _mm512_load_si512(kSidx.v[G0 + gi]), sv));
+#pragma GCC unroll 2
+                for (int t = 0; t < NT; ++t) {
+                    // 256 * hi + lo: exact in int32 and, below 2^24, in the fp32 convert.
+                    const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[t][l * NG + gi], 8), lo[t][l * NG + gi]);
+                    acc[t][l * NG + gi] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, dt[t]), acc[t][l * NG + gi]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t) {
+        alignas(64) float lanes[NL * NG * 16];
+#pragma GCC unroll 8
+        for (int g = 0; g < NL * NG; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
+        for (int li = 0; li < NL; ++li)
+            for (int gi = 0; gi < NG; ++gi)
+                for (int l = 0; l < 16; ++l) {
+                    const int c = 64 * li + column_of(G0 + gi, l);
+                    if (c < count) out[t * ldo + c] = lanes[16 * (li * NG + gi) + l];
+                }
+    }
+}
+
+}  // namespace
+
+// One token: tiles of 128 columns (both lines of a pair per step, as the W4A16 VBMI kernel),
+// the last one of 64 where fewer are left; prefetch into L2 FT_CPU_PREFETCH / 8 K rows ahead, as
+// there. Several tokens: the W4A16 VBMI kernel on the bf16 copy at the start of the activation
+// (two int8 terms per token double the `vpdpbusd` per decoded weight, which made tiles of 2
+// tokens slower than W4A16: 13.7 vs 17.1 GB/s hot on the dev box).
+void mxfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                           float *out, size_t ldo) {
+    if (ntok != 1) {
+        mxfp4_avx512vbmi(m, first, count, act, ntok, out, ldo);
+        return;
+    }
+    const int pf_rows = g_prefetch_bytes / 8;
+    const int64_t qbytes = (m.K + 63) / 64 * 64;
+    const uint8_t *a = act[0] + 2 * qbytes;  // past the bf16 copy
+    for (int c = 0; c < count; c += 128) {
+        const int n = count - c < 128 ? count - c : 128;
+        if (n > 64) tile<1, 2>(m, first + c, n, &a, qbytes, out + c, ldo, pf_rows, n);
+        else tile<1, 1>(m, first + c, n, &a, qbytes, out + c, ldo, pf_rows, n);
+    }
+}
+
+}  // namespace ft::cpu::detail
