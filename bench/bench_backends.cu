@@ -27,7 +27,8 @@
 // `--quick` runs fewer calls and a coarser f sweep. Without a usable GPU it prints a message and
 // exits 0. Models: bf16 H=4096 I=1536 E=64 K=8 L=10 (built in memory, ~24 GB of host banks) and
 // mxfp4 gpt-oss-20b shapes H=I=2880 E=32 K=4 L=5 (a synthetic checkpoint of ~2.1 GB written
-// once to /tmp/ft-bench-backends-mxfp4 and reused).
+// once to /tmp/ft-bench-backends-mxfp4 and reused), nvfp4 GLM-4.x expert shapes H=5120 I=1536
+// E=64 K=8 L=5 (~4 GB, /tmp/ft-bench-backends-nvfp4).
 #include <benchmark/benchmark.h>
 
 #include <cuda_runtime.h>
@@ -300,6 +301,37 @@ Model build_mxfp4(ft_engine *engine) {
     return m;
 }
 
+// nvfp4 at GLM-4.x expert shapes (H=5120, I=1536, top-8), E=64 and L=5: a 4-bit model whose
+// steps miss eight experts, as DeepSeek-style models do (gpt-oss misses four).
+Model build_nvfp4(ft_engine *engine) {
+    const auto t0 = Clock::now();
+    Model m;
+    m.name = "nvfp4";
+    ft::synth::Spec s;
+    s.architecture = "qwen3_moe";  // no shared expert, no leading dense layers
+    s.format = "nvfp4";
+    s.num_layers = 5;
+    s.num_experts = 64;
+    s.top_k = 8;
+    s.hidden = 5120;
+    s.intermediate = 1536;
+    s.seed = 11;
+    namespace fs = std::filesystem;
+    const std::string dir = "/tmp/ft-bench-backends-nvfp4";
+    const std::string marker = dir + "/.complete-v1";
+    if (!fs::exists(marker)) {
+        fs::remove_all(dir);
+        std::fprintf(stderr, "bench_backends: writing the nvfp4 checkpoint to %s (once)\n", dir.c_str());
+        ft::synth::write_checkpoint(dir, s);
+        std::ofstream(marker) << "ok\n";
+    }
+    char err[512] = "";
+    ft_ok(ft_model_load(engine, dir.c_str(), nullptr, &m.m, err, sizeof err), "ft_model_load", err);
+    fill_info(m);
+    m.setup_seconds = seconds_since(t0);
+    return m;
+}
+
 // ---- sessions and timed runs --------------------------------------------------------------------
 
 Session open_session(const Model &m, int32_t backend, double fraction = 0.5, bool adaptive = false) {
@@ -413,6 +445,11 @@ struct Overlap {
     double pcie_alone = 0, cpu_alone = 0, pcie_ov = 0, cpu_ov = 0;  // bytes per second
 };
 
+// The models of the hybrid benchmarks.
+enum class Fmt { bf16, mxfp4, nvfp4 };
+constexpr int kFmts = 3;
+const char *fmt_name(Fmt f) { return f == Fmt::bf16 ? "bf16" : f == Fmt::mxfp4 ? "mxfp4" : "nvfp4"; }
+
 class Context {
 public:
     static Context &get() {
@@ -439,10 +476,10 @@ public:
         return engine_;
     }
 
-    const Model &model(bool bf16) {
-        Model &m = bf16 ? bf16_ : fp4_;
+    const Model &model(Fmt f) {
+        Model &m = models_[int(f)];
         if (!m.m) {
-            m = bf16 ? build_bf16(engine()) : build_mxfp4(engine());
+            m = f == Fmt::bf16 ? build_bf16(engine()) : f == Fmt::mxfp4 ? build_mxfp4(engine()) : build_nvfp4(engine());
             std::fprintf(stderr, "bench_backends: %s model ready in %.1f s (%d layers, %d experts, %.1f MB per expert)\n",
                          m.name, m.setup_seconds, m.info.num_layers, m.info.num_experts, m.info.expert_bytes / 1e6);
         }
@@ -461,10 +498,10 @@ public:
     }
 
     // The overlapped pair for a model's format (see the file comment).
-    const Overlap &overlap(bool bf16) {
-        Overlap &ov = bf16 ? ov_bf16_ : ov_fp4_;
+    const Overlap &overlap(Fmt f) {
+        Overlap &ov = overlaps_[int(f)];
         if (ov.cpu_alone > 0) return ov;
-        const Model &m = model(bf16);
+        const Model &m = model(f);
         ov.pcie_alone = bandwidths().h2d;
         Session cpu = open_session(m, FT_BACKEND_CPU);
         const int L = m.info.num_layers, E = m.info.num_experts, K = m.info.top_k;
@@ -514,23 +551,24 @@ public:
     }
 
     // Non-adaptive hybrid sweep results: f -> seconds per call (the adaptive benchmark compares).
-    std::map<double, double> &sweep(bool bf16) { return bf16 ? sweep_bf16_ : sweep_fp4_; }
+    std::map<double, double> &sweep(Fmt f) { return sweeps_[int(f)]; }
 
     void teardown() {
-        ft_model_free(bf16_.m);
-        ft_model_free(fp4_.m);
+        for (Model &m : models_) {
+            ft_model_free(m.m);
+            m.m = nullptr;
+        }
         ft_engine_free(engine_);
-        bf16_.m = fp4_.m = nullptr;
         engine_ = nullptr;
     }
 
 private:
     ft_engine *engine_ = nullptr;
-    Model bf16_, fp4_;
+    Model models_[kFmts];
     Bandwidths bw_;
     bool have_bw_ = false;
-    Overlap ov_bf16_, ov_fp4_;
-    std::map<double, double> sweep_bf16_, sweep_fp4_;
+    Overlap overlaps_[kFmts];
+    std::map<double, double> sweeps_[kFmts];
 };
 
 int64_t calls_for(int64_t normal, int64_t quick) { return g_quick ? quick : normal; }
@@ -565,7 +603,7 @@ void BM_offload_hits(benchmark::State &state, int percent) {
     double bound = 0.0;
     try {
         Context &ctx = Context::get();
-        const Model &m = ctx.model(true);
+        const Model &m = ctx.model(Fmt::bf16);
         const Bandwidths &bw = ctx.bandwidths();
         const int L = m.info.num_layers, E = m.info.num_experts, K = m.info.top_k;
         const int64_t n = 4096;
@@ -590,14 +628,14 @@ void BM_offload_hits(benchmark::State &state, int percent) {
 
 // ---- 2. hybrid all-miss against the additive bound (bf16, mxfp4) --------------------------------
 
-void BM_hybrid_allmiss(benchmark::State &state, bool bf16) {
+void BM_hybrid_allmiss(benchmark::State &state, Fmt fmt) {
     RunResult r;
     double bound = 0.0;
     try {
         Context &ctx = Context::get();
-        const Model &m = ctx.model(bf16);
+        const Model &m = ctx.model(fmt);
         const Bandwidths &bw = ctx.bandwidths();
-        const Overlap &ov = ctx.overlap(bf16);
+        const Overlap &ov = ctx.overlap(fmt);
         r = adaptive_allmiss(m);
         const double eb = double(m.info.expert_bytes);
         bound = r.misses_per_call * eb / (ov.pcie_ov + ov.cpu_ov) + r.hits_per_call * eb / bw.hbm;
@@ -642,15 +680,15 @@ RunResult fixed_fraction_run(const Model &m, double f) {
     return timed_run(s.get(), m, rotating(L, E, K, 2 * L + 2 * o.measured + 64), o);
 }
 
-void BM_hybrid_sweep(benchmark::State &state, bool bf16, double f) {
+void BM_hybrid_sweep(benchmark::State &state, Fmt fmt, double f) {
     RunResult r;
     double bound = 0.0;
     try {
         Context &ctx = Context::get();
-        const Model &m = ctx.model(bf16);
-        const Overlap &ov = ctx.overlap(bf16);
+        const Model &m = ctx.model(fmt);
+        const Overlap &ov = ctx.overlap(fmt);
         r = fixed_fraction_run(m, f);
-        ctx.sweep(bf16)[f] = r.seconds_per_call;
+        ctx.sweep(fmt)[f] = r.seconds_per_call;
         bound = r.misses_per_call * double(m.info.expert_bytes) / (ov.pcie_ov + ov.cpu_ov) +
                 r.hits_per_call * double(m.info.expert_bytes) / ctx.bandwidths().hbm;
         state.counters["f"] = r.fraction;
@@ -663,13 +701,13 @@ void BM_hybrid_sweep(benchmark::State &state, bool bf16, double f) {
     finish(state, r.seconds_per_call);
 }
 
-void BM_hybrid_adaptive_vs_sweep(benchmark::State &state, bool bf16) {
+void BM_hybrid_adaptive_vs_sweep(benchmark::State &state, Fmt fmt) {
     RunResult r;
     double best = 0.0, best_f = 0.0;
     try {
         Context &ctx = Context::get();
-        const Model &m = ctx.model(bf16);
-        auto &sw = ctx.sweep(bf16);
+        const Model &m = ctx.model(fmt);
+        auto &sw = ctx.sweep(fmt);
         if (sw.empty())  // the sweep was filtered out: run it here
             for (double f : sweep_points()) sw[f] = fixed_fraction_run(m, f).seconds_per_call;
         r = adaptive_allmiss(m);
@@ -697,9 +735,9 @@ void BM_compare(benchmark::State &state, int percent, int32_t backend) {
     double bound = 0.0;
     try {
         Context &ctx = Context::get();
-        const Model &m = ctx.model(true);
+        const Model &m = ctx.model(Fmt::bf16);
         const Bandwidths &bw = ctx.bandwidths();
-        const Overlap &ov = ctx.overlap(true);
+        const Overlap &ov = ctx.overlap(Fmt::bf16);
         const int E = m.info.num_experts, K = m.info.top_k;
         if (K != 8) throw std::runtime_error("the 30/70 % patterns assume K = 8");
         // Per visit 2,3,2,3,2 (30 %) or 6,5,6,5,6 (70 %) hot experts of 8.
@@ -739,16 +777,16 @@ void reg(const std::string &name, F f) {
 void register_all() {
     for (int p : {0, 50, 100})
         reg("offload_bf16/hit" + std::to_string(p), [p](benchmark::State &s) { BM_offload_hits(s, p); });
-    for (bool bf16 : {true, false})
-        reg(std::string("hybrid_allmiss/") + (bf16 ? "bf16" : "mxfp4"), [bf16](benchmark::State &s) { BM_hybrid_allmiss(s, bf16); });
-    for (bool bf16 : {true, false}) {
-        const std::string fmt = bf16 ? "bf16" : "mxfp4";
+    const Fmt fmts[] = {Fmt::bf16, Fmt::mxfp4, Fmt::nvfp4};
+    for (Fmt f : fmts)
+        reg(std::string("hybrid_allmiss/") + fmt_name(f), [f](benchmark::State &s) { BM_hybrid_allmiss(s, f); });
+    for (Fmt fmt : fmts) {
         for (double f : sweep_points()) {
             char name[64];
-            std::snprintf(name, sizeof name, "hybrid_sweep_%s/f%.2f", fmt.c_str(), f);
-            reg(name, [bf16, f](benchmark::State &s) { BM_hybrid_sweep(s, bf16, f); });
+            std::snprintf(name, sizeof name, "hybrid_sweep_%s/f%.2f", fmt_name(fmt), f);
+            reg(name, [fmt, f](benchmark::State &s) { BM_hybrid_sweep(s, fmt, f); });
         }
-        reg("hybrid_adaptive_vs_sweep/" + fmt, [bf16](benchmark::State &s) { BM_hybrid_adaptive_vs_sweep(s, bf16); });
+        reg(std::string("hybrid_adaptive_vs_sweep/") + fmt_name(fmt), [fmt](benchmark::State &s) { BM_hybrid_adaptive_vs_sweep(s, fmt); });
     }
     for (int p : {30, 70}) {
         const std::string h = "/hit" + std::to_string(p);

@@ -768,11 +768,14 @@ private:
     }
 
     // Moves f towards the split where both sides finish together, from the last eager step's
-    // measured times: the GPU fetched a share f of the misses in t_gpu (gather + kernels, CUDA
-    // events), the CPU computed 1 - f in t_cpu (the coordinator's clock), so per unit of misses
-    // the rates are f / t_gpu and (1 - f) / t_cpu and the balanced share is
-    // f* = (f / t_gpu) / (f / t_gpu + (1 - f) / t_cpu). Smoothed and bounded so one noisy step
-    // cannot swing it; steps where a side had nothing to do say nothing and are skipped.
+    // measured times: of the step's M distinct misses the GPU fetched and computed F in t_gpu
+    // (gather + kernels, CUDA events) and the CPU computed M - F in t_cpu (the coordinator's
+    // clock), so per unit of misses the rates are (F / M) / t_gpu and ((M - F) / M) / t_cpu and
+    // the balanced share is their ratio f* = r_gpu / (r_gpu + r_cpu). The shares are the realised
+    // ones, not f itself: F is an integer, and near a step of F(f) the two differ by up to 1 / M
+    // (at M = 4 a configured 0.4 fetches 1 or 2 experts, a realised 0.25 or 0.5), which made the
+    // estimate settle on the wrong side of the step. Smoothed and bounded so one noisy step cannot
+    // swing it; a side that had nothing to do is probed instead of measured.
     void adapt() {
         if (!adaptive_ || pending_site_ < 0) return;
         if (cudaEventQuery(gpu_stop_.get()) != cudaSuccess) {
@@ -792,15 +795,22 @@ private:
             std::lock_guard<std::mutex> lock(mutex_);
             cpu_experts = last_cpu_experts_;
         }
-        if (*pin_missing_.get<int64_t>() == 0) return;  // no misses: nothing to split
+        const int64_t missing = *pin_missing_.get<int64_t>();
+        if (missing <= 0) return;  // no misses: nothing to split
         if (cpu_experts == 0) {
-            // f fetched every miss (or there were none): the CPU's rate is unknown. Step f down so
-            // the CPU gets work again and is measured; a step without misses costs nothing.
+            // f fetched every miss: the CPU's rate is unknown. Step f down so the CPU gets work
+            // again and is measured; a step without misses costs nothing.
             fraction_ = std::max(kMinFraction, fraction_ - kProbeStep);
             return;
         }
+        const double cpu_share = std::min(1.0, double(cpu_experts) / double(missing));
+        if (cpu_share >= 1.0) {
+            // Nothing fetched (F = 0): the GPU's rate is unknown; probe upwards the same way.
+            fraction_ = std::min(kMaxFraction, fraction_ + kProbeStep);
+            return;
+        }
         if (!(t_gpu > 0.0) || !(t_cpu > 0.0)) return;
-        const double gpu_rate = fraction_ / t_gpu, cpu_rate = (1.0 - fraction_) / t_cpu;
+        const double gpu_rate = (1.0 - cpu_share) / t_gpu, cpu_rate = cpu_share / t_cpu;
         const double target = gpu_rate / (gpu_rate + cpu_rate);
         fraction_ = std::clamp(fraction_ + kAdaptGain * (target - fraction_), kMinFraction, kMaxFraction);
     }
