@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -635,6 +636,7 @@ public:
         if (!(ctx.params.handoff_timeout_seconds > 0.0))
             fail(FT_ERR_INVALID_ARGUMENT, "handoff_timeout_seconds must be > 0, got ", ctx.params.handoff_timeout_seconds);
         fraction_ = f > 0.0 ? f : 0.5;
+        sent_ = fraction_;
         adaptive_ = ctx.params.hybrid_adaptive;
         cuda::HandoffOptions o;
         o.device = device_;
@@ -676,7 +678,7 @@ public:
         stats.experts_cpu += cpu_stats_.experts_read;
         stats.cpu_bytes += cpu_stats_.bytes_read;
         stats.cpu_seconds += cpu_seconds_;
-        stats.hybrid_fraction = fraction_;
+        stats.hybrid_fraction = sent_;
     }
 
     void reset_stats() override {
@@ -700,8 +702,8 @@ private:
 
         HybridFetch fetch;
         fetch.order = FetchOrder::Recency;
-        if (fraction_ <= 0.0) fetch.max_fetch = 0;  // everything missing goes to the CPU
-        else fetch.fraction_q16 = fraction_to_q16(fraction_);
+        if (sent_ <= 0.0) fetch.max_fetch = 0;  // everything missing goes to the CPU
+        else fetch.fraction_q16 = fraction_to_q16(sent_);
         check(cuda::launch_admit_hybrid(state_, layer, ids, slots, routes, fetch, stream), "launching hybrid admission");
         cuda::HybridStage stage;
         stage.ids = ids;
@@ -801,21 +803,47 @@ private:
             // f fetched every miss: the CPU's rate is unknown. Step f down so the CPU gets work
             // again and is measured; a step without misses costs nothing.
             fraction_ = std::max(kMinFraction, fraction_ - kProbeStep);
+            sent_ = fraction_;
             return;
         }
         const double cpu_share = std::min(1.0, double(cpu_experts) / double(missing));
         if (cpu_share >= 1.0) {
             // Nothing fetched (F = 0): the GPU's rate is unknown; probe upwards the same way.
             fraction_ = std::min(kMaxFraction, fraction_ + kProbeStep);
+            sent_ = fraction_;
             return;
         }
         if (!(t_gpu > 0.0) || !(t_cpu > 0.0)) return;
         const double gpu_rate = (1.0 - cpu_share) / t_gpu, cpu_rate = cpu_share / t_cpu;
         const double target = gpu_rate / (gpu_rate + cpu_rate);
         fraction_ = std::clamp(fraction_ + kAdaptGain * (target - fraction_), kMinFraction, kMaxFraction);
+        // Per-expert times of each side, smoothed the same way, for choosing the integer split.
+        const int64_t fetched = missing - int64_t(cpu_experts);
+        const double g = t_gpu / double(fetched), c = t_cpu / double(cpu_experts);
+        gpu_expert_s_ = gpu_expert_s_ > 0.0 ? gpu_expert_s_ + kAdaptGain * (g - gpu_expert_s_) : g;
+        cpu_expert_s_ = cpu_expert_s_ > 0.0 ? cpu_expert_s_ + kAdaptGain * (c - cpu_expert_s_) : c;
+        sent_ = snap(fraction_, missing);
+    }
+
+    // The fraction sent to the device. The admission turns f into F = the integer neighbour of
+    // f * M (spec 4.4), so near a step of F(f) the continuous estimate flips between two splits
+    // that the linear model rates almost equal -- and the one with fewer fetches is then usually
+    // faster in fact: the CPU reads DRAM without the gather's competition for part of the step,
+    // and evicts nothing. So between the two neighbours of fraction * M (each side keeping at
+    // least one expert, so both stay measured) the larger F is taken only when its predicted
+    // time, max(F * gpu, (M - F) * cpu) per expert, is kSnapMargin better; then f is sent as the
+    // middle of that F's interval at this M (fraction_for_fetch). Other M map near the estimate.
+    double snap(double f, int64_t M) const {
+        if (M < 2 || !(gpu_expert_s_ > 0.0) || !(cpu_expert_s_ > 0.0)) return f;
+        const int64_t lo = std::clamp<int64_t>(int64_t(std::floor(f * double(M))), 1, M - 1);
+        const int64_t hi = std::min<int64_t>(lo + 1, M - 1);
+        auto time = [&](int64_t F) { return std::max(double(F) * gpu_expert_s_, double(M - F) * cpu_expert_s_); };
+        const int64_t F = hi != lo && time(hi) < (1.0 - kSnapMargin) * time(lo) ? hi : lo;
+        return fraction_for_fetch(F, M);
     }
 
     static constexpr double kAdaptGain = 0.1, kProbeStep = 0.02, kMinFraction = 0.02, kMaxFraction = 0.98;
+    static constexpr double kSnapMargin = 0.05;
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;
@@ -823,7 +851,10 @@ private:
     PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
     Event gpu_start_{true}, gpu_stop_{true};
     int pending_site_ = -1;
-    double fraction_ = 0.5;
+    double fraction_ = 0.5;      // the continuous estimate of the balanced fetch share
+    double sent_ = 0.5;          // the fraction the admission uses (fraction_ snapped, see snap())
+    double gpu_expert_s_ = 0.0;  // smoothed seconds per fetched expert (gather + kernels)
+    double cpu_expert_s_ = 0.0;  // smoothed seconds per CPU-computed expert
     bool adaptive_ = true;
     std::mutex task_mutex_;     // held while a CPU task runs
     bool closing_ = false;      // set by the destructor: no task starts any more

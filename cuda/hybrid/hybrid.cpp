@@ -10,4 +10,10 @@ int32_t fraction_to_q16(double fraction) {
     return static_cast<int32_t>(std::lround(fraction * 65536.0));
 }
 
+double fraction_for_fetch(int64_t fetch, int64_t missing) {
+    if (missing <= 0) return 0.0;
+    const int64_t f = fetch < 0 ? 0 : (fetch > missing ? missing : fetch);
+    return (static_cast<double>(f) + 0.5) / static_cast<double>(missing + 1);
+}
+
 }  // namespace ft

@@ -35,6 +35,16 @@ TEST(HybridSplit, IntegerSplitIsTheBruteForceOptimum) {
     EXPECT_EQ(ft::hybrid_fetch_count(9, 0), 0);
 }
 
+TEST(HybridSplit, FractionForFetchLandsOnThatFetch) {
+    for (int64_t M = 1; M <= 512; ++M)
+        for (int64_t F = 0; F <= M; ++F)
+            ASSERT_EQ(ft::hybrid_fetch_count(M, ft::fraction_to_q16(ft::fraction_for_fetch(F, M))), F)
+                << "M=" << M << " F=" << F;
+    EXPECT_EQ(ft::fraction_for_fetch(3, 0), 0.0);
+    EXPECT_EQ(ft::fraction_for_fetch(-1, 4), ft::fraction_for_fetch(0, 4));
+    EXPECT_EQ(ft::fraction_for_fetch(9, 4), ft::fraction_for_fetch(4, 4));
+}
+
 TEST(HybridSplit, FractionConversionClamps) {
     EXPECT_EQ(ft::fraction_to_q16(-1.0), 0);
     EXPECT_EQ(ft::fraction_to_q16(NAN), 0);

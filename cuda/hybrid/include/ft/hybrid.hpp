@@ -17,6 +17,11 @@ namespace ft {
 // f in Q16 fixed point, clamped to [0, 65536]; NaN gives 0.
 int32_t fraction_to_q16(double fraction);
 
+// A fraction that makes M misses fetch exactly F (0 <= F <= M): the middle of F's interval,
+// (F + 1/2) / (M + 1), since the split below moves from F to F + 1 at f = (F + 1) / (M + 1).
+// hybrid_fetch_count(M, fraction_to_q16(fraction_for_fetch(F, M))) == F.
+double fraction_for_fetch(int64_t fetch, int64_t missing);
+
 FT_HOST_DEVICE inline int64_t hybrid_fetch_count(int64_t missing, int32_t fraction_q16) {
     if (missing <= 0) return 0;
     const int64_t q = fraction_q16 < 0 ? 0 : (fraction_q16 > 65536 ? 65536 : fraction_q16);
