@@ -123,6 +123,30 @@ template <int kItems>
 struct FastRegisterSlots {
     uint64_t keys[kItems];
 
+    // Issues the loads of thread t's usages at kernel start, so their latency overlaps the active
+    // set and the lookups instead of following them (the raw usages live in `keys` until
+    // keys_from_prefetch turns them into keys).
+    __device__ __forceinline__ void prefetch(const int64_t *usage, int32_t slots, int32_t t) {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const int32_t s = j * kThreads + t;
+            keys[j] = s < slots ? static_cast<uint64_t>(usage[s]) : 0;
+        }
+    }
+    // Keys from the prefetched usages: a slot stamped by this call's hits (bit set in `hit`)
+    // is not evictable; every other usage is checked as load() checks it. Returns the smallest
+    // key, `second` gets the next.
+    __device__ __forceinline__ uint64_t keys_from_prefetch(const Packing &p, const uint32_t *hit, int32_t t, bool &bad,
+                                                           uint64_t &second) {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const int32_t s = j * kThreads + t;
+            const bool stamped = s < p.slots && ((hit[s >> 5] >> (s & 31)) & 1u);
+            keys[j] = s < p.slots && !stamped ? p.key(static_cast<int64_t>(keys[j]), s, bad) : kNoKey;
+        }
+        return min2_from(0, second);
+    }
+
     // Loads thread t's keys; returns the smallest, `second` gets the next.
     __device__ __forceinline__ uint64_t load(const int64_t *usage, const Packing &p, int32_t t, bool &bad,
                                              uint64_t &second) {
@@ -201,6 +225,14 @@ template <>
 struct FastSlotsFor<0> {
     using type = FastGlobalSlots;
 };
+
+// The register path's slots, prefetched at kernel start; nothing for the global path.
+template <int kItems>
+struct Prefetched {
+    FastRegisterSlots<kItems> slots;
+};
+template <>
+struct Prefetched<0> {};
 
 // ---- General path: exact (usage, slot) pairs -----------------------------------------------------
 
@@ -286,12 +318,13 @@ struct Shared {
     int32_t expert_slot[kMaxAdmissionExperts];  // slot of each active expert after admission, -1 none
     int32_t missing[kMaxAdmissionExperts];      // missing experts, ascending id
     int32_t order[kMaxAdmissionExperts];        // hybrid by recency: order[r] = expert fetched r-th
-    int32_t victims[kMaxAdmissionExperts];      // general path: victims[r] = r-th coldest evictable slot
     int64_t missing_recency[kMaxAdmissionExperts];
+    uint32_t hit[kThreads * kRegisterItems / 32];  // register path: slots stamped by this call's hits
     union {
         struct {  // general path: per-warp candidate lists of a round
             int64_t usage[kWarps * kRound];
             int32_t slot[kWarps * kRound];
+            int32_t victims[kMaxAdmissionExperts];  // victims[r] = r-th coldest evictable slot
         } round;
         struct {  // fast path
             uint64_t minima[kWarps * kFastVictims];  // each warp's smallest thread minima
@@ -337,21 +370,25 @@ __device__ __forceinline__ void install(const SlotCacheState &st, Shared &sh, in
 // over. Two block barriers per round, the last after the installs.
 template <int kItems>
 __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &sh, int32_t k, int64_t step,
-                                             int32_t base, const int32_t *fetch_order) {
+                                             int32_t base, const int32_t *fetch_order, Prefetched<kItems> &pre) {
     using Slots = typename FastSlotsFor<kItems>::type;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int32_t S = st.shape.slots;
     const Packing p{step, S, S > 1 ? 32 - __clz(S - 1) : 0};
 
     bool bad = false;
-    Slots own;
     uint64_t lo = 0;
+    Slots own;  // global path only (the register path's live in `pre`)
     for (int32_t done = 0; done < k; done += kFastVictims) {
         const int32_t R = k - done < kFastVictims ? k - done : kFastVictims;
         // 1. This thread's two smallest keys at or above lo (the first round also loads and
         // checks); the second is published for the shortcut of step 3.
         uint64_t second = kNoKey;
-        uint64_t mine = done == 0 ? own.load(st.usage, p, tid, bad, second) : own.min2_from(lo, second);
+        uint64_t mine;
+        if constexpr (kItems > 0)  // usages prefetched at kernel start
+            mine = done == 0 ? pre.slots.keys_from_prefetch(p, sh.hit, tid, bad, second) : pre.slots.min2_from(lo, second);
+        else
+            mine = done == 0 ? own.load(st.usage, p, tid, bad, second) : own.min2_from(lo, second);
         sh.lists.fast.second[tid] = second;
         // 2. This warp's R smallest thread minima, ascending; a list cut short ends with kNoKey.
         for (int32_t r = 0; r < R; ++r) {
@@ -475,7 +512,7 @@ __device__ __forceinline__ void general_victims(const SlotCacheState &st, Shared
                 best = warp_min(cur);
                 // Cannot run out while S >= E (distinct ids of a layer <= E); -1 keeps the
                 // install below from writing anywhere if the state was corrupted.
-                if (lane == 0) sh.victims[done + r] = is_key(best) ? best.slot : -1;
+                if (lane == 0) sh.lists.round.victims[done + r] = is_key(best) ? best.slot : -1;
                 if (is_key(best) && cur.slot == best.slot) {
                     ++pos;
                     cur = pos < R ? Key{list_usage[lane * kRound + pos], list_slot[lane * kRound + pos]} : no_key();
@@ -491,7 +528,7 @@ __device__ __forceinline__ void general_victims(const SlotCacheState &st, Shared
     }
     // Install: miss fetch_order[i] moves into victims[i].
     for (int32_t i = tid; i < k; i += kThreads) {
-        const int32_t victim = sh.victims[i];
+        const int32_t victim = sh.lists.round.victims[i];
         if (victim >= 0) install(st, sh, i, victim, st.id_of_slot[victim], base, fetch_order[i], step);
     }
     __syncthreads();
@@ -510,7 +547,14 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
     pdl_trigger();
     const int32_t E = st.shape.experts, base = a.layer * E;
 
+    // Independent global loads first, so their latencies overlap: this thread's first routed id,
+    // the clock, and (register path) the usages of its slots for the victim search.
+    const int32_t first_id = tid < a.count ? a.ids[tid] : -1;
+    Prefetched<kItems> pre;
+    if constexpr (kItems > 0) pre.slots.prefetch(st.usage, st.shape.slots, tid);
     if (tid < E) sh.active[tid] = 0;
+    if constexpr (kItems > 0)
+        for (int32_t i = tid; i < kThreads * kRegisterItems / 32; i += kThreads) sh.hit[i] = 0;
     if (tid == 0) {
         const int64_t step = *st.step + 1;
         *st.step = step;
@@ -521,9 +565,10 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
     const int64_t step = sh.step;
 
     // Active set. Ids outside [0, E) take no part (the host API rejects ids >= E).
-    for (int32_t p = tid; p < a.count; p += kThreads) {
+    if (first_id >= 0 && first_id < E) atomicOr(&sh.active[first_id], 1);  // not a plain store: racecheck-clean
+    for (int32_t p = tid + kThreads; p < a.count; p += kThreads) {
         const int32_t id = a.ids[p];
-        if (id >= 0 && id < E) atomicOr(&sh.active[id], 1);  // not a plain store: racecheck-clean
+        if (id >= 0 && id < E) atomicOr(&sh.active[id], 1);
     }
     __syncthreads();
 
@@ -534,7 +579,11 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         int32_t slot = -1;
         if (active) {
             slot = st.slot_for_id[base + tid];
-            if (slot >= 0) st.usage[slot] = step;
+            if (slot >= 0) {
+                st.usage[slot] = step;
+                // The prefetched usage of this slot is stale: mark it not evictable.
+                if constexpr (kItems > 0) atomicOr(&sh.hit[slot >> 5], 1u << (slot & 31));
+            }
         }
         sh.expert_slot[tid] = slot;
         missing = active && slot < 0;
@@ -581,13 +630,14 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         // The hit stamps (written before the barriers above) are visible to the usage loads.
         const int32_t slot_bits = st.shape.slots > 1 ? 32 - __clz(st.shape.slots - 1) : 0;
         const bool packable = static_cast<uint64_t>(step) < (uint64_t{1} << (63 - slot_bits));
-        if (!packable || !fast_victims<kItems>(st, sh, k, step, base, fetch_order))
+        if (!packable || !fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre))
             general_victims<kItems>(st, sh, k, step, base, fetch_order);
     }
 
     // Rewrite: slot of each routed id, -1 for ids outside the layer and for CPU routes. The
     // thread that writes position p is the one that read it above, so slots_out may alias ids.
-    for (int32_t p = tid; p < a.count; p += kThreads) {
+    if (tid < a.count) a.slots_out[tid] = (first_id >= 0 && first_id < E) ? sh.expert_slot[first_id] : -1;
+    for (int32_t p = tid + kThreads; p < a.count; p += kThreads) {
         const int32_t id = a.ids[p];
         a.slots_out[p] = (id >= 0 && id < E) ? sh.expert_slot[id] : -1;
     }
@@ -595,11 +645,13 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
     if (tid == 0) {
         *st.num_indices = k;
         *st.num_missing_full = M;
-        int64_t *row = st.stats + static_cast<int64_t>(a.layer) * kStatColumns;
-        row[kStatActive] += active_count;
-        row[kStatMissing] += M;
-        row[kStatFetched] += k;
-        row[kStatCalls] += 1;
+    }
+    // Statistics as reductions without a return value (the threads do not wait for a read of the
+    // row), one column per thread.
+    if (tid < kStatColumns) {
+        const int64_t add = tid == kStatActive ? active_count : tid == kStatMissing ? M : tid == kStatFetched ? k : 1;
+        atomicAdd(reinterpret_cast<unsigned long long *>(st.stats + static_cast<int64_t>(a.layer) * kStatColumns + tid),
+                  static_cast<unsigned long long>(add));
     }
 }
 
