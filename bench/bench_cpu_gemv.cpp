@@ -4,7 +4,8 @@
 // (ratio_to_read). Flags (removed before Google Benchmark sees argv):
 //   --short            small windows (also FT_BENCH_SHORT=1), for CI-sized machines
 //   --threads=N        pool size (default: one per physical core; also FT_BENCH_THREADS)
-// FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages.
+// FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
+// FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format).
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -190,8 +191,15 @@ void BM_moe_layer_format(benchmark::State &state) {
         banks.push_back(std::make_unique<Buffer>((schema[b].row_bytes * E + 1) / 2));
         uint8_t *p = reinterpret_cast<uint8_t *>(banks.back()->data);
         const size_t n = schema[b].row_bytes * E;
+        // FT_BENCH_MXFP4_SCALE=c: mxfp4 e8m0 scale bytes c + (byte & 7) instead (e.g. 120: 2^-7 ..
+        // 2^0, gpt-oss-like); the masked bytes give codes 0 .. 119, half of them 0x34 = 2^-75, so
+        // pass 2 multiplies values near 2^-70 by 2^-75: subnormal products (microcode assists on
+        // Intel cores).
+        const std::string sc = ft::env_string("FT_BENCH_MXFP4_SCALE");
+        const bool real_scales = f == ft::Format::mxfp4 && !sc.empty() && schema[b].name.find("_scales") != std::string::npos;
+        const uint8_t base = uint8_t(std::atoi(sc.c_str()));
         pool().run([&](int w, int nw) {
-            for (size_t i = n * w / nw; i < n * (w + 1) / nw; ++i) p[i] &= 0x77;
+            for (size_t i = n * w / nw; i < n * (w + 1) / nw; ++i) p[i] = real_scales ? uint8_t(base + (p[i] & 7)) : p[i] & 0x77;
         });
         src.base[b] = p;
         src.row_bytes[b] = schema[b].row_bytes;

@@ -339,28 +339,6 @@ void prepare_q8_0_x4(const uint16_t *x, int64_t K, uint8_t *dst) {
     }
 }
 
-void prepare_mxfp4_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
-    const int64_t qbytes = round_up(K, 64), nb = K / 32;
-    prepare_bf16(x, K, dst);  // for calls of several tokens (W4A16)
-    dst += 2 * qbytes;
-    int8_t *q1 = reinterpret_cast<int8_t *>(dst), *q2 = q1 + qbytes;
-    float v[32], d;
-    for (int64_t b = 0; b < nb; ++b) {
-        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[b * 32 + i]);
-        int8_t *h = q1 + b * 32, *l = q2 + b * 32;
-        quantize_q8_0(v, 32, h, &d);
-        detail::mxfp4_residual_q8(v, h, d, l);
-        int32_t c[2] = {0, 0};
-        for (int i = 0; i < 32; ++i) c[0] += h[i], c[1] += l[i];
-        c[0] *= -12, c[1] *= -12;
-        const float ds = d / 512.0f;  // 1/2 of u = 2 * e2m1 + 12, 1/256 of the residual's step
-        std::memcpy(dst + 2 * qbytes + 4 * b, &ds, 4);
-        std::memcpy(dst + 2 * qbytes + 4 * nb + 8 * b, c, 8);
-    }
-    std::memset(q1 + K, 0, size_t(qbytes - K));
-    std::memset(q2 + K, 0, size_t(qbytes - K));
-}
-
 struct Kernel {
     detail::QuantGemv gemv = nullptr;  // nullptr: the tier below's
     const char *suffix = nullptr;
@@ -419,7 +397,8 @@ const TierKernels kKernels[] = {
      }, {},
 #if defined(FT_CPU_X86_KERNELS)
      {detail::mxfp4_avx512vbmi, "-avx512bf16vbmi", bf16_act_bytes, prepare_bf16},
-     {detail::mxfp4_avx512vnni_w4a8, "-avx512vnnivbmi", detail::mxfp4_q8_act_bytes, prepare_mxfp4_q8, nullptr,
+     {detail::mxfp4_avx512vnni_w4a8, "-avx512vnnivbmi", detail::mxfp4_q8_act_bytes,
+      detail::prepare_mxfp4_q8x2_avx512, nullptr,
       "mxfp4-w4a8x2"}, true, Isa::avx512bf16},
 #else
      {}},
@@ -454,12 +433,11 @@ bool use_vnni() {
 #endif
 }
 
-// The newer kernels (TierKernels::fast): q4_0 four blocks per step unless FT_CPU_Q4_0_X4=0;
-// mxfp4 W4A8 x2 only with FT_CPU_MXFP4_W4A8=1 (faster kernel, but slower layer on the dev box;
-// cpu/README.md, fifth round).
+// The newer kernels (TierKernels::fast), each on unless its knob is 0: q4_0 four blocks per step
+// (FT_CPU_Q4_0_X4), mxfp4 W4A8 x2 (FT_CPU_MXFP4_W4A8); cpu/README.md, fifth round.
 bool fast_kernel(Format f) {
     static const bool q4 = env_string("FT_CPU_Q4_0_X4") != "0";
-    static const bool mx = env_string("FT_CPU_MXFP4_W4A8") == "1";
+    static const bool mx = env_string("FT_CPU_MXFP4_W4A8") != "0";
     return f == Format::q4_0 ? q4 : f == Format::mxfp4 ? mx : false;
 }
 

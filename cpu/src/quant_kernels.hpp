@@ -109,6 +109,9 @@ void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *,
 void q4_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // AVX-512-VNNI + VBMI (quant_avx512vnni_vbmi.cpp): mxfp4 W4A8, activations mxfp4_q8 layout.
 void mxfp4_avx512vnni_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// Its activation preparation (mxfp4_q8_act_bytes), bit-identical to quantize_q8_0 +
+// mxfp4_residual_q8 (tested), ~40x faster than those in scalar code.
+void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 }  // namespace ft::cpu::detail

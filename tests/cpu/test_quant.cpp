@@ -81,8 +81,9 @@ std::vector<ft::cpu::ActivationSpec> activations_of(Format f) {
 // Max relative error bounds of the whole layer (bf16 output, so >= 2^-9 anyway): W8A16 / W4A16
 // compute with exact weights and fp32 sums; q4_0 is W4A8 (Q8_0 activations, both GEMMs) and
 // is compared with the unquantised fp64 reference. mxfp4 W4A8 x2 (two int8 terms per activation,
-// FT_CPU_MXFP4_W4A8=1, run by ctest as Mxfp4W4A8x2.Layer) keeps the W4A16 bound: measured
-// 2.5e-3 .. 3.2e-3 here, as W4A16; a single Q8_0 term measured 1.2e-2 (> 1e-2, not adopted).
+// the default with VNNI + VBMI; ctest QuantMoe.EarlierKernels runs W4A16) keeps the W4A16 bound:
+// measured 2.5e-3 .. 3.2e-3 here, as W4A16; a single Q8_0 term measured 1.2e-2 (> 1e-2, not
+// adopted).
 double bound_of(Format f) { return f == Format::q4_0 ? 3e-2 : 1e-2; }
 
 struct Geometry {
@@ -499,6 +500,53 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
             for (int ntok = 1; ntok <= 8; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
         else
             for (int ntok : {5, 1}) check(c, g.first, g.count, ntok, rng, g.bound);
+    }
+}
+
+// The SIMD preparation of mxfp4 W4A8 x2 activations against its definition (ft::quantize_q8_0
+// for q1 and d, mxfp4_residual_q8 for q2), byte for byte: random blocks of several magnitudes,
+// an all-zero block, and exact .5 ties of x / d (block amax 127 makes d = 1), which must round
+// away from zero as std::round.
+TEST(QuantKernels, Mxfp4W4A8x2PrepareMatchesDefinition) {
+    if (!__builtin_cpu_supports("avx512vnni") || !ft::cpu::cpu_has_vbmi() ||
+        int(ft::cpu::cpu_best_isa()) < int(Isa::avx512bf16))
+        GTEST_SKIP() << "no avx512bf16 + vnni + vbmi here";
+    const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, true);
+    ASSERT_NE(std::string(ops->kernel).find("w4a8x2"), std::string::npos);
+    std::mt19937 rng(99);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int64_t K = 224, nb = K / 32, qbytes = 256;
+    std::vector<float> xf(K);
+    for (int64_t k = 0; k < K; ++k) xf[k] = u(rng) * (k < 96 ? 1.0f : k < 160 ? 3e-3f : 250.0f);
+    for (int64_t k = 96; k < 128; ++k) xf[k] = 0.0f;
+    const float ties[] = {127.0f, 2.5f, -3.5f, 12.5f, -0.5f, 0.5f, -126.5f, 6.5f};
+    for (int i = 0; i < 32; ++i) xf[160 + i] = i < 8 ? ties[i] : u(rng);
+    std::vector<uint16_t> x(K);
+    for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(xf[k]), xf[k] = ft::bf16_to_f32(x[k]);
+    std::vector<uint8_t> act(ops->act_bytes(K) + 64, 0xcd);
+    ops->prepare(x.data(), K, act.data());
+    std::vector<int8_t> q(K), q2(K);
+    std::vector<float> d(nb);
+    ft::quantize_q8_0(xf.data(), K, q.data(), d.data());
+    for (int64_t b = 0; b < nb; ++b)
+        ft::cpu::detail::mxfp4_residual_q8(xf.data() + 32 * b, q.data() + 32 * b, d[b], q2.data() + 32 * b);
+    EXPECT_EQ(std::memcmp(act.data(), x.data(), size_t(K) * 2), 0) << "bf16 copy";
+    const uint8_t *a = act.data() + 2 * qbytes;
+    for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(int8_t(a[k]), q[k]) << "q1 k=" << k;
+        ASSERT_EQ(int8_t(a[qbytes + k]), q2[k]) << "q2 k=" << k;
+    }
+    EXPECT_EQ(q[161], 3) << "2.5 rounds away from zero";
+    EXPECT_EQ(q[162], -4);
+    for (int64_t b = 0; b < nb; ++b) {
+        float ds;
+        int32_t c[2], s1 = 0, s2 = 0;
+        std::memcpy(&ds, a + 2 * qbytes + 4 * b, 4);
+        std::memcpy(c, a + 2 * qbytes + 4 * nb + 8 * b, 8);
+        for (int i = 0; i < 32; ++i) s1 += q[32 * b + i], s2 += q2[32 * b + i];
+        EXPECT_EQ(ds, d[b] / 512.0f) << b;
+        EXPECT_EQ(c[0], -12 * s1) << b;
+        EXPECT_EQ(c[1], -12 * s2) << b;
     }
 }
 
