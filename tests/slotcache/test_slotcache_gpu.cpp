@@ -349,6 +349,41 @@ TEST(SlotCacheGpu, CraftedLargeCachesWithTiesMatchTheMirror) {
     }
 }
 
+// The fast path skips its step 4 when no winning thread owns a second key among the coldest; here
+// every thread's slots are the coldest of all in turn (usage grows with the owning thread first),
+// so each round's victims cluster on one or two threads and step 4 must run.
+TEST(SlotCacheGpu, VictimsSharingAThreadMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    const SlotCacheShape shapes[] = {shape(16, 256, 2048, 1024), shape(64, 256, 8192, 1024)};
+    DeviceArray<int32_t> d_ids(1024), d_out(1024);
+    ASSERT_NE(d_ids.get(), nullptr);
+    uint32_t seed = 900;
+    for (const SlotCacheShape &sh : shapes) {
+        for (int variant = 0; variant < 2; ++variant) {  // 0: LRU, 1: hybrid
+            SCOPED_TRACE(describe(sh) + (variant ? " hybrid" : " lru"));
+            std::mt19937 rng(seed++);
+            HostSlotCache mirror(sh);
+            craft_state(mirror, rng, 2, 0.0);
+            const SlotCacheState &st = mirror.state();
+            const int32_t per_thread = (sh.slots + 1023) / 1024;
+            for (int32_t s = 0; s < sh.slots; ++s) st.usage[s] = 1 + int64_t(s % 1024) * per_thread + s / 1024;
+            *st.step = int64_t(1024) * per_thread + 2;
+            DeviceCache device(mirror);
+            ASSERT_TRUE(device.ok());
+            int call = 0;
+            for (int32_t misses : {8, 3, 33, 8, 64, 8}) {
+                sctest::Step step;
+                step.hybrid = variant == 1;
+                step.layer = std::uniform_int_distribution<int32_t>(0, sh.layers - 1)(rng);
+                step.ids = controlled_ids(mirror.state(), step.layer, 8, misses, std::min(1024, 2 * misses + 16), rng);
+                if (step.hybrid) step.fetch = fetch_rule(1.0, 0, FetchOrder::Recency);
+                ASSERT_TRUE(same_call(mirror, device, d_ids, d_out, step, call % 2 == 1)) << "call " << call;
+                ++call;
+            }
+        }
+    }
+}
+
 // The packed keys of the fast path are exact only while step < 2^(63 - slot bits); calls across
 // that limit (the general path takes over) and usages outside [0, step] (a state the API never
 // makes; the general path again) still match the mirror.
