@@ -155,11 +155,19 @@ void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, c
                 const __m512i x2 = _mm512_loadu_si512(x + 64), x3 = _mm512_loadu_si512(x + 96);
                 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
-                    __m512 d = dp(_mm512_setzero_ps(), w[r][0], x0);
-                    __m512 e = dp(_mm512_setzero_ps(), w[r][1], x1);
-                    d = dp(d, w[r][2], x2);
-                    e = dp(e, w[r][3], x3);
-                    acc[t][r] = _mm512_fmadd_ps(_mm512_add_ps(d, e), s[r], acc[t][r]);
+                    // Up to 2 tokens: one chain of 4 dp (saves the add; 22.7 -> 23.6 GB/s hot, 1
+                    // token); 3-4 tokens: two chains (one chain was latency-bound: 8.3 -> 7.1).
+                    if constexpr (NT <= 2) {
+                        const __m512 d =
+                            dp(dp(dp(dp(_mm512_setzero_ps(), w[r][0], x0), w[r][1], x1), w[r][2], x2), w[r][3], x3);
+                        acc[t][r] = _mm512_fmadd_ps(d, s[r], acc[t][r]);
+                    } else {
+                        __m512 d = dp(_mm512_setzero_ps(), w[r][0], x0);
+                        __m512 e = dp(_mm512_setzero_ps(), w[r][1], x1);
+                        d = dp(d, w[r][2], x2);
+                        e = dp(e, w[r][3], x3);
+                        acc[t][r] = _mm512_fmadd_ps(_mm512_add_ps(d, e), s[r], acc[t][r]);
+                    }
                 }
             }
         }
