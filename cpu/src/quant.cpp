@@ -74,6 +74,7 @@ uint16_t load_u16(const uint8_t *p) {
 size_t q8_0_act_bytes(int64_t K) { return size_t(round_up(K, 64) + 4 * (K / 32 + 1) + 63) / 64 * 64; }
 size_t q8_0_vnni_act_bytes(int64_t K) { return size_t(3 * round_up(K, 64)); }
 size_t q8_0_x4_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
+size_t nvfp4_q8_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
 size_t mxfp4_q8_act_bytes(int64_t K) { return size_t(round_up(4 * round_up(K, 64) + 12 * (K / 32), 64)); }
 
 void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2) {
@@ -339,6 +340,37 @@ void prepare_q8_0_x4(const uint16_t *x, int64_t K, uint8_t *dst) {
     }
 }
 
+void prepare_nvfp4_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float v[16], d;
+    int8_t q[16];
+    for (int64_t c = 0; c < round_up(K, 128); c += 128) {
+        uint8_t *o = dst + 2 * c;
+        int32_t cl[16];
+        float dl[16];
+        for (int b = 0; b < 8; ++b) {  // blocks of 16 of the chunk, q as [8 even, 8 odd]
+            const int64_t k0 = c + 16 * b;
+            if (k0 < K) {
+                for (int i = 0; i < 16; ++i) v[i] = bf16_to_f32(x[k0 + i]);
+                quantize_int8_per16(v, 16, q, &d);
+            } else {
+                std::memset(q, 0, 16);
+                d = 0.0f;
+            }
+            for (int h = 0; h < 2; ++h) {
+                const int l = 2 * b + h;
+                std::memcpy(o + 4 * l, q + 4 * h, 4);
+                std::memcpy(o + 64 + 4 * l, q + 8 + 4 * h, 4);
+                int32_t sum = 0;
+                for (int j = 0; j < 4; ++j) sum += q[4 * h + j] + q[8 + 4 * h + j];
+                cl[l] = -12 * sum;
+                dl[l] = d * 0.5f;  // the 1/2 of u = 2 * e2m1 + 12
+            }
+        }
+        std::memcpy(o + 128, cl, 64);
+        std::memcpy(o + 192, dl, 64);
+    }
+}
+
 struct Kernel {
     detail::QuantGemv gemv = nullptr;  // nullptr: the tier below's
     const char *suffix = nullptr;
@@ -377,7 +409,13 @@ const TierKernels kKernels[] = {
       {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_split_bf16,
        detail::nvfp4_dequant_avx512bf16}
 #endif
-     }, {}, {}},
+     }, {}, {},
+#if defined(FT_CPU_X86_KERNELS)
+     {detail::nvfp4_avx512vnni_w4a8, "-avx512vnni", detail::nvfp4_q8_act_bytes, prepare_nvfp4_q8, nullptr,
+      "nvfp4-w4a8"}},
+#else
+    },
+#endif
     {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)",
      {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4}
 #if defined(FT_CPU_X86_KERNELS)
@@ -438,7 +476,8 @@ bool use_vnni() {
 bool fast_kernel(Format f) {
     static const bool q4 = env_string("FT_CPU_Q4_0_X4") != "0";
     static const bool mx = env_string("FT_CPU_MXFP4_W4A8") != "0";
-    return f == Format::q4_0 ? q4 : f == Format::mxfp4 ? mx : false;
+    static const bool nv = env_string("FT_CPU_NVFP4_W4A8") == "1";
+    return f == Format::q4_0 ? q4 : f == Format::mxfp4 ? mx : f == Format::nvfp4 ? nv : false;
 }
 
 }  // namespace

@@ -34,20 +34,6 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc
 
 #include "tier_avx512.inc"
 
-// e4m3 codes sign-extended to 32 bits (16 lanes) -> fp32, without fp32 subnormal arithmetic
-// (slow on some cores): ((x << 20) & 0x07f00000) + (120 << 23) is the magnitude of every normal
-// code; E == 0 (zero, subnormals) from the reference table g_e4m3[0..7] by the code's low bits;
-// 0x7F/0xFF -> NaN; the sign (bit 31 of the sign-extended code) or-ed in last.
-inline __m512 e4m3x16(__m512i x, __m512 sub) {
-    const __m512i em = _mm512_and_si512(_mm512_slli_epi32(x, 20), _mm512_set1_epi32(0x07f00000));
-    __m512 f = _mm512_castsi512_ps(_mm512_add_epi32(em, _mm512_set1_epi32(120 << 23)));
-    f = _mm512_mask_permutexvar_ps(f, _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x78)), x, sub);
-    f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x07f00000)),
-                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-    return _mm512_castsi512_ps(
-        _mm512_ternarylogic_epi32(_mm512_castps_si512(f), x, _mm512_set1_epi32(int(0x80000000u)), 0xf8));
-}
-
 // ---- nvfp4 / ds_fp4: row-major e2m1, activations bf16 in 4 phases per 128 ---------------
 //
 // Chunk of 128 elements = 64 packed bytes v, loaded once. Word m of v holds bytes 2m, 2m + 1,

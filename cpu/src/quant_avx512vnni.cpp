@@ -19,6 +19,8 @@ namespace {
 
 #include "tier_tiles.inc"
 
+#include "tier_avx512.inc"
+
 // Blocks b0 and b0 + 18 (or zeros for the second when `pair` is false): 128-bit lanes
 // [lo(qs0), hi(qs0), lo(qs1), hi(qs1)], i.e. the 64 weights in element order.
 inline __m512i q4_pair(const uint8_t *b0, bool pair) {
@@ -225,6 +227,102 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
             using NT = decltype(tile_n);
             if (R == 2) rows_x4<2, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
             else rows_x4<1, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
+        });
+    }
+}
+
+namespace {
+
+// ---- nvfp4 W4A8 (FT_CPU_NVFP4_W4A8) -----------------------------------------------------------
+//
+// Chunk of 128 elements = 64 packed bytes: the low nibbles (and) are the even elements, the high
+// ones (shift + and) the odd ones; one `vpshufb` each maps a code to u = 2 * e2m1 + 12 in
+// [0, 24] (exact), and two `vpdpbusd` with the activation's even / odd q vectors into one
+// int32 lane per 8 elements (half an nvfp4 block), started at the lane's -12 * sum(q): exactly
+// sum(2 * e2m1 * q) per lane. Then per lane (sum * d / 2) * e4m3 scale, one mul + one FMA, and
+// the fp16 global per row at the end. Per 128 weights: 2 ands, a shift, 2 `vpshufb` (+ the scale
+// spread) for the row, 2 `vpdpbusd` + convert + mul + FMA per token (W4A16: 3 shifts, 4 `vpermw`
+// for the row, 4 `vdpbf16ps` + FMA per token). Activation: nvfp4_q8_act_bytes.
+template <int R, int NT>
+void nvfp4_w4a8_rows(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, const uint8_t *const *act,
+                     float *out, size_t ldo, const int *col, const float *row_scale, int pf) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g_e2m1_u8x64)));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512 sub = _mm512_loadu_ps(g_e4m3);
+    const __m512i idx0 = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512 acc[NT][R];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+    for (int64_t c0 = 0; c0 < K; c0 += 256) {
+        const int64_t left = K - c0;
+        const int ns = int(left >= 256 ? 16 : left / 16);
+        __m512 s16[R];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r)
+            s16[r] = e4m3x16(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc[r] + c0 / 16)), sub);
+        for (int q = 0; q < 2; ++q) {
+            const int64_t c = c0 + 128 * q;
+            if (c >= K) break;
+            const __m512i sidx = _mm512_add_epi32(idx0, _mm512_set1_epi32(8 * q));
+            __m512i lo[R], hi[R];
+            __m512 s[R];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; ++r) {
+                if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
+                __m512i v;
+                if (c + 128 <= K) v = _mm512_loadu_si512(p[r] + c / 2);
+                else v = _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, p[r] + c / 2);
+                lo[r] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+                hi[r] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                s[r] = _mm512_permutexvar_ps(sidx, s16[r]);
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) {
+                const uint8_t *a = act[t] + 2 * c;  // 256 bytes per 128 elements
+                const __m512i qe = _mm512_loadu_si512(a), qo = _mm512_loadu_si512(a + 64);
+                const __m512i cl = _mm512_loadu_si512(a + 128);
+                const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float *>(a + 192));
+#pragma GCC unroll 2
+                for (int r = 0; r < R; ++r) {
+                    const __m512i i32 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cl, lo[r], qe), hi[r], qo);
+                    acc[t][r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i32), dl), s[r], acc[t][r]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) out[t * ldo + col[r]] = _mm512_reduce_add_ps(acc[t][r]) * row_scale[r];
+}
+
+}  // namespace
+
+void nvfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                           float *out, size_t ldo) {
+    const int pf = g_prefetch_bytes;
+    const int64_t K = m.K;
+    // Row j with row j + half (two streams), then the odd row alone, as the avx512bf16 kernel.
+    const int half = count / 2;
+    for (int j = 0; j < half + (count & 1); ++j) {
+        const int cols[2] = {j < half ? j : count - 1, j + half};
+        const int R = j < half ? 2 : 1;
+        const uint8_t *pp[2], *sp[2];
+        float g[2];
+        for (int r = 0; r < R; ++r) {
+            const int64_t row = first + cols[r];
+            pp[r] = m.data + row * (K / 2);
+            sp[r] = m.scale + row * (K / 16);
+            uint16_t h;
+            std::memcpy(&h, m.global + row * 2, 2);
+            g[r] = _cvtsh_ss(h);
+        }
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            if (R == 2) nvfp4_w4a8_rows<2, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
+            else nvfp4_w4a8_rows<1, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
         });
     }
 }
