@@ -272,25 +272,16 @@ Model build_bf16(ft_engine *engine) {
     return m;
 }
 
-Model build_mxfp4(ft_engine *engine) {
+// A synthetic checkpoint written once to `dir` (reused by later runs) and loaded.
+Model build_synth(ft_engine *engine, const char *name, const ft::synth::Spec &s, const std::string &dir) {
     const auto t0 = Clock::now();
     Model m;
-    m.name = "mxfp4";
-    ft::synth::Spec s;
-    s.architecture = "gpt_oss";
-    s.format = "mxfp4";
-    s.num_layers = 5;  // 8 L fetches per rotation > 32 slots at one fetch per call
-    s.num_experts = 32;
-    s.top_k = 4;
-    s.hidden = 2880;
-    s.intermediate = 2880;
-    s.seed = 7;
+    m.name = name;
     namespace fs = std::filesystem;
-    const std::string dir = "/tmp/ft-bench-backends-mxfp4";
     const std::string marker = dir + "/.complete-v1";
     if (!fs::exists(marker)) {
         fs::remove_all(dir);
-        std::fprintf(stderr, "bench_backends: writing the mxfp4 checkpoint to %s (once)\n", dir.c_str());
+        std::fprintf(stderr, "bench_backends: writing the %s checkpoint to %s (once)\n", name, dir.c_str());
         ft::synth::write_checkpoint(dir, s);
         std::ofstream(marker) << "ok\n";
     }
@@ -301,12 +292,22 @@ Model build_mxfp4(ft_engine *engine) {
     return m;
 }
 
+Model build_mxfp4(ft_engine *engine) {
+    ft::synth::Spec s;
+    s.architecture = "gpt_oss";
+    s.format = "mxfp4";
+    s.num_layers = 5;  // 8 L fetches per rotation > 32 slots at one fetch per call
+    s.num_experts = 32;
+    s.top_k = 4;
+    s.hidden = 2880;
+    s.intermediate = 2880;
+    s.seed = 7;
+    return build_synth(engine, "mxfp4", s, "/tmp/ft-bench-backends-mxfp4");
+}
+
 // nvfp4 at GLM-4.x expert shapes (H=5120, I=1536, top-8), E=64 and L=5: a 4-bit model whose
 // steps miss eight experts, as DeepSeek-style models do (gpt-oss misses four).
 Model build_nvfp4(ft_engine *engine) {
-    const auto t0 = Clock::now();
-    Model m;
-    m.name = "nvfp4";
     ft::synth::Spec s;
     s.architecture = "qwen3_moe";  // no shared expert, no leading dense layers
     s.format = "nvfp4";
@@ -316,20 +317,7 @@ Model build_nvfp4(ft_engine *engine) {
     s.hidden = 5120;
     s.intermediate = 1536;
     s.seed = 11;
-    namespace fs = std::filesystem;
-    const std::string dir = "/tmp/ft-bench-backends-nvfp4";
-    const std::string marker = dir + "/.complete-v1";
-    if (!fs::exists(marker)) {
-        fs::remove_all(dir);
-        std::fprintf(stderr, "bench_backends: writing the nvfp4 checkpoint to %s (once)\n", dir.c_str());
-        ft::synth::write_checkpoint(dir, s);
-        std::ofstream(marker) << "ok\n";
-    }
-    char err[512] = "";
-    ft_ok(ft_model_load(engine, dir.c_str(), nullptr, &m.m, err, sizeof err), "ft_model_load", err);
-    fill_info(m);
-    m.setup_seconds = seconds_since(t0);
-    return m;
+    return build_synth(engine, "nvfp4", s, "/tmp/ft-bench-backends-nvfp4");
 }
 
 // ---- sessions and timed runs --------------------------------------------------------------------
