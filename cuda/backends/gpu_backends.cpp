@@ -649,6 +649,8 @@ public:
         pin_w_ = PinnedBuffer(T * K * sizeof(float), "allocating hybrid staging");
         pin_y_ = PinnedBuffer(T * H * sizeof(uint16_t), "allocating hybrid staging");
         pin_missing_ = PinnedBuffer(sizeof(int64_t), "allocating hybrid staging");
+        if (T * H * sizeof(uint16_t) > kMappedAddendBytes)
+            addend_ = DeviceBuffer(T * H * sizeof(uint16_t), "allocating the hybrid partial sum");
         *pin_missing_.get<int64_t>() = 0;
         log(FT_LOG_INFO, "hybrid: fetch fraction ", fraction_, adaptive_ ? " (adaptive)" : " (fixed)", ", handoff by ",
             cuda::handoff_mechanism_name(handoff_->mechanism()));
@@ -729,9 +731,17 @@ private:
             pending_site_ = site;
         }
         check(handoff_->wait(site, stream), "waiting for the CPU task");
-        // The combine reads the CPU's partial sum where the task left it (mapped host memory; the
-        // done flag the wait saw was written after it): no copy on the critical path.
-        check(decoder_->combine(slots, w, pin_y_.device<uint16_t>(), y, tokens, stream), "launching the combine");
+        // The combine reads a few tokens' CPU partial sum where the task left it (mapped host
+        // memory; the done flag the wait saw was written after it): no copy on the critical path.
+        // Larger sums come up by the copy engine, which reads PCIe faster than a kernel's loads.
+        const size_t act = size_t(tokens) * spec_.hidden * sizeof(uint16_t);
+        const uint16_t *addend = pin_y_.device<uint16_t>();
+        if (act > kMappedAddendBytes) {
+            check(cudaMemcpyAsync(addend_.get(), pin_y_.get(), act, cudaMemcpyHostToDevice, stream),
+                  "copying the CPU's partial sum");
+            addend = addend_.get<uint16_t>();
+        }
+        check(decoder_->combine(slots, w, addend, y, tokens, stream), "launching the combine");
     }
 
     // One handoff site per (layer, tokens): the task knows its shape, so captured graphs replay it.
@@ -844,11 +854,13 @@ private:
 
     static constexpr double kAdaptGain = 0.1, kProbeStep = 0.02, kMinFraction = 0.02, kMaxFraction = 0.98;
     static constexpr double kSnapMargin = 0.05;
+    static constexpr size_t kMappedAddendBytes = size_t(64) << 10;  // read in place up to this size
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;
     std::map<int64_t, int> sites_;
     PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
+    DeviceBuffer addend_;  // the CPU's partial sum on the device, for sums above kMappedAddendBytes
     Event gpu_start_{true}, gpu_stop_{true};
     int pending_site_ = -1;
     double fraction_ = 0.5;      // the continuous estimate of the balanced fetch share
