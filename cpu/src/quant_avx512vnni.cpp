@@ -15,6 +15,7 @@
 #include "quant_kernels.hpp"
 
 namespace ft::cpu::detail {
+
 namespace {
 
 #include "tier_tiles.inc"
@@ -170,13 +171,13 @@ void rows_x4(const uint8_t *const *r, int64_t nb, const uint8_t *const *act, flo
     __m512 acc[NT][R];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < R; ++i) acc[t][i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 4) {
         const int64_t left = nb - b;
         __m512i lo[R], hi[R];
         __m512 wd[R];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
             const uint8_t *p = r[i] + b * 18;
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(p) + pf, _MM_HINT_T0);
@@ -199,7 +200,7 @@ void rows_x4(const uint8_t *const *r, int64_t nb, const uint8_t *const *act, flo
             const __m512i ql = _mm512_loadu_si512(a), qh = _mm512_loadu_si512(a + 64);
             const __m512i cl = _mm512_loadu_si512(a + 128);
             const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float *>(a + 192));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int i = 0; i < R; ++i) {
                 const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cl, lo[i], ql), hi[i], qh);
                 acc[t][i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), dl), wd[i], acc[t][i]);
@@ -216,6 +217,20 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
                         float *out, size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t nb = m.K / 32;
+    if (ntok <= 2) {
+        // Rows j, j + q, j + 2q, j + 3q (four streams; hot 29.3 -> 31.5 GB/s on the dev box with
+        // one token), then the rest in pairs / alone below. 3-4 tokens: pairs (registers).
+        const int qr = count / 4;
+        for (int j = 0; j < qr; ++j) {
+            const int cols[4] = {j, j + qr, j + 2 * qr, j + 3 * qr};
+            const uint8_t *rp[4];
+            for (int i = 0; i < 4; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;
+            if (ntok == 2) rows_x4<4, 2>(rp, nb, act, out, ldo, cols, pf);
+            else rows_x4<4, 1>(rp, nb, act, out, ldo, cols, pf);
+        }
+        const int done = 4 * qr;
+        first += done, count -= done, out += done;
+    }
     // Row j with row j + half (two streams), then the odd row alone, as q4_0_avx512vnni.
     const int half = count / 2;
     for (int j = 0; j < half + (count & 1); ++j) {
