@@ -174,6 +174,38 @@ void mxfp4_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t 
     }
 }
 
+// Groups of 4 Q8_0 blocks (q8_0_x4_act_bytes): q of elements 0..15 of each block, then 16..31,
+// then per int32 lane (8 elements of block l / 4) -8 * sum(q) and the block's d. The definition
+// the SIMD prepare_q8_0_x4_avx512 is tested against.
+void prepare_q8_0_x4_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t nb = K / 32;
+    float v[32], d[4];
+    int8_t q[4][32];
+    for (int64_t g = 0; g < round_up(nb, 4); g += 4) {
+        uint8_t *o = dst + g * 64;
+        for (int j = 0; j < 4; ++j) {
+            if (g + j < nb) {
+                for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[(g + j) * 32 + i]);
+                quantize_q8_0(v, 32, q[j], &d[j]);
+            } else {
+                std::memset(q[j], 0, 32);
+                d[j] = 0.0f;
+            }
+            std::memcpy(o + 16 * j, q[j], 16);
+            std::memcpy(o + 64 + 16 * j, q[j] + 16, 16);
+        }
+        int32_t c[16];
+        float dl[16];
+        for (int l = 0; l < 16; ++l) {
+            const int8_t *lo = q[l / 4] + 4 * (l % 4), *hi = lo + 16;
+            c[l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
+            dl[l] = d[l / 4];
+        }
+        std::memcpy(o + 128, c, 64);
+        std::memcpy(o + 192, dl, 64);
+    }
+}
+
 }  // namespace detail
 
 // Bit-exact with ft::fp8_round_trip_per128 (tested), without its per-element frexp/ldexp: after the
@@ -309,37 +341,6 @@ void prepare_q8_0_vnni(const uint16_t *x, int64_t K, uint8_t *dst) {
     for (int64_t l = 0; l < qbytes / 4; ++l) cl[l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
 }
 
-// Groups of 4 Q8_0 blocks (q8_0_x4_act_bytes): q of elements 0..15 of each block, then 16..31,
-// then per int32 lane (8 elements of block l / 4) -8 * sum(q) and the block's d.
-void prepare_q8_0_x4(const uint16_t *x, int64_t K, uint8_t *dst) {
-    const int64_t nb = K / 32;
-    float v[32], d[4];
-    int8_t q[4][32];
-    for (int64_t g = 0; g < round_up(nb, 4); g += 4) {
-        uint8_t *o = dst + g * 64;
-        for (int j = 0; j < 4; ++j) {
-            if (g + j < nb) {
-                for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[(g + j) * 32 + i]);
-                quantize_q8_0(v, 32, q[j], &d[j]);
-            } else {
-                std::memset(q[j], 0, 32);
-                d[j] = 0.0f;
-            }
-            std::memcpy(o + 16 * j, q[j], 16);
-            std::memcpy(o + 64 + 16 * j, q[j] + 16, 16);
-        }
-        int32_t c[16];
-        float dl[16];
-        for (int l = 0; l < 16; ++l) {
-            const int8_t *lo = q[l / 4] + 4 * (l % 4), *hi = lo + 16;
-            c[l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
-            dl[l] = d[l / 4];
-        }
-        std::memcpy(o + 128, c, 64);
-        std::memcpy(o + 192, dl, 64);
-    }
-}
-
 void prepare_nvfp4_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
     float v[16], d;
     int8_t q[16];
@@ -450,7 +451,7 @@ const TierKernels kKernels[] = {
      },
 #if defined(FT_CPU_X86_KERNELS)
      {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}, {},
-     {detail::q4_0_avx512vnni_x4, "-avx512vnni-x4", detail::q8_0_x4_act_bytes, prepare_q8_0_x4}},
+     {detail::q4_0_avx512vnni_x4, "-avx512vnni-x4", detail::q8_0_x4_act_bytes, detail::prepare_q8_0_x4_avx512}},
 #else
      {}, {}},
 #endif

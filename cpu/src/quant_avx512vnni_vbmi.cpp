@@ -155,17 +155,6 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
     }
 }
 
-// round-half-away-from-zero of fp32 lanes, as std::round (ft::round_half_away): trunc, then one
-// step away from zero where the (exact) fraction is >= 1/2.
-inline __m512 round_away(__m512 v) {
-    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_abs_ps(_mm512_sub_ps(v, t));
-    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_castps_si512(_mm512_set1_ps(1.0f)),
-        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(int(0x80000000u)))));
-    return _mm512_mask_add_ps(t, _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ), t, one);
-}
-
 }  // namespace
 
 // The W4A8 x2 activation (mxfp4_q8_act_bytes) with the same fp32 operations as

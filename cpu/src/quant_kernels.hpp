@@ -55,6 +55,7 @@ size_t q8_0_vnni_act_bytes(int64_t K);
 // int8 q of elements 16..31, int32 c[16] (lane l: -8 * the sum of its 8 q, block l / 4), float
 // d[16] (the block's d per lane).
 size_t q8_0_x4_act_bytes(int64_t K);
+void prepare_q8_0_x4_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
 // nvfp4 W4A8 (nvfp4_avx512vnni_w4a8): ft::quantize_int8_per16 values, per 128 elements
 // (zero-padded) 256 bytes: int8 q of the even elements (lane l: elements 8l, 8l + 2, 8l + 4,
 // 8l + 6), of the odd ones, int32 -12 * sum of the lane's 8 q, float d / 2 of the lane's block.
@@ -119,5 +120,7 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 // nvfp4 W4A8 (quant_avx512vnni.cpp), activations nvfp4_q8 layout.
 void nvfp4_avx512vnni_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// Its activation preparation, byte-identical to prepare_q8_0_x4_scalar (quant.cpp, tested).
+void prepare_q8_0_x4_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 
 }  // namespace ft::cpu::detail

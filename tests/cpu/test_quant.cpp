@@ -568,6 +568,29 @@ TEST(QuantKernels, Mxfp4W4A8x2PrepareMatchesDefinition) {
     }
 }
 
+// The SIMD preparation of the q4_0 four-block activation against the scalar definition, byte for
+// byte, with K of a group + 1 block (padding), a zero block and .5 ties (block amax 127: d = 1).
+TEST(QuantKernels, Q4_0X4PrepareMatchesDefinition) {
+    if (!__builtin_cpu_supports("avx512vnni") || int(ft::cpu::cpu_best_isa()) < int(Isa::avx512))
+        GTEST_SKIP() << "no avx512 + vnni here";
+    std::mt19937 rng(98);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t K : {int64_t(160), int64_t(2816)}) {
+        std::vector<uint16_t> x(K);
+        for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(u(rng) * (k % 96 < 32 ? 300.0f : 1.0f));
+        for (int64_t k = 32; k < 64; ++k) x[k] = 0;
+        const float ties[] = {127.0f, 2.5f, -3.5f, 12.5f, -0.5f, 0.5f, -126.5f, 6.5f};
+        for (int i = 0; i < 32; ++i) x[64 + i] = ft::f32_to_bf16(i < 8 ? ties[i] : u(rng));
+        const size_t n = ft::cpu::detail::q8_0_x4_act_bytes(K);
+        std::vector<uint8_t> a(n + 64, 0xcd), b(n + 64, 0xcd);
+        ft::cpu::detail::prepare_q8_0_x4_scalar(x.data(), K, a.data());
+        ft::cpu::detail::prepare_q8_0_x4_avx512(x.data(), K, b.data());
+        for (size_t i = 0; i < n + 64; ++i) ASSERT_EQ(a[i], b[i]) << "K=" << K << " byte " << i;
+        EXPECT_EQ(int8_t(a[32 + 1]), 3) << "2.5 rounds away from zero";  // element 65: block 2, q lo byte 1
+        EXPECT_EQ(int8_t(a[32 + 2]), -4);
+    }
+}
+
 // e4m3 NaN codes in fp8_block weights reach the output of their row only (the reference says
 // NaN); every kernel.
 TEST(QuantKernels, Fp8NanCodesPropagate) {
