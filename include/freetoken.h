@@ -69,7 +69,7 @@ extern "C" {
  * ========================================================================================== */
 
 #define FT_VERSION_MAJOR 0
-#define FT_VERSION_MINOR 2
+#define FT_VERSION_MINOR 3
 #define FT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
@@ -449,6 +449,12 @@ typedef struct ft_session_stats {
     uint64_t prefill_calls;    /* calls that took the prefill path                             */
     uint64_t prefill_bytes;    /* expert bytes streamed host -> GPU by prefill calls           */
     double hybrid_fraction;    /* FT_BACKEND_HYBRID: the fetch fraction f in use now           */
+    /* Since 0.3. FT_BACKEND_HYBRID: the GPU side's time (gather + expert kernels, CUDA events)
+     * summed over the steps it was read for (eager calls whose events had completed by the next
+     * call; graph replays are not timed); mean = hybrid_gpu_seconds / hybrid_timed_steps. The CPU
+     * side's time is cpu_seconds over every step. */
+    double hybrid_gpu_seconds;
+    uint64_t hybrid_timed_steps;
 } ft_session_stats;
 /* Per-layer slot cache figures of a GPU-backed session (all zero for FT_BACKEND_CPU). */
 typedef struct ft_layer_stats {

@@ -681,6 +681,8 @@ public:
         stats.cpu_bytes += cpu_stats_.bytes_read;
         stats.cpu_seconds += cpu_seconds_;
         stats.hybrid_fraction = sent_;
+        stats.hybrid_gpu_seconds += gpu_seconds_;
+        stats.hybrid_timed_steps += timed_steps_;
     }
 
     void reset_stats() override {
@@ -688,6 +690,8 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         cpu_stats_ = {};
         cpu_seconds_ = 0.0;
+        gpu_seconds_ = 0.0;
+        timed_steps_ = 0;
     }
 
 private:
@@ -789,7 +793,7 @@ private:
     // estimate settle on the wrong side of the step. Smoothed and bounded so one noisy step cannot
     // swing it; a side that had nothing to do is probed instead of measured.
     void adapt() {
-        if (!adaptive_ || pending_site_ < 0) return;
+        if (pending_site_ < 0) return;
         if (cudaEventQuery(gpu_stop_.get()) != cudaSuccess) {
             cudaGetLastError();  // not finished yet (cudaErrorNotReady): measure a later step
             return;
@@ -806,7 +810,10 @@ private:
         {
             std::lock_guard<std::mutex> lock(mutex_);
             cpu_experts = last_cpu_experts_;
+            gpu_seconds_ += t_gpu;
+            ++timed_steps_;
         }
+        if (!adaptive_) return;
         const int64_t missing = *pin_missing_.get<int64_t>();
         if (missing <= 0) return;  // no misses: nothing to split
         if (cpu_experts == 0) {
@@ -873,6 +880,8 @@ private:
     mutable std::mutex mutex_;  // the counters below are written by the coordinator thread
     cpu::MoeStats cpu_stats_;
     double cpu_seconds_ = 0.0;
+    double gpu_seconds_ = 0.0;  // GPU side of the timed steps (adapt())
+    uint64_t timed_steps_ = 0;
     uint64_t last_cpu_experts_ = 0;
 };
 

@@ -145,6 +145,8 @@ pub struct ft_session_stats {
     pub prefill_calls: u64,
     pub prefill_bytes: u64,
     pub hybrid_fraction: f64,
+    pub hybrid_gpu_seconds: f64,
+    pub hybrid_timed_steps: u64,
 }
 
 extern "C" {
