@@ -195,6 +195,13 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     EXPECT_GT(st.fetched_experts, 0u);
     EXPECT_LT(st.fetched_experts, st.cache_misses);  // f = 0.4: the CPU computed the rest
     EXPECT_FLOAT_EQ(st.hybrid_fraction, 0.4);
+    // Per-side times: the CPU's for every task, the GPU's for the eager steps read back (a fixed
+    // f is timed too); a step's GPU side is far below a second on these small models.
+    EXPECT_GT(st.cpu_seconds, 0.0);
+    EXPECT_GT(st.hybrid_timed_steps, 0u);
+    EXPECT_LE(st.hybrid_timed_steps, st.decode_calls);
+    EXPECT_GT(st.hybrid_gpu_seconds, 0.0);
+    EXPECT_LT(st.hybrid_gpu_seconds / double(std::max<uint64_t>(st.hybrid_timed_steps, 1)), 1.0);
     EXPECT_EQ(ft_session_status(hyb.get()), FT_OK);
 }
 
