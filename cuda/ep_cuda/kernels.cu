@@ -7,10 +7,14 @@
 #include <cstring>
 
 #include "ft/common.hpp"
+#include "ft/cuda_launch.cuh"
 #include "ft/cuda_numerics.cuh"
 #include "ft/ep_cuda.hpp"
 
 namespace ft::ep::cuda {
+
+using ft::cuda::launch_pdl;
+using ft::cuda::pdl_wait;
 
 void check_cuda(cudaError_t err, const char *what) {
     if (err == cudaSuccess) return;
@@ -63,6 +67,7 @@ __device__ __forceinline__ int32_t rank_of(const DevicePlacement &p, int32_t phy
 
 // forced_rank_load(): ranks of each token's single-copy experts, one count per token and rank.
 __global__ void forced_load_kernel(DevicePlacement p, const int32_t *ids, int64_t tokens, int32_t K, int64_t *load) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
         uint64_t hit = 0;
         for (int32_t j = 0; j < K; ++j) {
@@ -81,6 +86,7 @@ __global__ void forced_load_kernel(DevicePlacement p, const int32_t *ids, int64_
 // Replica choice and the dedup mask of dispatch_layout(), one thread per token.
 __global__ void choose_kernel(DevicePlacement p, const int32_t *ids, int64_t tokens, int32_t K, const int64_t *load,
                               int32_t *route_phy, uint64_t *mask) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
         const int32_t *id = ids + t * K;
         uint64_t goes = 0;
@@ -123,6 +129,7 @@ __global__ void choose_kernel(DevicePlacement p, const int32_t *ids, int64_t tok
 // row[r][t]: rows of rank r in ascending token order (an exclusive scan of bit r), one block per
 // rank; count[r] the total.
 __global__ void row_scan_kernel(const uint64_t *mask, int64_t tokens, int32_t *row, int64_t *count) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     using Scan = cub::BlockScan<int32_t, kScanThreads>;
     __shared__ typename Scan::TempStorage tmp;
     const int r = blockIdx.x;
@@ -140,6 +147,7 @@ __global__ void row_scan_kernel(const uint64_t *mask, int64_t tokens, int32_t *r
 }
 
 __global__ void offset_kernel(const int64_t *count, int32_t R, int64_t *offset) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int64_t s = 0;
     offset[0] = 0;
@@ -151,6 +159,7 @@ __global__ void send_rows_kernel(DevicePlacement p, const int32_t *ids, const fl
                                  const int32_t *route_phy, const uint64_t *mask, const int32_t *row,
                                  const int64_t *offset, int64_t *expert_count, int32_t *send_token, int32_t *send_n,
                                  int32_t *send_slot, float *send_weight) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
         const int32_t *id = ids + t * K;
         const int32_t *phy = route_phy + t * K;
@@ -244,6 +253,7 @@ __global__ void pack_kernel(const int64_t *offset, int32_t R, const int32_t *sen
                             const int32_t *send_slot, const float *send_weight, int32_t K, const uint16_t *x,
                             int64_t hidden, WireDtype dtype, int32_t source_rank, uint8_t *base, size_t peer_bytes,
                             RecordGeom g) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     const int64_t total = offset[R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
@@ -286,6 +296,7 @@ __global__ void pack_kernel(const int64_t *offset, int32_t R, const int32_t *sen
 }
 
 __global__ void header_kernel(const int64_t *count, int32_t R, uint8_t *base, size_t peer_bytes) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     const int r = threadIdx.x;
     if (r >= R) return;
     int64_t *h = reinterpret_cast<int64_t *>(base + r * peer_bytes);
@@ -298,6 +309,7 @@ __global__ void header_kernel(const int64_t *count, int32_t R, uint8_t *base, si
 __global__ void receive_counts_kernel(int64_t *count, int64_t *prefix, int32_t R, const uint8_t *base,
                                       size_t peer_bytes, int64_t capacity, const int64_t *matrix, int32_t me,
                                       int32_t stride) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     if (threadIdx.x != 0) return;
     prefix[0] = 0;
     for (int32_t s = 0; s < R; ++s) {
@@ -365,6 +377,7 @@ __device__ __forceinline__ int32_t rec_slot(const uint8_t *rec, const RecordGeom
 __global__ void group_count_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
                                    int32_t K, int32_t S, int32_t c, int32_t C, int64_t *fill, int32_t *route_row,
                                    int16_t *route_slot) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     __shared__ ChunkTable tab;
     load_chunk_table(tab, count, R, c, C);
     const int64_t total = tab.vstart[R];
@@ -384,6 +397,7 @@ __global__ void group_count_kernel(const int64_t *count, const int64_t *prefix, 
 }
 
 __global__ void group_scan_kernel(const int64_t *fill, int32_t S, int64_t max_rows, int64_t *offset, int32_t *overflow) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     if (threadIdx.x != 0) return;
     offset[0] = 0;
     for (int32_t s = 0; s < S; ++s) offset[s + 1] = offset[s] + fill[s];
@@ -399,6 +413,7 @@ __global__ void __launch_bounds__(kFillThreads)
 group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, int32_t K, int32_t c, int32_t C,
                   const int64_t *offset, int64_t max_rows, const int16_t *route_slot, int32_t *route_row,
                   int64_t *row_position, int32_t *row_route) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     using Scan = cub::BlockScan<int32_t, kFillThreads>;
     __shared__ ChunkTable tab;
     __shared__ typename Scan::TempStorage tmp;
@@ -446,6 +461,7 @@ __global__ void unpack_kernel(const int64_t *offset, int32_t S, int64_t max_rows
                               int64_t hidden, WireDtype dtype, const int64_t *row_position, const int32_t *row_route,
                               uint16_t *x_bf16, float *x_f32, int32_t *row_source, int32_t *row_token,
                               float *row_weight) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     const int64_t rows = min(offset[S], max_rows);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const uint8_t *rec = record_at(rg, row_position[row]);
@@ -503,6 +519,7 @@ __device__ __forceinline__ void store4(uint16_t *p, const float (&v)[4]) {
 __global__ void reduce_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGeom rg, RecordGeom g,
                               int32_t K, int32_t c, int32_t C, int64_t hidden, const int32_t *route_row,
                               const uint16_t *y, uint16_t *partial) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     __shared__ ChunkTable tab;
     __shared__ float w[kMaxTopK];
     __shared__ int32_t yrow[kMaxTopK];
@@ -535,6 +552,7 @@ __global__ void reduce_kernel(const int64_t *count, const int64_t *prefix, int32
 // combine_at_source(): fp32 sum from 0 over ranks in ascending order, then bf16.
 __global__ void combine_kernel(const int32_t *row, const int64_t *offset, int32_t R, int64_t tokens,
                                const uint16_t *partial, int64_t peer_rows, int64_t hidden, uint16_t *out) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     __shared__ int64_t base[kMaxRanks];
     for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
         for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
@@ -566,6 +584,7 @@ __global__ void __launch_bounds__(kEncodeThreads)
 encode_combine_kernel(const int64_t *count, const int64_t *prefix, int32_t R, int32_t me, int32_t c, int32_t C,
                       int64_t hidden, WireDtype dtype, uint32_t row_bytes, const uint16_t *partial, uint8_t *wire,
                       uint32_t *max_bits) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     constexpr int kWarps = kEncodeThreads / 32;
     __shared__ ChunkTable tab;
     __shared__ double err_w[kWarps], norm_w[kWarps];
@@ -629,6 +648,7 @@ encode_combine_kernel(const int64_t *count, const int64_t *prefix, int32_t R, in
 __global__ void combine_wire_kernel(const int32_t *row, const int64_t *offset, int32_t R, int64_t tokens,
                                     const uint8_t *wire, uint32_t row_bytes, WireDtype dtype, int32_t me,
                                     const uint16_t *own, const int64_t *own_first, int64_t hidden, uint16_t *out) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     __shared__ int64_t base[kMaxRanks];  // bytes into wire, or elements into own for r == me
     for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
         for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
@@ -660,6 +680,7 @@ __global__ void combine_wire_kernel(const int32_t *row, const int64_t *offset, i
 
 // The gate word of the count exchange: bit 0 = (max error > limit), bits 32..63 = its fp32 bits.
 __global__ void gate_word_kernel(const uint32_t *max_bits, float limit, int64_t *word) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const uint32_t bits = *max_bits;
     const int64_t tripped = __uint_as_float(bits) <= limit ? 0 : 1;
@@ -729,15 +750,15 @@ void launch_layout(const DevicePlacement &p, const int32_t *ids, const float *we
     check_cuda(cudaMemsetAsync(L.expert_count, 0, sizeof(int64_t) * R * p.slots_per_rank, st), "layout clear");
     if (rank_load == nullptr) {
         check_cuda(cudaMemsetAsync(L.forced_load, 0, sizeof(int64_t) * R, st), "layout clear");
-        if (tokens > 0) forced_load_kernel<<<grid_for(tokens, 256), 256, 0, st>>>(p, ids, tokens, K, L.forced_load);
+        if (tokens > 0) launch_pdl(forced_load_kernel, dim3(grid_for(tokens, 256)), dim3(256), 0, st, p, ids, tokens, K, L.forced_load);
         rank_load = L.forced_load;
     }
     if (tokens > 0)
-        choose_kernel<<<grid_for(tokens, 256), 256, 0, st>>>(p, ids, tokens, K, rank_load, L.route_phy, L.mask);
-    row_scan_kernel<<<R, kScanThreads, 0, st>>>(L.mask, tokens, L.row, L.count);
-    offset_kernel<<<1, 1, 0, st>>>(L.count, R, L.offset);
+        launch_pdl(choose_kernel, dim3(grid_for(tokens, 256)), dim3(256), 0, st, p, ids, tokens, K, rank_load, L.route_phy, L.mask);
+    launch_pdl(row_scan_kernel, dim3(R), dim3(kScanThreads), 0, st, L.mask, tokens, L.row, L.count);
+    launch_pdl(offset_kernel, dim3(1), dim3(1), 0, st, L.count, R, L.offset);
     if (tokens > 0)
-        send_rows_kernel<<<grid_for(tokens, 128), 128, 0, st>>>(p, ids, weights, tokens, K, L.route_phy, L.mask, L.row,
+        launch_pdl(send_rows_kernel, dim3(grid_for(tokens, 128)), dim3(128), 0, st, p, ids, weights, tokens, K, L.route_phy, L.mask, L.row,
                                                                L.offset, L.expert_count, L.send_token, L.send_n,
                                                                L.send_slot, L.send_weight);
     check_launch("layout kernels");
@@ -749,9 +770,9 @@ void launch_pack(const LayoutBuffers &L, int64_t max_rows, const uint16_t *x, in
     if (reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(dst.base) % 16 || dst.peer_bytes % 16)
         fail(FT_ERR_INVALID_ARGUMENT, "EP pack: x must be 8-byte and the wire buffer 16-byte aligned");
     if (dst.peer_bytes)
-        header_kernel<<<1, kMaxRanks, 0, st>>>(L.count, L.num_ranks, dst.base, dst.peer_bytes);
+        launch_pdl(header_kernel, dim3(1), dim3(kMaxRanks), 0, st, L.count, L.num_ranks, dst.base, dst.peer_bytes);
     if (max_rows > 0)
-        pack_kernel<<<grid_for(max_rows, 1, 16384), kPackThreads, 0, st>>>(
+        launch_pdl(pack_kernel, dim3(grid_for(max_rows, 1, 16384)), dim3(kPackThreads), 0, st, 
             L.offset, L.num_ranks, L.send_token, L.send_n, L.send_slot, L.send_weight, L.top_k, x, hidden, dtype,
             source_rank, dst.base, dst.peer_bytes, g);
     check_launch("pack kernel");
@@ -794,7 +815,7 @@ void launch_receive_counts(const ReceiveBuffers &B, const RecvRegion &src, const
                            cudaStream_t st, int32_t matrix_stride) {
     if (matrix_stride != 0 && matrix_stride < B.num_ranks)
         fail(FT_ERR_INVALID_ARGUMENT, "EP receive counts: matrix stride ", matrix_stride, " < ", B.num_ranks, " ranks");
-    receive_counts_kernel<<<1, 32, 0, st>>>(B.count, B.prefix, B.num_ranks, src.base, src.peer_bytes, src.capacity,
+    launch_pdl(receive_counts_kernel, dim3(1), dim3(32), 0, st, B.count, B.prefix, B.num_ranks, src.base, src.peer_bytes, src.capacity,
                                             count_matrix, me, matrix_stride ? matrix_stride : B.num_ranks);
     check_launch("receive counts");
 }
@@ -805,10 +826,10 @@ void launch_group(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden
     const RecordGeom g = geom(hidden, B.top_k, dtype);
     const RecvGeom rg = recv_geom(src, g);
     check_cuda(cudaMemsetAsync(B.expert_fill, 0, sizeof(int64_t) * B.slots, st), "group clear");
-    group_count_kernel<<<grid_for(B.max_positions, 256, 1024), 256, 0, st>>>(
+    launch_pdl(group_count_kernel, dim3(grid_for(B.max_positions, 256, 1024)), dim3(256), 0, st, 
         B.count, B.prefix, B.num_ranks, rg, g, B.top_k, B.slots, c, C, B.expert_fill, B.route_row, B.route_slot);
-    group_scan_kernel<<<1, 1, 0, st>>>(B.expert_fill, B.slots, B.max_rows, B.expert_offset, B.overflow);
-    group_fill_kernel<<<B.slots, kFillThreads, 0, st>>>(B.count, B.prefix, B.num_ranks, rg, B.top_k, c, C,
+    launch_pdl(group_scan_kernel, dim3(1), dim3(1), 0, st, B.expert_fill, B.slots, B.max_rows, B.expert_offset, B.overflow);
+    launch_pdl(group_fill_kernel, dim3(B.slots), dim3(kFillThreads), 0, st, B.count, B.prefix, B.num_ranks, rg, B.top_k, c, C,
                                                         B.expert_offset, B.max_rows, B.route_slot, B.route_row,
                                                         B.row_position, B.row_route);
     check_launch("group kernels");
@@ -818,7 +839,7 @@ void launch_unpack(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidde
                    float *x_f32, cudaStream_t st) {
     const RecordGeom g = geom(hidden, B.top_k, dtype);
     if (B.max_rows > 0)
-        unpack_kernel<<<grid_for(B.max_rows, 1, 16384), kUnpackThreads, 0, st>>>(
+        launch_pdl(unpack_kernel, dim3(grid_for(B.max_rows, 1, 16384)), dim3(kUnpackThreads), 0, st, 
             B.expert_offset, B.slots, B.max_rows, recv_geom(src, g), g, hidden, dtype, B.row_position, B.row_route,
             x_bf16, x_f32, B.row_source, B.row_token, B.row_weight);
     check_launch("unpack kernel");
@@ -829,7 +850,7 @@ void launch_reduce(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidde
     if (C < 1 || c < 0 || c >= C) fail(FT_ERR_INVALID_ARGUMENT, "EP reduce: chunk ", c, " of ", C);
     const RecordGeom g = geom(hidden, B.top_k, dtype);
     if (B.max_positions > 0)
-        reduce_kernel<<<grid_for(B.max_positions, 1, 16384), kReduceThreads, 0, st>>>(
+        launch_pdl(reduce_kernel, dim3(grid_for(B.max_positions, 1, 16384)), dim3(kReduceThreads), 0, st, 
             B.count, B.prefix, B.num_ranks, recv_geom(src, g), g, B.top_k, c, C, hidden, B.route_row, y, partial);
     check_launch("reduce kernel");
 }
@@ -839,7 +860,7 @@ void launch_combine(const LayoutBuffers &L, int64_t tokens, const uint16_t *part
     if (reinterpret_cast<uintptr_t>(out) % 8 || reinterpret_cast<uintptr_t>(partial) % 8)
         fail(FT_ERR_INVALID_ARGUMENT, "EP combine: output and partials must be 8-byte aligned");
     if (tokens > 0)
-        combine_kernel<<<grid_for(tokens, 1, 16384), 256, 0, st>>>(L.row, L.offset, L.num_ranks, tokens, partial,
+        launch_pdl(combine_kernel, dim3(grid_for(tokens, 1, 16384)), dim3(256), 0, st, L.row, L.offset, L.num_ranks, tokens, partial,
                                                                    peer_rows, hidden, out);
     check_launch("combine kernel");
 }
@@ -854,7 +875,7 @@ void launch_encode_combine(const ReceiveBuffers &B, int64_t hidden, WireDtype dt
     if (reinterpret_cast<uintptr_t>(wire) % 4 || reinterpret_cast<uintptr_t>(partial) % 8)
         fail(FT_ERR_INVALID_ARGUMENT, "EP combine encoding: wire must be 4-byte and partials 8-byte aligned");
     if (B.max_positions > 0)
-        encode_combine_kernel<<<grid_for(B.max_positions, 1, 16384), kEncodeThreads, 0, st>>>(
+        launch_pdl(encode_combine_kernel, dim3(grid_for(B.max_positions, 1, 16384)), dim3(kEncodeThreads), 0, st, 
             B.count, B.prefix, B.num_ranks, me, c, C, hidden, dtype, static_cast<uint32_t>(rb), partial, wire,
             max_error_bits);
     check_launch("combine encoding kernel");
@@ -870,14 +891,14 @@ void launch_combine_wire(const LayoutBuffers &L, int64_t tokens, const uint8_t *
         fail(FT_ERR_INVALID_ARGUMENT, "EP combine (wire): misaligned output, partials or wire");
     const size_t rb = combine_row_bytes(hidden, dtype);
     if (tokens > 0)
-        combine_wire_kernel<<<grid_for(tokens, 1, 16384), 256, 0, st>>>(L.row, L.offset, L.num_ranks, tokens, wire,
+        launch_pdl(combine_wire_kernel, dim3(grid_for(tokens, 1, 16384)), dim3(256), 0, st, L.row, L.offset, L.num_ranks, tokens, wire,
                                                                         static_cast<uint32_t>(rb), dtype, me,
                                                                         own_partial, own_first, hidden, out);
     check_launch("combine (wire) kernel");
 }
 
 void launch_gate_word(const uint32_t *max_error_bits, float limit, int64_t *word, cudaStream_t st) {
-    gate_word_kernel<<<1, 1, 0, st>>>(max_error_bits, limit, word);
+    launch_pdl(gate_word_kernel, dim3(1), dim3(1), 0, st, max_error_bits, limit, word);
     check_launch("gate word kernel");
 }
 

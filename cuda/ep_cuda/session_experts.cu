@@ -2,9 +2,13 @@
 #include <algorithm>
 
 #include "ft/common.hpp"
+#include "ft/cuda_launch.cuh"
 #include "ft/ep_session.hpp"
 
 namespace ft::ep::cuda {
+
+using ft::cuda::launch_pdl;
+using ft::cuda::pdl_wait;
 
 namespace {
 
@@ -13,6 +17,7 @@ namespace {
 __global__ void session_routes_kernel(const int64_t *__restrict__ offset, int32_t slots, int64_t row_begin,
                                       int32_t rows, int32_t top_k, int32_t *__restrict__ ids,
                                       float *__restrict__ weights) {
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     const int64_t n = static_cast<int64_t>(rows) * top_k;
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -44,7 +49,7 @@ void launch_session_routes(const int64_t *offset, int32_t slots, int64_t row_beg
     const int64_t n = static_cast<int64_t>(rows) * top_k;
     const int threads = 256;
     const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 4096));
-    session_routes_kernel<<<blocks, threads, 0, stream>>>(offset, slots, row_begin, rows, top_k, ids, weights);
+    launch_pdl(session_routes_kernel, dim3(blocks), dim3(threads), 0, stream, offset, slots, row_begin, rows, top_k, ids, weights);
     check_cuda(cudaGetLastError(), "EP session routes kernel");
 }
 
