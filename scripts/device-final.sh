@@ -1,33 +1,36 @@
 #!/usr/bin/env bash
-# On the GPU machine, after scripts/device-gpu.sh FT_SKIP_TESTS=1 built into $FT_BUILD_DIR (or
-# any build there): the benchmarks behind the issues' tables, each bounded in time, logs in $OUT.
+# On the GPU machine, from the repository root (with .deps carried, see ../shared/DEVICE.md): a
+# fresh sm_90 build, the GPU tests (the timing-sensitive *Latency* ones one at a time), the CPU
+# tests, then the benchmarks behind the issues' tables, each bounded in time. About 6 minutes.
+# Logs under $OUT; the tables go to stdout.
 set -uo pipefail
-out=${OUT:-/tmp/ft-out}
+out=${OUT:-/tmp/ft-out}; mkdir -p "$out"
 deps=$PWD/.deps/root/usr
-export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-b=${FT_BUILD_DIR:-/tmp/ftb-gpu}
-t0=$(date +%s)
-clean() { grep -vE "^\*\*\*WARNING|^Run on|^CPU Caches|^  L[123]|^Load Average|^-+$|^20[0-9][0-9]-" | cut -c1-250; }
+NCCL=$(python3 -c 'import nvidia.nccl as n,os;print(os.path.join(list(n.__path__)[0],"lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu:$NCCL:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+b=${FT_BUILD_DIR:-/tmp/ftb-final}; rm -rf $b; t0=$(date +%s)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
-step "bench_experts legacy vs mma"
-timeout 120 "$b/bench/bench_experts" --benchmark_filter='^decode/' --benchmark_counters_tabular=true > "$out/bench_experts.log" 2>&1
-clean < "$out/bench_experts.log" | head -40
-step "bench_admission"
-timeout 60 "$b/bench/bench_admission" --benchmark_counters_tabular=true > "$out/bench_admission.log" 2>&1
-clean < "$out/bench_admission.log" | head -20
-step "bench_backends --quick"
-timeout 240 "$b/bench/bench_backends" --quick --benchmark_counters_tabular=true > "$out/bench_backends.log" 2>&1
-clean < "$out/bench_backends.log" | head -60
-step "bench_cpu_gemv quant: old (0) vs new (1) kernels"
-for p in 0 1; do
-  FT_CPU_QUANT_PAIRS=$p timeout 80 "$b/bench/bench_cpu_gemv" --benchmark_filter='stream_read|moe_layer_(fp8_block|nvfp4|ds_fp4|q4_0|mxfp4)/.*bs:1/' \
-    > "$out/bench_cpu_quant_$p.log" 2>&1
-  echo "-- FT_CPU_QUANT_PAIRS=$p"; grep -E "stream_read|moe_layer" "$out/bench_cpu_quant_$p.log" | awk '{print $1, $6, $7, $8, $NF}'
-done
-step "bench_ep (one GPU)"
-timeout 60 "$b/bench/bench_ep" --benchmark_min_time=0.05 --benchmark_counters_tabular=true > "$out/bench_ep.log" 2>&1
-clean < "$out/bench_ep.log" | head -50
-step "ft profile"
-timeout 60 "$b/tools/ft/ft" profile --seconds 25 --out "$out/benchbw.json" > "$out/profile.log" 2>&1
-cat "$out/profile.log" | tail -25
-step "done"
+clean() { grep -vE "^\*\*\*WARNING|^Run on|^CPU Caches|^  L[123]|^Load Average|^-+$|^20[0-9][0-9]-|^#|^Running" | cut -c1-260; }
+cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps" > $out/configure.log 2>&1 || { tail -30 $out/configure.log; exit 1; }
+cmake --build $b -j 16 > $out/build.log 2>&1 || { grep -E "error|FAILED" $out/build.log | head -30; exit 1; }
+step built
+(cd $b && timeout 150 ctest -L gpu -E "Latency|abi.consumers" -j 4 --timeout 140 --output-on-failure) > $out/ctest_gpu.log 2>&1
+grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run" $out/ctest_gpu.log | head -20
+(cd $b && timeout 90 ctest -R "Latency" -j 1 --timeout 80 --output-on-failure) > $out/ctest_lat.log 2>&1
+grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|^fixed f|^adaptive from" $out/ctest_lat.log | head -20
+(cd $b && timeout 80 ctest -L cpu -E abi.consumers -j 12 --timeout 70) > $out/ctest_cpu.log 2>&1
+grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout" $out/ctest_cpu.log | head -10
+step tests
+timeout 40 $b/bench/bench_experts --benchmark_filter='^decode/.*/mma' --benchmark_counters_tabular=true 2>&1 | clean | awk '{print $1, $6, $7, $9, $10, $11}' | head -14
+timeout 40 $b/bench/bench_admission --benchmark_counters_tabular=true 2>&1 | grep BM_ | awk '{print $1, $NF}'
+step gpu-benches
+timeout 150 $b/bench/bench_backends --benchmark_filter='offload|hybrid_(allmiss|sweep|adaptive)' --benchmark_counters_tabular=true > $out/bench_backends.log 2>&1
+clean < $out/bench_backends.log | head -40
+step backends
+timeout 45 $b/bench/bench_ep --benchmark_filter='WireBytes|/(7168|2048)/(256|128)/(1|64|4096|32768)$' --benchmark_min_time=0.05 --benchmark_counters_tabular=true > $out/bench_ep.log 2>&1
+clean < $out/bench_ep.log | head -40
+step ep
+for v in 1 0; do FT_CPU_MXFP4_W4A8=$v FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_mxfp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | cut -c1-220; done
+FT_BENCH_WINDOW_MB=4096 timeout 60 $b/bench/bench_cpu_gemv --benchmark_filter='stream_read|moe_layer_(fp8_block|nvfp4|ds_fp4|q4_0).*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer|stream" | cut -c1-220
+step done
