@@ -31,6 +31,12 @@ step backends
 timeout 45 $b/bench/bench_ep --benchmark_filter='WireBytes|/(7168|2048)/(256|128)/(1|64|4096|32768)$' --benchmark_min_time=0.05 --benchmark_counters_tabular=true > $out/bench_ep.log 2>&1
 clean < $out/bench_ep.log | head -40
 step ep
-for v in 1 0; do FT_CPU_MXFP4_W4A8=$v FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_mxfp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | cut -c1-220; done
+# mxfp4 with the benchmark's random e8m0 bytes (products go subnormal, slow on Intel cores) and
+# with realistic gpt-oss-like scales (FT_BENCH_MXFP4_SCALE=120); W4A8 (default) and W4A16.
+for sc in "" 120; do for v in 1 0; do
+  FT_BENCH_MXFP4_SCALE=$sc FT_CPU_MXFP4_W4A8=$v FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv \
+    --benchmark_filter='moe_layer_mxfp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/scale=${sc:-random} /" | cut -c1-230
+done; done
+FT_CPU_Q4_0_X4=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_q4_0.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | cut -c1-220
 FT_BENCH_WINDOW_MB=4096 timeout 60 $b/bench/bench_cpu_gemv --benchmark_filter='stream_read|moe_layer_(fp8_block|nvfp4|ds_fp4|q4_0).*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer|stream" | cut -c1-220
 step done
