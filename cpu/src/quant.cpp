@@ -206,6 +206,21 @@ void prepare_q8_0_x4_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
     }
 }
 
+// The ds_fp4 activation of the AVX-512-BF16 kernels: FP8 round trip per 128, then bf16 in the
+// 4 phases per 128 (phase r, word m = element 4m + r). The definition prepare_ds_fp4_bf16_avx512
+// is tested against, and its fallback for groups holding Inf/NaN.
+void prepare_ds_fp4_bf16_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float v[kFp8ActBlock];
+    uint16_t b[kFp8ActBlock];
+    uint16_t *y = reinterpret_cast<uint16_t *>(dst);
+    for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
+        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
+        for (int i = 0; i < kFp8ActBlock; ++i) b[i] = f32_to_bf16(v[i]);  // exact: v is bf16
+        for (int r = 0; r < 4; ++r)
+            for (int i = 0; i < 32; ++i) y[c + 32 * r + i] = b[4 * i + r];
+    }
+}
+
 }  // namespace detail
 
 // Bit-exact with ft::fp8_round_trip_per128 (tested), without its per-element frexp/ldexp: after the
@@ -314,17 +329,6 @@ void prepare_split_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
     split128_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
 }
 
-void prepare_ds_fp4_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
-    float v[kFp8ActBlock];
-    uint16_t b[kFp8ActBlock];
-    uint16_t *y = reinterpret_cast<uint16_t *>(dst);
-    for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
-        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
-        for (int i = 0; i < kFp8ActBlock; ++i) b[i] = f32_to_bf16(v[i]);  // exact: v is bf16
-        split128_bf16(b, kFp8ActBlock, y + c);
-    }
-}
-
 void prepare_q8_0_vnni(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = round_up(K, 64);
     int8_t *q = reinterpret_cast<int8_t *>(dst);
@@ -392,6 +396,7 @@ struct TierKernels {
     Kernel fast = {};
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
+    bool fast_vnni = true;        // it needs AVX-512-VNNI (not ds_fp4's row exponent)
 };
 
 const TierKernels kKernels[] = {
@@ -422,10 +427,16 @@ const TierKernels kKernels[] = {
 #if defined(FT_CPU_X86_KERNELS)
       , {detail::ds_fp4_avx2, "-avx2", f32_act_bytes, prepare_ds_fp4},
       {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4},
-      {detail::ds_fp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_ds_fp4_bf16,
+      {detail::ds_fp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_scalar,
        detail::ds_fp4_dequant_avx512bf16}
 #endif
-     }, {}, {}},
+     }, {}, {},
+#if defined(FT_CPU_X86_KERNELS)
+     {detail::ds_fp4_avx512bf16_rowexp, "-avx512bf16-rowexp", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
+      detail::ds_fp4_dequant_avx512bf16_rowexp}, false, Isa::avx512bf16, false},
+#else
+    },
+#endif
     {Format::mxfp4, "mxfp4-w4a16",
      {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
@@ -473,12 +484,20 @@ bool use_vnni() {
 }
 
 // The newer kernels (TierKernels::fast), each on unless its knob is 0: q4_0 four blocks per step
-// (FT_CPU_Q4_0_X4), mxfp4 W4A8 x2 (FT_CPU_MXFP4_W4A8); cpu/README.md, fifth round.
+// (FT_CPU_Q4_0_X4), mxfp4 W4A8 x2 (FT_CPU_MXFP4_W4A8); cpu/README.md, fifth round; ds_fp4 row
+// exponent + SIMD FP8 round trip (FT_CPU_DS_FP4_ROWEXP), sixth round. nvfp4 W4A8 is opt-in.
 bool fast_kernel(Format f) {
     static const bool q4 = env_string("FT_CPU_Q4_0_X4") != "0";
     static const bool mx = env_string("FT_CPU_MXFP4_W4A8") != "0";
     static const bool nv = env_string("FT_CPU_NVFP4_W4A8") == "1";
-    return f == Format::q4_0 ? q4 : f == Format::mxfp4 ? mx : f == Format::nvfp4 ? nv : false;
+    static const bool ds = env_string("FT_CPU_DS_FP4_ROWEXP") != "0";
+    switch (f) {
+        case Format::q4_0: return q4;
+        case Format::mxfp4: return mx;
+        case Format::nvfp4: return nv;
+        case Format::ds_fp4: return ds;
+        default: return false;
+    }
 }
 
 }  // namespace
@@ -510,7 +529,8 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                         if (k.tier[i].gemv) use = k.tier[i];
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
-                    if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv) use = k.fast;
+                    if (fa && (v || !k.fast_vnni) && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
+                        use = k.fast;
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant});
                 }

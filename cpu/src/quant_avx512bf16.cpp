@@ -18,6 +18,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "kernels.hpp"
@@ -93,7 +94,10 @@ void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *con
 // a core keeps more misses in flight, as the read probe does with several streams. One
 // accumulator per row and token, so a row's sum is the same whichever R computed it (results do
 // not depend on how rows were paired, i.e. stay bitwise independent of the pool size).
-template <int B, int R, int NT>
+//
+// RowExp (ds_fp4 only, see "-rowexp" below): the e8m0 codes decoded as 2^(code - 95), i.e. 2^32
+// times their value; row_scale = 2^-32 restores the magnitude once per row.
+template <int B, int R, int NT, bool RowExp = false>
 void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, const uint8_t *const *act, float *out,
                  size_t ldo, const int *col, const float *row_scale, int pf) {
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
@@ -107,6 +111,7 @@ void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, c
     for (int t = 0; t < NT; ++t)
         #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+    __mmask16 big[R] = {};
     for (int64_t c0 = 0; c0 < K; c0 += 128 * chunks) {
         const int64_t left = K - c0;
         const int ns = int(left >= 16 * B ? 16 : left / B);
@@ -114,8 +119,14 @@ void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, c
         #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
             const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc[r] + c0 / B);
-            s16[r] = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
+            if constexpr (RowExp) {  // 2^(code - 95): normal for codes 0 .. 190; larger ones noted
+                s16[r] = _mm512_castsi512_ps(
+                    _mm512_add_epi32(_mm512_slli_epi32(_mm512_cvtepu8_epi32(sb), 23), _mm512_set1_epi32(32 << 23)));
+                big[r] |= _mm_cmpgt_epu8_mask(sb, _mm_set1_epi8(char(190)));
+            } else
+                s16[r] = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
         }
+        #pragma GCC unroll 4
         for (int q = 0; q < chunks; ++q) {
             const int64_t c = c0 + 128 * q;
             if (c >= K) break;
@@ -161,7 +172,45 @@ void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, c
     #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
         #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) out[t * ldo + col[r]] = _mm512_reduce_add_ps(acc[t][r]) * row_scale[r];
+        for (int r = 0; r < R; ++r) {
+            const float v = _mm512_reduce_add_ps(acc[t][r]) * row_scale[r];
+            // RowExp: a code above 190 makes the row NaN here, which the caller redoes.
+            out[t * ldo + col[r]] = RowExp && big[r] ? __builtin_nanf("") : v;
+        }
+}
+
+// ds_fp4 row exponent (the "-rowexp" kernels). A block scaled by 2^(code - 127) with a small code
+// is an fp32 subnormal (code 0 is 2^-127 itself) or makes subnormal products, and Intel cores
+// take a microcode assist (~150 cycles) for such an FMA or multiply (Zen 4 does not). When the
+// row's codes have smax <= 254 and smax - smin <= 126, every 2^(code - smax) is a normal float in
+// [2^-126, 1]: the kernel decodes code + 127 - smax (the returned bias) and the row sum is
+// multiplied by 2^(smax - 127) once (*row_scale). Both are exact power-of-two scalings, so the sum
+// equals the absolute-scale one wherever that stays normal. Otherwise (an e8m0 NaN code 255, or
+// codes more than 126 apart: no real checkpoint) bias 0 and factor 1, the absolute values.
+inline int ds_row_bias(const uint8_t *sc, int64_t n, float *row_scale) {
+    __m512i mx = _mm512_setzero_si512(), mn = _mm512_set1_epi8(-1);
+    for (int64_t i = 0; i < n; i += 64) {
+        const __mmask64 k = n - i >= 64 ? ~__mmask64(0) : (__mmask64(1) << (n - i)) - 1;
+        const __m512i v = _mm512_maskz_loadu_epi8(k, sc + i);
+        mx = _mm512_max_epu8(mx, v);
+        mn = _mm512_mask_min_epu8(mn, k, mn, v);
+    }
+    const __m256i mx2 = _mm256_max_epu8(_mm512_castsi512_si256(mx), _mm512_extracti64x4_epi64(mx, 1));
+    const __m256i mn2 = _mm256_min_epu8(_mm512_castsi512_si256(mn), _mm512_extracti64x4_epi64(mn, 1));
+    __m128i a = _mm_max_epu8(_mm256_castsi256_si128(mx2), _mm256_extracti128_si256(mx2, 1));
+    __m128i b = _mm_min_epu8(_mm256_castsi256_si128(mn2), _mm256_extracti128_si256(mn2, 1));
+    a = _mm_max_epu8(a, _mm_srli_si128(a, 8));
+    b = _mm_min_epu8(b, _mm_srli_si128(b, 8));
+    // 8 bytes each left; phminposuw finds the smallest of 8 words (of 255 - x for the maximum).
+    const __m128i na = _mm_cvtepu8_epi16(_mm_xor_si128(a, _mm_set1_epi8(-1)));
+    const int smax = 255 - (_mm_cvtsi128_si32(_mm_minpos_epu16(na)) & 0xffff);
+    const int smin = _mm_cvtsi128_si32(_mm_minpos_epu16(_mm_cvtepu8_epi16(b))) & 0xffff;
+    if (smax > 254 || smax - smin > 126) {
+        *row_scale = 1.0f;
+        return 0;
+    }
+    *row_scale = g_e8m0[smax];
+    return 127 - smax;
 }
 
 // Row r of the matrix -> bf16 weights x block scale in the 4-phase order of the activation
@@ -170,7 +219,7 @@ void e2m1_rows_x(const uint8_t *const *p, const uint8_t *const *sc, int64_t K, c
 // most 6 significant bits and e2m1 x e8m0 is a power-of-two scaling, so the products are exact
 // in bf16 (`vcvtne2ps2bf16` of exact values), NaN scales give NaN weights.
 template <int B>
-void e2m1_dequant_row(const uint8_t *p, const uint8_t *sc, int64_t K, uint16_t *dst) {
+void e2m1_dequant_row(const uint8_t *p, const uint8_t *sc, int64_t K, uint16_t *dst, int sbias = 0) {
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
     const __m512 sub = _mm512_loadu_ps(g_e4m3);
     const __m512i hi16 = _mm512_set1_epi32(int(0xffff0000u));
@@ -183,7 +232,8 @@ void e2m1_dequant_row(const uint8_t *p, const uint8_t *sc, int64_t K, uint16_t *
         const int64_t left = K - c0;
         const int ns = int(left >= 16 * B ? 16 : left / B);
         const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc + c0 / B);
-        const __m512 s16 = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
+        const __m512 s16 = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub)
+                                   : e8m0x16(_mm512_add_epi32(_mm512_cvtepu8_epi32(sb), _mm512_set1_epi32(sbias)));
         for (int q = 0; q < chunks; ++q) {
             const int64_t c = c0 + 128 * q;
             if (c >= K) break;
@@ -205,22 +255,35 @@ void e2m1_dequant_row(const uint8_t *p, const uint8_t *sc, int64_t K, uint16_t *
     }
 }
 
-template <int B>
+// RowExp (ds_fp4): the row exponent of ds_row_bias, so small codes give normal bf16 weights
+// (`vdpbf16ps` reads bf16 subnormals as zero) and no subnormal multiplies.
+template <int B, bool RowExp = false>
 void e2m1_dequant(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld, float *row_scale) {
     const int64_t K = m.K;
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
-        e2m1_dequant_row<B>(m.data + r * (K / 2), m.scale + r * (K / B), K, dst + j * ld);
+        int bias = 0;
         row_scale[j] = B == 16 ? f16(m.global + r * 2) : 1.0f;
+        if constexpr (RowExp) bias = ds_row_bias(m.scale + r * (K / B), K / B, &row_scale[j]);
+        e2m1_dequant_row<B>(m.data + r * (K / 2), m.scale + r * (K / B), K, dst + j * ld, bias);
     }
 }
 
-template <int B>
+// The direct ds_fp4 kernel's cheaper form of the same ("-rowexp", RowExp in e2m1_rows_x): codes
+// + 32, i.e. block factors 2^(code - 95), all normal for codes 0 .. 190, and each row sum times
+// 2^-32 (no pass over the codes first: reading a call's scale rows up front stalled on DRAM,
+// -10 % on the layer). A row with a code above 190 (none in real checkpoints; 255 = NaN among
+// them) is flagged NaN by the kernel, and a row whose scaled sum overflowed (|real sum| > 2^96) is
+// non-finite too: e2m1_rows redoes those rows with the absolute scales, so they give what the
+// earlier kernel gives.
+
+template <int B, bool RowExp = false>
 void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                size_t ldo) {
+    static_assert(!RowExp || B == 32, "row exponent: ds_fp4 only");
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
-    if (g_quant_row_pairs) {
+    if (g_quant_row_pairs || RowExp) {
         // Row j with row j + half (two streams), then the odd row alone.
         const int half = count / 2;
         for (int j = 0; j < half + (count & 1); ++j) {
@@ -232,17 +295,33 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
                 const int64_t row = first + cols[r];
                 pp[r] = m.data + row * (K / 2);
                 sp[r] = m.scale + row * (K / B);
-                g[r] = B == 16 ? f16(m.global + row * 2) : 1.0f;
+                g[r] = B == 16 ? f16(m.global + row * 2) : RowExp ? 0x1p-32f : 1.0f;
             }
             for_token_tiles(ntok, [&](auto tile_n, int t) {
                 using NT = decltype(tile_n);
-                if (R == 2) e2m1_rows_x<B, 2, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
-                else e2m1_rows_x<B, 1, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
+                if (R == 2) e2m1_rows_x<B, 2, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
+                else e2m1_rows_x<B, 1, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
             });
+        }
+        if constexpr (RowExp) {
+            // Rows flagged (a code above 190) or overflowed: again with the absolute scales.
+            for (int j = 0; j < count; ++j) {
+                bool finite = true;
+                for (int t = 0; t < ntok; ++t) finite &= std::isfinite(out[t * ldo + j]);
+                if (finite) continue;
+                const int64_t row = first + j;
+                const uint8_t *p1[1] = {m.data + row * (K / 2)}, *s1[1] = {m.scale + row * (K / B)};
+                const int c1[1] = {j};
+                const float g1[1] = {1.0f};
+                for_token_tiles(ntok, [&](auto tile_n, int t) {
+                    using NT = decltype(tile_n);
+                    e2m1_rows_x<B, 1, NT::value, false>(p1, s1, K, act + t, out + t * ldo, ldo, c1, g1, pf);
+                });
+            }
         }
         return;
     }
-    for (int j = 0; j < count; ++j) {
+    for (int j = 0; j < count; ++j) {  // the earlier one-row kernels (FT_CPU_QUANT_PAIRS=0)
         const int64_t r = first + j;
         const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
         const float g = B == 16 ? f16(m.global + r * 2) : 1.0f;
@@ -397,6 +476,84 @@ void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
 void ds_fp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                        float *out, size_t ldo) {
     e2m1_rows<32>(m, first, count, act, ntok, out, ldo);
+}
+
+void ds_fp4_avx512bf16_rowexp(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                              float *out, size_t ldo) {
+    e2m1_rows<32, true>(m, first, count, act, ntok, out, ldo);
+}
+
+void ds_fp4_dequant_avx512bf16_rowexp(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld,
+                                      float *row_scale) {
+    e2m1_dequant<32, true>(m, first, count, dst, ld, row_scale);
+}
+
+// The ds_fp4 activation of the AVX-512-BF16 kernels, 16 lanes at a time, bit for bit
+// prepare_ds_fp4_bf16_scalar (tested): per group of 128 amax (on the bits: finite values order as
+// integers), the scalar power-of-two s from it exactly as the definition, c = x * 2^-e (= x / s:
+// both are the exact quotient rounded once; 2^-e is a normal float for every finite bf16 amax),
+// clamp, e4m3 rounding (RNE to 3 mantissa bits by integer carry for |c| >= 2^-6, to multiples
+// of 2^-9 below), y = q * s, which has at most 4 significant bits, so bf16(y) is exact; then the
+// 4-phase order by word permutes. A group holding Inf or NaN goes through the scalar definition.
+void prepare_ds_fp4_bf16_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
+    uint16_t *y = reinterpret_cast<uint16_t *>(dst);
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+    // Word m (m < 16) of phase r: element 4m + r of the 64 words of two vectors.
+    __m512i idx[4];
+    for (int r = 0; r < 4; ++r) {
+        alignas(64) uint16_t w[32];
+        for (int m = 0; m < 32; ++m) w[m] = uint16_t((4 * m + r) & 63);
+        idx[r] = _mm512_load_si512(w);
+    }
+    for (int64_t c = 0; c < K; c += 128) {  // K is a multiple of 128 for ds_fp4
+        __m512 v[8];
+        __m512i am = _mm512_setzero_si512();
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + c + 16 * i));
+            const __m512i b = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+            v[i] = _mm512_castsi512_ps(b);
+            am = _mm512_max_epu32(am, _mm512_and_si512(b, abs_mask));
+        }
+        const uint32_t am_bits = _mm512_reduce_max_epu32(am);
+        if (am_bits >= 0x7f800000u) {
+            prepare_ds_fp4_bf16_scalar(x + c, 128, dst + 2 * c);
+            continue;
+        }
+        float amax;
+        std::memcpy(&amax, &am_bits, 4);
+        amax = amax > 1e-4f ? amax : 1e-4f;
+        const float r = amax / 448.0f;
+        uint32_t rb;
+        std::memcpy(&rb, &r, 4);
+        const int e = int((rb >> 23) & 0xffu) - 127 + ((rb & 0x7fffffu) != 0 ? 1 : 0);
+        const __m512 s = _mm512_castsi512_ps(_mm512_set1_epi32((e + 127) << 23));
+        const __m512 inv = _mm512_castsi512_ps(_mm512_set1_epi32((127 - e) << 23));
+        __m512i t[4];
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+            const __m512 cv = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v[i], inv), _mm512_set1_ps(-448.0f)),
+                                            _mm512_set1_ps(448.0f));
+            const __mmask16 small = _mm512_cmp_ps_mask(_mm512_abs_ps(cv), _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
+            const __m512 qs = _mm512_mul_ps(_mm512_roundscale_ps(_mm512_mul_ps(cv, _mm512_set1_ps(512.0f)),
+                                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                            _mm512_set1_ps(1.0f / 512.0f));
+            __m512i b = _mm512_castps_si512(cv);
+            b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff),
+                                                     _mm512_and_si512(_mm512_srli_epi32(b, 20), _mm512_set1_epi32(1))));
+            b = _mm512_and_si512(b, _mm512_set1_epi32(int(~0xfffffu)));
+            const __m512 q = _mm512_mask_mov_ps(_mm512_castsi512_ps(b), small, qs);
+            v[i] = _mm512_mul_ps(q, s);
+        }
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) t[j] = (__m512i)_mm512_cvtne2ps_pbh(v[2 * j + 1], v[2 * j]);
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+            const __m512i lo = _mm512_permutex2var_epi16(t[0], idx[r], t[1]);
+            const __m512i hi = _mm512_permutex2var_epi16(t[2], idx[r], t[3]);
+            _mm512_storeu_si512(y + c + 32 * r, _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1));
+        }
+    }
 }
 
 void nvfp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,

@@ -107,6 +107,17 @@ using QuantDequant = void (*)(const QuantMatrix &m, int64_t first, int count, ui
 void nvfp4_dequant_avx512bf16(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
 void ds_fp4_dequant_avx512bf16(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
 
+// ds_fp4 with a row exponent (quant_avx512bf16.cpp, ds_row_bias): the e8m0 codes of a row are
+// decoded relative to its largest one and 2^(smax - 127) multiplies the row sum, so no block
+// factor or product is an fp32 subnormal (Intel cores take microcode assists for those); same
+// layout and numerics otherwise. Also its batched-path dequantiser (row_scale = 2^(smax - 127)).
+void ds_fp4_avx512bf16_rowexp(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_dequant_avx512bf16_rowexp(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
+// The ds_fp4 activation of the AVX-512-BF16 kernels (bf16 per 128 in 4 phases after the FP8 round
+// trip): the scalar definition (quant.cpp) and its SIMD form, byte-identical (tested).
+void prepare_ds_fp4_bf16_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
+void prepare_ds_fp4_bf16_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
+
 // AVX-512-BF16 + VBMI (quant_avx512vbmi.cpp): mxfp4, activations bf16[K] as for avx512bf16.
 void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 

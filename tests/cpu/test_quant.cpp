@@ -385,8 +385,8 @@ Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N) {
 // Runs every kernel of c.f on rows/columns [first, first + count) for ntok tokens and checks
 // each output against the fp64 sum of reference weights x the activation the kernel's numerics
 // define (bf16 x; ds_fp4 FP8 round trip; q4_0 Q8_0). bound: relative to sum |w x|.
-void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound) {
-    std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound, float xscale = 1.0f) {
+    std::uniform_real_distribution<float> xd(-xscale, xscale);
     std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
     // xr: the activation of the format's numerics; xq: Q8_0 of bf16 x (per 32) for the W4A8
     // kernels of mxfp4 (kernel name "...-w4a8..."; q4_0 is W4A8 by definition, xr already).
@@ -395,7 +395,7 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
         std::vector<float> xf(c.K), y(c.K);
         for (int64_t k = 0; k < c.K; ++k) {
             float v = xd(rng);
-            x[t][k] = ft::f32_to_bf16(v == 0.0f ? 0.25f : v);
+            x[t][k] = ft::f32_to_bf16(v == 0.0f ? 0.25f * xscale : v);
             xf[k] = ft::bf16_to_f32(x[t][k]);
         }
         if (c.f == Format::ds_fp4) ft::fp8_round_trip_per128(xf.data(), c.K, y.data()), xf = y;
@@ -509,12 +509,14 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         {Format::nvfp4, 16, 5, 1, 3, 1e-5},           {Format::nvfp4, 400, 9, 0, 9, 1e-5},
         // q4_0 four blocks per step (avx512vnni-x4): fewer blocks than a group, one group + 1.
         {Format::q4_0, 96, 7, 2, 5, 1e-5},            {Format::q4_0, 160, 12, 0, 11, 1e-5},
+        // ds_fp4: one chunk of 128, and 5 chunks (a group of 16 scales + a partial one), odd counts.
+        {Format::ds_fp4, 128, 6, 1, 5, 1e-5},         {Format::ds_fp4, 640, 11, 0, 11, 1e-5},
     };
     for (const G &g : geos) {
         const Case c = make_case(rng, g.f, g.K, g.N);
         // Every token count 1..8 (tiles of 4 and every remainder) for the formats with W4A8 /
         // multi-block kernels, 5 and 1 for the others.
-        if (g.f == Format::q4_0 || g.f == Format::mxfp4 || g.f == Format::nvfp4)
+        if (g.f == Format::q4_0 || g.f == Format::mxfp4 || g.f == Format::nvfp4 || g.f == Format::ds_fp4)
             for (int ntok = 1; ntok <= 8; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
         else
             for (int ntok : {5, 1}) check(c, g.first, g.count, ntok, rng, g.bound);
@@ -589,6 +591,77 @@ TEST(QuantKernels, Q4_0X4PrepareMatchesDefinition) {
         EXPECT_EQ(int8_t(a[32 + 1]), 3) << "2.5 rounds away from zero";  // element 65: block 2, q lo byte 1
         EXPECT_EQ(int8_t(a[32 + 2]), -4);
     }
+}
+
+// ds_fp4 row exponent (the "-rowexp" kernel and dequantiser): every kernel against the reference
+// with e8m0 codes that make subnormal block factors or products in the absolute arithmetic (the
+// benchmark's bytes & 0x77: codes 0 .. 119), with a code above 190 in the call (absolute values,
+// bias 0), with 255 (NaN: the rows holding it are NaN, the others not), and with sums beyond
+// 2^96 (the rows redone with the absolute scales). Tokens 1..8, K with a partial scale group.
+TEST(QuantKernels, DsFp4RowExponent) {
+    std::mt19937 rng(4321);
+    for (int64_t K : {int64_t(384), int64_t(1152)}) {
+        Case c = make_case(rng, Format::ds_fp4, K, 13);
+        for (auto &b : c.scale) b &= 0x77;  // 2^-127 .. 2^-8, 1 in 64 blocks code 0
+        for (int ntok = 1; ntok <= 8; ++ntok) check(c, 0, 13, ntok, rng, 1e-5);
+        check(c, 3, 9, 3, rng, 1e-5);
+        Case big = make_case(rng, Format::ds_fp4, K, 13);
+        big.scale[5 * K / 32 + 1] = 200;  // row 5: a call over it keeps the absolute scales
+        for (int ntok : {1, 2, 5}) check(big, 0, 13, ntok, rng, 1e-5), check(big, 6, 7, ntok, rng, 1e-5);
+        // Codes 150 .. 160 and |x| ~ 2^70: sums near 2^104, finite in fp32 but past 2^96.
+        Case huge = make_case(rng, Format::ds_fp4, K, 13);
+        std::uniform_int_distribution<int> hs(150, 160);
+        for (auto &b : huge.scale) b = uint8_t(hs(rng));
+        for (int ntok : {1, 4}) check(huge, 0, 13, ntok, rng, 1e-5, 0x1p70f);
+    }
+    // e8m0 255 (NaN) in row 2: its outputs are NaN, every other row finite, every kernel.
+    Case c = make_case(rng, Format::ds_fp4, 256, 6);
+    c.scale[2 * 8 + 3] = 255;
+    std::vector<uint16_t> x(256);
+    for (int k = 0; k < 256; ++k) x[k] = ft::f32_to_bf16(0.5f - float(k % 5) * 0.2f);
+    for (const ft::cpu::QuantOps *ops : variants_here(Format::ds_fp4)) {
+        std::vector<uint8_t> act(ops->act_bytes(256));
+        ops->prepare(x.data(), 256, act.data());
+        const uint8_t *ap = act.data();
+        std::vector<float> out(6, 0.0f);
+        ops->gemv(c.m(), 0, 6, &ap, 1, out.data(), 6);
+        for (int r = 0; r < 6; ++r) EXPECT_EQ(std::isnan(out[r]), r == 2) << ops->kernel << " row " << r;
+    }
+}
+
+// The SIMD preparation of the ds_fp4 AVX-512-BF16 activation against its scalar definition, byte
+// for byte: groups of 128 at many magnitudes (amax below the 1e-4 floor, e4m3 subnormal and
+// normal ranges, near the bf16 maximum), an all-zero group, exact e4m3 rounding ties, negative
+// zeros, and groups holding Inf or NaN (the scalar fallback).
+TEST(QuantKernels, DsFp4PrepareMatchesDefinition) {
+    if (int(ft::cpu::cpu_best_isa()) < int(Isa::avx512bf16)) GTEST_SKIP() << "no avx512bf16 here";
+    std::mt19937 rng(97);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const float mags[] = {1e-7f, 3e-5f, 1e-3f, 1.0f, 3.0f, 448.0f, 1e4f, 1e20f, 3e38f, 1.0f, 1.0f, 1.0f, 0.0f};
+    const int64_t groups = int64_t(std::size(mags));
+    const int64_t K = 128 * groups;
+    std::vector<uint16_t> x(K);
+    for (int64_t k = 0; k < K; ++k) {
+        const float m = mags[k / 128];
+        // A spread of magnitudes inside each group too (e4m3 subnormals after the scaling).
+        x[k] = ft::f32_to_bf16(u(rng) * m * (k % 3 == 0 ? 1e-3f : 1.0f));
+    }
+    // Group 9: amax 448 (s = 1), so x is rounded to e4m3 as is: ties at 3 mantissa bits and at
+    // multiples of 2^-9 (the subnormal range), both signs; negative zero.
+    const float ties[] = {448.0f, 1.0625f, -1.0625f, 1.1875f, 17.0f, -19.0f, 0.0029296875f, -0.0048828125f,
+                          0.0068359375f, -0.0f, 0.013671875f, 240.0f, 232.0f, -0.0009765625f};
+    for (size_t i = 0; i < std::size(ties); ++i) x[9 * 128 + int64_t(i)] = ft::f32_to_bf16(ties[i]);
+    x[10 * 128 + 7] = 0x7f80;   // +Inf
+    x[11 * 128 + 100] = 0xffc1;  // NaN
+    for (int64_t k = 12 * 128; k < K; ++k) x[k] = (k & 1) ? 0x8000 : 0;  // zeros of both signs
+    std::vector<uint8_t> a(2 * K + 64, 0xcd), b(2 * K + 64, 0xcd);
+    ft::cpu::detail::prepare_ds_fp4_bf16_scalar(x.data(), K, a.data());
+    ft::cpu::detail::prepare_ds_fp4_bf16_avx512(x.data(), K, b.data());
+    for (int64_t i = 0; i < 2 * K + 64; ++i) ASSERT_EQ(a[i], b[i]) << "byte " << i << " group " << i / 256;
+    // The definition itself: group 9's values are e4m3 values already or ties rounded to even.
+    const uint16_t *y = reinterpret_cast<const uint16_t *>(a.data()) + 9 * 128;
+    EXPECT_EQ(ft::bf16_to_f32(y[32 * 1 + 0]), 1.0f) << "1.0625 ties to even (1.0)";  // element 1: phase 1, word 0
+    EXPECT_EQ(ft::bf16_to_f32(y[32 * 3 + 0]), 1.25f) << "1.1875 ties to even (1.25)";  // element 3
 }
 
 // e4m3 NaN codes in fp8_block weights reach the output of their row only (the reference says
