@@ -5,7 +5,8 @@
 //   --short            small windows (also FT_BENCH_SHORT=1), for CI-sized machines
 //   --threads=N        pool size (default: one per physical core; also FT_BENCH_THREADS)
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
-// FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format).
+// FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format),
+// FT_BENCH_DS_FP4_SCALE=c ds_fp4's.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -195,8 +196,10 @@ void BM_moe_layer_format(benchmark::State &state) {
         // 2^0, gpt-oss-like); the masked bytes give codes 0 .. 119, half of them 0x34 = 2^-75, so
         // pass 2 multiplies values near 2^-70 by 2^-75: subnormal products (microcode assists on
         // Intel cores).
-        const std::string sc = ft::env_string("FT_BENCH_MXFP4_SCALE");
-        const bool real_scales = f == ft::Format::mxfp4 && !sc.empty() && schema[b].name.find("_scales") != std::string::npos;
+        // FT_BENCH_DS_FP4_SCALE=c: the same for ds_fp4's e8m0 scales (banks "*_scale").
+        const std::string sc = ft::env_string(f == ft::Format::ds_fp4 ? "FT_BENCH_DS_FP4_SCALE" : "FT_BENCH_MXFP4_SCALE");
+        const bool real_scales = (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) && !sc.empty() &&
+                                 schema[b].name.find("_scale") != std::string::npos;
         const uint8_t base = uint8_t(std::atoi(sc.c_str()));
         pool().run([&](int w, int nw) {
             for (size_t i = n * w / nw; i < n * (w + 1) / nw; ++i) p[i] = real_scales ? uint8_t(base + (p[i] & 7)) : p[i] & 0x77;
