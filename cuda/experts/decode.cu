@@ -1111,6 +1111,46 @@ __global__ void combine_kernel(const float *route_out, const int32_t *slots, con
 
 // ---- host helpers -----------------------------------------------------------------------------
 
+// The grids of one projection's kernels (see ExpertDecoder::compute).
+struct ProjGrids {
+    dim3 mma, rowmajor, mxfp4_mma, mxfp4;
+};
+
+// One projection of the decode (gate/up + activation, or down): the format's kernel, tensor-core
+// (`mma`) or CUDA-core; each waits for its predecessor (launch_pdl).
+template <bool GATE_UP>
+cudaError_t launch_projection(Format f, bool mma, bool vec, const ProjGrids &g, const ProjArgs &p, cudaStream_t s) {
+    const dim3 b(kThreads);
+    if (mma) {
+        switch (f) {
+            case Format::bf16: return launch_pdl(mma_kernel<MmaBf16, GATE_UP>, g.mma, b, 0, s, p);
+            case Format::fp8_block: return launch_pdl(mma_kernel<MmaFp8, GATE_UP>, g.mma, b, 0, s, p);
+            case Format::nvfp4: return launch_pdl(mma_kernel<MmaNvfp4, GATE_UP>, g.mma, b, 0, s, p);
+            case Format::ds_fp4: return launch_pdl(mma_kernel<MmaDsFp4, GATE_UP>, g.mma, b, 0, s, p);
+            case Format::q4_0: return launch_pdl(mma_kernel<MmaQ4_0, GATE_UP>, g.mma, b, 0, s, p);
+            case Format::mxfp4: return launch_pdl(mxfp4_mma_kernel, g.mxfp4_mma, b, 0, s, p, GATE_UP);
+            default: return cudaErrorInvalidValue;  // mma_ is only set for the formats above
+        }
+    }
+    switch (f) {
+        case Format::bf16:
+            return vec ? launch_pdl(rowmajor_kernel<Bf16Vec, GATE_UP>, g.rowmajor, b, 0, s, p)
+                       : launch_pdl(rowmajor_kernel<Bf16Scalar, GATE_UP>, g.rowmajor, b, 0, s, p);
+        case Format::fp8_block: return launch_pdl(rowmajor_kernel<Fp8Block, GATE_UP>, g.rowmajor, b, 0, s, p);
+        case Format::nvfp4: return launch_pdl(rowmajor_kernel<Nvfp4, GATE_UP>, g.rowmajor, b, 0, s, p);
+        case Format::ds_fp4: return launch_pdl(rowmajor_kernel<DsFp4, GATE_UP>, g.rowmajor, b, 0, s, p);
+        case Format::q4_0: return launch_pdl(rowmajor_kernel<Q4_0, GATE_UP>, g.rowmajor, b, 0, s, p);
+        case Format::mxfp4: return launch_pdl(mxfp4_kernel, g.mxfp4, b, 0, s, p, GATE_UP);
+    }
+    return cudaErrorInvalidValue;
+}
+
+// A launch's own error, else the last one pending (and cleared), as a checked launch returns.
+cudaError_t launched(cudaError_t e) {
+    const cudaError_t last = cudaGetLastError();
+    return e != cudaSuccess ? e : last;
+}
+
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 bool aligned(const void *p, size_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
@@ -1131,8 +1171,8 @@ cudaError_t launch_combine_routes(const float *route_out, const int32_t *slots, 
     if (tokens == 0) return cudaSuccess;
     if (!route_out || !slots || !w || !y) return cudaErrorInvalidValue;
     const dim3 grid((hidden + 255) / 256, unsigned(tokens < kMaxGridY ? tokens : kMaxGridY));
-    launch_pdl(combine_kernel, dim3(grid), dim3(256), 0, stream, route_out, slots, w, addend, y, tokens, top_k, hidden, ds_fp4_rounding);
-    return cudaGetLastError();
+    return launched(launch_pdl(combine_kernel, grid, dim3(256), 0, stream, route_out, slots, w, addend, y, tokens, top_k,
+                               hidden, ds_fp4_rounding));
 }
 
 ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
@@ -1283,8 +1323,8 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     if (mode == 1) prep_blocks = int((elems + kGroupThreads - 1) / kGroupThreads);
     if (mode == 2) prep_blocks = int((elems / 128 + kGroupThreads / 32 - 1) / (kGroupThreads / 32));
     prep_blocks = prep_blocks > 1024 ? 1024 : prep_blocks;
-    launch_pdl(prep_kernel, dim3(1 + prep_blocks), dim3(kGroupThreads), 0, stream, slots, int(R), gs, x, xin_, elems, mode);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = launched(launch_pdl(prep_kernel, dim3(1 + prep_blocks), dim3(kGroupThreads), 0, stream, slots, int(R),
+                                        gs, x, xin_, elems, mode));
     if (e != cudaSuccess) return e;
 
     ProjArgs p{};
@@ -1321,44 +1361,19 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.N = 2 * inter_;
     p.act = xact;
     p.act_by_token = true;
-    const dim3 grid_gu(unsigned((I + kWarps - 1) / kWarps), grid_y((I + kWarps - 1) / kWarps));
-    const dim3 grid_mma_gu(unsigned((I + 7) / 8), grid_y((I + 7) / 8));  // 8 units (16 rows) per CTA
     const int64_t gx_mx_gu = (2 * I + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_gu = (2 * I + kMxCols - 1) / kMxCols;
-    if (mma_) {
-        switch (format_) {
-            case Format::bf16: launch_pdl(mma_kernel<MmaBf16, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
-            case Format::fp8_block: launch_pdl(mma_kernel<MmaFp8, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
-            case Format::nvfp4: launch_pdl(mma_kernel<MmaNvfp4, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
-            case Format::ds_fp4: launch_pdl(mma_kernel<MmaDsFp4, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
-            case Format::q4_0: launch_pdl(mma_kernel<MmaQ4_0, true>, dim3(grid_mma_gu), dim3(kThreads), 0, stream, p); break;
-            case Format::mxfp4:
-                launch_pdl(mxfp4_mma_kernel, dim3(dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu))), dim3(kThreads), 0, stream, p, true);
-                break;
-            default: return cudaErrorInvalidValue;  // mma_ is only set for the formats above
-        }
-    } else switch (format_) {
-        case Format::bf16:
-            if (vec_)
-                launch_pdl(rowmajor_kernel<Bf16Vec, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p);
-            else
-                launch_pdl(rowmajor_kernel<Bf16Scalar, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p);
-            break;
-        case Format::fp8_block: launch_pdl(rowmajor_kernel<Fp8Block, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
-        case Format::nvfp4: launch_pdl(rowmajor_kernel<Nvfp4, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
-        case Format::ds_fp4: launch_pdl(rowmajor_kernel<DsFp4, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
-        case Format::q4_0: launch_pdl(rowmajor_kernel<Q4_0, true>, dim3(grid_gu), dim3(kThreads), 0, stream, p); break;
-        case Format::mxfp4:
-            launch_pdl(mxfp4_kernel, dim3(dim3(unsigned(gx_mx1_gu), grid_y(gx_mx1_gu))), dim3(kThreads), 0, stream, p, true);
-            break;
-    }
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const ProjGrids grids_gu{dim3(unsigned((I + 7) / 8), grid_y((I + 7) / 8)),  // mma: 8 units (16 rows) per CTA
+                             dim3(unsigned((I + kWarps - 1) / kWarps), grid_y((I + kWarps - 1) / kWarps)),
+                             dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu)), dim3(unsigned(gx_mx1_gu), grid_y(gx_mx1_gu))};
+    if ((e = launched(launch_projection<true>(format_, mma_, vec_, grids_gu, p, stream))) != cudaSuccess) return e;
 
     if (ds) {
         const int64_t groups = R * (I / 128);
         int64_t blocks = (groups + kWarps - 1) / kWarps;
         blocks = blocks > 4096 ? 4096 : blocks;
-        launch_pdl(inter_round_trip_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, slots, inter_buf_, R, inter_);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        e = launch_pdl(inter_round_trip_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, slots, inter_buf_, R,
+                       inter_);
+        if ((e = launched(e)) != cudaSuccess) return e;
     }
 
     // down
@@ -1367,37 +1382,12 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.N = hidden_;
     p.act = inter_buf_;
     p.act_by_token = false;
-    const dim3 grid_dn(unsigned((H + 2 * kWarps - 1) / (2 * kWarps)), grid_y((H + 2 * kWarps - 1) / (2 * kWarps)));
-    const dim3 grid_mma_dn(unsigned((H + 15) / 16), grid_y((H + 15) / 16));  // 16 rows per CTA
     const int64_t gx_mx_dn = (H + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_dn = (H + kMxCols - 1) / kMxCols;
-    if (mma_) {
-        switch (format_) {
-            case Format::bf16: launch_pdl(mma_kernel<MmaBf16, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
-            case Format::fp8_block: launch_pdl(mma_kernel<MmaFp8, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
-            case Format::nvfp4: launch_pdl(mma_kernel<MmaNvfp4, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
-            case Format::ds_fp4: launch_pdl(mma_kernel<MmaDsFp4, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
-            case Format::q4_0: launch_pdl(mma_kernel<MmaQ4_0, false>, dim3(grid_mma_dn), dim3(kThreads), 0, stream, p); break;
-            case Format::mxfp4:
-                launch_pdl(mxfp4_mma_kernel, dim3(dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn))), dim3(kThreads), 0, stream, p, false);
-                break;
-            default: return cudaErrorInvalidValue;
-        }
-    } else switch (format_) {
-        case Format::bf16:
-            if (vec_)
-                launch_pdl(rowmajor_kernel<Bf16Vec, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p);
-            else
-                launch_pdl(rowmajor_kernel<Bf16Scalar, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p);
-            break;
-        case Format::fp8_block: launch_pdl(rowmajor_kernel<Fp8Block, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
-        case Format::nvfp4: launch_pdl(rowmajor_kernel<Nvfp4, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
-        case Format::ds_fp4: launch_pdl(rowmajor_kernel<DsFp4, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
-        case Format::q4_0: launch_pdl(rowmajor_kernel<Q4_0, false>, dim3(grid_dn), dim3(kThreads), 0, stream, p); break;
-        case Format::mxfp4:
-            launch_pdl(mxfp4_kernel, dim3(dim3(unsigned(gx_mx1_dn), grid_y(gx_mx1_dn))), dim3(kThreads), 0, stream, p, false);
-            break;
-    }
-    return cudaGetLastError();
+    const int64_t gx_dn = (H + 2 * kWarps - 1) / (2 * kWarps);
+    const ProjGrids grids_dn{dim3(unsigned((H + 15) / 16), grid_y((H + 15) / 16)),  // mma: 16 rows per CTA
+                             dim3(unsigned(gx_dn), grid_y(gx_dn)),
+                             dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn)), dim3(unsigned(gx_mx1_dn), grid_y(gx_mx1_dn))};
+    return launched(launch_projection<false>(format_, mma_, vec_, grids_dn, p, stream));
 }
 
 cudaError_t ExpertDecoder::combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,
