@@ -6,6 +6,8 @@
 
 #ifdef FT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "ft/cuda_check.hpp"
 #endif
 
 namespace ft::cuda {
@@ -74,14 +76,6 @@ struct CopyRig {
         if (host) cudaFreeHost(host);
     }
 };
-
-void check_cuda(cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return;
-    cudaGetLastError();
-    if (e == cudaErrorMemoryAllocation)
-        fail(FT_ERR_OUT_OF_MEMORY, what, ": ", cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
-    fail_cuda(e, what);
-}
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ft/common.hpp"
+#include "ft/cuda_check.hpp"
 #include "ft/cuda_launch.cuh"
 #include "ft/cuda_numerics.cuh"
 #include "ft/ep_cuda.hpp"
@@ -16,12 +17,7 @@ namespace ft::ep::cuda {
 using ft::cuda::launch_pdl;
 using ft::cuda::pdl_wait;
 
-void check_cuda(cudaError_t err, const char *what) {
-    if (err == cudaSuccess) return;
-    cudaGetLastError();  // clear a non-sticky error so later calls are not blamed for it
-    fail(err == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE, "EP: ", what, ": ",
-         cudaGetErrorString(err));
-}
+void check_cuda(cudaError_t err, const char *what) { ft::cuda::check_cuda(err, "EP: ", what); }
 
 namespace {
 

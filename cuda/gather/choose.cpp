@@ -11,18 +11,14 @@
 #include <vector>
 
 #include "ft/common.hpp"
+#include "ft/cuda_check.hpp"
 #include "ft/cuda_gather.hpp"
 
 namespace ft::cuda {
 
 namespace {
 
-void check(cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return;
-    cudaGetLastError();
-    fail(e == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE, "gather measurement: ", what, ": ",
-         cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
-}
+void check(cudaError_t e, const char *what) { check_cuda(e, "gather measurement: ", what); }
 
 // Owns what one measurement creates, so every exit path releases it.
 struct Rig {

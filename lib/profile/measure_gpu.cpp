@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ft/common.hpp"
+#include "ft/cuda_check.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/cuda_gather.hpp"
 #include "gather_rig.hpp"
@@ -18,12 +19,7 @@ namespace ft::profiler {
 
 namespace {
 
-void check(cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return;
-    cudaGetLastError();
-    fail(e == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE, "profile gather: ", what, ": ",
-         cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
-}
+void check(cudaError_t e, const char *what) { cuda::check_cuda(e, "profile gather: ", what); }
 
 }  // namespace
 
