@@ -614,7 +614,13 @@ void BM_offload_hits(benchmark::State &state, int percent) {
     finish(state, r.seconds_per_call);
 }
 
-// ---- 2. hybrid all-miss against the additive bound (bf16, mxfp4) --------------------------------
+// ---- 2. hybrid all-miss against the additive bound (bf16, mxfp4, nvfp4) -------------------------
+
+// The additive bound of a hybrid run: misses at the overlapped PCIe + CPU rate, hits from HBM.
+double hybrid_bound(const RunResult &r, const Model &m, const Overlap &ov, double hbm) {
+    const double eb = double(m.info.expert_bytes);
+    return r.misses_per_call * eb / (ov.pcie_ov + ov.cpu_ov) + r.hits_per_call * eb / hbm;
+}
 
 void BM_hybrid_allmiss(benchmark::State &state, Fmt fmt) {
     RunResult r;
@@ -622,11 +628,10 @@ void BM_hybrid_allmiss(benchmark::State &state, Fmt fmt) {
     try {
         Context &ctx = Context::get();
         const Model &m = ctx.model(fmt);
-        const Bandwidths &bw = ctx.bandwidths();
         const Overlap &ov = ctx.overlap(fmt);
         r = adaptive_allmiss(m);
         const double eb = double(m.info.expert_bytes);
-        bound = r.misses_per_call * eb / (ov.pcie_ov + ov.cpu_ov) + r.hits_per_call * eb / bw.hbm;
+        bound = hybrid_bound(r, m, ov, ctx.bandwidths().hbm);
         state.counters["f"] = r.fraction;
         state.counters["routes_cpu_share"] = r.cpu_share;
         state.counters["pcie_ov_GBps"] = ov.pcie_ov / 1e9;
@@ -677,8 +682,7 @@ void BM_hybrid_sweep(benchmark::State &state, Fmt fmt, double f) {
         const Overlap &ov = ctx.overlap(fmt);
         r = fixed_fraction_run(m, f);
         ctx.sweep(fmt)[f] = r.seconds_per_call;
-        bound = r.misses_per_call * double(m.info.expert_bytes) / (ov.pcie_ov + ov.cpu_ov) +
-                r.hits_per_call * double(m.info.expert_bytes) / ctx.bandwidths().hbm;
+        bound = hybrid_bound(r, m, ov, ctx.bandwidths().hbm);
         state.counters["f"] = r.fraction;
         state.counters["routes_cpu_share"] = r.cpu_share;
     } catch (const std::exception &e) {
@@ -742,7 +746,7 @@ void BM_compare(benchmark::State &state, int percent, int32_t backend) {
         if (backend == FT_BACKEND_CPU) {
             bound = r.misses_per_call * eb / ov.cpu_alone;  // the CPU reads every routed expert
         } else if (hybrid) {
-            bound = r.misses_per_call * eb / (ov.pcie_ov + ov.cpu_ov) + r.hits_per_call * eb / bw.hbm;
+            bound = hybrid_bound(r, m, ov, bw.hbm);
             state.counters["f"] = r.fraction;
             state.counters["routes_cpu_share"] = r.cpu_share;
         } else {
