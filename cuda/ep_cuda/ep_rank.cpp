@@ -251,13 +251,11 @@ void EpRank::receive_chunk(int32_t c, int32_t C, cudaStream_t stream) {
     launch_unpack(recv_, src, config_.hidden, config_.dispatch_dtype, x_rows_, nullptr, stream);
 }
 
-void EpRank::dispatch(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
-                      cudaStream_t stream) {
-    if (config_.mode == Mode::Latency) {
-        dispatch_send(ids, weights, x, tokens, stream);
-        dispatch_recv(stream);
-        return;
-    }
+// Both modes' start of a dispatch: the token count checked, the call's figures reset, the layout
+// and the send records packed (peer_bytes: each peer's fixed region in latency mode, 0 = packed
+// back to back for throughput mode's exact sizes).
+void EpRank::layout_and_pack(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
+                             size_t peer_bytes, cudaStream_t stream) {
     if (tokens < 0 || tokens > config_.max_tokens)
         fail(FT_ERR_INVALID_ARGUMENT, "EP dispatch: ", tokens, " tokens, the group holds ", config_.max_tokens);
     tokens_ = tokens;
@@ -266,7 +264,17 @@ void EpRank::dispatch(const int32_t *ids, const float *weights, const uint16_t *
     check_cuda(cudaMemsetAsync(recv_.overflow, 0, sizeof(int32_t), stream), "EP overflow clear");
     launch_layout(dplace_->view(), ids, weights, tokens, config_.top_k, me_, nullptr, layout_, stream);
     launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
-                {send_, 0}, stream);
+                {send_, peer_bytes}, stream);
+}
+
+void EpRank::dispatch(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
+                      cudaStream_t stream) {
+    if (config_.mode == Mode::Latency) {
+        dispatch_send(ids, weights, x, tokens, stream);
+        dispatch_recv(stream);
+        return;
+    }
+    layout_and_pack(ids, weights, x, tokens, 0, stream);
     count_exchange(stream);
     launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream, count_stride_);
     exchange_chunk(false, 0, 1, stream);
@@ -346,15 +354,7 @@ void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x
 void EpRank::dispatch_send(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens,
                            cudaStream_t stream) {
     if (config_.mode != Mode::Latency) fail(FT_ERR_STATE, "EP: dispatch_send is a latency-mode phase");
-    if (tokens < 0 || tokens > config_.max_tokens)
-        fail(FT_ERR_INVALID_ARGUMENT, "EP dispatch: ", tokens, " tokens, capacity ", config_.max_tokens);
-    tokens_ = tokens;
-    last_bytes_sent_ = 0;
-    last_chunks_ = 1;
-    check_cuda(cudaMemsetAsync(recv_.overflow, 0, sizeof(int32_t), stream), "EP overflow clear");
-    launch_layout(dplace_->view(), ids, weights, tokens, config_.top_k, me_, nullptr, layout_, stream);
-    launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
-                {send_, peer_bytes_}, stream);
+    layout_and_pack(ids, weights, x, tokens, peer_bytes_, stream);
     // Fixed sizes: every peer gets its whole region, the header says how many rows are real.
     std::vector<PeerRange> ranges(R_);
     for (int32_t p = 0; p < R_; ++p) {

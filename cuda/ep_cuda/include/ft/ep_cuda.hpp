@@ -329,6 +329,8 @@ public:
 private:
     void count_exchange(cudaStream_t stream);
     void exchange_chunk(bool combine, int32_t chunk, int32_t chunks, cudaStream_t stream);
+    void layout_and_pack(const int32_t *ids, const float *weights, const uint16_t *x, int64_t tokens, size_t peer_bytes,
+                         cudaStream_t stream);
     void receive_chunk(int32_t chunk, int32_t chunks, cudaStream_t stream);
     void reduce_chunk(int32_t chunk, int32_t chunks, cudaStream_t stream);
     void combine_at_source(uint16_t *out, cudaStream_t stream);
