@@ -285,10 +285,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
     const int64_t K = m.K;
     if (g_quant_row_pairs || RowExp) {
         // Row j with row j + half (two streams), then the odd row alone.
-        const int half = count / 2;
-        for (int j = 0; j < half + (count & 1); ++j) {
-            const int cols[2] = {j < half ? j : count - 1, j + half};
-            const int R = j < half ? 2 : 1;
+        for_row_pairs(count, [&](const int R, const int *cols) {
             const uint8_t *pp[2], *sp[2];
             float g[2];
             for (int r = 0; r < R; ++r) {
@@ -302,7 +299,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
                 if (R == 2) e2m1_rows_x<B, 2, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
                 else e2m1_rows_x<B, 1, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
             });
-        }
+        });
         if constexpr (RowExp) {
             // Rows flagged (a code above 190) or overflowed: again with the absolute scales.
             for (int j = 0; j < count; ++j) {
@@ -576,10 +573,7 @@ void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const 
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
     if (g_quant_row_pairs) {
-        const int half = count / 2;
-        for (int j = 0; j < half + (count & 1); ++j) {
-            const int cols[2] = {j < half ? j : count - 1, j + half};
-            const int R = j < half ? 2 : 1;
+        for_row_pairs(count, [&](const int R, const int *cols) {
             const uint8_t *wp[2], *bp[2];
             for (int r = 0; r < R; ++r) {
                 const int64_t row = first + cols[r];
@@ -591,7 +585,7 @@ void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const 
                 if (R == 2) fp8_rows_x<2, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
                 else fp8_rows_x<1, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
             });
-        }
+        });
         return;
     }
     for (int j = 0; j < count; ++j) {

@@ -114,10 +114,7 @@ void q4_0_avx512vnni(const QuantMatrix &m, int64_t first, int count, const uint8
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
     if (g_quant_row_pairs) {
         // Row j with row j + half (two streams), then the odd row alone.
-        const int half = count / 2;
-        for (int j = 0; j < half + (count & 1); ++j) {
-            const int cols[2] = {j < half ? j : count - 1, j + half};
-            const int R = j < half ? 2 : 1;
+        for_row_pairs(count, [&](const int R, const int *cols) {
             const uint8_t *rp[2];
             for (int i = 0; i < R; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;
             for_token_tiles(ntok, [&](auto tile_n, int t) {
@@ -125,7 +122,7 @@ void q4_0_avx512vnni(const QuantMatrix &m, int64_t first, int count, const uint8
                 if (R == 2) rows_x<2, NT::value>(rp, nb, act + t, qbytes, out + t * ldo, ldo, cols, pf);
                 else rows_x<1, NT::value>(rp, nb, act + t, qbytes, out + t * ldo, ldo, cols, pf);
             });
-        }
+        });
         return;
     }
     for (int j = 0; j < count; ++j) {
@@ -268,10 +265,7 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
         first += done, count -= done, out += done;
     }
     // Row j with row j + half (two streams), then the odd row alone, as q4_0_avx512vnni.
-    const int half = count / 2;
-    for (int j = 0; j < half + (count & 1); ++j) {
-        const int cols[2] = {j < half ? j : count - 1, j + half};
-        const int R = j < half ? 2 : 1;
+    for_row_pairs(count, [&](const int R, const int *cols) {
         const uint8_t *rp[2];
         for (int i = 0; i < R; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;
         for_token_tiles(ntok, [&](auto tile_n, int t) {
@@ -279,7 +273,7 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
             if (R == 2) rows_x4<2, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
             else rows_x4<1, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
         });
-    }
+    });
 }
 
 namespace {
@@ -356,10 +350,7 @@ void nvfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
     // Row j with row j + half (two streams), then the odd row alone, as the avx512bf16 kernel.
-    const int half = count / 2;
-    for (int j = 0; j < half + (count & 1); ++j) {
-        const int cols[2] = {j < half ? j : count - 1, j + half};
-        const int R = j < half ? 2 : 1;
+    for_row_pairs(count, [&](const int R, const int *cols) {
         const uint8_t *pp[2], *sp[2];
         float g[2];
         for (int r = 0; r < R; ++r) {
@@ -375,7 +366,7 @@ void nvfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const
             if (R == 2) nvfp4_w4a8_rows<2, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
             else nvfp4_w4a8_rows<1, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
         });
-    }
+    });
 }
 
 }  // namespace ft::cpu::detail
