@@ -25,12 +25,20 @@ step tests
 timeout 40 $b/bench/bench_experts --benchmark_filter='^decode/.*/mma' --benchmark_counters_tabular=true 2>&1 | clean | awk '{print $1, $6, $7, $9, $10, $11}' | head -14
 timeout 40 $b/bench/bench_admission --benchmark_counters_tabular=true 2>&1 | grep BM_ | awk '{print $1, $NF}'
 step gpu-benches
-timeout 150 $b/bench/bench_backends --benchmark_filter='offload|hybrid_(allmiss|sweep|adaptive)' --benchmark_counters_tabular=true > $out/bench_backends.log 2>&1
-clean < $out/bench_backends.log | head -40
+[ -n "${FT_FINAL_SKIP_BACKENDS:-}" ] || timeout 150 $b/bench/bench_backends --benchmark_filter='offload|hybrid_(allmiss|sweep|adaptive)' --benchmark_counters_tabular=true > $out/bench_backends.log 2>&1
+[ -f $out/bench_backends.log ] && clean < $out/bench_backends.log | head -40
 step backends
 timeout 45 $b/bench/bench_ep --benchmark_filter='WireBytes|/(7168|2048)/(256|128)/(1|64|4096|32768)$' --benchmark_min_time=0.05 --benchmark_counters_tabular=true > $out/bench_ep.log 2>&1
 clean < $out/bench_ep.log | head -40
 step ep
+# Several GPUs (issue 8): correctness with and without peer-to-peer, then the speed table without.
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  timeout 120 $b/tests/ep_cuda/ep_multi_gpu --check-only > $out/ep_multi_p2p.log 2>&1; echo "ep_multi_gpu P2P check rc=$?"
+  grep -E "FAIL|transport|failure" $out/ep_multi_p2p.log | head -12
+  NCCL_P2P_DISABLE=1 timeout 240 $b/tests/ep_cuda/ep_multi_gpu ${FT_FINAL_EP_QUICK:+--quick} > $out/ep_multi_nop2p.log 2>&1; echo "ep_multi_gpu no-P2P rc=$?"
+  grep -vE "^checked" $out/ep_multi_nop2p.log | head -40
+  step ep-multi
+fi
 # mxfp4 with the benchmark's random e8m0 bytes (products go subnormal, slow on Intel cores) and
 # with realistic gpt-oss-like scales (FT_BENCH_MXFP4_SCALE=120); W4A8 (default) and W4A16.
 for sc in "" 120; do for v in 1 0; do
@@ -38,5 +46,6 @@ for sc in "" 120; do for v in 1 0; do
     --benchmark_filter='moe_layer_mxfp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/scale=${sc:-random} /" | cut -c1-230
 done; done
 FT_CPU_Q4_0_X4=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_q4_0.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | cut -c1-220
+FT_CPU_DS_FP4_ROWEXP=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_ds_fp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/rowexp=0 /" | cut -c1-220
 FT_BENCH_WINDOW_MB=4096 timeout 60 $b/bench/bench_cpu_gemv --benchmark_filter='stream_read|moe_layer_(fp8_block|nvfp4|ds_fp4|q4_0).*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer|stream" | cut -c1-220
 step done

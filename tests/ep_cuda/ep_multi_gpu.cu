@@ -387,10 +387,10 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
 
     std::vector<std::vector<float>> weights(R);
     std::vector<RankData> dev(R);
-    std::vector<std::unique_ptr<epc::EpRank>> ep_tp(R), ep_lat(R);
+    std::vector<std::unique_ptr<epc::EpRank>> ep_tp(R), ep_lat(R), ep_f8(R);
     std::vector<DeviceArray<uint16_t>> ag_out(R), rs_in(R), a2a_send(R), a2a_recv(R);
     std::vector<int32_t> chunks(R);
-    std::vector<size_t> sent(R);
+    std::vector<size_t> sent(R), sent_f8(R);
     std::vector<std::vector<int64_t>> measured_counts(R);
     const bool decode = T <= 64;
     std::string err = on_ranks(R, [&](int r) {
@@ -407,6 +407,9 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         cfg.max_expert_rows = max_rows;
         cfg.link_bytes_per_s = 20e9;
         ep_tp[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
+        cfg.combine_dtype = WireDtype::Fp8Fp32;  // the rows are constant: far inside the accuracy gate
+        ep_f8[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
+        cfg.combine_dtype = WireDtype::Bf16;
         if (decode) {
             cfg.mode = epc::Mode::Latency;
             ep_lat[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
@@ -432,6 +435,11 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         sent[r] = ep_tp[r]->last_bytes_sent();
         measured_counts[r] = ep_tp[r]->last_count_matrix();
     });
+    const double t_f8 = time_ranks(R, iters, [&](int r, cudaStream_t st) {
+        ep_f8[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
+        sent_f8[r] = ep_f8[r]->last_bytes_sent();
+        CHECK(!ep_f8[r]->combine_gate_tripped(), "FP8 combine gate tripped on constant rows");
+    });
     double t_lat = -1;
     if (decode)
         t_lat = time_ranks(R, iters, [&](int r, cudaStream_t st) {
@@ -455,19 +463,22 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         nets[r]->exchange(a2a_recv[r].ptr, a2a_send[r].ptr, back.data(), st);
     });
 
-    double meas_bytes = 0, meas_rows = 0;
+    double meas_bytes = 0, meas_rows = 0, f8_bytes = 0;
     for (int r = 0; r < R; ++r) {
         meas_bytes += sent[r];
+        f8_bytes += sent_f8[r];
         for (int d = 0; d < R; ++d)
             if (d != r) meas_rows += measured_counts[0][r * R + d];
     }
     meas_bytes /= R;
+    f8_bytes /= R;
     CHECK(std::fabs(meas_bytes - pred_bytes) < 0.5, "bytes sent %.0f vs layout %.0f", meas_bytes, pred_bytes);
     CHECK(meas_rows == remote_rows, "remote rows %.0f vs layout %.0f", meas_rows, remote_rows);
     // Free each rank's buffers, streams and events on its own device.
     err = on_ranks(R, [&](int r) {
         ep_tp[r].reset();
         ep_lat[r].reset();
+        ep_f8[r].reset();
         dev[r] = RankData();
         ag_out[r] = DeviceArray<uint16_t>();
         rs_in[r] = DeviceArray<uint16_t>();
@@ -479,9 +490,9 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
     const double a2a_bytes = 2.0 * remote_routes * H * 2 / R;
     char lat[32] = "-";
     if (t_lat >= 0) std::snprintf(lat, sizeof lat, "%.3f", t_lat);
-    std::printf("%5lld %4d %6lld %3d | %9.3f %9s | %9.3f %9.3f | %5.2fx %5.2fx | %10.3e %10.3e %10.3e %10.3e | %5.2f %5.2f\n",
-                static_cast<long long>(H), E, static_cast<long long>(T), chunks[0], t_ep, lat, t_agrs, t_a2a, t_agrs / t_ep, t_a2a / t_ep, meas_bytes,
-                pred_bytes, agrs_bytes, a2a_bytes, remote_rows > 0 ? remote_routes / remote_rows : 0.0,
+    std::printf("%5lld %4d %6lld %3d | %9.3f %9.3f %9s | %9.3f %9.3f | %5.2fx %5.2fx %5.2fx | %10.3e %10.3e %10.3e %10.3e %10.3e | %5.2f %5.2f\n",
+                static_cast<long long>(H), E, static_cast<long long>(T), chunks[0], t_ep, t_f8, lat, t_agrs, t_a2a, t_agrs / t_ep,
+                t_agrs / t_f8, t_a2a / t_ep, meas_bytes, f8_bytes, pred_bytes, agrs_bytes, a2a_bytes, remote_rows > 0 ? remote_routes / remote_rows : 0.0,
                 remote_rows / (static_cast<double>(T) * R * std::max(R - 1, 1)));
     std::fflush(stdout);
 }
@@ -548,8 +559,8 @@ int main(int argc, char **argv) {
         report_transports();
     }
     if (bench) {
-        std::printf("\nH     E    tokens/GPU C | EP ms     EP-lat ms | AG+RS ms  a2a ms    | vs(a) vs(b) | "
-                    "B/GPU sent  predicted  AG+RS B     a2a B      | dedup P\n");
+        std::printf("\nH     E    tokens/GPU C | EP ms     EP-f8c ms EP-lat ms | AG+RS ms  a2a ms    | vs(a) f8c/a vs(b) | "
+                    "B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
         std::vector<int64_t> sizes = quick ? std::vector<int64_t>{8, 4096}
                                            : std::vector<int64_t>{1, 8, 64, 4096, 8192, 16384, 32768};
         for (const Shape &s : {big, small})
