@@ -41,6 +41,7 @@
 #include "ft/cuda_device.hpp"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
+#include "ft/ep_mailbox.hpp"
 
 namespace {
 
@@ -175,19 +176,41 @@ Placement shape_placement(int32_t E, int32_t R, bool replicas, Rng &rng) {
     return plan_placement(in).placement;
 }
 
-void check_case(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const Shape &shape, int64_t T, WireDtype dtype,
-                bool replicas, bool encode, uint64_t seed) {
-    const int R = static_cast<int>(nets.size());
+// Largest message one rank sends another in a step of T tokens per rank (latency mode's region).
+size_t mailbox_bytes(int64_t H, int64_t T, WireDtype dtype) {
+    return std::max(epc::latency_peer_bytes(H, kTopK, dtype, T), static_cast<size_t>(T * H * 2));
+}
+
+std::vector<std::unique_ptr<epc::HostMailboxTransport>> mailboxes(int R, size_t bytes) {
+    std::vector<int32_t> devices(R);
+    std::iota(devices.begin(), devices.end(), 0);
+    return epc::HostMailboxTransport::create_local(devices, bytes);
+}
+
+template <typename Net>
+std::vector<epc::Transport *> pointers(std::vector<std::unique_ptr<Net>> &nets) {
+    std::vector<epc::Transport *> out;
+    for (auto &n : nets) out.push_back(n.get());
+    return out;
+}
+
+// Every variant over NCCL, or over host mailboxes (use_mailbox) sized for this case.
+void check_case(std::vector<std::unique_ptr<epc::NcclTransport>> &nccl, bool use_mailbox, const Shape &shape, int64_t T,
+                WireDtype dtype, bool replicas, bool encode, uint64_t seed) {
+    const int R = static_cast<int>(nccl.size());
     Rng rng(seed);
     const Placement p = shape_placement(shape.E, R, replicas, rng);
     Case c{R, shape.H, T, dtype, replicas, seed};
     std::vector<RankInput> in = make_inputs(c, p, rng, encode);
     const Experts ex = make_experts(rng, p.num_experts);
     const std::vector<HostRank> h = host_pipeline(p, in, shape.H, dtype, ex);
-    const std::string label = ft::cat("H=", shape.H, " E=", shape.E, " R=", R, " T=", T, " dtype=", static_cast<int>(dtype),
-                                      replicas ? " replicas" : "", encode ? " encoded" : "");
     int64_t Tmax = 1;
     for (const RankInput &ri : in) Tmax = std::max(Tmax, ri.tokens);
+    std::vector<std::unique_ptr<epc::HostMailboxTransport>> boxes;
+    if (use_mailbox) boxes = mailboxes(R, mailbox_bytes(shape.H, Tmax, dtype));
+    const std::vector<epc::Transport *> nets = use_mailbox ? pointers(boxes) : pointers(nccl);
+    const std::string label = ft::cat(use_mailbox ? "mailbox" : "NCCL", " H=", shape.H, " E=", shape.E, " R=", R, " T=", T,
+                                      " dtype=", static_cast<int>(dtype), replicas ? " replicas" : "", encode ? " encoded" : "");
     const int64_t rows = max_expert_rows(h);
     const size_t rb = record_bytes(shape.H, kTopK, dtype);
 
@@ -387,7 +410,9 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
 
     std::vector<std::vector<float>> weights(R);
     std::vector<RankData> dev(R);
-    std::vector<std::unique_ptr<epc::EpRank>> ep_tp(R), ep_lat(R), ep_f8(R);
+    std::vector<std::unique_ptr<epc::EpRank>> ep_tp(R), ep_lat(R), ep_f8(R), mb_f8(R), mb_lat(R);
+    // The same steps over host mailboxes (ft/ep_mailbox.hpp) instead of NCCL send/recv.
+    std::vector<std::unique_ptr<epc::HostMailboxTransport>> boxes = mailboxes(R, mailbox_bytes(H, T, WireDtype::Fp8Fp32));
     std::vector<DeviceArray<uint16_t>> ag_out(R), rs_in(R), a2a_send(R), a2a_recv(R);
     std::vector<int32_t> chunks(R);
     std::vector<size_t> sent(R), sent_f8(R);
@@ -409,10 +434,12 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         ep_tp[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
         cfg.combine_dtype = WireDtype::Fp8Fp32;  // the rows are constant: far inside the accuracy gate
         ep_f8[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
+        mb_f8[r] = std::make_unique<epc::EpRank>(*boxes[r], p, cfg);
         cfg.combine_dtype = WireDtype::Bf16;
         if (decode) {
             cfg.mode = epc::Mode::Latency;
             ep_lat[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
+            mb_lat[r] = std::make_unique<epc::EpRank>(*boxes[r], p, cfg);
         }
         ag_out[r] = DeviceArray<uint16_t>(R * T * H);
         rs_in[r] = DeviceArray<uint16_t>(R * T * H);
@@ -440,11 +467,19 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         sent_f8[r] = ep_f8[r]->last_bytes_sent();
         CHECK(!ep_f8[r]->combine_gate_tripped(), "FP8 combine gate tripped on constant rows");
     });
-    double t_lat = -1;
-    if (decode)
+    double t_lat = -1, t_mb_lat = -1;
+    if (decode) {
         t_lat = time_ranks(R, iters, [&](int r, cudaStream_t st) {
             ep_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
         });
+        t_mb_lat = time_ranks(R, iters, [&](int r, cudaStream_t st) {
+            mb_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
+        });
+    }
+    const double t_mb_f8 = time_ranks(R, iters, [&](int r, cudaStream_t st) {
+        mb_f8[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
+    });
+    for (int r = 0; r < R; ++r) CHECK(!boxes[r]->faulted(), "mailbox transport timed out");
     const double t_agrs = time_ranks(R, iters, [&](int r, cudaStream_t st) {
         nets[r]->all_gather(dev[r].x.ptr, ag_out[r].ptr, T * H * 2, st);
         nets[r]->reduce_scatter_bf16(rs_in[r].ptr, dev[r].out.ptr, T * H, st);
@@ -479,6 +514,9 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         ep_tp[r].reset();
         ep_lat[r].reset();
         ep_f8[r].reset();
+        mb_f8[r].reset();
+        mb_lat[r].reset();
+        boxes[r].reset();
         dev[r] = RankData();
         ag_out[r] = DeviceArray<uint16_t>();
         rs_in[r] = DeviceArray<uint16_t>();
@@ -488,11 +526,16 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
     CHECK(err.empty(), "bench teardown: %s", err.c_str());
     const double agrs_bytes = 2.0 * (R - 1) * T * H * 2;  // per GPU, ring model
     const double a2a_bytes = 2.0 * remote_routes * H * 2 / R;
-    char lat[32] = "-";
+    char lat[32] = "-", mlat[32] = "-", rlat[32] = "-", rmlat[32] = "-";
     if (t_lat >= 0) std::snprintf(lat, sizeof lat, "%.3f", t_lat);
-    std::printf("%5lld %4d %6lld %3d | %9.3f %9.3f %9s | %9.3f %9.3f | %5.2fx %5.2fx %5.2fx | %10.3e %10.3e %10.3e %10.3e %10.3e | %5.2f %5.2f\n",
-                static_cast<long long>(H), E, static_cast<long long>(T), chunks[0], t_ep, t_f8, lat, t_agrs, t_a2a, t_agrs / t_ep,
-                t_agrs / t_f8, t_a2a / t_ep, meas_bytes, f8_bytes, pred_bytes, agrs_bytes, a2a_bytes, remote_rows > 0 ? remote_routes / remote_rows : 0.0,
+    if (t_mb_lat >= 0) std::snprintf(mlat, sizeof mlat, "%.3f", t_mb_lat);
+    if (t_lat >= 0) std::snprintf(rlat, sizeof rlat, "%.2fx", t_agrs / t_lat);
+    if (t_mb_lat >= 0) std::snprintf(rmlat, sizeof rmlat, "%.2fx", t_agrs / t_mb_lat);
+    std::printf("%5lld %4d %6lld %3d | %8.3f %8.3f %8s %8.3f %8s | %8.3f %8.3f | %5.2fx %5.2fx %6s %5.2fx %6s %5.2fx | "
+                "%10.3e %10.3e %10.3e %10.3e %10.3e | %5.2f %5.2f\n",
+                static_cast<long long>(H), E, static_cast<long long>(T), chunks[0], t_ep, t_f8, lat, t_mb_f8, mlat, t_agrs,
+                t_a2a, t_agrs / t_ep, t_agrs / t_f8, rlat, t_agrs / t_mb_f8, rmlat, t_a2a / t_ep, meas_bytes, f8_bytes,
+                pred_bytes, agrs_bytes, a2a_bytes, remote_rows > 0 ? remote_routes / remote_rows : 0.0,
                 remote_rows / (static_cast<double>(T) * R * std::max(R - 1, 1)));
     std::fflush(stdout);
 }
@@ -549,18 +592,22 @@ int main(int argc, char **argv) {
 
     const Shape big{7168, 256}, small{2048, 128};
     if (check) {
-        uint64_t seed = 1000;
-        for (const Shape &s : {small, big})
-            for (int64_t T : {1, 7, 64}) check_case(nets, s, T, WireDtype::Fp8Fp32, false, false, seed++);
-        check_case(nets, small, quick ? 300 : 2000, WireDtype::Fp8Fp32, true, false, seed++);
-        check_case(nets, small, 300, WireDtype::Fp8Ue8m0, true, false, seed++);
-        check_case(nets, small, 300, WireDtype::Bf16, true, true, seed++);
-        check_case(nets, big, 64, WireDtype::Bf16, false, true, seed++);
+        for (bool mbx : {false, true}) {
+            uint64_t seed = 1000;
+            for (const Shape &s : {small, big})
+                for (int64_t T : {1, 7, 64}) check_case(nets, mbx, s, T, WireDtype::Fp8Fp32, false, false, seed++);
+            check_case(nets, mbx, small, quick ? 300 : 2000, WireDtype::Fp8Fp32, true, false, seed++);
+            check_case(nets, mbx, small, 300, WireDtype::Fp8Ue8m0, true, false, seed++);
+            check_case(nets, mbx, small, 300, WireDtype::Bf16, true, true, seed++);
+            check_case(nets, mbx, big, 64, WireDtype::Bf16, false, true, seed++);
+        }
         report_transports();
     }
     if (bench) {
-        std::printf("\nH     E    tokens/GPU C | EP ms     EP-f8c ms EP-lat ms | AG+RS ms  a2a ms    | vs(a) f8c/a vs(b) | "
-                    "B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
+        std::printf("\nms per step; EP = bf16 combine, f8c = FP8 combine (throughput mode), lat = latency mode (bf16 combine);"
+                    " NCCL send/recv or host mailboxes (mbx); ratios = AG+RS time / EP time\n"
+                    "H     E    tokens/GPU C | EP       f8c      lat      mbx-f8c  mbx-lat  | AG+RS    a2a      | "
+                    "EP/a  f8c/a  lat/a mbf8/a mblat/a EP/b | B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
         std::vector<int64_t> sizes = quick ? std::vector<int64_t>{8, 4096}
                                            : std::vector<int64_t>{1, 8, 64, 4096, 8192, 16384, 32768};
         for (const Shape &s : {big, small})
