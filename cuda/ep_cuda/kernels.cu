@@ -3,7 +3,11 @@
 // mirrors; the tests compare them bit for bit.
 #include <cub/block/block_scan.cuh>
 
+#include <cub/block/block_radix_sort.cuh>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "ft/common.hpp"
@@ -61,16 +65,58 @@ __device__ __forceinline__ int32_t rank_of(const DevicePlacement &p, int32_t phy
 
 // ---- layout ------------------------------------------------------------------------------------
 
+// Ranks of the token's single-copy experts (the forced_rank_load() bits of one token).
+__device__ __forceinline__ uint64_t single_copy_ranks(const DevicePlacement &p, const int32_t *id, int32_t K) {
+    uint64_t hit = 0;
+    for (int32_t j = 0; j < K; ++j) {
+        const int32_t e = id[j];
+        if (e >= 0 && e < p.num_experts && p.logcnt[e] == 1)
+            hit |= 1ull << rank_of(p, p.log2phy[int64_t(e) * p.num_ranks]);
+    }
+    return hit;
+}
+
+// Replica choice of one token's routes (route_phy[0..K)) and its dedup mask, as dispatch_layout():
+// a replicated expert goes to a rank the token already reaches if any, else the least loaded
+// replica (ties: lower rank). `load` holds the forced loads of ALL tokens.
+__device__ __forceinline__ uint64_t choose_token(const DevicePlacement &p, const int32_t *id, int32_t K,
+                                                 const int64_t *load, int32_t *route_phy) {
+    uint64_t goes = single_copy_ranks(p, id, K);
+    for (int32_t j = 0; j < K; ++j) {
+        const int32_t e = id[j];
+        if (e < 0 || e >= p.num_experts) {
+            route_phy[j] = -1;
+            continue;
+        }
+        const int32_t n = p.logcnt[e];
+        const int32_t *reps = p.log2phy + int64_t(e) * p.num_ranks;
+        int32_t choice = reps[0];
+        if (n > 1) {
+            bool any_going = false;
+            for (int32_t i = 0; i < n; ++i) any_going = any_going || ((goes >> rank_of(p, reps[i])) & 1);
+            choice = -1;
+            for (int32_t i = 0; i < n; ++i) {
+                const int32_t r = rank_of(p, reps[i]);
+                if (any_going && !((goes >> r) & 1)) continue;
+                if (choice < 0) {
+                    choice = reps[i];
+                    continue;
+                }
+                const int32_t c = rank_of(p, choice);
+                if (load[r] < load[c] || (load[r] == load[c] && r < c)) choice = reps[i];
+            }
+        }
+        route_phy[j] = choice;
+        goes |= 1ull << rank_of(p, choice);
+    }
+    return goes;
+}
+
 // forced_rank_load(): ranks of each token's single-copy experts, one count per token and rank.
 __global__ void forced_load_kernel(DevicePlacement p, const int32_t *ids, int64_t tokens, int32_t K, int64_t *load) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
-        uint64_t hit = 0;
-        for (int32_t j = 0; j < K; ++j) {
-            const int32_t e = ids[t * K + j];
-            if (e >= 0 && e < p.num_experts && p.logcnt[e] == 1)
-                hit |= 1ull << rank_of(p, p.log2phy[int64_t(e) * p.num_ranks]);
-        }
+        uint64_t hit = single_copy_ranks(p, ids + t * K, K);
         while (hit) {
             const int r = __ffsll(static_cast<long long>(hit)) - 1;
             hit &= hit - 1;
@@ -83,43 +129,8 @@ __global__ void forced_load_kernel(DevicePlacement p, const int32_t *ids, int64_
 __global__ void choose_kernel(DevicePlacement p, const int32_t *ids, int64_t tokens, int32_t K, const int64_t *load,
                               int32_t *route_phy, uint64_t *mask) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
-    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
-        const int32_t *id = ids + t * K;
-        uint64_t goes = 0;
-        for (int32_t j = 0; j < K; ++j) {
-            const int32_t e = id[j];
-            if (e >= 0 && e < p.num_experts && p.logcnt[e] == 1)
-                goes |= 1ull << rank_of(p, p.log2phy[int64_t(e) * p.num_ranks]);
-        }
-        for (int32_t j = 0; j < K; ++j) {
-            const int32_t e = id[j];
-            if (e < 0 || e >= p.num_experts) {
-                route_phy[t * K + j] = -1;
-                continue;
-            }
-            const int32_t n = p.logcnt[e];
-            const int32_t *reps = p.log2phy + int64_t(e) * p.num_ranks;
-            int32_t choice = reps[0];
-            if (n > 1) {
-                bool any_going = false;
-                for (int32_t i = 0; i < n; ++i) any_going = any_going || ((goes >> rank_of(p, reps[i])) & 1);
-                choice = -1;
-                for (int32_t i = 0; i < n; ++i) {
-                    const int32_t r = rank_of(p, reps[i]);
-                    if (any_going && !((goes >> r) & 1)) continue;
-                    if (choice < 0) {
-                        choice = reps[i];
-                        continue;
-                    }
-                    const int32_t c = rank_of(p, choice);
-                    if (load[r] < load[c] || (load[r] == load[c] && r < c)) choice = reps[i];
-                }
-            }
-            route_phy[t * K + j] = choice;
-            goes |= 1ull << rank_of(p, choice);
-        }
-        mask[t] = goes;
-    }
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x)
+        mask[t] = choose_token(p, ids + t * K, K, load, route_phy + t * K);
 }
 
 // row[r][t]: rows of rank r in ascending token order (an exclusive scan of bit r), one block per
@@ -150,49 +161,139 @@ __global__ void offset_kernel(const int64_t *count, int32_t R, int64_t *offset) 
     for (int32_t r = 0; r < R; ++r) offset[r + 1] = s += count[r];
 }
 
-// Send rows: routes in ascending logical id (ties: lower j), per destination rank.
+// expert_count increments: global 64-bit atomics (the chain) or shared 32-bit ones (one block).
+struct GlobalExpertCount {
+    int64_t *n;
+    __device__ void add(int32_t phy) const { atomicAdd(reinterpret_cast<unsigned long long *>(n + phy), 1ull); }
+};
+struct SharedExpertCount {
+    int32_t *n;
+    __device__ void add(int32_t phy) const { atomicAdd(n + phy, 1); }
+};
+
+// Send rows of token t: routes in ascending logical id (ties: lower j), per destination rank.
+template <typename Count>
+__device__ __forceinline__ void send_rows_of(const DevicePlacement &p, const int32_t *ids, const float *weights,
+                                             int64_t tokens, int32_t K, int64_t t, const int32_t *route_phy,
+                                             uint64_t goes, const int32_t *row, const int64_t *offset, Count count,
+                                             int32_t *send_token, int32_t *send_n, int32_t *send_slot,
+                                             float *send_weight) {
+    const int32_t *id = ids + t * K;
+    const int32_t *phy = route_phy + t * K;
+    int32_t order[kMaxTopK];
+    int32_t m = 0;
+    for (int32_t j = 0; j < K; ++j) {
+        if (phy[j] < 0) continue;
+        // Stable insertion: equal ids keep ascending j.
+        int32_t at = m++;
+        while (at > 0 && id[order[at - 1]] > id[j]) {
+            order[at] = order[at - 1];
+            --at;
+        }
+        order[at] = j;
+    }
+    while (goes) {
+        const int r = __ffsll(static_cast<long long>(goes)) - 1;
+        goes &= goes - 1;
+        const int64_t out = offset[r] + row[int64_t(r) * tokens + t];
+        send_token[out] = static_cast<int32_t>(t);
+        int32_t n = 0;
+        for (int32_t i = 0; i < m; ++i) {
+            const int32_t j = order[i];
+            if (rank_of(p, phy[j]) != r) continue;
+            send_slot[out * K + n] = phy[j] % p.slots_per_rank;
+            send_weight[out * K + n] = weights ? weights[t * K + j] : 1.0f;
+            count.add(phy[j]);
+            ++n;
+        }
+        send_n[out] = n;
+        for (int32_t i = n; i < K; ++i) {
+            send_slot[out * K + i] = -1;
+            send_weight[out * K + i] = 0.0f;
+        }
+    }
+}
+
 __global__ void send_rows_kernel(DevicePlacement p, const int32_t *ids, const float *weights, int64_t tokens, int32_t K,
                                  const int32_t *route_phy, const uint64_t *mask, const int32_t *row,
                                  const int64_t *offset, int64_t *expert_count, int32_t *send_token, int32_t *send_n,
                                  int32_t *send_slot, float *send_weight) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
-    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
-        const int32_t *id = ids + t * K;
-        const int32_t *phy = route_phy + t * K;
-        int32_t order[kMaxTopK];
-        int32_t m = 0;
-        for (int32_t j = 0; j < K; ++j) {
-            if (phy[j] < 0) continue;
-            // Stable insertion: equal ids keep ascending j.
-            int32_t at = m++;
-            while (at > 0 && id[order[at - 1]] > id[j]) {
-                order[at] = order[at - 1];
-                --at;
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x)
+        send_rows_of(p, ids, weights, tokens, K, t, route_phy, mask[t], row, offset, GlobalExpertCount{expert_count},
+                     send_token, send_n, send_slot, send_weight);
+}
+
+// The whole layout in ONE block, for decode sizes (tokens * top_k <= kSmallLayoutRoutes and
+// R * S <= kSmallLayoutSlots). At 1..64 tokens the chain above (2 memsets + 5 kernels) costs its
+// launches, not its work (~33 us on an H200 at 1 token), and its memsets break the PDL chain;
+// this does the same passes with __syncthreads between them, counts in shared memory (integer
+// atomics: order-free), and writes every output the chain writes, bit for bit: forced_load (when
+// rank_load is null), route_phy, mask, row, count, offset, expert_count and the send_* rows.
+constexpr int kSmallLayoutThreads = 1024;
+constexpr int64_t kSmallLayoutRoutes = 4096;
+constexpr int32_t kSmallLayoutSlots = 4096;  // int32 counters in shared memory: 16 KiB
+
+__global__ void __launch_bounds__(kSmallLayoutThreads)
+small_layout_kernel(DevicePlacement p, const int32_t *ids, const float *weights, int64_t tokens, int32_t K,
+                    const int64_t *rank_load, LayoutBuffers L) {
+    __shared__ int32_t expert_n[kSmallLayoutSlots];
+    __shared__ int32_t forced[kMaxRanks];
+    __shared__ int64_t load[kMaxRanks];
+    __shared__ int64_t count[kMaxRanks];
+    __shared__ int64_t offset[kMaxRanks + 1];
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
+    const int32_t R = p.num_ranks, RS = R * p.slots_per_rank;
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    for (int32_t i = tid; i < RS; i += nthreads) expert_n[i] = 0;
+    for (int32_t r = tid; r < R; r += nthreads) forced[r] = 0;
+    __syncthreads();
+    // Forced loads of every token first: each choice below compares them.
+    if (rank_load == nullptr) {
+        for (int64_t t = tid; t < tokens; t += nthreads) {
+            uint64_t hit = single_copy_ranks(p, ids + t * K, K);
+            while (hit) {
+                const int r = __ffsll(static_cast<long long>(hit)) - 1;
+                hit &= hit - 1;
+                atomicAdd(forced + r, 1);
             }
-            order[at] = j;
         }
-        uint64_t goes = mask[t];
-        while (goes) {
-            const int r = __ffsll(static_cast<long long>(goes)) - 1;
-            goes &= goes - 1;
-            const int64_t out = offset[r] + row[int64_t(r) * tokens + t];
-            send_token[out] = static_cast<int32_t>(t);
-            int32_t n = 0;
-            for (int32_t i = 0; i < m; ++i) {
-                const int32_t j = order[i];
-                if (rank_of(p, phy[j]) != r) continue;
-                send_slot[out * K + n] = phy[j] % p.slots_per_rank;
-                send_weight[out * K + n] = weights ? weights[t * K + j] : 1.0f;
-                atomicAdd(reinterpret_cast<unsigned long long *>(expert_count + phy[j]), 1ull);
-                ++n;
-            }
-            send_n[out] = n;
-            for (int32_t i = n; i < K; ++i) {
-                send_slot[out * K + i] = -1;
-                send_weight[out * K + i] = 0.0f;
-            }
-        }
+        __syncthreads();
+        for (int32_t r = tid; r < R; r += nthreads) load[r] = L.forced_load[r] = forced[r];
+    } else {
+        for (int32_t r = tid; r < R; r += nthreads) load[r] = rank_load[r];
     }
+    __syncthreads();
+    for (int64_t t = tid; t < tokens; t += nthreads)
+        L.mask[t] = choose_token(p, ids + t * K, K, load, L.route_phy + t * K);
+    __syncthreads();  // the block's global writes are visible to the whole block past the barrier
+    // Row scan, one warp per rank: ballots over 32 tokens at a time, ascending, as the cub scan.
+    const int warp = tid / 32, lane = tid % 32;
+    const uint32_t below = (1u << lane) - 1u;
+    for (int32_t r = warp; r < R; r += nthreads / 32) {
+        int64_t running = 0;
+        for (int64_t base = 0; base < tokens; base += 32) {
+            const int64_t t = base + lane;
+            const bool flag = t < tokens && ((L.mask[t] >> r) & 1);
+            const uint32_t ballot = __ballot_sync(0xffffffffu, flag);
+            if (t < tokens)
+                L.row[int64_t(r) * tokens + t] = flag ? static_cast<int32_t>(running + __popc(ballot & below)) : -1;
+            running += __popc(ballot);
+        }
+        if (lane == 0) count[r] = L.count[r] = running;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int64_t s = 0;
+        offset[0] = L.offset[0] = 0;
+        for (int32_t r = 0; r < R; ++r) offset[r + 1] = L.offset[r + 1] = s += count[r];
+    }
+    __syncthreads();
+    for (int64_t t = tid; t < tokens; t += nthreads)
+        send_rows_of(p, ids, weights, tokens, K, t, L.route_phy, L.mask[t], L.row, offset, SharedExpertCount{expert_n},
+                     L.send_token, L.send_n, L.send_slot, L.send_weight);
+    __syncthreads();
+    for (int32_t i = tid; i < RS; i += nthreads) L.expert_count[i] = expert_n[i];
 }
 
 // ---- pack + quantise ---------------------------------------------------------------------------
@@ -248,8 +349,16 @@ __device__ __forceinline__ float quantise_block(const uint16_t *xb, uint8_t *qb,
 __global__ void pack_kernel(const int64_t *offset, int32_t R, const int32_t *send_token, const int32_t *send_n,
                             const int32_t *send_slot, const float *send_weight, int32_t K, const uint16_t *x,
                             int64_t hidden, WireDtype dtype, int32_t source_rank, uint8_t *base, size_t peer_bytes,
-                            RecordGeom g) {
+                            RecordGeom g, const int64_t *header_count) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
+    // Latency mode: block 0 also writes the per-peer headers (header_kernel's work, one launch
+    // fewer at decode sizes). The grid has at least one block, whatever the row count.
+    if (header_count && blockIdx.x == 0)
+        for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
+            int64_t *h = reinterpret_cast<int64_t *>(base + r * peer_bytes);
+            h[0] = header_count[r];
+            h[1] = 0;
+        }
     const int64_t total = offset[R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
@@ -447,6 +556,119 @@ group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGe
         }
         running += tile;
         __syncthreads();  // tmp is reused by the next tile
+    }
+}
+
+// group_by_expert in ONE block, for decode sizes (max_positions * top_k <= kSmallGroupRoutes,
+// slots <= kSmallGroupSlots). The chain (memset + count, scan, fill kernels) costs ~20 us of
+// launches at 1 token; this clears expert_fill itself and runs the same passes with
+// __syncthreads between them. Counting pass: group_count_kernel's writes, counts in shared
+// memory. Scan: one cub scan of the slots (same offsets and overflow rule as group_scan_kernel).
+// Placement: the chunk's routes q = v * K + j, taken 1024 at a time in ascending q, are stably
+// radix-sorted by slot, so a route's rank among its slot's routes of the tile is its distance from
+// the start of its slot's run; adding the rows placed by earlier tiles gives exactly
+// group_fill_kernel's (record, route) order per slot.
+constexpr int kSmallGroupThreads = 512, kSmallGroupItems = 2;
+constexpr int kSmallGroupTile = kSmallGroupThreads * kSmallGroupItems;
+constexpr int64_t kSmallGroupRoutes = 8192;
+constexpr int32_t kSmallGroupSlots = kSmallGroupTile;  // the offset scan holds one slot per item
+
+__global__ void __launch_bounds__(kSmallGroupThreads)
+small_group_kernel(RecvGeom rg, RecordGeom g, int32_t c, int32_t C, ReceiveBuffers B) {
+    using Sort = cub::BlockRadixSort<uint32_t, kSmallGroupThreads, kSmallGroupItems, int32_t>;
+    using Scan = cub::BlockScan<int64_t, kSmallGroupThreads>;
+    __shared__ union {
+        typename Sort::TempStorage sort;
+        typename Scan::TempStorage scan;
+    } tmp;
+    __shared__ ChunkTable tab;
+    __shared__ int32_t placed[kSmallGroupSlots];     // routes per slot, then rows placed so far
+    __shared__ int64_t first[kSmallGroupSlots + 1];  // expert_offset
+    __shared__ int32_t run_start[kSmallGroupSlots];  // sorted index where a slot's run begins
+    __shared__ uint32_t sorted_slot[kSmallGroupTile];
+    pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
+    const int32_t R = B.num_ranks, K = B.top_k, S = B.slots;
+    const int tid = threadIdx.x;
+    for (int32_t s = tid; s < S; s += kSmallGroupThreads) placed[s] = 0;
+    load_chunk_table(tab, B.count, R, c, C);  // ends in __syncthreads
+    const int64_t total = tab.vstart[R];
+    for (int64_t v = tid; v < total; v += kSmallGroupThreads) {
+        int32_t src;
+        const int64_t pos = position_of(tab, B.prefix, R, rg, v, src);
+        const uint8_t *rec = record_at(rg, pos);
+        const int32_t n = rec_n(rec, g);
+        for (int32_t j = 0; j < K; ++j) {
+            int32_t slot = j < n ? rec_slot(rec, g, j) : -1;
+            if (slot < 0 || slot >= S) slot = -1;
+            B.route_slot[pos * K + j] = static_cast<int16_t>(slot);
+            B.route_row[pos * K + j] = -1;
+            if (slot >= 0) atomicAdd(placed + slot, 1);
+        }
+    }
+    __syncthreads();
+    {
+        int64_t n[kSmallGroupItems], excl[kSmallGroupItems], rows;
+        for (int i = 0; i < kSmallGroupItems; ++i) {
+            const int32_t s = tid * kSmallGroupItems + i;
+            n[i] = s < S ? placed[s] : 0;
+        }
+        Scan(tmp.scan).ExclusiveSum(n, excl, rows);
+        for (int i = 0; i < kSmallGroupItems; ++i) {
+            const int32_t s = tid * kSmallGroupItems + i;
+            if (s >= S) continue;
+            first[s] = B.expert_offset[s] = excl[i];
+            B.expert_fill[s] = n[i];
+        }
+        if (tid == 0) {
+            first[S] = B.expert_offset[S] = rows;
+            if (rows > B.max_rows) *B.overflow = 1;
+        }
+    }
+    __syncthreads();  // placed[] was read; first[] and the route_* writes are visible
+    for (int32_t s = tid; s < S; s += kSmallGroupThreads) placed[s] = 0;
+    const int end_bit = 32 - __clz(S);  // keys 0..S, S = "no slot" (sorts last)
+    const int64_t routes = total * K;
+    for (int64_t base = 0; base < routes; base += kSmallGroupTile) {
+        uint32_t key[kSmallGroupItems];
+        int32_t q[kSmallGroupItems];
+        for (int i = 0; i < kSmallGroupItems; ++i) {
+            const int64_t qq = base + tid * kSmallGroupItems + i;
+            q[i] = static_cast<int32_t>(qq);
+            key[i] = static_cast<uint32_t>(S);
+            if (qq < routes) {
+                int32_t src;
+                const int64_t pos = position_of(tab, B.prefix, R, rg, qq / K, src);
+                const int32_t slot = B.route_slot[pos * K + qq % K];
+                if (slot >= 0) key[i] = static_cast<uint32_t>(slot);
+            }
+        }
+        __syncthreads();  // tmp (scan or the previous tile's sort) and placed[] are free
+        Sort(tmp.sort).Sort(key, q, 0, end_bit);
+        for (int i = 0; i < kSmallGroupItems; ++i) sorted_slot[tid * kSmallGroupItems + i] = key[i];
+        __syncthreads();
+        for (int i = 0; i < kSmallGroupItems; ++i) {
+            const int32_t at = tid * kSmallGroupItems + i;
+            if (key[i] < uint32_t(S) && (at == 0 || sorted_slot[at - 1] != key[i])) run_start[key[i]] = at;
+        }
+        __syncthreads();
+        for (int i = 0; i < kSmallGroupItems; ++i) {
+            const int32_t at = tid * kSmallGroupItems + i;
+            if (key[i] >= uint32_t(S)) continue;
+            const int64_t row = first[key[i]] + placed[key[i]] + (at - run_start[key[i]]);
+            if (row >= B.max_rows) continue;
+            int32_t src;
+            const int32_t j = q[i] % K;
+            const int64_t pos = position_of(tab, B.prefix, R, rg, q[i] / K, src);
+            B.row_position[row] = pos;
+            B.row_route[row] = j;
+            B.route_row[pos * K + j] = static_cast<int32_t>(row);
+        }
+        __syncthreads();  // every thread has read placed[] for this tile
+        for (int i = 0; i < kSmallGroupItems; ++i) {
+            const int32_t at = tid * kSmallGroupItems + i;
+            if (key[i] < uint32_t(S) && (at + 1 == kSmallGroupTile || sorted_slot[at + 1] != key[i]))
+                placed[key[i]] += at - run_start[key[i]] + 1;
+        }
     }
 }
 
@@ -689,7 +911,23 @@ RecvGeom recv_geom(const RecvRegion &src, const RecordGeom &g) {
     return {src.base, src.peer_bytes, src.capacity, g.bytes};
 }
 
+// The one-block kernels for decode sizes: FT_EP_SMALL_KERNELS=0 (read once) forces the chains;
+// set_small_kernels_for_testing() overrides it (-1: no override).
+std::atomic<int> small_override{-1};
+
+bool small_kernels() {
+    static const bool from_env = [] {
+        const char *v = std::getenv("FT_EP_SMALL_KERNELS");
+        return !(v && v[0] == '0');
+    }();
+    const int o = small_override.load(std::memory_order_relaxed);
+    return o < 0 ? from_env : o != 0;
+}
+
 }  // namespace
+
+void set_small_kernels_for_testing(bool on) { small_override.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool small_kernels_enabled() { return small_kernels(); }
 
 // ---- placement ---------------------------------------------------------------------------------
 
@@ -743,6 +981,12 @@ void launch_layout(const DevicePlacement &p, const int32_t *ids, const float *we
         source_rank < 0 || source_rank >= R)
         fail(FT_ERR_INVALID_ARGUMENT, "EP layout: ", tokens, " tokens (max ", L.max_tokens, "), top-k ", K,
              ", source ", source_rank, " of ", R);
+    if (small_kernels() && tokens * K <= kSmallLayoutRoutes && int64_t(R) * p.slots_per_rank <= kSmallLayoutSlots) {
+        launch_pdl(small_layout_kernel, dim3(1), dim3(kSmallLayoutThreads), 0, st, p, ids, weights, tokens, K,
+                   rank_load, L);
+        check_launch("layout kernel");
+        return;
+    }
     check_cuda(cudaMemsetAsync(L.expert_count, 0, sizeof(int64_t) * R * p.slots_per_rank, st), "layout clear");
     if (rank_load == nullptr) {
         check_cuda(cudaMemsetAsync(L.forced_load, 0, sizeof(int64_t) * R, st), "layout clear");
@@ -765,12 +1009,14 @@ void launch_pack(const LayoutBuffers &L, int64_t max_rows, const uint16_t *x, in
     const RecordGeom g = geom(hidden, L.top_k, dtype);
     if (reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(dst.base) % 16 || dst.peer_bytes % 16)
         fail(FT_ERR_INVALID_ARGUMENT, "EP pack: x must be 8-byte and the wire buffer 16-byte aligned");
-    if (dst.peer_bytes)
+    // Latency mode: pack_kernel's block 0 writes the headers unless there is no pack kernel.
+    const bool fused_header = dst.peer_bytes && max_rows > 0 && small_kernels();
+    if (dst.peer_bytes && !fused_header)
         launch_pdl(header_kernel, dim3(1), dim3(kMaxRanks), 0, st, L.count, L.num_ranks, dst.base, dst.peer_bytes);
     if (max_rows > 0)
         launch_pdl(pack_kernel, dim3(grid_for(max_rows, 1, 16384)), dim3(kPackThreads), 0, st, 
             L.offset, L.num_ranks, L.send_token, L.send_n, L.send_slot, L.send_weight, L.top_k, x, hidden, dtype,
-            source_rank, dst.base, dst.peer_bytes, g);
+            source_rank, dst.base, dst.peer_bytes, g, fused_header ? static_cast<const int64_t *>(L.count) : nullptr);
     check_launch("pack kernel");
 }
 
@@ -821,6 +1067,12 @@ void launch_group(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden
     if (C < 1 || c < 0 || c >= C) fail(FT_ERR_INVALID_ARGUMENT, "EP group: chunk ", c, " of ", C);
     const RecordGeom g = geom(hidden, B.top_k, dtype);
     const RecvGeom rg = recv_geom(src, g);
+    if (small_kernels() && B.max_positions * B.top_k <= kSmallGroupRoutes && B.slots >= 1 &&
+        B.slots <= kSmallGroupSlots) {
+        launch_pdl(small_group_kernel, dim3(1), dim3(kSmallGroupThreads), 0, st, rg, g, c, C, B);
+        check_launch("group kernel");
+        return;
+    }
     check_cuda(cudaMemsetAsync(B.expert_fill, 0, sizeof(int64_t) * B.slots, st), "group clear");
     launch_pdl(group_count_kernel, dim3(grid_for(B.max_positions, 256, 1024)), dim3(256), 0, st, 
         B.count, B.prefix, B.num_ranks, rg, g, B.top_k, B.slots, c, C, B.expert_fill, B.route_row, B.route_slot);

@@ -198,6 +198,11 @@ std::vector<Case> cases() {
     c.push_back({4, 7168, 64, WireDtype::Fp8Fp32, true, seed++});
     c.push_back({2, 2048, 4096, WireDtype::Fp8Fp32, false, seed++});
     c.push_back({4, 2048, 4096, WireDtype::Fp8Ue8m0, true, seed++});
+    // The one-block decode kernels' bounds (kernels.cu): rank 0 has 512 * 8 = 4096 routes (the
+    // layout bound, still one block) or 513 * 8 (the chain), and R * T * 8 = 8192 positions * top-k
+    // (the group bound) or 8208.
+    c.push_back({2, 2048, 512, WireDtype::Fp8Ue8m0, true, seed++});
+    c.push_back({2, 2048, 513, WireDtype::Fp8Fp32, true, seed++});
     return c;
 }
 
@@ -458,6 +463,154 @@ TEST(EpCudaSim, CountsAndBytesMatchTheLayout) {
     }
     // The simulated wire also carried the count all-gather.
     EXPECT_EQ(d.sim_remote_bytes, want_remote + size_t(c.R) * (c.R - 1) * c.R * sizeof(int64_t));
+}
+
+// ---- the one-block decode kernels against the chains ------------------------------------------
+
+// Forces the one-block kernels on or off for its lifetime (FT_EP_SMALL_KERNELS's override).
+struct SmallKernels {
+    bool saved = epc::small_kernels_enabled();
+    explicit SmallKernels(bool on) { epc::set_small_kernels_for_testing(on); }
+    ~SmallKernels() { epc::set_small_kernels_for_testing(saved); }
+    SmallKernels(const SmallKernels &) = delete;
+    SmallKernels &operator=(const SmallKernels &) = delete;
+};
+
+// Every buffer launch_layout writes, and the latency-mode regions launch_pack writes.
+struct LayoutDump {
+    std::vector<int32_t> route_phy, row, send_token, send_n, send_slot;
+    std::vector<uint64_t> mask;
+    std::vector<int64_t> forced_load, count, offset, expert_count;
+    std::vector<float> send_weight;
+    std::vector<uint8_t> regions;
+    bool operator==(const LayoutDump &o) const {
+        return route_phy == o.route_phy && row == o.row && send_token == o.send_token && send_n == o.send_n &&
+               send_slot == o.send_slot && mask == o.mask && forced_load == o.forced_load && count == o.count &&
+               offset == o.offset && expert_count == o.expert_count && regions == o.regions &&
+               std::memcmp(send_weight.data(), o.send_weight.data(), send_weight.size() * 4) == 0 &&
+               send_weight.size() == o.send_weight.size();
+    }
+};
+
+LayoutDump layout_on_device(const Placement &p, const RankInput &ri, int32_t r, const int64_t *rank_load, int64_t H,
+                            WireDtype dtype) {
+    const int32_t R = p.num_ranks, S = p.slots_per_rank, K = kTopK;
+    const int64_t T = std::max<int64_t>(ri.tokens, 1);
+    epc::PlacementBuffer dp(p);
+    DeviceArray<uint8_t> lmem(epc::layout_bytes(R, S, K, T));
+    // Poison first: both paths must write the same bytes, not rely on what is there.
+    ft::ep::test::cuda_ok(cudaMemset(lmem.ptr, 0xa5, epc::layout_bytes(R, S, K, T)), "poison");
+    const epc::LayoutBuffers L = epc::carve_layout(lmem.ptr, R, S, K, T);
+    DeviceArray<int32_t> ids(ri.ids);
+    DeviceArray<float> w(ri.weights);
+    DeviceArray<uint16_t> x(ri.x);
+    DeviceArray<int64_t> load(std::vector<int64_t>(R, 0));
+    if (rank_load) load.upload(std::vector<int64_t>(rank_load, rank_load + R));
+    const size_t peer = epc::latency_peer_bytes(H, K, dtype, T);
+    DeviceArray<uint8_t> regions(peer * R);
+    ft::ep::test::cuda_ok(cudaMemset(regions.ptr, 0x5a, peer * R), "poison");
+    epc::launch_layout(dp.view(), ids.ptr, w.ptr, ri.tokens, K, r, rank_load ? load.ptr : nullptr, L, nullptr);
+    epc::launch_pack(L, R * T, x.ptr, H, dtype, r, {regions.ptr, peer}, nullptr);
+    ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "layout");
+    LayoutDump d;
+    const int64_t rows = fetch(L.offset + R, 1)[0];
+    d.route_phy = fetch(L.route_phy, ri.tokens * K);
+    d.mask = fetch(L.mask, ri.tokens);
+    d.forced_load = rank_load ? std::vector<int64_t>() : fetch(L.forced_load, R);
+    d.row = fetch(L.row, R * ri.tokens);
+    d.count = fetch(L.count, R);
+    d.offset = fetch(L.offset, R + 1);
+    d.expert_count = fetch(L.expert_count, R * S);
+    d.send_token = fetch(L.send_token, rows);
+    d.send_n = fetch(L.send_n, rows);
+    d.send_slot = fetch(L.send_slot, rows * K);
+    d.send_weight = fetch(L.send_weight, rows * K);
+    d.regions = regions.download(peer * R);
+    return d;
+}
+
+// FT_EP_SMALL_KERNELS off and on: the layout (with and without a caller's rank load), the packed
+// latency regions, the grouped expert rows and whole throughput and latency steps are bit-identical,
+// and equal the host. Sizes on both sides of every bound: decode sizes, the layout and group
+// bounds exactly (T = 512, R = 2) and just above (T = 513), more than 1024 slots per rank (the
+// group's bound; the layout still one block) and more than 4096 slots in all (the layout's bound).
+TEST(EpCudaSim, SmallKernelsOffAndOnBitIdentical) {
+    REQUIRE_GPU();
+    struct KnobCase {
+        Case c;
+        int32_t experts;  // > 0: contiguous placement of that many experts
+    };
+    const KnobCase all[] = {{{4, 2048, 1, WireDtype::Fp8Fp32, true, 61}, 0},
+                            {{8, 2048, 7, WireDtype::Fp8Ue8m0, true, 62}, 0},
+                            {{3, 2048, 64, WireDtype::Bf16, false, 63}, 0},
+                            {{5, 2048, 33, WireDtype::Fp8Fp32, true, 64}, 0},
+                            {{2, 2048, 512, WireDtype::Fp8Fp32, true, 65}, 0},
+                            {{2, 2048, 513, WireDtype::Fp8Ue8m0, true, 66}, 0},
+                            {{2, 1024, 7, WireDtype::Fp8Fp32, false, 67}, 3000},
+                            {{2, 1024, 7, WireDtype::Bf16, false, 68}, 4400}};
+    for (const KnobCase &kc : all) {
+        const Case &c = kc.c;
+        SCOPED_TRACE(ft::cat(name(c), kc.experts ? ft::cat(" E=", kc.experts) : std::string()));
+        Rng rng(c.seed);
+        const Placement p = kc.experts ? contiguous_placement(kc.experts, c.R) : make_placement_for(c, rng);
+        const std::vector<RankInput> in = make_inputs(c, p, rng);
+        const Experts ex = make_experts(rng, p.num_experts);
+        const std::vector<HostRank> h = host_pipeline(p, in, c.H, c.dtype, ex);
+        const int64_t rows = max_expert_rows(h);
+
+        // Layout + pack of every rank, forced loads and a caller's load (ties on purpose).
+        std::vector<int64_t> load(c.R);
+        for (int32_t r = 0; r < c.R; ++r) load[r] = (r * 7) % 3;
+        for (int32_t r = 0; r < c.R; ++r) {
+            SCOPED_TRACE(ft::cat("rank ", r));
+            const int64_t *none = nullptr;
+            for (const int64_t *rl : {none, static_cast<const int64_t *>(load.data())}) {
+                LayoutDump off, on;
+                {
+                    SmallKernels k(false);
+                    off = layout_on_device(p, in[r], r, rl, c.H, c.dtype);
+                }
+                {
+                    SmallKernels k(true);
+                    on = layout_on_device(p, in[r], r, rl, c.H, c.dtype);
+                }
+                EXPECT_TRUE(on == off) << (rl ? "with a rank load" : "forced load");
+                const DispatchLayout hl =
+                    dispatch_layout(p, in[r].ids.data(), in[r].weights.data(), in[r].tokens, kTopK, r, rl);
+                EXPECT_EQ(on.route_phy, hl.route_phy);
+                EXPECT_EQ(on.row, hl.row);
+                EXPECT_EQ(on.offset, hl.offset);
+                EXPECT_EQ(on.expert_count, hl.expert_count);
+                EXPECT_EQ(on.send_slot, hl.send_slot);
+                if (!rl) EXPECT_EQ(on.forced_load, forced_rank_load(p, in[r].ids.data(), in[r].tokens, kTopK));
+            }
+        }
+
+        // Whole steps: throughput (receive side compared buffer by buffer) and latency.
+        DeviceResult tp[2], lat[2];
+        for (int on = 0; on < 2; ++on) {
+            SmallKernels k(on != 0);
+            tp[on] = run_device(p, in, c.H, c.dtype, ex, Run::Throughput, 1, rows);
+            lat[on] = run_device(p, in, c.H, c.dtype, ex, Run::LatencyOneThread, 0, rows);
+        }
+        for (int32_t r = 0; r < c.R; ++r) {
+            SCOPED_TRACE(ft::cat("rank ", r));
+            EXPECT_TRUE(tp[1].received[r] == tp[0].received[r]) << "received records differ";
+            EXPECT_EQ(tp[1].expert_offset[r], tp[0].expert_offset[r]);
+            EXPECT_EQ(tp[1].row_position[r], tp[0].row_position[r]);
+            EXPECT_EQ(tp[1].row_route[r], tp[0].row_route[r]);
+            EXPECT_EQ(tp[1].row_source[r], tp[0].row_source[r]);
+            EXPECT_EQ(tp[1].row_token[r], tp[0].row_token[r]);
+            EXPECT_EQ(tp[1].expert_offset[r], h[r].rows.offset);
+            EXPECT_EQ(tp[1].row_position[r], h[r].rows.record);
+            EXPECT_TRUE(tp[1].x_rows[r] == tp[0].x_rows[r]) << "unpacked rows differ";
+            EXPECT_TRUE(tp[1].partials[r] == tp[0].partials[r]) << "partials differ";
+            EXPECT_TRUE(tp[1].out[r] == tp[0].out[r]) << "throughput output differs";
+            EXPECT_TRUE(lat[1].out[r] == lat[0].out[r]) << "latency output differs";
+            EXPECT_TRUE(lat[1].out[r] == h[r].out) << "latency output differs from the host";
+            EXPECT_TRUE(tp[1].out[r] == h[r].out) << "throughput output differs from the host";
+        }
+    }
 }
 
 // ---- the C API on a one-rank group (NCCL with a single GPU) -----------------------------------

@@ -32,6 +32,13 @@ inline constexpr size_t kPeerHeaderBytes = 16;  // latency mode: int64 row count
 // Throws FT_ERR_DEVICE (or FT_ERR_OUT_OF_MEMORY) naming `what` when `err` is not cudaSuccess.
 void check_cuda(cudaError_t err, const char *what);
 
+// Decode sizes (launch_layout: tokens * top_k <= 4096 and R * S <= 4096; launch_group: max_positions
+// * top_k <= 8192 and slots <= 1024; launch_pack's latency headers) run one-block kernels instead
+// of chains of launches, with bit-identical outputs. FT_EP_SMALL_KERNELS=0 (read once) forces the
+// chains; the setter overrides that for tests comparing both paths (process-wide, not per rank).
+void set_small_kernels_for_testing(bool on);
+bool small_kernels_enabled();
+
 // ---- placement on the device -----------------------------------------------------------------
 
 struct DevicePlacement {
