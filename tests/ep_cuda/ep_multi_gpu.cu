@@ -106,6 +106,7 @@ std::string on_ranks(int R, const std::function<void(int)> &fn) {
 // ---- which NCCL transport ran ----------------------------------------------------------------
 
 std::string g_log_pattern;
+std::vector<std::string> g_graph_rows;  // the decode sizes replayed from CUDA graphs
 
 std::set<std::string> nccl_transports() {
     std::set<std::string> seen;
@@ -369,6 +370,30 @@ double time_ranks(int R, int iters, const std::function<void(int, cudaStream_t)>
     return worst[iters / 2];
 }
 
+// Each rank's `op` captured once into a CUDA graph (a decode loop replays its step that way: no
+// host launch cost per kernel), then the replays timed like time_ranks.
+double time_graphs(int R, int iters, const std::function<void(int, cudaStream_t)> &op) {
+    std::vector<cudaGraphExec_t> exec(R, nullptr);
+    const std::string err = on_ranks(R, [&](int r) {
+        cudaStream_t st;
+        cudaGraph_t g;
+        cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+        cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+        op(r, st);
+        cuda_ok(cudaStreamEndCapture(st, &g), "end capture");
+        cuda_ok(cudaGraphInstantiate(&exec[r], g, 0), "instantiate");
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(st);
+    });
+    if (!err.empty()) {
+        CHECK(false, "graph capture: %s", err.c_str());
+        return -1;
+    }
+    const double t = time_ranks(R, iters, [&](int r, cudaStream_t st) { cuda_ok(cudaGraphLaunch(exec[r], st), "replay"); });
+    on_ranks(R, [&](int r) { cudaGraphExecDestroy(exec[r]); });
+    return t;
+}
+
 void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const Shape &shape, int64_t T) {
     const int R = static_cast<int>(nets.size());
     const int32_t K = kTopK, E = shape.E;
@@ -484,6 +509,24 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         nets[r]->all_gather(dev[r].x.ptr, ag_out[r].ptr, T * H * 2, st);
         nets[r]->reduce_scatter_bf16(rs_in[r].ptr, dev[r].out.ptr, T * H, st);
     });
+    // Decode sizes as a decode loop runs them: each step replayed from a CUDA graph.
+    double g_agrs = -1, g_lat = -1, g_mb_lat = -1;
+    if (decode) {
+        g_agrs = time_graphs(R, iters, [&](int r, cudaStream_t st) {
+            nets[r]->all_gather(dev[r].x.ptr, ag_out[r].ptr, T * H * 2, st);
+            nets[r]->reduce_scatter_bf16(rs_in[r].ptr, dev[r].out.ptr, T * H, st);
+        });
+        g_lat = time_graphs(R, iters, [&](int r, cudaStream_t st) {
+            ep_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
+        });
+        g_mb_lat = time_graphs(R, iters, [&](int r, cudaStream_t st) {
+            mb_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
+        });
+        for (int r = 0; r < R; ++r) CHECK(!boxes[r]->faulted(), "mailbox transport timed out (graph)");
+        g_graph_rows.push_back(ft::cat(H, " ", E, " ", T, " | AG+RS ", g_agrs * 1e3, " us, EP latency mode over NCCL ",
+                                       g_lat * 1e3, " us (", g_agrs / g_lat, "x), over mailboxes ", g_mb_lat * 1e3,
+                                       " us (", g_agrs / g_mb_lat, "x)"));
+    }
     const double t_a2a = time_ranks(R, iters, [&](int r, cudaStream_t st) {
         std::vector<epc::PeerRange> there(R), back(R);
         size_t so = 0, ro = 0;
@@ -612,6 +655,8 @@ int main(int argc, char **argv) {
                                            : std::vector<int64_t>{1, 8, 64, 4096, 8192, 16384, 32768};
         for (const Shape &s : {big, small})
             for (int64_t T : sizes) bench_shape(nets, s, T);
+        std::printf("\nDecode sizes, each rank's step captured in a CUDA graph and replayed (slowest rank, median):\n");
+        for (const std::string &row : g_graph_rows) std::printf("%s\n", row.c_str());
         if (!check) report_transports();
     }
     std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "OK", g_failures);

@@ -6,6 +6,8 @@
 // instead of a hang.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -32,6 +34,31 @@ struct Variant {
     int repeats;
 };
 
+// Every rank's thread waits here. On one GPU, a rank still allocating (cudaFree and friends wait
+// for the whole device) while another's exchange kernel spins for it would stall both until the
+// timeout: setup ends for everyone before any step starts, and the steps end before teardown.
+class Barrier {
+public:
+    explicit Barrier(int n) : n_(n) {}
+    void wait() {
+        std::unique_lock<std::mutex> lock(m_);
+        const int64_t gen = gen_;
+        if (++count_ == n_) {
+            count_ = 0;
+            ++gen_;
+            cv_.notify_all();
+        } else {
+            cv_.wait(lock, [&] { return gen_ != gen; });
+        }
+    }
+
+private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    int n_, count_ = 0;
+    int64_t gen_ = 0;
+};
+
 // Runs `v` on every rank (threads on device 0) and returns each rank's output.
 std::vector<std::vector<uint16_t>> run_mailbox(const Case &c, const Placement &p, const std::vector<RankInput> &in,
                                                const Experts &ex, int64_t rows, const Variant &v) {
@@ -43,8 +70,10 @@ std::vector<std::vector<uint16_t>> run_mailbox(const Case &c, const Placement &p
     std::vector<std::vector<uint16_t>> out(R);
     std::vector<std::string> errors(R);
     std::vector<std::thread> threads;
+    Barrier ready(R), finished(R);
     for (int32_t r = 0; r < R; ++r)
         threads.emplace_back([&, r] {
+            bool waited = false, done = false;
             try {
                 cuda_ok(cudaSetDevice(0), "device");
                 DeviceArray<int32_t> ids(in[r].ids), phy2log(std::vector<int32_t>(p.phy2log.begin() + r * S,
@@ -64,25 +93,35 @@ std::vector<std::vector<uint16_t>> run_mailbox(const Case &c, const Placement &p
                 cudaStream_t st;
                 cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
                 const epc::ExpertFn expert = toy_expert(phy2log.ptr, a.ptr, b.ptr);
+                cudaGraph_t g = nullptr;
+                cudaGraphExec_t exec = nullptr;
                 if (v.graph) {
-                    cudaGraph_t g;
-                    cudaGraphExec_t exec;
                     cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
                     ep.forward(ids.ptr, w.ptr, x.ptr, in[r].tokens, expert, y.ptr, st);
                     cuda_ok(cudaStreamEndCapture(st, &g), "end capture");
                     cuda_ok(cudaGraphInstantiate(&exec, g, 0), "instantiate");
-                    for (int i = 0; i < v.repeats; ++i) cuda_ok(cudaGraphLaunch(exec, st), "replay");
-                    cuda_ok(cudaStreamSynchronize(st), "sync");
-                    cudaGraphExecDestroy(exec);
-                    cudaGraphDestroy(g);
-                } else {
-                    for (int i = 0; i < v.repeats; ++i) ep.forward(ids.ptr, w.ptr, x.ptr, in[r].tokens, expert, y.ptr, st);
-                    cuda_ok(cudaStreamSynchronize(st), "sync");
                 }
-                cudaStreamDestroy(st);
+                cuda_ok(cudaDeviceSynchronize(), "setup");
+                waited = true;
+                ready.wait();
+                for (int i = 0; i < v.repeats; ++i) {
+                    if (v.graph)
+                        cuda_ok(cudaGraphLaunch(exec, st), "replay");
+                    else
+                        ep.forward(ids.ptr, w.ptr, x.ptr, in[r].tokens, expert, y.ptr, st);
+                }
+                cuda_ok(cudaStreamSynchronize(st), "sync");
                 out[r] = y.download(in[r].x.size());
+                done = true;
+                finished.wait();
+                if (exec) cudaGraphExecDestroy(exec);
+                if (g) cudaGraphDestroy(g);
+                cudaStreamDestroy(st);
             } catch (const std::exception &e) {
                 errors[r] = e.what();
+                // Keep the others from waiting for this rank forever (they then time out and fail).
+                if (!waited) ready.wait();
+                if (!done) finished.wait();
             }
         });
     for (std::thread &t : threads) t.join();
@@ -120,6 +159,7 @@ TEST(EpMailbox, StepsMatchTheHostReferenceBitForBit) {
         // FP8 combine through the mailboxes: within the element-wise FP8 bound of the MoE.
         const auto f8 = run_mailbox(c, p, in, ex, rows, {epc::Mode::Throughput, 2, false, WireDtype::Fp8Fp32, 2});
         for (int32_t r = 0; r < c.R; ++r) {
+            ASSERT_EQ(f8[r].size(), in[r].x.size()) << name(c) << " FP8 combine rank " << r;
             const MoeCheck m = check_against_moe(in[r], ex, c.H, c.dtype, f8[r]);
             EXPECT_EQ(m.bad, 0) << name(c) << " FP8 combine rank " << r << " worst " << m.worst;
         }
