@@ -224,6 +224,60 @@ void BM_ReduceCombine(benchmark::State &state) {
     });
 }
 
+// Decode sizes as a decode loop runs them: each phase captured 10 times into one CUDA graph and
+// replayed, so the time per phase is what it adds to a graph-replayed step (no host launch cost).
+// Phase 0: the whole local chain (layout, pack, receive counts, group + unpack, reduce, combine);
+// 1 layout; 2 pack; 3 receive counts + group + unpack; 4 reduce; 5 combine. Args: H, E, T, phase.
+void BM_DecodePhaseGraph(benchmark::State &state) {
+    if (ft::cuda::device_count() == 0) return state.SkipWithError("no GPU");
+    Scene &s = scene(state.range(0), static_cast<int32_t>(state.range(1)), state.range(2));
+    const int64_t phase = state.range(3);
+    constexpr int kRepeats = 10;
+    cudaStream_t st;
+    ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    auto run = [&] {
+        if (phase == 0 || phase == 1) s.layout(st);
+        if (phase == 0 || phase == 2) s.pack(st);
+        if (phase == 0 || phase == 3) {
+            s.receive_counts(st);
+            s.unpack(st);
+        }
+        if (phase == 0 || phase == 4) s.reduce(st);
+        if (phase == 0 || phase == 5) s.combine(st);
+    };
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kRepeats; ++i) run();
+    ok(cudaStreamEndCapture(st, &g));
+    ok(cudaGraphInstantiate(&exec, g, 0));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    ok(cudaGraphLaunch(exec, st));
+    for (auto _ : state) {
+        cudaEventRecord(e0, st);
+        ok(cudaGraphLaunch(exec, st));
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        state.SetIterationTime(ms * 1e-3 / kRepeats);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+    static const char *names[] = {"chain", "layout", "pack", "group+unpack", "reduce", "combine"};
+    state.SetLabel(names[phase]);
+}
+BENCHMARK(BM_DecodePhaseGraph)
+    ->ArgsProduct({{7168}, {256}, {1, 64}, {0, 1, 2, 3, 4, 5}})
+    ->ArgsProduct({{2048}, {128}, {1, 64}, {0, 1, 2, 3, 4, 5}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
 void shapes(benchmark::internal::Benchmark *b) {
     for (auto [H, E] : {std::pair<int64_t, int64_t>{7168, 256}, {2048, 128}})
         for (int64_t T : {1, 8, 64, 4096, 16384, 32768}) b->Args({H, E, T});

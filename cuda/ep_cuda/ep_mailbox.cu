@@ -65,9 +65,20 @@ __device__ bool wait_at_least(const View &v, const uint64_t *word, uint64_t want
     return true;
 }
 
+// A mailbox word, read as a system-scope relaxed load: ordered after thread 0's acquire of the
+// sender's flag (bar.sync between), and never served from a stale cached copy of an earlier
+// message (a hint such as ld.cv is not a memory-model guarantee, and the sender may be this GPU).
+__device__ __forceinline__ uint4 load_sys(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
 // Copies the byte ranges [k] (src_k -> dst_k, n_k bytes) as one grid-strided stream of 16-byte
-// words (vec) or bytes. Host-memory sources are read with ld.global.cv: a mailbox is rewritten
-// between launches, so no cached copy may be served.
+// words (vec) or bytes; mailbox sources (kFromHost) through system-scope loads.
 struct Piece {
     const uint8_t *src;
     uint8_t *dst;
@@ -87,7 +98,7 @@ __device__ void copy_pieces(const Piece *pieces, int count, bool vec) {
         const size_t at = i - before;
         if (vec) {
             const uint4 *s = reinterpret_cast<const uint4 *>(pieces[k].src) + at;
-            reinterpret_cast<uint4 *>(pieces[k].dst)[at] = kFromHost ? __ldcv(s) : *s;
+            reinterpret_cast<uint4 *>(pieces[k].dst)[at] = kFromHost ? load_sys(s) : *s;
         } else {
             const uint8_t *s = pieces[k].src + at;
             pieces[k].dst[at] = kFromHost ? *reinterpret_cast<const volatile uint8_t *>(s) : *s;

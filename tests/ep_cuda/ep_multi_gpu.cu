@@ -394,6 +394,43 @@ double time_graphs(int R, int iters, const std::function<void(int, cudaStream_t)
     return t;
 }
 
+// What one exchange of `bytes` per peer costs inside a replayed graph (10 back to back), over NCCL
+// send/recv, NCCL all-gather and the host mailboxes: the transport's share of a decode step.
+void bench_transport(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, size_t bytes) {
+    const int R = static_cast<int>(nets.size());
+    constexpr int kRepeats = 10;
+    auto boxes = mailboxes(R, bytes);
+    std::vector<DeviceArray<uint8_t>> send(R), recv(R);
+    on_ranks(R, [&](int r) {
+        send[r] = DeviceArray<uint8_t>(bytes * R);
+        recv[r] = DeviceArray<uint8_t>(bytes * R);
+    });
+    auto ranges = [&](int) {
+        std::vector<epc::PeerRange> v(R);
+        for (int q = 0; q < R; ++q) v[q] = {q * bytes, bytes, q * bytes, bytes};
+        return v;
+    };
+    const double nccl = time_graphs(R, 20, [&](int r, cudaStream_t st) {
+        const auto v = ranges(r);
+        for (int i = 0; i < kRepeats; ++i) nets[r]->exchange(send[r].ptr, recv[r].ptr, v.data(), st);
+    });
+    const double gather = time_graphs(R, 20, [&](int r, cudaStream_t st) {
+        for (int i = 0; i < kRepeats; ++i) nets[r]->all_gather(send[r].ptr, recv[r].ptr, bytes, st);
+    });
+    const double mbx = time_graphs(R, 20, [&](int r, cudaStream_t st) {
+        const auto v = ranges(r);
+        for (int i = 0; i < kRepeats; ++i) boxes[r]->exchange(send[r].ptr, recv[r].ptr, v.data(), st);
+    });
+    for (int r = 0; r < R; ++r) CHECK(!boxes[r]->faulted(), "mailbox transport timed out (transport bench)");
+    std::printf("transport, %zu bytes per peer, us per exchange in a graph: NCCL send/recv %.1f, NCCL all-gather %.1f, "
+                "mailboxes %.1f\n", bytes, nccl * 1e3 / kRepeats, gather * 1e3 / kRepeats, mbx * 1e3 / kRepeats);
+    on_ranks(R, [&](int r) {
+        send[r] = DeviceArray<uint8_t>();
+        recv[r] = DeviceArray<uint8_t>();
+        boxes[r].reset();
+    });
+}
+
 void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const Shape &shape, int64_t T) {
     const int R = static_cast<int>(nets.size());
     const int32_t K = kTopK, E = shape.E;
@@ -651,6 +688,7 @@ int main(int argc, char **argv) {
                     " NCCL send/recv or host mailboxes (mbx); ratios = AG+RS time / EP time\n"
                     "H     E    tokens/GPU C | EP       f8c      lat      mbx-f8c  mbx-lat  | AG+RS    a2a      | "
                     "EP/a  f8c/a  lat/a mbf8/a mblat/a EP/b | B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
+        for (size_t bytes : {size_t{16} << 10, size_t{512} << 10}) bench_transport(nets, bytes);
         std::vector<int64_t> sizes = quick ? std::vector<int64_t>{8, 4096}
                                            : std::vector<int64_t>{1, 8, 64, 4096, 8192, 16384, 32768};
         for (const Shape &s : {big, small})
