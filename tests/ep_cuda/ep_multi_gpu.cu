@@ -41,7 +41,6 @@
 #include "ft/cuda_device.hpp"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
-#include "ft/ep_mailbox.hpp"
 
 namespace {
 
@@ -177,41 +176,19 @@ Placement shape_placement(int32_t E, int32_t R, bool replicas, Rng &rng) {
     return plan_placement(in).placement;
 }
 
-// Largest message one rank sends another in a step of T tokens per rank (latency mode's region).
-size_t mailbox_bytes(int64_t H, int64_t T, WireDtype dtype) {
-    return std::max(epc::latency_peer_bytes(H, kTopK, dtype, T), static_cast<size_t>(T * H * 2));
-}
-
-std::vector<std::unique_ptr<epc::HostMailboxTransport>> mailboxes(int R, size_t bytes) {
-    std::vector<int32_t> devices(R);
-    std::iota(devices.begin(), devices.end(), 0);
-    return epc::HostMailboxTransport::create_local(devices, bytes);
-}
-
-template <typename Net>
-std::vector<epc::Transport *> pointers(std::vector<std::unique_ptr<Net>> &nets) {
-    std::vector<epc::Transport *> out;
-    for (auto &n : nets) out.push_back(n.get());
-    return out;
-}
-
-// Every variant over NCCL, or over host mailboxes (use_mailbox) sized for this case.
-void check_case(std::vector<std::unique_ptr<epc::NcclTransport>> &nccl, bool use_mailbox, const Shape &shape, int64_t T,
-                WireDtype dtype, bool replicas, bool encode, uint64_t seed) {
-    const int R = static_cast<int>(nccl.size());
+void check_case(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const Shape &shape, int64_t T, WireDtype dtype,
+                bool replicas, bool encode, uint64_t seed) {
+    const int R = static_cast<int>(nets.size());
     Rng rng(seed);
     const Placement p = shape_placement(shape.E, R, replicas, rng);
     Case c{R, shape.H, T, dtype, replicas, seed};
     std::vector<RankInput> in = make_inputs(c, p, rng, encode);
     const Experts ex = make_experts(rng, p.num_experts);
     const std::vector<HostRank> h = host_pipeline(p, in, shape.H, dtype, ex);
+    const std::string label = ft::cat("H=", shape.H, " E=", shape.E, " R=", R, " T=", T, " dtype=", static_cast<int>(dtype),
+                                      replicas ? " replicas" : "", encode ? " encoded" : "");
     int64_t Tmax = 1;
     for (const RankInput &ri : in) Tmax = std::max(Tmax, ri.tokens);
-    std::vector<std::unique_ptr<epc::HostMailboxTransport>> boxes;
-    if (use_mailbox) boxes = mailboxes(R, mailbox_bytes(shape.H, Tmax, dtype));
-    const std::vector<epc::Transport *> nets = use_mailbox ? pointers(boxes) : pointers(nccl);
-    const std::string label = ft::cat(use_mailbox ? "mailbox" : "NCCL", " H=", shape.H, " E=", shape.E, " R=", R, " T=", T,
-                                      " dtype=", static_cast<int>(dtype), replicas ? " replicas" : "", encode ? " encoded" : "");
     const int64_t rows = max_expert_rows(h);
     const size_t rb = record_bytes(shape.H, kTopK, dtype);
 
@@ -394,40 +371,30 @@ double time_graphs(int R, int iters, const std::function<void(int, cudaStream_t)
     return t;
 }
 
-// What one exchange of `bytes` per peer costs inside a replayed graph (10 back to back), over NCCL
-// send/recv, NCCL all-gather and the host mailboxes: the transport's share of a decode step.
+// What one exchange of `bytes` per peer costs inside a replayed graph (10 back to back), as NCCL
+// grouped send/recv (what EP uses) and as an NCCL all-gather: the transport's floor under a
+// decode step, which needs two exchanges.
 void bench_transport(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, size_t bytes) {
     const int R = static_cast<int>(nets.size());
     constexpr int kRepeats = 10;
-    auto boxes = mailboxes(R, bytes);
     std::vector<DeviceArray<uint8_t>> send(R), recv(R);
     on_ranks(R, [&](int r) {
         send[r] = DeviceArray<uint8_t>(bytes * R);
         recv[r] = DeviceArray<uint8_t>(bytes * R);
     });
-    auto ranges = [&](int) {
-        std::vector<epc::PeerRange> v(R);
-        for (int q = 0; q < R; ++q) v[q] = {q * bytes, bytes, q * bytes, bytes};
-        return v;
-    };
-    const double nccl = time_graphs(R, 20, [&](int r, cudaStream_t st) {
-        const auto v = ranges(r);
-        for (int i = 0; i < kRepeats; ++i) nets[r]->exchange(send[r].ptr, recv[r].ptr, v.data(), st);
+    std::vector<epc::PeerRange> ranges(R);
+    for (int q = 0; q < R; ++q) ranges[q] = {q * bytes, bytes, q * bytes, bytes};
+    const double sendrecv = time_graphs(R, 20, [&](int r, cudaStream_t st) {
+        for (int i = 0; i < kRepeats; ++i) nets[r]->exchange(send[r].ptr, recv[r].ptr, ranges.data(), st);
     });
     const double gather = time_graphs(R, 20, [&](int r, cudaStream_t st) {
         for (int i = 0; i < kRepeats; ++i) nets[r]->all_gather(send[r].ptr, recv[r].ptr, bytes, st);
     });
-    const double mbx = time_graphs(R, 20, [&](int r, cudaStream_t st) {
-        const auto v = ranges(r);
-        for (int i = 0; i < kRepeats; ++i) boxes[r]->exchange(send[r].ptr, recv[r].ptr, v.data(), st);
-    });
-    for (int r = 0; r < R; ++r) CHECK(!boxes[r]->faulted(), "mailbox transport timed out (transport bench)");
-    std::printf("transport, %zu bytes per peer, us per exchange in a graph: NCCL send/recv %.1f, NCCL all-gather %.1f, "
-                "mailboxes %.1f\n", bytes, nccl * 1e3 / kRepeats, gather * 1e3 / kRepeats, mbx * 1e3 / kRepeats);
+    std::printf("one exchange of %zu bytes per peer in a graph: NCCL send/recv %.1f us, NCCL all-gather %.1f us\n", bytes,
+                sendrecv * 1e3 / kRepeats, gather * 1e3 / kRepeats);
     on_ranks(R, [&](int r) {
         send[r] = DeviceArray<uint8_t>();
         recv[r] = DeviceArray<uint8_t>();
-        boxes[r].reset();
     });
 }
 
@@ -472,9 +439,7 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
 
     std::vector<std::vector<float>> weights(R);
     std::vector<RankData> dev(R);
-    std::vector<std::unique_ptr<epc::EpRank>> ep_tp(R), ep_lat(R), ep_f8(R), mb_f8(R), mb_lat(R);
-    // The same steps over host mailboxes (ft/ep_mailbox.hpp) instead of NCCL send/recv.
-    std::vector<std::unique_ptr<epc::HostMailboxTransport>> boxes = mailboxes(R, mailbox_bytes(H, T, WireDtype::Fp8Fp32));
+    std::vector<std::unique_ptr<epc::EpRank>> ep_tp(R), ep_lat(R), ep_f8(R);
     std::vector<DeviceArray<uint16_t>> ag_out(R), rs_in(R), a2a_send(R), a2a_recv(R);
     std::vector<int32_t> chunks(R);
     std::vector<size_t> sent(R), sent_f8(R);
@@ -496,12 +461,10 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         ep_tp[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
         cfg.combine_dtype = WireDtype::Fp8Fp32;  // the rows are constant: far inside the accuracy gate
         ep_f8[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
-        mb_f8[r] = std::make_unique<epc::EpRank>(*boxes[r], p, cfg);
         cfg.combine_dtype = WireDtype::Bf16;
         if (decode) {
             cfg.mode = epc::Mode::Latency;
             ep_lat[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
-            mb_lat[r] = std::make_unique<epc::EpRank>(*boxes[r], p, cfg);
         }
         ag_out[r] = DeviceArray<uint16_t>(R * T * H);
         rs_in[r] = DeviceArray<uint16_t>(R * T * H);
@@ -529,40 +492,26 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         sent_f8[r] = ep_f8[r]->last_bytes_sent();
         CHECK(!ep_f8[r]->combine_gate_tripped(), "FP8 combine gate tripped on constant rows");
     });
-    double t_lat = -1, t_mb_lat = -1;
-    if (decode) {
+    double t_lat = -1;
+    if (decode)
         t_lat = time_ranks(R, iters, [&](int r, cudaStream_t st) {
             ep_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
         });
-        t_mb_lat = time_ranks(R, iters, [&](int r, cudaStream_t st) {
-            mb_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
-        });
-    }
-    const double t_mb_f8 = time_ranks(R, iters, [&](int r, cudaStream_t st) {
-        mb_f8[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
-    });
-    for (int r = 0; r < R; ++r) CHECK(!boxes[r]->faulted(), "mailbox transport timed out");
     const double t_agrs = time_ranks(R, iters, [&](int r, cudaStream_t st) {
         nets[r]->all_gather(dev[r].x.ptr, ag_out[r].ptr, T * H * 2, st);
         nets[r]->reduce_scatter_bf16(rs_in[r].ptr, dev[r].out.ptr, T * H, st);
     });
-    // Decode sizes as a decode loop runs them: each step replayed from a CUDA graph.
-    double g_agrs = -1, g_lat = -1, g_mb_lat = -1;
+    // Decode sizes as a decode loop runs them: each rank's step replayed from a CUDA graph.
     if (decode) {
-        g_agrs = time_graphs(R, iters, [&](int r, cudaStream_t st) {
+        const double g_agrs = time_graphs(R, iters, [&](int r, cudaStream_t st) {
             nets[r]->all_gather(dev[r].x.ptr, ag_out[r].ptr, T * H * 2, st);
             nets[r]->reduce_scatter_bf16(rs_in[r].ptr, dev[r].out.ptr, T * H, st);
         });
-        g_lat = time_graphs(R, iters, [&](int r, cudaStream_t st) {
+        const double g_lat = time_graphs(R, iters, [&](int r, cudaStream_t st) {
             ep_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
         });
-        g_mb_lat = time_graphs(R, iters, [&](int r, cudaStream_t st) {
-            mb_lat[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, T, no_expert, dev[r].out.ptr, st);
-        });
-        for (int r = 0; r < R; ++r) CHECK(!boxes[r]->faulted(), "mailbox transport timed out (graph)");
-        g_graph_rows.push_back(ft::cat(H, " ", E, " ", T, " | AG+RS ", g_agrs * 1e3, " us, EP latency mode over NCCL ",
-                                       g_lat * 1e3, " us (", g_agrs / g_lat, "x), over mailboxes ", g_mb_lat * 1e3,
-                                       " us (", g_agrs / g_mb_lat, "x)"));
+        g_graph_rows.push_back(ft::cat(H, " ", E, " ", T, " | AG+RS ", g_agrs * 1e3, " us | EP latency mode ", g_lat * 1e3,
+                                       " us | ", g_agrs / g_lat, "x"));
     }
     const double t_a2a = time_ranks(R, iters, [&](int r, cudaStream_t st) {
         std::vector<epc::PeerRange> there(R), back(R);
@@ -594,9 +543,6 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
         ep_tp[r].reset();
         ep_lat[r].reset();
         ep_f8[r].reset();
-        mb_f8[r].reset();
-        mb_lat[r].reset();
-        boxes[r].reset();
         dev[r] = RankData();
         ag_out[r] = DeviceArray<uint16_t>();
         rs_in[r] = DeviceArray<uint16_t>();
@@ -606,16 +552,11 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
     CHECK(err.empty(), "bench teardown: %s", err.c_str());
     const double agrs_bytes = 2.0 * (R - 1) * T * H * 2;  // per GPU, ring model
     const double a2a_bytes = 2.0 * remote_routes * H * 2 / R;
-    char lat[32] = "-", mlat[32] = "-", rlat[32] = "-", rmlat[32] = "-";
+    char lat[32] = "-";
     if (t_lat >= 0) std::snprintf(lat, sizeof lat, "%.3f", t_lat);
-    if (t_mb_lat >= 0) std::snprintf(mlat, sizeof mlat, "%.3f", t_mb_lat);
-    if (t_lat >= 0) std::snprintf(rlat, sizeof rlat, "%.2fx", t_agrs / t_lat);
-    if (t_mb_lat >= 0) std::snprintf(rmlat, sizeof rmlat, "%.2fx", t_agrs / t_mb_lat);
-    std::printf("%5lld %4d %6lld %3d | %8.3f %8.3f %8s %8.3f %8s | %8.3f %8.3f | %5.2fx %5.2fx %6s %5.2fx %6s %5.2fx | "
-                "%10.3e %10.3e %10.3e %10.3e %10.3e | %5.2f %5.2f\n",
-                static_cast<long long>(H), E, static_cast<long long>(T), chunks[0], t_ep, t_f8, lat, t_mb_f8, mlat, t_agrs,
-                t_a2a, t_agrs / t_ep, t_agrs / t_f8, rlat, t_agrs / t_mb_f8, rmlat, t_a2a / t_ep, meas_bytes, f8_bytes,
-                pred_bytes, agrs_bytes, a2a_bytes, remote_rows > 0 ? remote_routes / remote_rows : 0.0,
+    std::printf("%5lld %4d %6lld %3d | %9.3f %9.3f %9s | %9.3f %9.3f | %5.2fx %5.2fx %5.2fx | %10.3e %10.3e %10.3e %10.3e %10.3e | %5.2f %5.2f\n",
+                static_cast<long long>(H), E, static_cast<long long>(T), chunks[0], t_ep, t_f8, lat, t_agrs, t_a2a, t_agrs / t_ep,
+                t_agrs / t_f8, t_a2a / t_ep, meas_bytes, f8_bytes, pred_bytes, agrs_bytes, a2a_bytes, remote_rows > 0 ? remote_routes / remote_rows : 0.0,
                 remote_rows / (static_cast<double>(T) * R * std::max(R - 1, 1)));
     std::fflush(stdout);
 }
@@ -672,28 +613,25 @@ int main(int argc, char **argv) {
 
     const Shape big{7168, 256}, small{2048, 128};
     if (check) {
-        for (bool mbx : {false, true}) {
-            uint64_t seed = 1000;
-            for (const Shape &s : {small, big})
-                for (int64_t T : {1, 7, 64}) check_case(nets, mbx, s, T, WireDtype::Fp8Fp32, false, false, seed++);
-            check_case(nets, mbx, small, quick ? 300 : 2000, WireDtype::Fp8Fp32, true, false, seed++);
-            check_case(nets, mbx, small, 300, WireDtype::Fp8Ue8m0, true, false, seed++);
-            check_case(nets, mbx, small, 300, WireDtype::Bf16, true, true, seed++);
-            check_case(nets, mbx, big, 64, WireDtype::Bf16, false, true, seed++);
-        }
+        uint64_t seed = 1000;
+        for (const Shape &s : {small, big})
+            for (int64_t T : {1, 7, 64}) check_case(nets, s, T, WireDtype::Fp8Fp32, false, false, seed++);
+        check_case(nets, small, quick ? 300 : 2000, WireDtype::Fp8Fp32, true, false, seed++);
+        check_case(nets, small, 300, WireDtype::Fp8Ue8m0, true, false, seed++);
+        check_case(nets, small, 300, WireDtype::Bf16, true, true, seed++);
+        check_case(nets, big, 64, WireDtype::Bf16, false, true, seed++);
         report_transports();
     }
     if (bench) {
-        std::printf("\nms per step; EP = bf16 combine, f8c = FP8 combine (throughput mode), lat = latency mode (bf16 combine);"
-                    " NCCL send/recv or host mailboxes (mbx); ratios = AG+RS time / EP time\n"
-                    "H     E    tokens/GPU C | EP       f8c      lat      mbx-f8c  mbx-lat  | AG+RS    a2a      | "
-                    "EP/a  f8c/a  lat/a mbf8/a mblat/a EP/b | B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
+        std::printf("\nH     E    tokens/GPU C | EP ms     EP-f8c ms EP-lat ms | AG+RS ms  a2a ms    | vs(a) f8c/a vs(b) | "
+                    "B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
         for (size_t bytes : {size_t{16} << 10, size_t{512} << 10}) bench_transport(nets, bytes);
         std::vector<int64_t> sizes = quick ? std::vector<int64_t>{8, 4096}
                                            : std::vector<int64_t>{1, 8, 64, 4096, 8192, 16384, 32768};
         for (const Shape &s : {big, small})
             for (int64_t T : sizes) bench_shape(nets, s, T);
-        std::printf("\nDecode sizes, each rank's step captured in a CUDA graph and replayed (slowest rank, median):\n");
+        std::printf("\nDecode sizes, each rank's step captured in a CUDA graph and replayed (slowest rank, median):\n"
+                    "H E tokens/GPU | AG+RS | EP latency mode | AG+RS / EP\n");
         for (const std::string &row : g_graph_rows) std::printf("%s\n", row.c_str());
         if (!check) report_transports();
     }
