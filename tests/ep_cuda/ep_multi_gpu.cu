@@ -1,7 +1,7 @@
 // Expert parallelism on every visible GPU of one process through the NCCL transport (issue 8):
 // correctness across ranks, then dispatch + combine speed against NCCL baselines.
 //
-//   ep_multi_gpu [--check-only | --bench-only] [--quick] [--max-ctas N]
+//   ep_multi_gpu [--check-only | --bench-only] [--quick | --prefill-only] [--max-ctas N]
 //
 // Correctness: tokens that encode (source, index) arrive exactly once where the layout says;
 // every local expert receives exactly its routes; each rank's output equals the host reference
@@ -742,21 +742,28 @@ int main(int argc, char **argv) {
         report_transports();
     }
     if (bench) {
+        // --prefill-only: the H=7168 prefill rows alone (for A/B runs of NCCL settings).
+        const bool prefill_only = has(argc, argv, "--prefill-only");
+        if (!prefill_only)
+            for (size_t bytes : {size_t{16} << 10, size_t{512} << 10}) bench_transport(nets, bytes);
         std::printf("\nH     E    tokens/GPU C | EP ms     EP-f8c ms EP-lat ms | AG+RS ms  a2a ms    | vs(a) f8c/a vs(b) | "
                     "B/GPU sent  f8c sent   predicted  AG+RS B     a2a B      | dedup P\n");
-        for (size_t bytes : {size_t{16} << 10, size_t{512} << 10}) bench_transport(nets, bytes);
         std::vector<int64_t> sizes = quick ? std::vector<int64_t>{8, 4096}
                                            : std::vector<int64_t>{1, 8, 64, 4096, 8192, 16384, 32768};
+        if (prefill_only) sizes = {4096, 32768};
         for (const Shape &s : {big, small})
-            for (int64_t T : sizes) bench_shape(nets, s, T);
-        // Modelled expert compute: 3 * H * I bf16 MACs a row at ~600 TFLOP/s (I = 2048 / 1536).
-        std::printf("\nPlacement: Zipf(1.0) trace with co-activated pairs, FP8 dispatch + combine, modelled expert "
-                    "compute per row\nH     E    tokens/GPU | placement             | step       | balance | per GPU\n");
-        bench_placement(nets, big, quick ? 4096 : 8192, 2.0 * 3 * 7168 * 2048 / 600e12 * 1e9);
-        bench_placement(nets, small, quick ? 4096 : 8192, 2.0 * 3 * 2048 * 1536 / 600e12 * 1e9);
-        std::printf("\nDecode sizes, each rank's step captured in a CUDA graph and replayed (slowest rank, median):\n"
-                    "H E tokens/GPU | AG+RS | EP latency mode | AG+RS / EP\n");
-        for (const std::string &row : g_graph_rows) std::printf("%s\n", row.c_str());
+            if (!prefill_only || s.H == big.H)
+                for (int64_t T : sizes) bench_shape(nets, s, T);
+        if (!prefill_only) {
+            // Modelled expert compute: 3 * H * I bf16 MACs a row at ~600 TFLOP/s (I = 2048 / 1536).
+            std::printf("\nPlacement: Zipf(1.0) trace with co-activated pairs, FP8 dispatch + combine, modelled expert "
+                        "compute per row\nH     E    tokens/GPU | placement             | step       | balance | per GPU\n");
+            bench_placement(nets, big, quick ? 4096 : 8192, 2.0 * 3 * 7168 * 2048 / 600e12 * 1e9);
+            bench_placement(nets, small, quick ? 4096 : 8192, 2.0 * 3 * 2048 * 1536 / 600e12 * 1e9);
+            std::printf("\nDecode sizes, each rank's step captured in a CUDA graph and replayed (slowest rank, median):\n"
+                        "H E tokens/GPU | AG+RS | EP latency mode | AG+RS / EP\n");
+            for (const std::string &row : g_graph_rows) std::printf("%s\n", row.c_str());
+        }
         if (!check) report_transports();
     }
     std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "OK", g_failures);
