@@ -161,14 +161,10 @@ __global__ void offset_kernel(const int64_t *count, int32_t R, int64_t *offset) 
     for (int32_t r = 0; r < R; ++r) offset[r + 1] = s += count[r];
 }
 
-// expert_count increments: global 64-bit atomics (the chain) or shared 32-bit ones (one block).
+// expert_count increments of the chain: global 64-bit atomics (the one block counts in shared).
 struct GlobalExpertCount {
     int64_t *n;
     __device__ void add(int32_t phy) const { atomicAdd(reinterpret_cast<unsigned long long *>(n + phy), 1ull); }
-};
-struct SharedExpertCount {
-    int32_t *n;
-    __device__ void add(int32_t phy) const { atomicAdd(n + phy, 1); }
 };
 
 // Send rows of token t: routes in ascending logical id (ties: lower j), per destination rank.
@@ -230,33 +226,151 @@ __global__ void send_rows_kernel(DevicePlacement p, const int32_t *ids, const fl
 // this does the same passes with __syncthreads between them, counts in shared memory (integer
 // atomics: order-free), and writes every output the chain writes, bit for bit: forced_load (when
 // rank_load is null), route_phy, mask, row, count, offset, expert_count and the send_* rows.
+//
+// A WARP handles a token, lane j its route j (K <= kMaxTopK = 32): what is left at decode sizes
+// is the latency of dependent loads, and one thread walking K routes chains ~30 of them (ids ->
+// logcnt -> log2phy -> load, per route, then route_phy and weights again). Here every lane issues
+// its own loads at once, the per-token sets are warp ORs, the replica choice runs serially over
+// values already in registers, and the stable order and send positions come from shuffles,
+// ballots and popc. At most 32 tokens (one per warp) the route loads stay in registers from the
+// first pass to the last.
 constexpr int kSmallLayoutThreads = 1024;
 constexpr int64_t kSmallLayoutRoutes = 4096;
 constexpr int32_t kSmallLayoutSlots = 4096;  // int32 counters in shared memory: 16 KiB
+constexpr uint32_t kFullWarp = 0xffffffffu;
 
-__global__ void __launch_bounds__(kSmallLayoutThreads)
+__device__ __forceinline__ uint64_t warp_or64(uint64_t v) {
+    const uint32_t lo = __reduce_or_sync(kFullWarp, static_cast<uint32_t>(v));
+    const uint32_t hi = __reduce_or_sync(kFullWarp, static_cast<uint32_t>(v >> 32));
+    return (uint64_t(hi) << 32) | lo;
+}
+
+// Lane j's route of one token. Lanes >= K and ids out of [0, E) are "no route": id = -1, n = 0.
+struct LaneRoute {
+    int32_t id = -1, n = 0, phy0 = -1;
+    float weight = 0.0f;
+};
+
+// All of a lane's loads are independent of each other except logcnt/log2phy on the id.
+__device__ __forceinline__ LaneRoute load_lane_route(const DevicePlacement &p, const int32_t *ids,
+                                                     const float *weights, int64_t t, int32_t K, int lane) {
+    LaneRoute a;
+    if (lane >= K) return a;
+    const int32_t e = ids[t * K + lane];
+    a.weight = weights ? weights[t * K + lane] : 1.0f;
+    if (e < 0 || e >= p.num_experts) return a;
+    a.id = e;
+    a.n = p.logcnt[e];
+    a.phy0 = p.log2phy[int64_t(e) * p.num_ranks];
+    return a;
+}
+
+// single_copy_ranks() of the warp's token: the ranks of its single-copy experts.
+__device__ __forceinline__ uint64_t warp_single_copy(const DevicePlacement &p, const LaneRoute &a) {
+    return warp_or64(a.id >= 0 && a.n == 1 ? 1ull << rank_of(p, a.phy0) : 0ull);
+}
+
+// choose_token() for the warp's token; returns lane's route_phy (-1: no route) and sets `goes`.
+// The least loaded replica (ties: lower rank) is the replica whose rank comes first in `spos`,
+// the ranks' positions sorted by (load, rank); so each route's candidates are a 64-bit mask in
+// that sorted space and the choice is its lowest bit. Routes are taken in ascending j, each
+// seeing the ranks chosen before it, as dispatch_layout() does.
+__device__ __forceinline__ int32_t warp_choose(const DevicePlacement &p, const LaneRoute &a, int lane,
+                                               const int32_t *spos, const int32_t *srank, uint64_t &goes) {
+    const bool multi = a.id >= 0 && a.n > 1;
+    const int32_t *reps = p.log2phy + int64_t(multi ? a.id : 0) * p.num_ranks;
+    uint64_t srep = 0;  // ranks holding a replica of the lane's expert, in sorted space
+    if (multi)
+        for (int32_t i = 0; i < a.n; ++i) srep |= 1ull << spos[rank_of(p, reps[i])];
+    uint64_t sgoes = warp_or64(a.id >= 0 && a.n == 1 ? 1ull << spos[rank_of(p, a.phy0)] : 0ull);
+    int32_t mine = -1;  // sorted position of the lane's chosen rank
+    for (uint32_t todo = __ballot_sync(kFullWarp, multi); todo; todo &= todo - 1) {
+        const int j = __ffs(todo) - 1;
+        const uint64_t cand_all = __shfl_sync(kFullWarp, srep, j);
+        const uint64_t going = cand_all & sgoes;
+        const uint64_t cand = going ? going : cand_all;
+        const int32_t sp = __ffsll(static_cast<long long>(cand)) - 1;
+        sgoes |= 1ull << sp;
+        if (lane == j) mine = sp;
+    }
+    int32_t phy = -1;
+    if (a.id >= 0) {
+        phy = a.phy0;
+        if (multi) {
+            const int32_t want = srank[mine];
+            phy = -1;
+            for (int32_t i = 0; i < a.n && phy < 0; ++i)
+                if (rank_of(p, reps[i]) == want) phy = reps[i];  // the first replica on that rank
+        }
+    }
+    goes = warp_or64(phy >= 0 ? 1ull << rank_of(p, phy) : 0ull);
+    return phy;
+}
+
+// send_rows_of() for the warp's token: lane j's route goes to rank rank_of(phy) at position
+// (routes of that rank before it in ascending id, ties lower j); the lowest lane of each rank
+// writes the row's token and n, and the warp pads that row's unused entries.
+__device__ __forceinline__ void warp_send_rows(const DevicePlacement &p, int32_t K, int64_t tokens, int64_t t,
+                                               int lane, int32_t id, int32_t phy, float weight, const int32_t *row,
+                                               const int64_t *offset, int32_t *expert_n, const LayoutBuffers &L) {
+    const bool routed = phy >= 0;
+    const int32_t r = routed ? rank_of(p, phy) : -1;
+    int64_t out = 0;
+    if (routed) out = offset[r] + row[int64_t(r) * tokens + t];
+    int32_t before = 0;
+    for (int32_t i = 0; i < K; ++i) {
+        const int32_t id_i = __shfl_sync(kFullWarp, id, i), r_i = __shfl_sync(kFullWarp, r, i);
+        before += r_i == r && (id_i < id || (id_i == id && i < lane));
+    }
+    const uint32_t same = __match_any_sync(kFullWarp, r);  // lanes with no route share r = -1
+    const int32_t n = __popc(same);
+    if (routed) {
+        L.send_slot[out * K + before] = phy % p.slots_per_rank;
+        L.send_weight[out * K + before] = weight;
+        atomicAdd(expert_n + phy, 1);
+        if (lane == __ffs(same) - 1) {
+            L.send_token[out] = static_cast<int32_t>(t);
+            L.send_n[out] = n;
+        }
+    }
+    for (uint32_t lead = __ballot_sync(kFullWarp, routed && lane == __ffs(same) - 1); lead; lead &= lead - 1) {
+        const int l = __ffs(lead) - 1;
+        const int64_t o = __shfl_sync(kFullWarp, out, l);
+        const int32_t m = __shfl_sync(kFullWarp, n, l);
+        if (lane >= m && lane < K) {
+            L.send_slot[o * K + lane] = -1;
+            L.send_weight[o * K + lane] = 0.0f;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kSmallLayoutThreads, 1)
 small_layout_kernel(DevicePlacement p, const int32_t *ids, const float *weights, int64_t tokens, int32_t K,
                     const int64_t *rank_load, LayoutBuffers L) {
     __shared__ int32_t expert_n[kSmallLayoutSlots];
     __shared__ int32_t forced[kMaxRanks];
+    __shared__ int32_t spos[kMaxRanks], srank[kMaxRanks];  // ranks sorted by (load, rank)
     __shared__ int64_t load[kMaxRanks];
     __shared__ int64_t count[kMaxRanks];
     __shared__ int64_t offset[kMaxRanks + 1];
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     const int32_t R = p.num_ranks, RS = R * p.slots_per_rank;
     const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int warp = tid / 32, lane = tid % 32, nwarps = nthreads / 32;
+    // One token per warp at most: its route loads are issued once, before the first barrier.
+    const bool cached = tokens <= nwarps;
+    LaneRoute held;
+    if (cached && warp < tokens) held = load_lane_route(p, ids, weights, warp, K, lane);
     for (int32_t i = tid; i < RS; i += nthreads) expert_n[i] = 0;
     for (int32_t r = tid; r < R; r += nthreads) forced[r] = 0;
     __syncthreads();
     // Forced loads of every token first: each choice below compares them.
     if (rank_load == nullptr) {
-        for (int64_t t = tid; t < tokens; t += nthreads) {
-            uint64_t hit = single_copy_ranks(p, ids + t * K, K);
-            while (hit) {
-                const int r = __ffsll(static_cast<long long>(hit)) - 1;
-                hit &= hit - 1;
-                atomicAdd(forced + r, 1);
-            }
+        for (int64_t t = warp; t < tokens; t += nwarps) {
+            const LaneRoute a = cached ? held : load_lane_route(p, ids, weights, t, K, lane);
+            const uint64_t hit = warp_single_copy(p, a);
+            if ((hit >> lane) & 1) atomicAdd(forced + lane, 1);
+            if ((hit >> (lane + 32)) & 1) atomicAdd(forced + lane + 32, 1);
         }
         __syncthreads();
         for (int32_t r = tid; r < R; r += nthreads) load[r] = L.forced_load[r] = forced[r];
@@ -264,18 +378,37 @@ small_layout_kernel(DevicePlacement p, const int32_t *ids, const float *weights,
         for (int32_t r = tid; r < R; r += nthreads) load[r] = rank_load[r];
     }
     __syncthreads();
-    for (int64_t t = tid; t < tokens; t += nthreads)
-        L.mask[t] = choose_token(p, ids + t * K, K, load, L.route_phy + t * K);
+    // Position of rank r in the (load, rank) order: how many ranks come before it.
+    for (int32_t r = warp; r < R; r += nwarps) {
+        const int64_t lr = load[r];
+        const int32_t a = lane, b = lane + 32;
+        const bool a_first = a < R && (load[a] < lr || (load[a] == lr && a < r));
+        const bool b_first = b < R && (load[b] < lr || (load[b] == lr && b < r));
+        const int32_t at = __popc(__ballot_sync(kFullWarp, a_first)) + __popc(__ballot_sync(kFullWarp, b_first));
+        if (lane == 0) {
+            spos[r] = at;
+            srank[at] = r;
+        }
+    }
+    __syncthreads();
+    int32_t held_phy = -1;
+    for (int64_t t = warp; t < tokens; t += nwarps) {
+        const LaneRoute a = cached ? held : load_lane_route(p, ids, weights, t, K, lane);
+        uint64_t goes;
+        const int32_t phy = warp_choose(p, a, lane, spos, srank, goes);
+        if (lane < K) L.route_phy[t * K + lane] = phy;
+        if (lane == 0) L.mask[t] = goes;
+        held_phy = phy;
+    }
     __syncthreads();  // the block's global writes are visible to the whole block past the barrier
     // Row scan, one warp per rank: ballots over 32 tokens at a time, ascending, as the cub scan.
-    const int warp = tid / 32, lane = tid % 32;
     const uint32_t below = (1u << lane) - 1u;
-    for (int32_t r = warp; r < R; r += nthreads / 32) {
+    for (int32_t r = warp; r < R; r += nwarps) {
         int64_t running = 0;
         for (int64_t base = 0; base < tokens; base += 32) {
             const int64_t t = base + lane;
             const bool flag = t < tokens && ((L.mask[t] >> r) & 1);
-            const uint32_t ballot = __ballot_sync(0xffffffffu, flag);
+            const uint32_t ballot = __ballot_sync(kFullWarp, flag);
             if (t < tokens)
                 L.row[int64_t(r) * tokens + t] = flag ? static_cast<int32_t>(running + __popc(ballot & below)) : -1;
             running += __popc(ballot);
@@ -283,15 +416,33 @@ small_layout_kernel(DevicePlacement p, const int32_t *ids, const float *weights,
         if (lane == 0) count[r] = L.count[r] = running;
     }
     __syncthreads();
-    if (tid == 0) {
-        int64_t s = 0;
-        offset[0] = L.offset[0] = 0;
-        for (int32_t r = 0; r < R; ++r) offset[r + 1] = L.offset[r + 1] = s += count[r];
+    // Offsets: an inclusive warp scan of the counts, ranks lane and lane + 32.
+    if (warp == 0) {
+        int64_t lo = lane < R ? count[lane] : 0, hi = lane + 32 < R ? count[lane + 32] : 0;
+        for (int d = 1; d < 32; d <<= 1) {
+            const int64_t lo_up = __shfl_up_sync(kFullWarp, lo, d), hi_up = __shfl_up_sync(kFullWarp, hi, d);
+            if (lane >= d) {
+                lo += lo_up;
+                hi += hi_up;
+            }
+        }
+        hi += __shfl_sync(kFullWarp, lo, 31);
+        if (lane == 0) offset[0] = L.offset[0] = 0;
+        if (lane < R) offset[lane + 1] = L.offset[lane + 1] = lo;
+        if (lane + 32 < R) offset[lane + 33] = L.offset[lane + 33] = hi;
     }
     __syncthreads();
-    for (int64_t t = tid; t < tokens; t += nthreads)
-        send_rows_of(p, ids, weights, tokens, K, t, L.route_phy, L.mask[t], L.row, offset, SharedExpertCount{expert_n},
-                     L.send_token, L.send_n, L.send_slot, L.send_weight);
+    for (int64_t t = warp; t < tokens; t += nwarps) {
+        int32_t id = held.id, phy = held_phy;
+        float weight = held.weight;
+        if (!cached) {
+            const LaneRoute a = load_lane_route(p, ids, weights, t, K, lane);
+            id = a.id;
+            weight = a.weight;
+            phy = lane < K ? L.route_phy[t * K + lane] : -1;
+        }
+        warp_send_rows(p, K, tokens, t, lane, id, phy, weight, L.row, offset, expert_n, L);
+    }
     __syncthreads();
     for (int32_t i = tid; i < RS; i += nthreads) L.expert_count[i] = expert_n[i];
 }

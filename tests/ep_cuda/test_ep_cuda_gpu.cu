@@ -613,6 +613,113 @@ TEST(EpCudaSim, SmallKernelsOffAndOnBitIdentical) {
     }
 }
 
+// The one-block layout (a warp per token) against the chain and the host at the edges the test
+// cases above do not reach: top-k 1, 13 and 32 (a full warp), more than 32 ranks (the high half
+// of the 64-bit masks), experts with 1..3 replicas and one on every rank (up to 64), ids out of range (below 0,
+// at or past E, INT32_MIN/MAX), repeated ids in one token (ties: lower j), tied rank loads, and
+// 1..4 tokens per warp (up to the 4096-route bound). Every buffer launch_layout writes.
+LayoutDump layout_dump(const epc::PlacementBuffer &dp, const Placement &p, const std::vector<int32_t> &ids_h,
+                       const std::vector<float> &w_h, int64_t tokens, int32_t K, int32_t r,
+                       const int64_t *rank_load) {
+    const int32_t R = p.num_ranks, S = p.slots_per_rank;
+    const int64_t T = std::max<int64_t>(tokens, 1);
+    DeviceArray<uint8_t> lmem(epc::layout_bytes(R, S, K, T));
+    ft::ep::test::cuda_ok(cudaMemset(lmem.ptr, 0xa5, epc::layout_bytes(R, S, K, T)), "poison");
+    const epc::LayoutBuffers L = epc::carve_layout(lmem.ptr, R, S, K, T);
+    DeviceArray<int32_t> ids(ids_h);
+    DeviceArray<float> w(w_h);
+    DeviceArray<int64_t> load(std::vector<int64_t>(R, 0));
+    if (rank_load) load.upload(std::vector<int64_t>(rank_load, rank_load + R));
+    epc::launch_layout(dp.view(), ids.ptr, w.ptr, tokens, K, r, rank_load ? load.ptr : nullptr, L, nullptr);
+    ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "layout");
+    LayoutDump d;
+    const int64_t rows = fetch(L.offset + R, 1)[0];
+    d.route_phy = fetch(L.route_phy, tokens * K);
+    d.mask = fetch(L.mask, tokens);
+    d.forced_load = rank_load ? std::vector<int64_t>() : fetch(L.forced_load, R);
+    d.row = fetch(L.row, R * tokens);
+    d.count = fetch(L.count, R);
+    d.offset = fetch(L.offset, R + 1);
+    d.expert_count = fetch(L.expert_count, R * S);
+    d.send_token = fetch(L.send_token, rows);
+    d.send_n = fetch(L.send_n, rows);
+    d.send_slot = fetch(L.send_slot, rows * K);
+    d.send_weight = fetch(L.send_weight, rows * K);
+    return d;
+}
+
+TEST(EpCudaKernels, SmallLayoutMatchesChainAtTheEdges) {
+    REQUIRE_GPU();
+    // Expert of (rank r, slot s): (7 s + r) mod E, or with `hot` expert 0 in slot 0 of every rank
+    // (R replicas) and 1 + (7 s + r) mod (E - 1) elsewhere: distinct on a rank, every expert placed,
+    // 1..3 copies besides the hot one.
+    struct Shape {
+        int32_t R, S, E;
+        bool hot;
+    };
+    const Shape shapes[] = {{8, 6, 21, true}, {40, 3, 50, false}, {64, 3, 70, true}};
+    uint64_t seed = 700;
+    for (const Shape &sh : shapes) {
+        std::vector<int32_t> phy2log(sh.R * sh.S);
+        for (int32_t r = 0; r < sh.R; ++r)
+            for (int32_t s = 0; s < sh.S; ++s)
+                phy2log[r * sh.S + s] = !sh.hot ? (7 * s + r) % sh.E : (s == 0 ? 0 : 1 + (7 * s + r) % (sh.E - 1));
+        const Placement p = make_placement(sh.E, sh.R, phy2log);
+        epc::PlacementBuffer dp(p);
+        std::vector<int64_t> load(sh.R);
+        for (int32_t r = 0; r < sh.R; ++r) load[r] = (r * 7) % 3;
+        for (int32_t K : {1, 13, 32})
+            for (int64_t T : {1, 5, 32, 33, 64, 4096 / K})
+                for (bool outside : {false, true}) {
+                    if (T * K > 4096) continue;
+                    SCOPED_TRACE(ft::cat("R=", sh.R, " K=", K, " T=", T, outside ? " ids out of range" : ""));
+                    Rng rng(seed++);
+                    std::vector<int32_t> ids(T * K);
+                    std::vector<float> w(T * K);
+                    for (int64_t i = 0; i < T * K; ++i) {
+                        const double u = rng.uniform();
+                        const int64_t j = i % K;
+                        if (u < 0.1)
+                            ids[i] = -1 - static_cast<int32_t>(rng.below(3));
+                        else if (outside && u < 0.2)
+                            ids[i] = rng.below(2) ? sh.E + static_cast<int32_t>(rng.below(3))
+                                                  : (rng.below(2) ? INT32_MAX : INT32_MIN);
+                        else if (j > 0 && u < 0.35)
+                            ids[i] = ids[i - 1 - rng.below(j)];  // a repeat: may be -1 or out of range too
+                        else
+                            ids[i] = static_cast<int32_t>(rng.below(sh.E));
+                        w[i] = static_cast<float>(rng.uniform());
+                    }
+                    const int32_t src = static_cast<int32_t>(rng.below(sh.R));
+                    const int64_t *none = nullptr;
+                    for (const int64_t *rl : {none, static_cast<const int64_t *>(load.data())}) {
+                        LayoutDump off, on;
+                        {
+                            SmallKernels k(false);
+                            off = layout_dump(dp, p, ids, w, T, K, src, rl);
+                        }
+                        {
+                            SmallKernels k(true);
+                            on = layout_dump(dp, p, ids, w, T, K, src, rl);
+                        }
+                        EXPECT_TRUE(on == off) << (rl ? "with a rank load" : "forced load");
+                        if (outside) continue;  // the host rejects ids >= E
+                        const DispatchLayout hl = dispatch_layout(p, ids.data(), w.data(), T, K, src, rl);
+                        EXPECT_EQ(on.route_phy, hl.route_phy);
+                        EXPECT_EQ(on.row, hl.row);
+                        EXPECT_EQ(on.count, hl.count);
+                        EXPECT_EQ(on.offset, hl.offset);
+                        EXPECT_EQ(on.expert_count, hl.expert_count);
+                        EXPECT_EQ(on.send_token, hl.send_token);
+                        EXPECT_EQ(on.send_n, hl.send_n);
+                        EXPECT_EQ(on.send_slot, hl.send_slot);
+                        EXPECT_EQ(on.send_weight, hl.send_weight);
+                        if (!rl) EXPECT_EQ(on.forced_load, forced_rank_load(p, ids.data(), T, K));
+                    }
+                }
+    }
+}
+
 // ---- the C API on a one-rank group (NCCL with a single GPU) -----------------------------------
 
 struct CExpert {
