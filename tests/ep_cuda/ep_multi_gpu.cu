@@ -371,6 +371,27 @@ double time_graphs(int R, int iters, const std::function<void(int, cudaStream_t)
     return t;
 }
 
+// Rank r's slice of a [R*T, K] routing trace on its device: ids, weights 1/K, constant rows.
+RankData trace_rank(const std::vector<int32_t> &trace, int r, int64_t T, int32_t K, int64_t H) {
+    RankData d;
+    d.ids = DeviceArray<int32_t>(std::vector<int32_t>(trace.begin() + r * T * K, trace.begin() + (r + 1) * T * K));
+    d.weights = DeviceArray<float>(std::vector<float>(T * K, 1.0f / K));
+    d.x = DeviceArray<uint16_t>(T * H);
+    cuda_ok(cudaMemset(d.x.ptr, 0x3f, T * H * 2), "fill");
+    d.out = DeviceArray<uint16_t>(T * H);
+    return d;
+}
+
+epc::EpConfig bench_config(int32_t K, int64_t H, int64_t T, int64_t max_rows) {
+    epc::EpConfig cfg;
+    cfg.top_k = K;
+    cfg.hidden = H;
+    cfg.max_tokens = T;
+    cfg.max_expert_rows = max_rows;
+    cfg.link_bytes_per_s = 20e9;
+    return cfg;
+}
+
 // What one exchange of `bytes` per peer costs inside a replayed graph (10 back to back), as NCCL
 // grouped send/recv (what EP uses) and as an NCCL all-gather: the transport's floor under a
 // decode step, which needs two exchanges.
@@ -446,18 +467,8 @@ void bench_shape(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, const S
     std::vector<std::vector<int64_t>> measured_counts(R);
     const bool decode = T <= 64;
     std::string err = on_ranks(R, [&](int r) {
-        RankData &d = dev[r];
-        d.ids = DeviceArray<int32_t>(std::vector<int32_t>(trace.begin() + r * T * K, trace.begin() + (r + 1) * T * K));
-        d.weights = DeviceArray<float>(std::vector<float>(T * K, 1.0f / K));
-        d.x = DeviceArray<uint16_t>(T * H);
-        cuda_ok(cudaMemset(d.x.ptr, 0x3f, T * H * 2), "fill");
-        d.out = DeviceArray<uint16_t>(T * H);
-        epc::EpConfig cfg;
-        cfg.top_k = K;
-        cfg.hidden = H;
-        cfg.max_tokens = T;
-        cfg.max_expert_rows = max_rows;
-        cfg.link_bytes_per_s = 20e9;
+        dev[r] = trace_rank(trace, r, T, K, H);
+        epc::EpConfig cfg = bench_config(K, H, T, max_rows);
         ep_tp[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
         cfg.combine_dtype = WireDtype::Fp8Fp32;  // the rows are constant: far inside the accuracy gate
         ep_f8[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
@@ -642,18 +653,8 @@ void bench_placement(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, con
         std::vector<RankData> dev(R);
         std::vector<std::unique_ptr<epc::EpRank>> ep(R);
         std::string err = on_ranks(R, [&](int r) {
-            RankData &d = dev[r];
-            d.ids = DeviceArray<int32_t>(std::vector<int32_t>(trace.begin() + r * T * K, trace.begin() + (r + 1) * T * K));
-            d.weights = DeviceArray<float>(std::vector<float>(T * K, 1.0f / K));
-            d.x = DeviceArray<uint16_t>(T * H);
-            cuda_ok(cudaMemset(d.x.ptr, 0x3f, T * H * 2), "fill");
-            d.out = DeviceArray<uint16_t>(T * H);
-            epc::EpConfig cfg;
-            cfg.top_k = K;
-            cfg.hidden = H;
-            cfg.max_tokens = T;
-            cfg.max_expert_rows = max_rows;
-            cfg.link_bytes_per_s = 20e9;
+            dev[r] = trace_rank(trace, r, T, K, H);
+            epc::EpConfig cfg = bench_config(K, H, T, max_rows);
             cfg.combine_dtype = WireDtype::Fp8Fp32;
             ep[r] = std::make_unique<epc::EpRank>(*nets[r], p, cfg);
         });
