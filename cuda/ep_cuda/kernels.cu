@@ -562,37 +562,83 @@ __global__ void header_kernel(const int64_t *count, int32_t R, uint8_t *base, si
 
 // ---- receive side ----------------------------------------------------------------------------
 
+// Inclusive sums over the warp of two values per lane, lo for index lane and hi for lane + 32
+// (ranks and sources, R <= kMaxRanks = 64). Integer sums, so equal to the serial running sums.
+__device__ __forceinline__ void warp_scan64(int64_t &lo, int64_t &hi) {
+    const int lane = threadIdx.x % 32;
+    for (int d = 1; d < 32; d <<= 1) {
+        const int64_t lo_up = __shfl_up_sync(kFullWarp, lo, d), hi_up = __shfl_up_sync(kFullWarp, hi, d);
+        if (lane >= d) {
+            lo += lo_up;
+            hi += hi_up;
+        }
+    }
+    hi += __shfl_sync(kFullWarp, lo, 31);
+}
+
+// One warp: lane l reads the counts of sources l and l + 32 at once (the headers or the matrix
+// column), so the kernel waits for one round of loads instead of R in a row.
 __global__ void receive_counts_kernel(int64_t *count, int64_t *prefix, int32_t R, const uint8_t *base,
                                       size_t peer_bytes, int64_t capacity, const int64_t *matrix, int32_t me,
                                       int32_t stride) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
-    if (threadIdx.x != 0) return;
-    prefix[0] = 0;
-    for (int32_t s = 0; s < R; ++s) {
-        int64_t c =
-            matrix ? matrix[int64_t(s) * stride + me] : *reinterpret_cast<const int64_t *>(base + s * peer_bytes);
+    if (threadIdx.x >= 32) return;
+    const int32_t lane = threadIdx.x;
+    int64_t c[2] = {0, 0};
+    for (int h = 0; h < 2; ++h) {
+        const int32_t s = lane + 32 * h;
+        if (s >= R) continue;
+        c[h] = matrix ? matrix[int64_t(s) * stride + me] : *reinterpret_cast<const int64_t *>(base + s * peer_bytes);
         // A header can only come from a peer's pack kernel; clamping keeps a corrupt one in bounds.
-        if (!matrix) c = c < 0 ? 0 : (c > capacity ? capacity : c);
-        count[s] = c;
-        prefix[s + 1] = prefix[s] + c;
+        if (!matrix) c[h] = c[h] < 0 ? 0 : (c[h] > capacity ? capacity : c[h]);
+    }
+    int64_t lo = c[0], hi = c[1];
+    warp_scan64(lo, hi);
+    if (lane == 0) prefix[0] = 0;
+    if (lane < R) {
+        count[lane] = c[0];
+        prefix[lane + 1] = lo;
+    }
+    if (lane + 32 < R) {
+        count[lane + 32] = c[1];
+        prefix[lane + 33] = hi;
     }
 }
 
 // Records of chunk c: source s contributes [count*c/C, count*(c+1)/C) (ChunkPlan::begin/end);
-// the virtual index v runs over them, sources ascending.
+// the virtual index v runs over them, sources ascending. first[s] is prefix[s] (where source s's
+// records start when the region is packed), kept here so that a position needs no global load.
 struct ChunkTable {
     int64_t begin[kMaxRanks];
+    int64_t first[kMaxRanks];
     int64_t vstart[kMaxRanks + 1];
 };
 
-__device__ void load_chunk_table(ChunkTable &tab, const int64_t *count, int32_t R, int32_t c, int32_t C) {
-    if (threadIdx.x == 0) {
-        tab.vstart[0] = 0;
-        for (int32_t s = 0; s < R; ++s) {
-            const int64_t n = count[s];
-            tab.begin[s] = n * c / C;
-            tab.vstart[s + 1] = tab.vstart[s] + n * (c + 1) / C - tab.begin[s];
+// Warp 0 fills the table: lane l takes sources l and l + 32, so all count and prefix loads are in
+// flight together; vstart is a warp scan of the per-source lengths. Needs blockDim.x >= 32.
+__device__ void load_chunk_table(ChunkTable &tab, const int64_t *count, const int64_t *prefix, int32_t R, int32_t c,
+                                 int32_t C) {
+    if (threadIdx.x < 32) {
+        const int32_t lane = threadIdx.x;
+        int64_t n[2] = {0, 0}, p[2] = {0, 0}, len[2] = {0, 0};
+        for (int h = 0; h < 2; ++h) {
+            const int32_t s = lane + 32 * h;
+            if (s >= R) continue;
+            n[h] = count[s];
+            p[h] = prefix[s];
         }
+        for (int h = 0; h < 2; ++h) {
+            const int32_t s = lane + 32 * h;
+            if (s >= R) continue;
+            const int64_t b = n[h] * c / C;
+            tab.begin[s] = b;
+            tab.first[s] = p[h];
+            len[h] = n[h] * (c + 1) / C - b;
+        }
+        warp_scan64(len[0], len[1]);
+        if (lane == 0) tab.vstart[0] = 0;
+        if (lane < R) tab.vstart[lane + 1] = len[0];
+        if (lane + 32 < R) tab.vstart[lane + 33] = len[1];
     }
     __syncthreads();
 }
@@ -604,19 +650,32 @@ struct RecvGeom {
     uint32_t bytes;
 };
 
-// (source, index) of virtual record v -> its position and bytes.
-__device__ __forceinline__ int64_t position_of(const ChunkTable &tab, const int64_t *prefix, int32_t R,
-                                               const RecvGeom &rg, int64_t v, int32_t &source) {
+// (source, index) of virtual record v -> its position. The source is the last s with
+// vstart[s] <= v (the serial scan's answer, empty sources skipped): a binary search over the
+// non-decreasing vstart, log2(kMaxRanks) shared loads at most, no global ones.
+__device__ __forceinline__ int64_t position_of(const ChunkTable &tab, int32_t R, const RecvGeom &rg, int64_t v,
+                                               int32_t &source) {
     int32_t s = 0;
-    while (s + 1 < R && tab.vstart[s + 1] <= v) ++s;
+#pragma unroll
+    for (int32_t step = kMaxRanks / 2; step > 0; step >>= 1)
+        if (s + step < R && tab.vstart[s + step] <= v) s += step;
     source = s;
     const int64_t i = tab.begin[s] + (v - tab.vstart[s]);
-    return rg.peer_bytes ? s * rg.capacity + i : prefix[s] + i;
+    return rg.peer_bytes ? s * rg.capacity + i : tab.first[s] + i;
 }
 
 __device__ __forceinline__ const uint8_t *record_at(const RecvGeom &rg, int64_t pos) {
     if (rg.peer_bytes == 0) return rg.base + pos * rg.bytes;
-    const int64_t s = pos / rg.capacity, i = pos % rg.capacity;
+    // 32-bit division where it fits (always at decode sizes): a 64-bit one is a long call.
+    int64_t s, i;
+    if (pos >= 0 && pos <= INT32_MAX && rg.capacity > 0 && rg.capacity <= INT32_MAX) {
+        const uint32_t p32 = static_cast<uint32_t>(pos), c32 = static_cast<uint32_t>(rg.capacity);
+        s = p32 / c32;
+        i = p32 % c32;
+    } else {
+        s = pos / rg.capacity;
+        i = pos % rg.capacity;
+    }
     return rg.base + s * rg.peer_bytes + kPeerHeaderBytes + i * rg.bytes;
 }
 
@@ -635,11 +694,11 @@ __global__ void group_count_kernel(const int64_t *count, const int64_t *prefix, 
                                    int16_t *route_slot) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     __shared__ ChunkTable tab;
-    load_chunk_table(tab, count, R, c, C);
+    load_chunk_table(tab, count, prefix, R, c, C);
     const int64_t total = tab.vstart[R];
     for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
         int32_t s;
-        const int64_t pos = position_of(tab, prefix, R, rg, v, s);
+        const int64_t pos = position_of(tab, R, rg, v, s);
         const uint8_t *rec = record_at(rg, pos);
         const int32_t n = rec_n(rec, g);
         for (int32_t j = 0; j < K; ++j) {
@@ -673,7 +732,7 @@ group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGe
     using Scan = cub::BlockScan<int32_t, kFillThreads>;
     __shared__ ChunkTable tab;
     __shared__ typename Scan::TempStorage tmp;
-    load_chunk_table(tab, count, R, c, C);
+    load_chunk_table(tab, count, prefix, R, c, C);
     const int32_t slot = blockIdx.x;
     const int64_t total = tab.vstart[R];
     int64_t running = offset[slot];
@@ -686,7 +745,7 @@ group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGe
             pos[i] = -1;
             if (v < total) {
                 int32_t s;
-                pos[i] = position_of(tab, prefix, R, rg, v, s);
+                pos[i] = position_of(tab, R, rg, v, s);
                 for (int32_t j = 0; j < K; ++j) mine[i] += route_slot[pos[i] * K + j] == slot;
             }
         }
@@ -714,15 +773,31 @@ group_fill_kernel(const int64_t *count, const int64_t *prefix, int32_t R, RecvGe
 // slots <= kSmallGroupSlots). The chain (memset + count, scan, fill kernels) costs ~20 us of
 // launches at 1 token; this clears expert_fill itself and runs the same passes with
 // __syncthreads between them. Counting pass: group_count_kernel's writes, counts in shared
-// memory. Scan: one cub scan of the slots (same offsets and overflow rule as group_scan_kernel).
-// Placement: the chunk's routes q = v * K + j, taken 1024 at a time in ascending q, are stably
-// radix-sorted by slot, so a route's rank among its slot's routes of the tile is its distance from
-// the start of its slot's run; adding the rows placed by earlier tiles gives exactly
-// group_fill_kernel's (record, route) order per slot.
-constexpr int kSmallGroupThreads = 512, kSmallGroupItems = 2;
+// memory, one thread per ROUTE (record n and slot j loaded together, kSmallGroupBatch routes'
+// loads in flight per thread before any store), and each route's slot kept in shared memory as
+// the placement's sort key. Scan: one cub scan of the slots (same offsets and overflow rule as
+// group_scan_kernel). Placement: the chunk's routes q = v * K + j, taken 1024 at a time in
+// ascending q, are stably radix-sorted by slot, so a route's rank among its slot's routes of the
+// tile is its distance from the start of its slot's run; adding the rows placed by earlier tiles
+// gives exactly group_fill_kernel's (record, route) order per slot. Positions come from the chunk
+// table in shared memory; the only global loads are the counts and the records' metadata.
+constexpr int kSmallGroupThreads = 512, kSmallGroupItems = 2, kSmallGroupBatch = 4;
 constexpr int kSmallGroupTile = kSmallGroupThreads * kSmallGroupItems;
 constexpr int64_t kSmallGroupRoutes = 8192;
 constexpr int32_t kSmallGroupSlots = kSmallGroupTile;  // the offset scan holds one slot per item
+static_assert(kSmallGroupSlots < 65535 && kSmallGroupTile <= 32767, "slot keys and run starts are 16-bit");
+
+// Route q = v * K + j -> (v, j), in 32 bits where q fits (a 64-bit division is a long call).
+__device__ __forceinline__ void split_route(int64_t q, int32_t K, int64_t &v, int32_t &j) {
+    if (q <= INT32_MAX) {
+        const int32_t q32 = static_cast<int32_t>(q);
+        v = q32 / K;
+        j = q32 % K;
+    } else {
+        v = q / K;
+        j = static_cast<int32_t>(q % K);
+    }
+}
 
 __global__ void __launch_bounds__(kSmallGroupThreads)
 small_group_kernel(RecvGeom rg, RecordGeom g, int32_t c, int32_t C, ReceiveBuffers B) {
@@ -733,27 +808,48 @@ small_group_kernel(RecvGeom rg, RecordGeom g, int32_t c, int32_t C, ReceiveBuffe
         typename Scan::TempStorage scan;
     } tmp;
     __shared__ ChunkTable tab;
-    __shared__ int32_t placed[kSmallGroupSlots];     // routes per slot, then rows placed so far
-    __shared__ int64_t first[kSmallGroupSlots + 1];  // expert_offset
-    __shared__ int32_t run_start[kSmallGroupSlots];  // sorted index where a slot's run begins
-    __shared__ uint32_t sorted_slot[kSmallGroupTile];
+    __shared__ int32_t placed[kSmallGroupSlots];  // routes per slot, then rows placed so far
+    // expert_offset; int32 is enough: the rows are at most the routes, and q is an int32 below.
+    __shared__ int32_t first[kSmallGroupSlots + 1];
+    __shared__ int16_t run_start[kSmallGroupSlots];      // sorted index where a slot's run begins
+    __shared__ uint16_t sorted_slot[kSmallGroupTile];    // the tile's sorted keys
+    __shared__ uint16_t route_key[kSmallGroupRoutes];    // route q's slot, S for none (the sort key)
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
     const int32_t R = B.num_ranks, K = B.top_k, S = B.slots;
     const int tid = threadIdx.x;
     for (int32_t s = tid; s < S; s += kSmallGroupThreads) placed[s] = 0;
-    load_chunk_table(tab, B.count, R, c, C);  // ends in __syncthreads
+    load_chunk_table(tab, B.count, B.prefix, R, c, C);  // ends in __syncthreads
     const int64_t total = tab.vstart[R];
-    for (int64_t v = tid; v < total; v += kSmallGroupThreads) {
-        int32_t src;
-        const int64_t pos = position_of(tab, B.prefix, R, rg, v, src);
-        const uint8_t *rec = record_at(rg, pos);
-        const int32_t n = rec_n(rec, g);
-        for (int32_t j = 0; j < K; ++j) {
-            int32_t slot = j < n ? rec_slot(rec, g, j) : -1;
-            if (slot < 0 || slot >= S) slot = -1;
-            B.route_slot[pos * K + j] = static_cast<int16_t>(slot);
-            B.route_row[pos * K + j] = -1;
-            if (slot >= 0) atomicAdd(placed + slot, 1);
+    const int64_t routes = total * K;
+    for (int64_t q0 = tid; q0 < routes; q0 += int64_t(kSmallGroupBatch) * kSmallGroupThreads) {
+        int64_t pos[kSmallGroupBatch];
+        int32_t slot[kSmallGroupBatch], route[kSmallGroupBatch];
+        // Loads of every route of the batch first: a store in between could alias them.
+#pragma unroll
+        for (int u = 0; u < kSmallGroupBatch; ++u) {
+            const int64_t q = q0 + int64_t(u) * kSmallGroupThreads;
+            pos[u] = -1;
+            slot[u] = -1;
+            route[u] = 0;
+            if (q < routes) {
+                int64_t v;
+                int32_t src;
+                split_route(q, K, v, route[u]);
+                pos[u] = position_of(tab, R, rg, v, src);
+                const uint8_t *rec = record_at(rg, pos[u]);
+                // Slot j < K lies in the record whatever n says, so both loads go out at once.
+                const int32_t n = rec_n(rec, g), sl = rec_slot(rec, g, route[u]);
+                slot[u] = route[u] < n && sl >= 0 && sl < S ? sl : -1;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kSmallGroupBatch; ++u) {
+            const int64_t q = q0 + int64_t(u) * kSmallGroupThreads;
+            if (q >= routes) continue;
+            B.route_slot[pos[u] * K + route[u]] = static_cast<int16_t>(slot[u]);
+            B.route_row[pos[u] * K + route[u]] = -1;
+            if (slot[u] >= 0) atomicAdd(placed + slot[u], 1);
+            if (q < kSmallGroupRoutes) route_key[q] = static_cast<uint16_t>(slot[u] >= 0 ? slot[u] : S);
         }
     }
     __syncthreads();
@@ -767,18 +863,19 @@ small_group_kernel(RecvGeom rg, RecordGeom g, int32_t c, int32_t C, ReceiveBuffe
         for (int i = 0; i < kSmallGroupItems; ++i) {
             const int32_t s = tid * kSmallGroupItems + i;
             if (s >= S) continue;
-            first[s] = B.expert_offset[s] = excl[i];
+            first[s] = static_cast<int32_t>(excl[i]);
+            B.expert_offset[s] = excl[i];
             B.expert_fill[s] = n[i];
         }
         if (tid == 0) {
-            first[S] = B.expert_offset[S] = rows;
+            first[S] = static_cast<int32_t>(rows);
+            B.expert_offset[S] = rows;
             if (rows > B.max_rows) *B.overflow = 1;
         }
     }
-    __syncthreads();  // placed[] was read; first[] and the route_* writes are visible
+    __syncthreads();  // placed[] was read; first[], route_key[] and the route_* writes are visible
     for (int32_t s = tid; s < S; s += kSmallGroupThreads) placed[s] = 0;
     const int end_bit = 32 - __clz(S);  // keys 0..S, S = "no slot" (sorts last)
-    const int64_t routes = total * K;
     for (int64_t base = 0; base < routes; base += kSmallGroupTile) {
         uint32_t key[kSmallGroupItems];
         int32_t q[kSmallGroupItems];
@@ -786,30 +883,37 @@ small_group_kernel(RecvGeom rg, RecordGeom g, int32_t c, int32_t C, ReceiveBuffe
             const int64_t qq = base + tid * kSmallGroupItems + i;
             q[i] = static_cast<int32_t>(qq);
             key[i] = static_cast<uint32_t>(S);
-            if (qq < routes) {
-                int32_t src;
-                const int64_t pos = position_of(tab, B.prefix, R, rg, qq / K, src);
-                const int32_t slot = B.route_slot[pos * K + qq % K];
+            if (qq >= routes) continue;
+            if (qq < kSmallGroupRoutes) {
+                key[i] = route_key[qq];
+            } else {  // past the launch bound (counts larger than the buffers promise): reread
+                int64_t v;
+                int32_t j, src;
+                split_route(qq, K, v, j);
+                const int32_t slot = B.route_slot[position_of(tab, R, rg, v, src) * K + j];
                 if (slot >= 0) key[i] = static_cast<uint32_t>(slot);
             }
         }
         __syncthreads();  // tmp (scan or the previous tile's sort) and placed[] are free
         Sort(tmp.sort).Sort(key, q, 0, end_bit);
-        for (int i = 0; i < kSmallGroupItems; ++i) sorted_slot[tid * kSmallGroupItems + i] = key[i];
+        for (int i = 0; i < kSmallGroupItems; ++i)
+            sorted_slot[tid * kSmallGroupItems + i] = static_cast<uint16_t>(key[i]);
         __syncthreads();
         for (int i = 0; i < kSmallGroupItems; ++i) {
             const int32_t at = tid * kSmallGroupItems + i;
-            if (key[i] < uint32_t(S) && (at == 0 || sorted_slot[at - 1] != key[i])) run_start[key[i]] = at;
+            if (key[i] < uint32_t(S) && (at == 0 || sorted_slot[at - 1] != key[i]))
+                run_start[key[i]] = static_cast<int16_t>(at);
         }
         __syncthreads();
         for (int i = 0; i < kSmallGroupItems; ++i) {
             const int32_t at = tid * kSmallGroupItems + i;
             if (key[i] >= uint32_t(S)) continue;
-            const int64_t row = first[key[i]] + placed[key[i]] + (at - run_start[key[i]]);
+            const int64_t row = int64_t(first[key[i]]) + placed[key[i]] + (at - run_start[key[i]]);
             if (row >= B.max_rows) continue;
-            int32_t src;
-            const int32_t j = q[i] % K;
-            const int64_t pos = position_of(tab, B.prefix, R, rg, q[i] / K, src);
+            int64_t v;
+            int32_t j, src;
+            split_route(q[i], K, v, j);
+            const int64_t pos = position_of(tab, R, rg, v, src);
             B.row_position[row] = pos;
             B.row_route[row] = j;
             B.route_row[pos * K + j] = static_cast<int32_t>(row);
@@ -825,19 +929,42 @@ small_group_kernel(RecvGeom rg, RecordGeom g, int32_t c, int32_t C, ReceiveBuffe
 
 constexpr int kUnpackThreads = 128;
 
+// Global loads that stay where they are written (asm volatile): the compiler sinks plain loads
+// below a bound check that does not need them, back into the chain of dependent loads.
+__device__ __forceinline__ int64_t load_early(const int64_t *p) {
+    int64_t v;
+    asm volatile("ld.global.s64 %0, [%1];" : "=l"(v) : "l"(__cvta_generic_to_global(p)));
+    return v;
+}
+__device__ __forceinline__ int32_t load_early(const int32_t *p) {
+    int32_t v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(__cvta_generic_to_global(p)));
+    return v;
+}
+
 // unpack_payload(): e4m3 * scale in fp32 (or the bf16 values), per expert row.
 __global__ void unpack_kernel(const int64_t *offset, int32_t S, int64_t max_rows, RecvGeom rg, RecordGeom g,
                               int64_t hidden, WireDtype dtype, const int64_t *row_position, const int32_t *row_route,
                               uint16_t *x_bf16, float *x_f32, int32_t *row_source, int32_t *row_token,
                               float *row_weight) {
     pdl_wait();  // launched by launch_pdl (cuda_launch.cuh)
-    const int64_t rows = min(offset[S], max_rows);
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const uint8_t *rec = record_at(rg, row_position[row]);
+    const int64_t rows = offset[S];
+    for (int64_t row = blockIdx.x; row < max_rows; row += gridDim.x) {
+        // The row's position and route are read BEFORE its count is known, so the three loads go
+        // out together: every row below max_rows lies in the buffers, and the values of a row at
+        // or past the count are never used.
+        const int64_t position = load_early(row_position + row);
+        const int32_t route = load_early(row_route + row);
+        if (row >= rows) break;
+        const uint8_t *rec = record_at(rg, position);
         if (threadIdx.x == 0) {
-            row_source[row] = *reinterpret_cast<const int16_t *>(rec + g.source);
-            row_token[row] = *reinterpret_cast<const int32_t *>(rec + g.token);
-            row_weight[row] = *reinterpret_cast<const float *>(rec + g.weight + 4 * row_route[row]);
+            // The three metadata loads before the first store (a store could alias them).
+            const int32_t source = *reinterpret_cast<const int16_t *>(rec + g.source);
+            const int32_t token = *reinterpret_cast<const int32_t *>(rec + g.token);
+            const float weight = *reinterpret_cast<const float *>(rec + g.weight + 4 * route);
+            row_source[row] = source;
+            row_token[row] = token;
+            row_weight[row] = weight;
         }
         for (int64_t c4 = threadIdx.x; c4 < hidden / 4; c4 += blockDim.x) {
             float v[4];
@@ -893,11 +1020,11 @@ __global__ void reduce_kernel(const int64_t *count, const int64_t *prefix, int32
     __shared__ float w[kMaxTopK];
     __shared__ int32_t yrow[kMaxTopK];
     __shared__ int32_t n;
-    load_chunk_table(tab, count, R, c, C);
+    load_chunk_table(tab, count, prefix, R, c, C);
     const int64_t total = tab.vstart[R];
     for (int64_t v = blockIdx.x; v < total; v += gridDim.x) {
         int32_t s;
-        const int64_t pos = position_of(tab, prefix, R, rg, v, s);
+        const int64_t pos = position_of(tab, R, rg, v, s);
         const uint8_t *rec = record_at(rg, pos);
         if (threadIdx.x == 0) n = min(rec_n(rec, g), K);
         if (threadIdx.x < K) {
@@ -958,7 +1085,7 @@ encode_combine_kernel(const int64_t *count, const int64_t *prefix, int32_t R, in
     __shared__ ChunkTable tab;
     __shared__ double err_w[kWarps], norm_w[kWarps];
     __shared__ int bad_w[kWarps];
-    load_chunk_table(tab, count, R, c, C);
+    load_chunk_table(tab, count, prefix, R, c, C);
     const RecvGeom rg{nullptr, 0, 0, 0};
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t total = tab.vstart[R], blocks = hidden / kWireBlock;
@@ -966,7 +1093,7 @@ encode_combine_kernel(const int64_t *count, const int64_t *prefix, int32_t R, in
     const uint32_t used = static_cast<uint32_t>(hidden + blocks * sb);
     for (int64_t v = blockIdx.x; v < total; v += gridDim.x) {
         int32_t source;
-        const int64_t pos = position_of(tab, prefix, R, rg, v, source);
+        const int64_t pos = position_of(tab, R, rg, v, source);
         if (source == me) continue;  // the source's own rows stay bf16 (same v for the whole block)
         const uint16_t *row = partial + pos * hidden;
         uint8_t *out = wire + pos * row_bytes;
