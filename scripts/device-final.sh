@@ -30,6 +30,7 @@ step gpu-benches
 step backends
 timeout 45 $b/bench/bench_ep --benchmark_filter='WireBytes|/(7168|2048)/(256|128)/(1|64|4096|32768)$' --benchmark_min_time=0.05 --benchmark_counters_tabular=true > $out/bench_ep.log 2>&1
 clean < $out/bench_ep.log | head -40
+timeout 40 $b/bench/bench_ep --benchmark_filter='DecodePhaseGraph' --benchmark_min_time=0.05 2>&1 | clean | grep DecodePhase | awk '{print $1, $2, $NF}'
 step ep
 # Several GPUs (issue 8): correctness with and without peer-to-peer, then the speed table without.
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
