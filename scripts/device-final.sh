@@ -28,7 +28,7 @@ step gpu-benches
 [ -n "${FT_FINAL_SKIP_BACKENDS:-}" ] || timeout 150 $b/bench/bench_backends --benchmark_filter='offload|hybrid_(allmiss|sweep|adaptive)' --benchmark_counters_tabular=true > $out/bench_backends.log 2>&1
 [ -f $out/bench_backends.log ] && clean < $out/bench_backends.log | head -40
 step backends
-timeout 45 $b/bench/bench_ep --benchmark_filter='WireBytes|/(7168|2048)/(256|128)/(1|64|4096|32768)$' --benchmark_min_time=0.05 --benchmark_counters_tabular=true > $out/bench_ep.log 2>&1
+timeout 45 $b/bench/bench_ep --benchmark_filter='WireBytes|/(7168|2048)/(256|128)/(1|64|4096|32768)(/|$)' --benchmark_min_time=0.05 --benchmark_counters_tabular=true > $out/bench_ep.log 2>&1
 clean < $out/bench_ep.log | head -40
 timeout 40 $b/bench/bench_ep --benchmark_filter='DecodePhaseGraph' --benchmark_min_time=0.05 2>&1 | clean | grep DecodePhase | awk '{print $1, $2, $NF}'
 step ep
