@@ -13,47 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "ep_device_array.hpp"
 #include "ft/common.hpp"
 #include "ft/ep_cuda.hpp"
 
 namespace ft::ep::test {
-
-inline void cuda_ok(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-template <typename T>
-struct DeviceArray {
-    T *ptr = nullptr;
-    size_t n = 0;
-    DeviceArray() = default;
-    explicit DeviceArray(size_t count) : n(count) { cuda_ok(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
-    explicit DeviceArray(const std::vector<T> &v) : DeviceArray(v.size()) { upload(v); }
-    ~DeviceArray() { cudaFree(ptr); }
-    DeviceArray(const DeviceArray &) = delete;
-    DeviceArray &operator=(const DeviceArray &) = delete;
-    DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
-    DeviceArray &operator=(DeviceArray &&o) noexcept {
-        std::swap(ptr, o.ptr);
-        std::swap(n, o.n);
-        return *this;
-    }
-    void upload(const std::vector<T> &v) {
-        if (!v.empty()) cuda_ok(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-    }
-    std::vector<T> download(size_t count) const {
-        std::vector<T> v(count);
-        if (count) cuda_ok(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
-        return v;
-    }
-};
-
-template <typename T>
-std::vector<T> fetch(const T *device, size_t count) {
-    std::vector<T> v(count);
-    if (count) cuda_ok(cudaMemcpy(v.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), "fetch");
-    return v;
-}
 
 // Host twin: each product and the sum rounded once (volatile stops a contraction into fma).
 inline uint16_t toy_expert_host(float a, float b, float x0, float x1) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../ep/ep_test_util.hpp"
+#include "ep_device_array.hpp"
 #include "freetoken.h"
 #include "freetoken_cuda.h"
 #include "freetoken_ep.h"
@@ -36,29 +37,8 @@ using ft::f32_to_bf16;
 using ft::ep::test::Rng;
 namespace epc = ft::ep::cuda;
 
-void cuda_ok(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// (ep_cuda_test_util.cuh has the same, but it defines a kernel and can only be included once.)
-template <typename T>
-struct DeviceArray {
-    T *ptr = nullptr;
-    explicit DeviceArray(size_t count) { cuda_ok(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
-    explicit DeviceArray(const std::vector<T> &v) : DeviceArray(v.size()) { upload(v); }
-    ~DeviceArray() { cudaFree(ptr); }
-    DeviceArray(const DeviceArray &) = delete;
-    DeviceArray &operator=(const DeviceArray &) = delete;
-    DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
-    void upload(const std::vector<T> &v) {
-        if (!v.empty()) cuda_ok(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-    }
-    std::vector<T> download(size_t count) const {
-        std::vector<T> v(count);
-        if (count) cuda_ok(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
-        return v;
-    }
-};
+using ft::ep::test::cuda_ok;
+using ft::ep::test::DeviceArray;
 
 constexpr int32_t kL = 2, kK = 4, kH = 256, kI = 128;
 
