@@ -492,6 +492,26 @@ struct LayoutDump {
     }
 };
 
+// Every buffer launch_layout wrote for `tokens` tokens (forced_load only when the kernel computed
+// it, i.e. without a caller's rank load).
+LayoutDump read_layout(const epc::LayoutBuffers &L, int64_t tokens, bool caller_load) {
+    const int32_t R = L.num_ranks, S = L.slots, K = L.top_k;
+    LayoutDump d;
+    const int64_t rows = fetch(L.offset + R, 1)[0];
+    d.route_phy = fetch(L.route_phy, tokens * K);
+    d.mask = fetch(L.mask, tokens);
+    d.forced_load = caller_load ? std::vector<int64_t>() : fetch(L.forced_load, R);
+    d.row = fetch(L.row, R * tokens);
+    d.count = fetch(L.count, R);
+    d.offset = fetch(L.offset, R + 1);
+    d.expert_count = fetch(L.expert_count, R * S);
+    d.send_token = fetch(L.send_token, rows);
+    d.send_n = fetch(L.send_n, rows);
+    d.send_slot = fetch(L.send_slot, rows * K);
+    d.send_weight = fetch(L.send_weight, rows * K);
+    return d;
+}
+
 LayoutDump layout_on_device(const Placement &p, const RankInput &ri, int32_t r, const int64_t *rank_load, int64_t H,
                             WireDtype dtype) {
     const int32_t R = p.num_ranks, S = p.slots_per_rank, K = kTopK;
@@ -512,19 +532,7 @@ LayoutDump layout_on_device(const Placement &p, const RankInput &ri, int32_t r, 
     epc::launch_layout(dp.view(), ids.ptr, w.ptr, ri.tokens, K, r, rank_load ? load.ptr : nullptr, L, nullptr);
     epc::launch_pack(L, R * T, x.ptr, H, dtype, r, {regions.ptr, peer}, nullptr);
     ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "layout");
-    LayoutDump d;
-    const int64_t rows = fetch(L.offset + R, 1)[0];
-    d.route_phy = fetch(L.route_phy, ri.tokens * K);
-    d.mask = fetch(L.mask, ri.tokens);
-    d.forced_load = rank_load ? std::vector<int64_t>() : fetch(L.forced_load, R);
-    d.row = fetch(L.row, R * ri.tokens);
-    d.count = fetch(L.count, R);
-    d.offset = fetch(L.offset, R + 1);
-    d.expert_count = fetch(L.expert_count, R * S);
-    d.send_token = fetch(L.send_token, rows);
-    d.send_n = fetch(L.send_n, rows);
-    d.send_slot = fetch(L.send_slot, rows * K);
-    d.send_weight = fetch(L.send_weight, rows * K);
+    LayoutDump d = read_layout(L, ri.tokens, rank_load != nullptr);
     d.regions = regions.download(peer * R);
     return d;
 }
@@ -632,20 +640,7 @@ LayoutDump layout_dump(const epc::PlacementBuffer &dp, const Placement &p, const
     if (rank_load) load.upload(std::vector<int64_t>(rank_load, rank_load + R));
     epc::launch_layout(dp.view(), ids.ptr, w.ptr, tokens, K, r, rank_load ? load.ptr : nullptr, L, nullptr);
     ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "layout");
-    LayoutDump d;
-    const int64_t rows = fetch(L.offset + R, 1)[0];
-    d.route_phy = fetch(L.route_phy, tokens * K);
-    d.mask = fetch(L.mask, tokens);
-    d.forced_load = rank_load ? std::vector<int64_t>() : fetch(L.forced_load, R);
-    d.row = fetch(L.row, R * tokens);
-    d.count = fetch(L.count, R);
-    d.offset = fetch(L.offset, R + 1);
-    d.expert_count = fetch(L.expert_count, R * S);
-    d.send_token = fetch(L.send_token, rows);
-    d.send_n = fetch(L.send_n, rows);
-    d.send_slot = fetch(L.send_slot, rows * K);
-    d.send_weight = fetch(L.send_weight, rows * K);
-    return d;
+    return read_layout(L, tokens, rank_load != nullptr);
 }
 
 TEST(EpCudaKernels, SmallLayoutMatchesChainAtTheEdges) {
