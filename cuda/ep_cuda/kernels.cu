@@ -239,6 +239,20 @@ constexpr int64_t kSmallLayoutRoutes = 4096;
 constexpr int32_t kSmallLayoutSlots = 4096;  // int32 counters in shared memory: 16 KiB
 constexpr uint32_t kFullWarp = 0xffffffffu;
 
+// Inclusive sums over the warp of two values per lane, lo for index lane and hi for lane + 32
+// (ranks and sources, R <= kMaxRanks = 64). Integer sums, so equal to the serial running sums.
+__device__ __forceinline__ void warp_scan64(int64_t &lo, int64_t &hi) {
+    const int lane = threadIdx.x % 32;
+    for (int d = 1; d < 32; d <<= 1) {
+        const int64_t lo_up = __shfl_up_sync(kFullWarp, lo, d), hi_up = __shfl_up_sync(kFullWarp, hi, d);
+        if (lane >= d) {
+            lo += lo_up;
+            hi += hi_up;
+        }
+    }
+    hi += __shfl_sync(kFullWarp, lo, 31);
+}
+
 __device__ __forceinline__ uint64_t warp_or64(uint64_t v) {
     const uint32_t lo = __reduce_or_sync(kFullWarp, static_cast<uint32_t>(v));
     const uint32_t hi = __reduce_or_sync(kFullWarp, static_cast<uint32_t>(v >> 32));
@@ -419,14 +433,7 @@ small_layout_kernel(DevicePlacement p, const int32_t *ids, const float *weights,
     // Offsets: an inclusive warp scan of the counts, ranks lane and lane + 32.
     if (warp == 0) {
         int64_t lo = lane < R ? count[lane] : 0, hi = lane + 32 < R ? count[lane + 32] : 0;
-        for (int d = 1; d < 32; d <<= 1) {
-            const int64_t lo_up = __shfl_up_sync(kFullWarp, lo, d), hi_up = __shfl_up_sync(kFullWarp, hi, d);
-            if (lane >= d) {
-                lo += lo_up;
-                hi += hi_up;
-            }
-        }
-        hi += __shfl_sync(kFullWarp, lo, 31);
+        warp_scan64(lo, hi);
         if (lane == 0) offset[0] = L.offset[0] = 0;
         if (lane < R) offset[lane + 1] = L.offset[lane + 1] = lo;
         if (lane + 32 < R) offset[lane + 33] = L.offset[lane + 33] = hi;
@@ -562,19 +569,6 @@ __global__ void header_kernel(const int64_t *count, int32_t R, uint8_t *base, si
 
 // ---- receive side ----------------------------------------------------------------------------
 
-// Inclusive sums over the warp of two values per lane, lo for index lane and hi for lane + 32
-// (ranks and sources, R <= kMaxRanks = 64). Integer sums, so equal to the serial running sums.
-__device__ __forceinline__ void warp_scan64(int64_t &lo, int64_t &hi) {
-    const int lane = threadIdx.x % 32;
-    for (int d = 1; d < 32; d <<= 1) {
-        const int64_t lo_up = __shfl_up_sync(kFullWarp, lo, d), hi_up = __shfl_up_sync(kFullWarp, hi, d);
-        if (lane >= d) {
-            lo += lo_up;
-            hi += hi_up;
-        }
-    }
-    hi += __shfl_sync(kFullWarp, lo, 31);
-}
 
 // One warp: lane l reads the counts of sources l and l + 32 at once (the headers or the matrix
 // column), so the kernel waits for one round of loads instead of R in a row.
