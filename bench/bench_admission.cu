@@ -23,6 +23,13 @@
 
 #include "bench_cuda.hpp"
 
+#ifdef FT_ADMISSION_TRACE
+// bench_admission_trace: admission.cu built with its phase stamps (see TracePoint there).
+namespace ft::cuda {
+cudaError_t admission_trace_copy(long long *host, int calls, int points);
+}
+#endif
+
 namespace {
 
 constexpr int32_t kExperts = 256;
@@ -185,6 +192,31 @@ void BM_Admission(benchmark::State &state) {
     state.counters["target_us"] = kTargetUs;
     state.counters["ratio"] = us / kTargetUs;
     state.counters["misses_per_call"] = calls ? static_cast<double>(fetched) / static_cast<double>(calls) : 0;
+#ifdef FT_ADMISSION_TRACE
+    // Mean SM cycles from kernel entry to each phase boundary over the last replay's calls, and
+    // how many calls took each victim path.
+    constexpr int kPoints = 10, kTraced = 256;
+    static_assert(kCalls == kTraced, "one stamp row per call of a replay");
+    std::vector<long long> trace(static_cast<size_t>(kTraced) * kPoints);
+    BENCH_CUDA(ft::cuda::admission_trace_copy(trace.data(), kTraced, kPoints));
+    static const char *names[kPoints - 1] = {"entry", "waited", "init", "active", "lookup",
+                                             "minima", "merged", "installed", "end"};
+    for (int i = 1; i < kPoints - 1; ++i) {
+        double sum = 0;
+        int n = 0;
+        for (int c = 0; c < kTraced; ++c)
+            if (const long long v = trace[static_cast<size_t>(c) * kPoints + i]; v > 0) sum += static_cast<double>(v), ++n;
+        state.counters[std::string("cyc_") + names[i]] = n ? sum / n : 0;
+    }
+    int shortcut = 0, step4 = 0, general = 0;
+    for (int c = 0; c < kTraced; ++c) {
+        const long long path = trace[static_cast<size_t>(c) * kPoints + kPoints - 1];
+        shortcut += (path & 1) != 0, step4 += (path & 2) != 0, general += (path & 4) != 0;
+    }
+    state.counters["n_shortcut"] = shortcut;
+    state.counters["n_step4"] = step4;
+    state.counters["n_general"] = general;
+#endif
 }
 
 void admission_args(benchmark::internal::Benchmark *b) {

@@ -24,6 +24,11 @@ grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout" $out/ctest_cpu
 step tests
 timeout 40 $b/bench/bench_experts --benchmark_filter='^decode/.*/mma' --benchmark_counters_tabular=true 2>&1 | clean | awk '{print $1, $6, $7, $9, $10, $11}' | head -14
 timeout 40 $b/bench/bench_admission --benchmark_counters_tabular=true 2>&1 | grep BM_ | awk '{print $1, $NF}'
+# Where an admission call's cycles go (FT_ADMISSION_TRACE build): cycles from entry per phase.
+timeout 40 $b/bench/bench_admission_trace --benchmark_filter='BM_Admission/S:(2048|8192)/' --benchmark_format=csv 2>/dev/null \
+  | grep -E "^name|BM_" | cut -d, -f1,10- > $out/admission_trace.csv; cat $out/admission_trace.csv
+timeout 90 $b/bench/bench_prefill --benchmark_counters_tabular=true > $out/bench_prefill.log 2>&1
+clean < $out/bench_prefill.log | head -20
 step gpu-benches
 [ -n "${FT_FINAL_SKIP_BACKENDS:-}" ] || timeout 150 $b/bench/bench_backends --benchmark_filter='offload|hybrid_(allmiss|sweep|adaptive)' --benchmark_counters_tabular=true > $out/bench_backends.log 2>&1
 [ -f $out/bench_backends.log ] && clean < $out/bench_backends.log | head -40
@@ -40,6 +45,7 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
   grep -vE "^checked" $out/ep_multi_nop2p.log | head -40
   step ep-multi
 fi
+[ -n "${FT_FINAL_SKIP_CPU_BENCH:-}" ] && { step done; exit 0; }
 # mxfp4 with the benchmark's random e8m0 bytes (products go subnormal, slow on Intel cores) and
 # with realistic gpt-oss-like scales (FT_BENCH_MXFP4_SCALE=120); W4A8 (default) and W4A16.
 for sc in "" 120; do for v in 1 0; do

@@ -60,6 +60,35 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kNoUsage = INT64_MAX;  // marks "no key"; a real usage never reaches it
 constexpr uint64_t kNoKey = UINT64_MAX;  // fast path: no packed key (above every real one)
 
+
+// Phase timing for bench_admission_trace (built with FT_ADMISSION_TRACE; a no-op otherwise):
+// thread 0 stamps clock64() into shared memory at the phase boundaries below, and at the end
+// copies the stamps of the call to g_admission_trace[step % kTraceCalls].
+enum TracePoint : int {
+    kTraceEntry,       // kernel entry, before pdl_wait
+    kTraceWaited,      // after pdl_wait
+    kTraceInit,        // after the first barrier (clock advanced, flags cleared)
+    kTraceActive,      // after the active-set barrier
+    kTraceLookup,      // after the lookup barrier (hits stamped, misses counted)
+    kTraceMinima,      // fast path: after step 2's barrier, first round
+    kTraceMerged,      // fast path: warp 0 after steps 3-4, before the installs
+    kTraceInstalled,   // fast path: after the round's last barrier
+    kTraceEnd,         // after the rewrite
+    kTracePath,        // not a time: 1 fast+shortcut, 2 fast+step 4, 4 general (ORed over rounds)
+    kTracePoints
+};
+#ifdef FT_ADMISSION_TRACE
+constexpr int kTraceCalls = 256;
+__device__ long long g_admission_trace[kTraceCalls * kTracePoints];
+#define FT_TRACE(sh, point) \
+    do { if (threadIdx.x == 0) (sh).trace[point] = clock64(); } while (0)
+#define FT_TRACE_PATH(sh, bits) \
+    do { if (threadIdx.x == 0) (sh).trace[kTracePath] |= (bits); } while (0)
+#else
+#define FT_TRACE(sh, point) do { } while (0)
+#define FT_TRACE_PATH(sh, bits) do { } while (0)
+#endif
+
 static_assert(kWarps == 32, "the merges give one warp list to each lane of warp 0");
 static_assert(kThreads >= kMaxAdmissionExperts, "one thread per expert");
 static_assert(kFastVictims == 32, "fast path: one victim per lane of warp 0");
@@ -337,6 +366,9 @@ struct Shared {
     int64_t taken_usage;
     int32_t taken_slot;
     int32_t any_bad;  // FT_ADMISSION_NO_BARRED only
+#ifdef FT_ADMISSION_TRACE
+    long long trace[kTracePoints];
+#endif
 };
 
 struct AdmissionArgs {
@@ -405,6 +437,7 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
 #else
             if (__syncthreads_or(bad)) return false;  // uniform: every thread sees the same answer
 #endif
+            FT_TRACE(sh, kTraceMinima);
         } else {
             __syncthreads();
         }
@@ -440,6 +473,7 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
             const uint64_t rth = __shfl_sync(kFullMask, winner, R - 1);
             const bool simple =
                 __all_sync(kFullMask, lane >= R || (winner != kNoKey && rth != kNoKey && winner_second > rth));
+            FT_TRACE_PATH(sh, simple ? 1 : 2);
             if (simple) {
                 mine_key = lane < R ? winner : kNoKey;
                 last = rth;
@@ -459,6 +493,7 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
                     head = head == m ? following : head;
                 }
             }
+            FT_TRACE(sh, kTraceMerged);
             const int32_t victim = mine_key == kNoKey ? -1 : p.slot_of(mine_key);
             const int32_t old = victim >= 0 ? st.id_of_slot[victim] : -1;  // no install has run yet
             __syncwarp();  // every lane's scans and owner reads are done before any install rewrites them
@@ -467,6 +502,7 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
             if (lane == 0) sh.next_key = last == kNoKey ? kNoKey : last + 1;
         }
         __syncthreads();
+        FT_TRACE(sh, kTraceInstalled);
         lo = sh.next_key;
     }
     return true;
@@ -540,11 +576,16 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
     __shared__ Shared sh;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const SlotCacheState &st = a.st;
+#ifdef FT_ADMISSION_TRACE
+    if (tid == 0) sh.trace[kTracePath] = 0;
+#endif
+    FT_TRACE(sh, kTraceEntry);
     // Launched by launch_pdl: wait for the previous kernel (the routing, a previous admission),
     // then let the next kernel of the step be scheduled at once -- this one CTA leaves the rest of
     // the GPU idle, and the launch gap would otherwise add to every layer's latency.
     pdl_wait();
     pdl_trigger();
+    FT_TRACE(sh, kTraceWaited);
     const int32_t E = st.shape.experts, base = a.layer * E;
 
     // Independent global loads first, so their latencies overlap: this thread's first routed id,
@@ -562,6 +603,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         sh.any_bad = 0;
     }
     __syncthreads();
+    FT_TRACE(sh, kTraceInit);
     const int64_t step = sh.step;
 
     // Active set. Ids outside [0, E) take no part (the host API rejects ids >= E).
@@ -571,6 +613,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         if (id >= 0 && id < E) atomicOr(&sh.active[id], 1);
     }
     __syncthreads();
+    FT_TRACE(sh, kTraceActive);
 
     // One thread per expert: look it up, stamp a hit with this step, flag a miss.
     bool active = false, missing = false;
@@ -595,6 +638,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         sh.warp_active[warp] = __popc(active_bits);
     }
     __syncthreads();
+    FT_TRACE(sh, kTraceLookup);
     // Every warp sums the per-warp counts itself (no barrier for a shared scan): M, the misses of
     // the warps before this one, and the distinct active experts.
     const int32_t per_warp = sh.warp_missing[lane];
@@ -630,8 +674,10 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         // The hit stamps (written before the barriers above) are visible to the usage loads.
         const int32_t slot_bits = st.shape.slots > 1 ? 32 - __clz(st.shape.slots - 1) : 0;
         const bool packable = static_cast<uint64_t>(step) < (uint64_t{1} << (63 - slot_bits));
-        if (!packable || !fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre))
+        if (!packable || !fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre)) {
+            FT_TRACE_PATH(sh, 4);
             general_victims<kItems>(st, sh, k, step, base, fetch_order);
+        }
     }
 
     // Rewrite: slot of each routed id, -1 for ids outside the layer and for CPU routes. The
@@ -646,6 +692,12 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         *st.num_indices = k;
         *st.num_missing_full = M;
     }
+    FT_TRACE(sh, kTraceEnd);
+#ifdef FT_ADMISSION_TRACE
+    if (tid == 0)
+        for (int i = 0; i < kTracePoints; ++i)
+            g_admission_trace[(step % kTraceCalls) * kTracePoints + i] = i == kTracePath ? sh.trace[i] : sh.trace[i] - sh.trace[kTraceEntry];
+#endif
     // Statistics as reductions without a return value (the threads do not wait for a read of the
     // row), one column per thread.
     if (tid < kStatColumns) {
@@ -725,6 +777,14 @@ cudaError_t launch_slot_cache_reset(const SlotCacheState &state, cudaStream_t st
     reset_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), threads, 0, stream>>>(state);
     return cudaGetLastError();
 }
+
+#ifdef FT_ADMISSION_TRACE
+// bench_admission_trace only: the stamps of the last kTraceCalls calls (see TracePoint).
+cudaError_t admission_trace_copy(long long *host, int calls, int points) {
+    if (calls != kTraceCalls || points != kTracePoints) return cudaErrorInvalidValue;
+    return cudaMemcpyFromSymbol(host, g_admission_trace, sizeof(g_admission_trace));
+}
+#endif
 
 cudaError_t launch_slot_cache_clear_stats(const SlotCacheState &state, cudaStream_t stream) {
     if (state.shape.layers <= 0) return cudaErrorInvalidValue;
