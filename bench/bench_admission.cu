@@ -195,12 +195,12 @@ void BM_Admission(benchmark::State &state) {
 #ifdef FT_ADMISSION_TRACE
     // Mean SM cycles from kernel entry to each phase boundary over the last replay's calls, and
     // how many calls took each victim path.
-    constexpr int kPoints = 10, kTraced = 256;
+    constexpr int kPoints = 13, kTraced = 256;
     static_assert(kCalls == kTraced, "one stamp row per call of a replay");
     std::vector<long long> trace(static_cast<size_t>(kTraced) * kPoints);
     BENCH_CUDA(ft::cuda::admission_trace_copy(trace.data(), kTraced, kPoints));
-    static const char *names[kPoints - 1] = {"entry", "waited", "init", "active", "lookup",
-                                             "minima", "merged", "installed", "end"};
+    static const char *names[kPoints - 1] = {"entry",     "waited",     "init",   "active",    "lookup", "keys", "minima",
+                                             "threshold", "candidates", "merged", "installed", "end"};
     for (int i = 1; i < kPoints - 1; ++i) {
         double sum = 0;
         int n = 0;
@@ -208,11 +208,12 @@ void BM_Admission(benchmark::State &state) {
             if (const long long v = trace[static_cast<size_t>(c) * kPoints + i]; v > 0) sum += static_cast<double>(v), ++n;
         state.counters[std::string("cyc_") + names[i]] = n ? sum / n : 0;
     }
-    int shortcut = 0, step4 = 0, general = 0;
+    int shortcut = 0, step4 = 0, general = 0, threshold = 0;
     for (int c = 0; c < kTraced; ++c) {
         const long long path = trace[static_cast<size_t>(c) * kPoints + kPoints - 1];
-        shortcut += (path & 1) != 0, step4 += (path & 2) != 0, general += (path & 4) != 0;
+        shortcut += (path & 1) != 0, step4 += (path & 2) != 0, general += (path & 4) != 0, threshold += (path & 8) != 0;
     }
+    state.counters["n_threshold"] = threshold;
     state.counters["n_shortcut"] = shortcut;
     state.counters["n_step4"] = step4;
     state.counters["n_general"] = general;

@@ -6,7 +6,12 @@
 // misses ends after three barriers.
 //
 // Victims are the k coldest evictable slots in ascending (usage, slot) order. Thread t owns slots
-// t, t + 1024, t + 2048, ... Two ways to find them:
+// t, t + 1024, t + 2048, ... Three ways to find them:
+//
+// Threshold path (k <= 32, every decode step; see pick_victims): with the packed keys below, one
+// warp minimum per warp gives a threshold T, the k-th smallest warp minimum, at or above the k
+// coldest keys; the few keys <= T are ranked against each other in parallel. No loop over k:
+// a chain of k dependent warp minima cost about 300 cycles per victim on the H200.
 //
 // Fast path (any k, as long as the clock is small enough for the packing below). The key
 // (usage << slot_bits) | slot is exact -- usage lies in [0, step) for every evictable slot, which
@@ -29,9 +34,10 @@
 // above the last one taken by R shuffle argmins, warp 0 merging the 32 lists. Slower, but exact
 // for any int64 usage.
 //
-// Where the usage lives: for S <= 8192 a thread's eight usages sit in registers, above that they
-// are re-read from global memory (L1) on each scan. Nothing about S has to fit in shared memory,
-// so S is bounded only by int32. Per-expert state does live in shared memory, hence
+// Where the usage lives: for S <= 8192 a thread's eight usages are loaded into registers at kernel
+// start, before they are needed, and a shared bitmap marks the slots this call's hits stamp; above
+// that they are re-read from global memory (L1) on each scan. Nothing about S has to fit in shared
+// memory, so S is bounded only by int32. Per-expert state does live in shared memory, hence
 // E <= kMaxAdmissionExperts.
 //
 // Evictable slots: the spec excludes slots stamped with this step (LRU) or owned by an expert
@@ -56,6 +62,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kRegisterItems = 8;  // slots per thread held in registers: S <= 8192
 constexpr int kRound = 32;         // victims chosen per round (one per lane in the merge)
 constexpr int kFastVictims = 32;   // fast path: victims per round (one per lane of warp 0)
+constexpr int kPickVictims = 32;   // threshold path: at most this many victims per call
+constexpr int kPickCandidates = 256;  // threshold path: candidate keys it ranks; more fall back
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kNoUsage = INT64_MAX;  // marks "no key"; a real usage never reaches it
 constexpr uint64_t kNoKey = UINT64_MAX;  // fast path: no packed key (above every real one)
@@ -70,11 +78,14 @@ enum TracePoint : int {
     kTraceInit,        // after the first barrier (clock advanced, flags cleared)
     kTraceActive,      // after the active-set barrier
     kTraceLookup,      // after the lookup barrier (hits stamped, misses counted)
-    kTraceMinima,      // fast path: after step 2's barrier, first round
-    kTraceMerged,      // fast path: warp 0 after steps 3-4, before the installs
+    kTraceKeys,        // threshold path: thread 0 has its keys and the warp minimum (no barrier)
+    kTraceMinima,      // fast and threshold paths: after the first barrier of the victim search
+    kTraceThreshold,   // threshold path: after the threshold's barrier
+    kTraceCandidates,  // threshold path: after the candidates' barrier
+    kTraceMerged,      // fast path: warp 0 after steps 3-4, before the installs; threshold: ranked
     kTraceInstalled,   // fast path: after the round's last barrier
     kTraceEnd,         // after the rewrite
-    kTracePath,        // not a time: 1 fast+shortcut, 2 fast+step 4, 4 general (ORed over rounds)
+    kTracePath,        // not a time, ORed: 1 fast+shortcut, 2 fast+step 4, 4 general, 8 threshold
     kTracePoints
 };
 #ifdef FT_ADMISSION_TRACE
@@ -163,17 +174,14 @@ struct FastRegisterSlots {
         }
     }
     // Keys from the prefetched usages: a slot stamped by this call's hits (bit set in `hit`)
-    // is not evictable; every other usage is checked as load() checks it. Returns the smallest
-    // key, `second` gets the next.
-    __device__ __forceinline__ uint64_t keys_from_prefetch(const Packing &p, const uint32_t *hit, int32_t t, bool &bad,
-                                                           uint64_t &second) {
+    // is not evictable; every other usage is checked as load() checks it.
+    __device__ __forceinline__ void keys_from_prefetch(const Packing &p, const uint32_t *hit, int32_t t, bool &bad) {
 #pragma unroll
         for (int j = 0; j < kItems; ++j) {
             const int32_t s = j * kThreads + t;
             const bool stamped = s < p.slots && ((hit[s >> 5] >> (s & 31)) & 1u);
             keys[j] = s < p.slots && !stamped ? p.key(static_cast<int64_t>(keys[j]), s, bad) : kNoKey;
         }
-        return min2_from(0, second);
     }
 
     // Loads thread t's keys; returns the smallest, `second` gets the next.
@@ -194,6 +202,14 @@ struct FastRegisterSlots {
             if (keys[j] >= lo && keys[j] < best) best = keys[j];
         return best;
     }
+    // f(key) for every key <= hi (kNoKey never: hi < kNoKey).
+    template <typename F>
+    __device__ __forceinline__ void each_at_most(uint64_t hi, F &&f) const {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j)
+            if (keys[j] <= hi) f(keys[j]);
+    }
+
     // The two smallest keys >= lo: returns the smallest, `second` gets the next (kNoKey if none).
     __device__ __forceinline__ uint64_t min2_from(uint64_t lo, uint64_t &second) const {
         uint64_t best = kNoKey, next = kNoKey;
@@ -231,6 +247,14 @@ struct FastGlobalSlots {
     __device__ __forceinline__ uint64_t min2_from(uint64_t lo, uint64_t &second) const {
         bool ignored = false;
         return scan(lo, ignored, second);
+    }
+    template <typename F>
+    __device__ __forceinline__ void each_at_most(uint64_t hi, F &&f) const {
+        bool ignored = false;
+        for (int32_t s = t; s < p.slots; s += kThreads) {
+            const uint64_t k = p.key(usage[s], s, ignored);
+            if (k <= hi) f(k);
+        }
     }
     __device__ __forceinline__ uint64_t scan(uint64_t lo, bool &bad, uint64_t &second) const {
         uint64_t best = kNoKey, next = kNoKey;
@@ -359,7 +383,13 @@ struct Shared {
             uint64_t minima[kWarps * kFastVictims];  // each warp's smallest thread minima
             uint64_t second[kThreads];               // each thread's second key of the round
         } fast;
+        struct {  // threshold path
+            uint64_t warp_min[kWarps];              // each warp's smallest key
+            uint64_t candidates[kPickCandidates];  // every key at or below the threshold
+        } pick;
     } lists;
+    uint64_t pick_threshold;   // threshold path: the k-th smallest warp minimum
+    int32_t pick_count;        // threshold path: keys at or below it (may exceed kPickCandidates)
     int32_t warp_missing[kWarps], warp_active[kWarps];
     int64_t step;
     uint64_t next_key;  // fast path: the first key the next round may take
@@ -400,9 +430,11 @@ __device__ __forceinline__ void install(const SlotCacheState &st, Shared &sh, in
 // keys at or above `lo`, the first key no earlier round took. Every thread calls it; returns false
 // (having changed nothing) when some usage is outside [0, step], for the general path to take
 // over. Two block barriers per round, the last after the installs.
+// keyed: pick_victims has already turned the register path's usages into keys.
 template <int kItems>
 __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &sh, int32_t k, int64_t step,
-                                             int32_t base, const int32_t *fetch_order, Prefetched<kItems> &pre) {
+                                             int32_t base, const int32_t *fetch_order, Prefetched<kItems> &pre,
+                                             bool keyed) {
     using Slots = typename FastSlotsFor<kItems>::type;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int32_t S = st.shape.slots;
@@ -417,10 +449,12 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
         // checks); the second is published for the shortcut of step 3.
         uint64_t second = kNoKey;
         uint64_t mine;
-        if constexpr (kItems > 0)  // usages prefetched at kernel start
-            mine = done == 0 ? pre.slots.keys_from_prefetch(p, sh.hit, tid, bad, second) : pre.slots.min2_from(lo, second);
-        else
+        if constexpr (kItems > 0) {  // usages loaded at kernel start
+            if (done == 0 && !keyed) pre.slots.keys_from_prefetch(p, sh.hit, tid, bad);
+            mine = pre.slots.min2_from(lo, second);
+        } else {
             mine = done == 0 ? own.load(st.usage, p, tid, bad, second) : own.min2_from(lo, second);
+        }
         sh.lists.fast.second[tid] = second;
         // 2. This warp's R smallest thread minima, ascending; a list cut short ends with kNoKey.
         for (int32_t r = 0; r < R; ++r) {
@@ -508,6 +542,94 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
     return true;
 }
 
+// Threshold path, for up to kPickVictims victims (every decode step): the k coldest keys by one
+// warp minimum per warp, a threshold and a rank, instead of k rounds of warp minima.
+//   1. Every warp takes the minimum of its threads' keys (one REDUX pair).
+//   2. Warp 0 ranks the 32 warp minima; T = the k-th smallest. At least k keys are <= T (the k
+//      warp minima themselves), so the k coldest keys are all <= T.
+//   3. Every thread appends its keys <= T to a shared list (after a decode step, about k of them).
+//   4. Thread i ranks candidate i against the others; rank r < k installs victim r.
+// Four block barriers and no loop over k. When more than kPickCandidates keys are <= T, or fewer
+// than k keys are evictable, the rounds of fast_victims take over, with the keys computed here.
+// Returns false (having changed nothing) when some usage is outside [0, step], as fast_victims.
+template <int kItems>
+__device__ __forceinline__ bool pick_victims(const SlotCacheState &st, Shared &sh, int32_t k, int64_t step,
+                                             int32_t base, const int32_t *fetch_order, Prefetched<kItems> &pre) {
+    using Slots = typename FastSlotsFor<kItems>::type;
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int32_t S = st.shape.slots;
+    const Packing p{step, S, S > 1 ? 32 - __clz(S - 1) : 0};
+
+    // 1. This thread's keys and their minimum; the warp's minimum.
+    bool bad = false;
+    uint64_t second = kNoKey, mine;  // second: global path only
+    Slots own;  // global path only (the register path's live in `pre`)
+    if constexpr (kItems > 0) {
+        pre.slots.keys_from_prefetch(p, sh.hit, tid, bad);
+        mine = pre.slots.min_from(0);
+    } else {
+        mine = own.load(st.usage, p, tid, bad, second);
+    }
+    const uint64_t warp_min_key = warp_min(mine);
+    FT_TRACE(sh, kTraceKeys);
+    if (lane == 0) sh.lists.pick.warp_min[warp] = warp_min_key;
+    if (tid == 0) sh.pick_count = 0;
+    if (__syncthreads_or(bad)) return false;  // uniform
+    FT_TRACE(sh, kTraceMinima);
+
+    // 2. T: the k-th smallest warp minimum (kNoKey when fewer than k warps have a key). Lane j's
+    // rank is the number of smaller minima; the lanes ranked k - 1 or later hold the k-th and up.
+    if (warp == 0) {
+        const uint64_t w = sh.lists.pick.warp_min[lane];
+        int32_t rank = 0;
+#pragma unroll 8
+        for (int i = 0; i < kWarps; ++i) rank += sh.lists.pick.warp_min[i] < w ? 1 : 0;
+        const uint64_t t = warp_min(rank >= k - 1 ? w : kNoKey);
+        if (lane == 0) sh.pick_threshold = t;
+    }
+    __syncthreads();
+    FT_TRACE(sh, kTraceThreshold);
+
+    // 3. Every key <= T, in any order.
+    const uint64_t threshold = sh.pick_threshold;
+    const uint64_t hi = threshold == kNoKey ? kNoKey - 1 : threshold;
+    auto append = [&sh](uint64_t key) {
+        const int32_t at = atomicAdd(&sh.pick_count, 1);
+        if (at < kPickCandidates) sh.lists.pick.candidates[at] = key;
+    };
+    if (mine <= hi) {  // else none of this thread's keys is
+        if constexpr (kItems > 0)
+            pre.slots.each_at_most(hi, append);
+        else if (second <= hi)  // more than its minimum qualifies: scan again
+            own.each_at_most(hi, append);
+        else
+            append(mine);
+    }
+    __syncthreads();
+    FT_TRACE(sh, kTraceCandidates);
+    const int32_t count = sh.pick_count;
+    if (count > kPickCandidates || count < k)  // uniform
+        return fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre, true);
+
+    // 4. Rank r < k: the r-th coldest slot, which takes miss fetch_order[r]. Keys are distinct (the
+    // slot is in the low bits), so the ranks are too.
+    FT_TRACE_PATH(sh, 8);
+    // The owner's load is issued before the ranking, so its latency overlaps the loop.
+    if (tid < count) {
+        const uint64_t key = sh.lists.pick.candidates[tid];
+        const int32_t victim = p.slot_of(key);
+        const int32_t old = st.id_of_slot[victim];
+        int32_t rank = 0;
+#pragma unroll 4
+        for (int32_t j = 0; j < count; ++j) rank += sh.lists.pick.candidates[j] < key ? 1 : 0;
+        if (rank < k) install(st, sh, rank, victim, old, base, fetch_order[rank], step);
+    }
+    FT_TRACE(sh, kTraceMerged);
+    __syncthreads();
+    FT_TRACE(sh, kTraceInstalled);
+    return true;
+}
+
 // General path: rounds of up to 32 victims (header). Every thread calls it; ends with a barrier.
 template <int kItems>
 __device__ __forceinline__ void general_victims(const SlotCacheState &st, Shared &sh, int32_t k, int64_t step,
@@ -588,23 +710,22 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
     FT_TRACE(sh, kTraceWaited);
     const int32_t E = st.shape.experts, base = a.layer * E;
 
-    // Independent global loads first, so their latencies overlap: this thread's first routed id,
-    // the clock, and (register path) the usages of its slots for the victim search.
+    // Every global load that does not depend on another is issued first, so their latencies
+    // overlap instead of adding up: this thread's first routed id, the clock (thread 0), the slot
+    // of expert `tid` and, for the hybrid, its recency (nothing in this kernel writes either
+    // before they are used), and (register path) the usages of this thread's slots for the victim
+    // search, which a shared bitmap later corrects for this call's hit stamps.
     const int32_t first_id = tid < a.count ? a.ids[tid] : -1;
+    const int64_t clock = tid == 0 ? *st.step : 0;
+    const int32_t expert_slot = tid < E ? st.slot_for_id[base + tid] : -1;
+    const int64_t recency = kHybrid && tid < E ? st.expert_recency[base + tid] : 0;
     Prefetched<kItems> pre;
     if constexpr (kItems > 0) pre.slots.prefetch(st.usage, st.shape.slots, tid);
     if (tid < E) sh.active[tid] = 0;
     if constexpr (kItems > 0)
         for (int32_t i = tid; i < kThreads * kRegisterItems / 32; i += kThreads) sh.hit[i] = 0;
-    if (tid == 0) {
-        const int64_t step = *st.step + 1;
-        *st.step = step;
-        sh.step = step;
-        sh.any_bad = 0;
-    }
     __syncthreads();
     FT_TRACE(sh, kTraceInit);
-    const int64_t step = sh.step;
 
     // Active set. Ids outside [0, E) take no part (the host API rejects ids >= E).
     if (first_id >= 0 && first_id < E) atomicOr(&sh.active[first_id], 1);  // not a plain store: racecheck-clean
@@ -612,8 +733,16 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         const int32_t id = a.ids[p];
         if (id >= 0 && id < E) atomicOr(&sh.active[id], 1);
     }
+    // The clock advances here rather than before the first barrier: its load has had the active
+    // set's time to arrive.
+    if (tid == 0) {
+        *st.step = clock + 1;
+        sh.step = clock + 1;
+        sh.any_bad = 0;
+    }
     __syncthreads();
     FT_TRACE(sh, kTraceActive);
+    const int64_t step = sh.step;
 
     // One thread per expert: look it up, stamp a hit with this step, flag a miss.
     bool active = false, missing = false;
@@ -621,7 +750,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         active = sh.active[tid] != 0;
         int32_t slot = -1;
         if (active) {
-            slot = st.slot_for_id[base + tid];
+            slot = expert_slot;
             if (slot >= 0) {
                 st.usage[slot] = step;
                 // The prefetched usage of this slot is stale: mark it not evictable.
@@ -652,7 +781,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         if (missing) {
             const int32_t rank = missing_before + __popc(missing_bits & ((1u << lane) - 1u));
             sh.missing[rank] = tid;
-            if (kHybrid) sh.missing_recency[rank] = st.expert_recency[base + tid];
+            if (kHybrid) sh.missing_recency[rank] = recency;
         }
         // Which miss takes the r-th coldest slot: ascending id (LRU, hybrid lowest_id), or most
         // recently active first with ties to the lower id (hybrid recency; spec's score argmax).
@@ -674,7 +803,10 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
         // The hit stamps (written before the barriers above) are visible to the usage loads.
         const int32_t slot_bits = st.shape.slots > 1 ? 32 - __clz(st.shape.slots - 1) : 0;
         const bool packable = static_cast<uint64_t>(step) < (uint64_t{1} << (63 - slot_bits));
-        if (!packable || !fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre)) {
+        const bool done = packable && (k <= kPickVictims
+                                           ? pick_victims<kItems>(st, sh, k, step, base, fetch_order, pre)
+                                           : fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre, false));
+        if (!done) {
             FT_TRACE_PATH(sh, 4);
             general_victims<kItems>(st, sh, k, step, base, fetch_order);
         }

@@ -384,6 +384,46 @@ TEST(SlotCacheGpu, VictimsSharingAThreadMatchTheMirror) {
     }
 }
 
+// Decode-size calls (k <= 32) take the threshold path: T = the k-th smallest warp minimum, then a
+// rank among the keys <= T. With usage ascending in slot index, warp w's minimum is slot 32 w, so
+// the keys <= T are the slots <= 32 (k - 1): 225 for k = 8 (ranked), 257 for k = 9 and 993 for
+// k = 32 (more than the 256 it ranks: the rounds take over with its keys). Random distinct
+// usages put about k keys under T. Every call matches the mirror.
+TEST(SlotCacheGpu, ThresholdPathAndItsFallbackMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    const SlotCacheShape s = shape(64, 256, 8192, 1024);
+    DeviceArray<int32_t> d_ids(1024), d_out(1024);
+    ASSERT_NE(d_ids.get(), nullptr);
+    uint32_t seed = 1100;
+    for (int ordering = 0; ordering < 2; ++ordering) {  // 0: usage ascending in slot, 1: random
+        for (int variant = 0; variant < 2; ++variant) {  // 0: LRU, 1: hybrid
+            SCOPED_TRACE(std::string(ordering ? "random usages" : "usage = slot") + (variant ? " hybrid" : " lru"));
+            std::mt19937 rng(seed++);
+            HostSlotCache mirror(s);
+            craft_state(mirror, rng, 2, 0.0);
+            const SlotCacheState &st = mirror.state();
+            std::vector<int64_t> usage(static_cast<size_t>(s.slots));
+            for (int32_t i = 0; i < s.slots; ++i) usage[i] = 1 + i;
+            if (ordering == 1) std::shuffle(usage.begin(), usage.end(), rng);
+            std::copy(usage.begin(), usage.end(), st.usage);
+            *st.step = s.slots + 2;
+            DeviceCache device(mirror);
+            ASSERT_TRUE(device.ok());
+            int call = 0;
+            for (int32_t misses : {1, 8, 9, 32, 8, 2, 31, 8}) {
+                sctest::Step step;
+                step.hybrid = variant == 1;
+                step.layer = std::uniform_int_distribution<int32_t>(0, s.layers - 1)(rng);
+                step.ids = controlled_ids(st, step.layer, 16, misses, std::max(64, 2 * misses + 16), rng);
+                if (step.hybrid) step.fetch = fetch_rule(1.0, 0, FetchOrder::Recency);
+                ASSERT_TRUE(same_call(mirror, device, d_ids, d_out, step, call % 2 == 1))
+                    << "call " << call << ", " << misses << " misses asked";
+                ++call;
+            }
+        }
+    }
+}
+
 // The packed keys of the fast path are exact only while step < 2^(63 - slot bits); calls across
 // that limit (the general path takes over) and usages outside [0, step] (a state the API never
 // makes; the general path again) still match the mirror.
