@@ -16,19 +16,14 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ft/admission_trace.hpp"
 #include "ft/slotcache.hpp"
 #include "ft/slotcache_cuda.hpp"
 
 #include "bench_cuda.hpp"
-
-#ifdef FT_ADMISSION_TRACE
-// bench_admission_trace: admission.cu built with its phase stamps (see TracePoint there).
-namespace ft::cuda {
-cudaError_t admission_trace_copy(long long *host, int calls, int points);
-}
-#endif
 
 namespace {
 
@@ -195,28 +190,27 @@ void BM_Admission(benchmark::State &state) {
 #ifdef FT_ADMISSION_TRACE
     // Mean SM cycles from kernel entry to each phase boundary over the last replay's calls, and
     // how many calls took each victim path.
-    constexpr int kPoints = 13, kTraced = 256;
-    static_assert(kCalls == kTraced, "one stamp row per call of a replay");
-    std::vector<long long> trace(static_cast<size_t>(kTraced) * kPoints);
-    BENCH_CUDA(ft::cuda::admission_trace_copy(trace.data(), kTraced, kPoints));
-    static const char *names[kPoints - 1] = {"entry",     "waited",     "init",   "active",    "lookup", "keys", "minima",
-                                             "threshold", "candidates", "merged", "installed", "end"};
-    for (int i = 1; i < kPoints - 1; ++i) {
+    using namespace ft::cuda;
+    static_assert(kCalls == kTraceCalls, "one stamp row per call of a replay");
+    std::vector<long long> trace(static_cast<size_t>(kTraceCalls) * kTracePoints);
+    BENCH_CUDA(admission_trace_copy(trace.data()));
+    auto row = [&](int c) { return trace.data() + static_cast<size_t>(c) * kTracePoints; };
+    for (int i = kTraceEntry + 1; i < kTracePath; ++i) {
         double sum = 0;
         int n = 0;
-        for (int c = 0; c < kTraced; ++c)
-            if (const long long v = trace[static_cast<size_t>(c) * kPoints + i]; v > 0) sum += static_cast<double>(v), ++n;
-        state.counters[std::string("cyc_") + names[i]] = n ? sum / n : 0;
+        for (int c = 0; c < kTraceCalls; ++c)
+            if (row(c)[i] > 0) sum += static_cast<double>(row(c)[i]), ++n;
+        state.counters[std::string("cyc_") + kTracePointNames[i]] = n ? sum / n : 0;
     }
-    int shortcut = 0, step4 = 0, general = 0, threshold = 0;
-    for (int c = 0; c < kTraced; ++c) {
-        const long long path = trace[static_cast<size_t>(c) * kPoints + kPoints - 1];
-        shortcut += (path & 1) != 0, step4 += (path & 2) != 0, general += (path & 4) != 0, threshold += (path & 8) != 0;
+    const std::pair<const char *, long long> paths[] = {{"n_shortcut", kTracePathShortcut},
+                                                        {"n_step4", kTracePathStep4},
+                                                        {"n_general", kTracePathGeneral},
+                                                        {"n_threshold", kTracePathThreshold}};
+    for (const auto &[name, bit] : paths) {
+        int n = 0;
+        for (int c = 0; c < kTraceCalls; ++c) n += (row(c)[kTracePath] & bit) != 0;
+        state.counters[name] = n;
     }
-    state.counters["n_threshold"] = threshold;
-    state.counters["n_shortcut"] = shortcut;
-    state.counters["n_step4"] = step4;
-    state.counters["n_general"] = general;
 #endif
 }
 

@@ -49,6 +49,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "ft/admission_trace.hpp"
 #include "ft/cuda_launch.cuh"
 #include "ft/hybrid.hpp"
 #include "ft/slotcache_cuda.hpp"
@@ -68,28 +69,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kNoUsage = INT64_MAX;  // marks "no key"; a real usage never reaches it
 constexpr uint64_t kNoKey = UINT64_MAX;  // fast path: no packed key (above every real one)
 
-
-// Phase timing for bench_admission_trace (built with FT_ADMISSION_TRACE; a no-op otherwise):
-// thread 0 stamps clock64() into shared memory at the phase boundaries below, and at the end
-// copies the stamps of the call to g_admission_trace[step % kTraceCalls].
-enum TracePoint : int {
-    kTraceEntry,       // kernel entry, before pdl_wait
-    kTraceWaited,      // after pdl_wait
-    kTraceInit,        // after the first barrier (clock advanced, flags cleared)
-    kTraceActive,      // after the active-set barrier
-    kTraceLookup,      // after the lookup barrier (hits stamped, misses counted)
-    kTraceKeys,        // threshold path: thread 0 has its keys and the warp minimum (no barrier)
-    kTraceMinima,      // fast and threshold paths: after the first barrier of the victim search
-    kTraceThreshold,   // threshold path: after the threshold's barrier
-    kTraceCandidates,  // threshold path: after the candidates' barrier
-    kTraceMerged,      // fast path: warp 0 after steps 3-4, before the installs; threshold: ranked
-    kTraceInstalled,   // fast path: after the round's last barrier
-    kTraceEnd,         // after the rewrite
-    kTracePath,        // not a time, ORed: 1 fast+shortcut, 2 fast+step 4, 4 general, 8 threshold
-    kTracePoints
-};
+// Phase stamps for bench_admission_trace (ft/admission_trace.hpp); no-ops without FT_ADMISSION_TRACE.
 #ifdef FT_ADMISSION_TRACE
-constexpr int kTraceCalls = 256;
 __device__ long long g_admission_trace[kTraceCalls * kTracePoints];
 #define FT_TRACE(sh, point) \
     do { if (threadIdx.x == 0) (sh).trace[point] = clock64(); } while (0)
@@ -507,7 +488,7 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
             const uint64_t rth = __shfl_sync(kFullMask, winner, R - 1);
             const bool simple =
                 __all_sync(kFullMask, lane >= R || (winner != kNoKey && rth != kNoKey && winner_second > rth));
-            FT_TRACE_PATH(sh, simple ? 1 : 2);
+            FT_TRACE_PATH(sh, simple ? kTracePathShortcut : kTracePathStep4);
             if (simple) {
                 mine_key = lane < R ? winner : kNoKey;
                 last = rth;
@@ -613,7 +594,7 @@ __device__ __forceinline__ bool pick_victims(const SlotCacheState &st, Shared &s
 
     // 4. Rank r < k: the r-th coldest slot, which takes miss fetch_order[r]. Keys are distinct (the
     // slot is in the low bits), so the ranks are too.
-    FT_TRACE_PATH(sh, 8);
+    FT_TRACE_PATH(sh, kTracePathThreshold);
     // The owner's load is issued before the ranking, so its latency overlaps the loop.
     if (tid < count) {
         const uint64_t key = sh.lists.pick.candidates[tid];
@@ -807,7 +788,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
                                            ? pick_victims<kItems>(st, sh, k, step, base, fetch_order, pre)
                                            : fast_victims<kItems>(st, sh, k, step, base, fetch_order, pre, false));
         if (!done) {
-            FT_TRACE_PATH(sh, 4);
+            FT_TRACE_PATH(sh, kTracePathGeneral);
             general_victims<kItems>(st, sh, k, step, base, fetch_order);
         }
     }
@@ -911,9 +892,7 @@ cudaError_t launch_slot_cache_reset(const SlotCacheState &state, cudaStream_t st
 }
 
 #ifdef FT_ADMISSION_TRACE
-// bench_admission_trace only: the stamps of the last kTraceCalls calls (see TracePoint).
-cudaError_t admission_trace_copy(long long *host, int calls, int points) {
-    if (calls != kTraceCalls || points != kTracePoints) return cudaErrorInvalidValue;
+cudaError_t admission_trace_copy(long long *host) {
     return cudaMemcpyFromSymbol(host, g_admission_trace, sizeof(g_admission_trace));
 }
 #endif
