@@ -59,6 +59,17 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 // Position of element k in the [16 even, 16 odd] per-32 layout.
 inline int64_t split_index(int64_t k) { return (k & ~int64_t(31)) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1); }
 
+// bf16 per 128 elements in 4 phases of 32 (phase r, word m = element 4m + r), zero-padded to a
+// multiple of 128; v holds bf16 bits.
+void split128_bf16(const uint16_t *v, int64_t K, uint16_t *y) {
+    for (int64_t c = 0; c < K; c += 128)
+        for (int r = 0; r < 4; ++r)
+            for (int i = 0; i < 32; ++i) {
+                const int64_t k = c + 4 * i + r;
+                y[c + 32 * r + i] = k < K ? v[k] : 0;
+            }
+}
+
 inline uint8_t nibble(const uint8_t *packed, int64_t k) {
     const uint8_t b = packed[k / 2];
     return (k & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xf);
@@ -216,8 +227,7 @@ void prepare_ds_fp4_bf16_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
     for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
         fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
         for (int i = 0; i < kFp8ActBlock; ++i) b[i] = f32_to_bf16(v[i]);  // exact: v is bf16
-        for (int r = 0; r < 4; ++r)
-            for (int i = 0; i < 32; ++i) y[c + 32 * r + i] = b[4 * i + r];
+        split128_bf16(b, kFp8ActBlock, y + c);
     }
 }
 
@@ -314,19 +324,8 @@ void prepare_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
 
 size_t bf16_act128_bytes(int64_t K) { return size_t(round_up(K, 128) * 2); }
 
-// bf16 per 128 elements in 4 phases of 32 (phase r, word m = element 4m + r), zero-padded to a
-// multiple of 128; v holds bf16 bits.
-void split128_bf16(const uint16_t *v, int64_t K, uint16_t *y) {
-    for (int64_t c = 0; c < K; c += 128)
-        for (int r = 0; r < 4; ++r)
-            for (int i = 0; i < 32; ++i) {
-                const int64_t k = c + 4 * i + r;
-                y[c + 32 * r + i] = k < K ? v[k] : 0;
-            }
-}
-
 void prepare_split_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
-    split128_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
+    detail::split128_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
 }
 
 void prepare_q8_0_vnni(const uint16_t *x, int64_t K, uint8_t *dst) {
