@@ -20,6 +20,8 @@ namespace {
 
 #include "tier_tiles.inc"
 
+#include "tier_scalar.inc"
+
 #include "tier_avx512.inc"
 
 // Blocks b0 and b0 + 18 (or zeros for the second when `pair` is false): 128-bit lanes
@@ -357,9 +359,7 @@ void nvfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const
             const int64_t row = first + cols[r];
             pp[r] = m.data + row * (K / 2);
             sp[r] = m.scale + row * (K / 16);
-            uint16_t h;
-            std::memcpy(&h, m.global + row * 2, 2);
-            g[r] = _cvtsh_ss(h);
+            g[r] = f16(m.global + row * 2);
         }
         for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
