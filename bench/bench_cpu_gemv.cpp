@@ -85,10 +85,11 @@ double read_bandwidth() {
 
 // The read bandwidth of this benchmark's own window (up to 2 GiB of it, still far above any
 // cache), taken before and after the timed loop: on a shared machine the bound moves between
-// runs, so each ratio is to the memory it actually streamed, measured in the same run.
-double window_read_gbps(const void *p, size_t bytes) {
+// runs, so each ratio is to the memory it actually streamed, measured in the same run. `shape`,
+// if given, receives the read shape (streams, spacing, prefetch) of that best pass.
+double window_read_gbps(const void *p, size_t bytes, ft::cpu::ReadProbe *shape = nullptr) {
     bytes = std::min(bytes, size_t(2) << 30) / 4096 * 4096;
-    return ft::cpu::best_read_bandwidth(pool(), static_cast<const uint8_t *>(p), bytes, 1) / 1e9;
+    return ft::cpu::best_read_bandwidth(pool(), static_cast<const uint8_t *>(p), bytes, 1, shape) / 1e9;
 }
 
 // Single-stream read without prefetch, for comparison with the best probe (read_GBps).
@@ -108,41 +109,21 @@ void BM_stream_read(benchmark::State &state) {
     state.counters["threads"] = pool().size();
 }
 
-// The read shape (streams, spacing, prefetch) that reads `p` fastest here, from one pass of each
-// over its first 256 MiB: the bound's shape is chosen once, its bandwidth measured in the loop.
-ft::cpu::ReadProbe best_read_shape(const void *p, size_t bytes) {
-    bytes = std::min(bytes, size_t(256) << 20) / 4096 * 4096;
-    ft::cpu::ReadProbe best;
-    double rate = 0.0;
-    for (int streams : {1, 4, 8})
-        for (size_t stride : {size_t{0}, size_t{4096}, size_t{16384}}) {
-            if (streams == 1 && stride) continue;
-            for (int prefetch : {0, 512, 1024}) {
-                const ft::cpu::ReadProbe probe{streams, stride, prefetch};
-                const double r = ft::cpu::read_pass(pool(), static_cast<const uint8_t *>(p), bytes, probe);
-                if (r > rate) {
-                    rate = r;
-                    best = probe;
-                }
-            }
-        }
-    return best;
-}
-
 // The timed part shared by the layer benchmarks: each iteration is one MoE layer in which every
 // token picks 8 distinct experts out of the next 16 of the window (as a router spreads a batch
 // over a few dozen experts); the cursor then moves on, so weights never come from cache. GB/s
 // counts bytes of distinct experts read.
 // The bound (read_GBps): after every timed layer, untimed for the layer, the same number of bytes
-// is read from `probe` (part of the same window, its own rotating cursor) in the best read shape,
-// so the bound and the kernel see the same moments of a shared machine; ratio_to_read is the
-// ratio of the two totals. read_best_GBps is the best single probe before or after the loop (the
-// earlier bound: a maximum over ~40 samples, so it reads high when the machine's bandwidth moves).
+// is read from `probe` (part of the same window, its own rotating cursor) in the read shape that
+// won the probe before the loop, so the bound and the kernel see the same moments of a shared
+// machine; ratio_to_read is the ratio of the two totals. read_best_GBps is the best single probe
+// before or after the loop (the earlier bound: a maximum over ~40 samples, so it reads high when
+// the machine's bandwidth moves).
 void time_rotating_layers(benchmark::State &state, ft::cpu::MoeExecutor &ex, const ft::cpu::ExpertSource &src,
                           int32_t H, int32_t T, const void *probe, size_t probe_bytes) {
     const int32_t K = 8, P = 16, E = src.num_experts;
-    const double read_before = window_read_gbps(probe, probe_bytes);
-    const ft::cpu::ReadProbe shape = best_read_shape(probe, probe_bytes);
+    ft::cpu::ReadProbe shape;
+    const double read_before = window_read_gbps(probe, probe_bytes, &shape);
     const size_t window = std::min(probe_bytes, size_t(2) << 30) / 4096 * 4096;
     size_t read_at = 0;
     double read_bytes = 0, read_secs = 0;

@@ -128,7 +128,9 @@ double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe 
 
 // The best read_pass over [data, data + bytes) across stream counts, stream spacings and
 // prefetch distances, `passes` times each: the read bandwidth these cores reach on that memory.
-double best_read_bandwidth(ThreadPool &pool, const uint8_t *data, size_t bytes, int passes = 2);
+// `best`, if given, receives the probe of that pass.
+double best_read_bandwidth(ThreadPool &pool, const uint8_t *data, size_t bytes, int passes = 2,
+                           ReadProbe *best = nullptr);
 
 // best_read_bandwidth over a fresh buffer of `bytes` (choose it well above the last-level
 // cache), filled by the same workers first so its pages sit near them.
