@@ -100,8 +100,7 @@ RecordLayout record_layout(int64_t hidden, int32_t top_k, WireDtype dtype) {
     r.payload = 0;
     r.payload_bytes = static_cast<size_t>(hidden) * (dtype == WireDtype::Bf16 ? 2 : 1);
     r.scales = r.payload_bytes;
-    r.scale_bytes = dtype == WireDtype::Bf16 ? 0
-                    : fp8_scale_bytes(hidden, dtype == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0);
+    r.scale_bytes = dtype == WireDtype::Bf16 ? 0 : fp8_scale_bytes(hidden, scale_format(dtype));
     r.token = round_up(r.scales + r.scale_bytes, 4);
     r.source = r.token + 4;
     r.n = r.source + 2;
@@ -136,8 +135,7 @@ void pack_dispatch(const DispatchLayout &layout, const uint16_t *x, int64_t hidd
         if (dtype == WireDtype::Bf16)
             std::memcpy(rec + L.payload, xt, L.payload_bytes);
         else
-            quantize_fp8_row(xt, hidden, dtype == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0,
-                             rec + L.payload, rec + L.scales);
+            quantize_fp8_row(xt, hidden, scale_format(dtype), rec + L.payload, rec + L.scales);
         put<int32_t>(rec, L.token, t);
         put<int16_t>(rec, L.source, static_cast<int16_t>(layout.source_rank));
         put<int16_t>(rec, L.n, static_cast<int16_t>(layout.send_n[i]));
@@ -153,8 +151,7 @@ void unpack_payload(const uint8_t *rec, const RecordLayout &L, int64_t hidden, W
         for (int64_t h = 0; h < hidden; ++h) out[h] = bf16_to_f32(get<uint16_t>(rec, L.payload + 2 * h));
         return;
     }
-    dequantize_fp8_row(rec + L.payload, rec + L.scales, hidden,
-                       dtype == WireDtype::Fp8Fp32 ? ScaleFormat::Fp32 : ScaleFormat::Ue8m0, out);
+    dequantize_fp8_row(rec + L.payload, rec + L.scales, hidden, scale_format(dtype), out);
 }
 
 ExpertRows group_by_expert(const uint8_t *records, const int64_t *count_per_source, int32_t num_ranks,

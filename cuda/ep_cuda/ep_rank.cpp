@@ -163,7 +163,6 @@ void EpRank::count_exchange(cudaStream_t stream) {
     // The one host synchronisation of a throughput-mode layer: NCCL's sizes are host arguments.
     check_cuda(cudaStreamSynchronize(stream), "EP count exchange");
     for (size_t s = 0; s < R; ++s) std::memcpy(&count_host_[s * R], count_pinned_ + s * W, R * 8);
-    combine_fp8_now_ = false;
     if (W == R) return;
     // Every rank sees every gate word at this same point, so all switch in the same call.
     std::string over;
@@ -181,10 +180,9 @@ void EpRank::count_exchange(cudaStream_t stream) {
                 " call ", over, "; limit ", config_.combine_max_rel_error,
                 "); combining in bf16 from this call on, for good");
     }
-    combine_fp8_now_ = !combine_tripped_;
     // The error word measures one call: cleared before this call's encodings (stream order keeps
     // the gate word above reading the old value).
-    if (combine_fp8_now_) check_cuda(cudaMemsetAsync(gate_max_, 0, sizeof(uint32_t), stream), "EP gate clear");
+    if (combine_dtype() != WireDtype::Bf16) check_cuda(cudaMemsetAsync(gate_max_, 0, sizeof(uint32_t), stream), "EP gate clear");
 }
 
 // Chunk c of C of every pair, the boundaries of ChunkPlan::begin (sender and receiver agree).
@@ -199,7 +197,7 @@ void EpRank::exchange_chunk(bool combine, int32_t c, int32_t C, cudaStream_t str
     }
     std::vector<PeerRange> ranges(R);
     // Combine rows: bf16 partials, or their FP8 encoding (the own rows then stay where they are).
-    const bool fp8 = combine && combine_fp8_now_;
+    const bool fp8 = combine && combine_dtype() != WireDtype::Bf16;
     const size_t rb = rec_.bytes, pb = fp8 ? combine_row_bytes_ : static_cast<size_t>(config_.hidden) * 2;
     for (int32_t p = 0; p < R; ++p) {
         const int64_t out0 = begin(me_, p, c), out1 = begin(me_, p, c + 1);  // my rows for p
@@ -229,13 +227,13 @@ void EpRank::exchange_chunk(bool combine, int32_t c, int32_t C, cudaStream_t str
 
 void EpRank::reduce_chunk(int32_t c, int32_t C, cudaStream_t stream) {
     launch_reduce(recv_, recv_region(), config_.hidden, config_.dispatch_dtype, c, C, y_rows_, partial_, stream);
-    if (combine_fp8_now_)
+    if (combine_dtype() != WireDtype::Bf16)
         launch_encode_combine(recv_, config_.hidden, config_.combine_dtype, me_, c, C, partial_, cwire_, gate_max_,
                               stream);
 }
 
 void EpRank::combine_at_source(uint16_t *out, cudaStream_t stream) {
-    if (!combine_fp8_now_) {
+    if (combine_dtype() == WireDtype::Bf16) {
         launch_combine(layout_, tokens_, back_, 0, config_.hidden, out, stream);
         return;
     }
@@ -300,14 +298,7 @@ void EpRank::forward(const int32_t *ids, const float *weights, const uint16_t *x
         combine(out, stream);
         return;
     }
-    if (tokens < 0 || tokens > config_.max_tokens)
-        fail(FT_ERR_INVALID_ARGUMENT, "EP forward: ", tokens, " tokens, the group holds ", config_.max_tokens);
-    tokens_ = tokens;
-    last_bytes_sent_ = 0;
-    check_cuda(cudaMemsetAsync(recv_.overflow, 0, sizeof(int32_t), stream), "EP overflow clear");
-    launch_layout(dplace_->view(), ids, weights, tokens, config_.top_k, me_, nullptr, layout_, stream);
-    launch_pack(layout_, static_cast<int64_t>(R_) * config_.max_tokens, x, config_.hidden, config_.dispatch_dtype, me_,
-                {send_, 0}, stream);
+    layout_and_pack(ids, weights, x, tokens, 0, stream);
     count_exchange(stream);
     launch_receive_counts(recv_, recv_region(), count_matrix_, me_, stream, count_stride_);
 

@@ -363,7 +363,6 @@ private:
     uint32_t *gate_max_ = nullptr;     // FP8 combine: fp32 bits of the encoding call's max error
     size_t combine_row_bytes_ = 0;     // of the configured combine wire
     bool combine_tripped_ = false;     // sticky: the gate tripped on some rank
-    bool combine_fp8_now_ = false;     // the current call encodes its combine in FP8
     bool combine_encoded_ = false;     // some call has encoded (gate_event_ is recorded)
     cudaEvent_t gate_event_ = nullptr;
     std::vector<int64_t> count_host_;
