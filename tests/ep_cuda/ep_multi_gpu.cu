@@ -614,15 +614,7 @@ void bench_placement(std::vector<std::unique_ptr<epc::NcclTransport>> &nets, con
     PlannerInput in;
     in.num_experts = E;
     in.num_ranks = R;
-    in.load.assign(E, 0.0);
-    in.coactivation.assign(static_cast<size_t>(E) * E, 0.0);
-    for (int64_t t = 0; t < T * R; ++t)
-        for (int32_t a = 0; a < K; ++a) {
-            const int32_t ea = trace[t * K + a];
-            in.load[ea] += 1;
-            for (int32_t b = 0; b < K; ++b)
-                if (b != a) in.coactivation[static_cast<size_t>(ea) * E + trace[t * K + b]] += 1;
-        }
+    routing_stats(trace, E, K, in.load, in.coactivation);
     struct Candidate {
         const char *name;
         Placement p;
