@@ -61,6 +61,33 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
     return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+// Four consecutive bf16 values (8-byte aligned) to fp32, and back.
+__device__ __forceinline__ void load4(const uint16_t *p, float (&v)[4]) {
+    const uint2 raw = *reinterpret_cast<const uint2 *>(p);
+    v[0] = bf16_to_f32(raw.x & 0xffffu);
+    v[1] = bf16_to_f32(raw.x >> 16);
+    v[2] = bf16_to_f32(raw.y & 0xffffu);
+    v[3] = bf16_to_f32(raw.y >> 16);
+}
+
+__device__ __forceinline__ void store4(uint16_t *p, const float (&v)[4]) {
+    uint2 out;
+    out.x = uint32_t(to_bf16(v[0])) | (uint32_t(to_bf16(v[1])) << 16);
+    out.y = uint32_t(to_bf16(v[2])) | (uint32_t(to_bf16(v[3])) << 16);
+    *reinterpret_cast<uint2 *>(p) = out;
+}
+
+// Decode multiplier of FP8 wire block b: an fp32 scale or an e8m0 exponent byte.
+__device__ __forceinline__ float block_scale(const uint8_t *scales, int64_t b, WireDtype dtype) {
+    return dtype == WireDtype::Fp8Fp32 ? reinterpret_cast<const float *>(scales)[b] : e8m0_to_f32(scales[b]);
+}
+
+// The four e4m3 bytes of a word (lowest first), each times the block's multiplier: one fp32
+// multiply, as the host's dequantize_fp8_row.
+__device__ __forceinline__ void dequant4(uint32_t q, float scale, float (&v)[4]) {
+    for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(e4m3_to_f32(static_cast<uint8_t>(q >> (8 * i))), scale);
+}
+
 __device__ __forceinline__ int32_t rank_of(const DevicePlacement &p, int32_t phy) { return phy / p.slots_per_rank; }
 
 // ---- layout ------------------------------------------------------------------------------------
@@ -474,11 +501,7 @@ constexpr int kPackThreads = 128;  // 4 warps; each warp quantises one 128-chann
 // dequantize_fp8_row multiplies by); v and word receive the lane's inputs and e4m3 bytes.
 __device__ __forceinline__ float quantise_block(const uint16_t *xb, uint8_t *qb, uint8_t *scale_at, WireDtype dtype,
                                                 int lane, float (&v)[4], uint32_t &word) {
-    const uint2 raw = *reinterpret_cast<const uint2 *>(xb + 4 * lane);
-    v[0] = bf16_to_f32(raw.x & 0xffffu);
-    v[1] = bf16_to_f32(raw.x >> 16);
-    v[2] = bf16_to_f32(raw.y & 0xffffu);
-    v[3] = bf16_to_f32(raw.y >> 16);
+    load4(xb + 4 * lane, v);
     float amax = 0.0f;
     for (int i = 0; i < 4; ++i) {
         const float a = fabsf(v[i]);
@@ -962,47 +985,18 @@ __global__ void unpack_kernel(const int64_t *offset, int32_t S, int64_t max_rows
         }
         for (int64_t c4 = threadIdx.x; c4 < hidden / 4; c4 += blockDim.x) {
             float v[4];
-            if (dtype == WireDtype::Bf16) {
-                const uint2 raw = reinterpret_cast<const uint2 *>(rec)[c4];
-                v[0] = bf16_to_f32(raw.x & 0xffffu);
-                v[1] = bf16_to_f32(raw.x >> 16);
-                v[2] = bf16_to_f32(raw.y & 0xffffu);
-                v[3] = bf16_to_f32(raw.y >> 16);
-            } else {
-                const int64_t b = c4 * 4 / kWireBlock;
-                const float s = dtype == WireDtype::Fp8Fp32
-                                    ? reinterpret_cast<const float *>(rec + g.scales)[b]
-                                    : e8m0_to_f32(rec[g.scales + b]);
-                const uint32_t q = reinterpret_cast<const uint32_t *>(rec)[c4];
-                for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(e4m3_to_f32(static_cast<uint8_t>(q >> (8 * i))), s);
-            }
-            if (x_bf16) {
-                uint2 out;
-                out.x = uint32_t(to_bf16(v[0])) | (uint32_t(to_bf16(v[1])) << 16);
-                out.y = uint32_t(to_bf16(v[2])) | (uint32_t(to_bf16(v[3])) << 16);
-                reinterpret_cast<uint2 *>(x_bf16 + row * hidden)[c4] = out;
-            }
+            if (dtype == WireDtype::Bf16)
+                load4(reinterpret_cast<const uint16_t *>(rec) + 4 * c4, v);
+            else
+                dequant4(reinterpret_cast<const uint32_t *>(rec)[c4], block_scale(rec + g.scales, c4 * 4 / kWireBlock, dtype),
+                         v);
+            if (x_bf16) store4(x_bf16 + row * hidden + 4 * c4, v);
             if (x_f32) reinterpret_cast<float4 *>(x_f32 + row * hidden)[c4] = make_float4(v[0], v[1], v[2], v[3]);
         }
     }
 }
 
 constexpr int kReduceThreads = 256;
-
-__device__ __forceinline__ void load4(const uint16_t *p, float (&v)[4]) {
-    const uint2 raw = *reinterpret_cast<const uint2 *>(p);
-    v[0] = bf16_to_f32(raw.x & 0xffffu);
-    v[1] = bf16_to_f32(raw.x >> 16);
-    v[2] = bf16_to_f32(raw.y & 0xffffu);
-    v[3] = bf16_to_f32(raw.y >> 16);
-}
-
-__device__ __forceinline__ void store4(uint16_t *p, const float (&v)[4]) {
-    uint2 out;
-    out.x = uint32_t(to_bf16(v[0])) | (uint32_t(to_bf16(v[1])) << 16);
-    out.y = uint32_t(to_bf16(v[2])) | (uint32_t(to_bf16(v[3])) << 16);
-    *reinterpret_cast<uint2 *>(p) = out;
-}
 
 // reduce_partials(): acc = fma(weight_j, y_j, acc) over the record's routes in order, four
 // channels per thread (each channel's chain is the host's).
@@ -1098,10 +1092,11 @@ encode_combine_kernel(const int64_t *count, const int64_t *prefix, int32_t R, in
             uint32_t word;
             const float scale = quantise_block(row + b * kWireBlock, out + b * kWireBlock, out + hidden + b * sb,
                                                dtype, lane, x, word);
+            float back[4];
+            dequant4(word, scale, back);
             for (int i = 0; i < 4; ++i) {
-                const float back = __fmul_rn(e4m3_to_f32(static_cast<uint8_t>(word >> (8 * i))), scale);
                 bad |= !isfinite(x[i]);
-                const double d = static_cast<double>(back) - static_cast<double>(x[i]);
+                const double d = static_cast<double>(back[i]) - static_cast<double>(x[i]);
                 err += d * d;
                 norm += static_cast<double>(x[i]) * x[i];
             }
@@ -1154,11 +1149,8 @@ __global__ void combine_wire_kernel(const int32_t *row, const int64_t *offset, i
                     load4(own + base[r] + h, pv);
                 } else {
                     const uint8_t *rp = wire + base[r];
-                    const int64_t b = h / kWireBlock;
-                    const float sc = dtype == WireDtype::Fp8Fp32 ? reinterpret_cast<const float *>(rp + hidden)[b]
-                                                                 : e8m0_to_f32(rp[hidden + b]);
-                    const uint32_t q = *reinterpret_cast<const uint32_t *>(rp + h);
-                    for (int i = 0; i < 4; ++i) pv[i] = __fmul_rn(e4m3_to_f32(static_cast<uint8_t>(q >> (8 * i))), sc);
+                    dequant4(*reinterpret_cast<const uint32_t *>(rp + h), block_scale(rp + hidden, h / kWireBlock, dtype),
+                             pv);
                 }
                 for (int i = 0; i < 4; ++i) sum[i] = __fadd_rn(sum[i], pv[i]);
             }
