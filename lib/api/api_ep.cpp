@@ -81,6 +81,16 @@ ft_status before_group(char *err, size_t err_size, Fn &&fn) noexcept {
     return guarded([&](const std::string &m) noexcept { write_error(err, err_size, m); }, fn);
 }
 
+// An FT_EP_WIRE_* value as the wire dtype; `what` names the parameter in the error.
+ft::ep::WireDtype wire_dtype_of(int32_t wire, const char *what) {
+    switch (wire) {
+        case FT_EP_WIRE_BF16: return ft::ep::WireDtype::Bf16;
+        case FT_EP_WIRE_FP8: return ft::ep::WireDtype::Fp8Fp32;
+        case FT_EP_WIRE_FP8_UE8M0: return ft::ep::WireDtype::Fp8Ue8m0;
+        default: ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: ", what, " ", wire);
+    }
+}
+
 ft::ep::cuda::EpConfig config_of(const ft_ep_params &p) {
     using ft::ep::WireDtype;
     ft::ep::cuda::EpConfig c;
@@ -90,24 +100,14 @@ ft::ep::cuda::EpConfig config_of(const ft_ep_params &p) {
     if (p.mode != FT_EP_MODE_THROUGHPUT && p.mode != FT_EP_MODE_LATENCY)
         ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: mode ", p.mode);
     c.mode = p.mode == FT_EP_MODE_LATENCY ? ft::ep::cuda::Mode::Latency : ft::ep::cuda::Mode::Throughput;
-    switch (p.wire) {
-        case FT_EP_WIRE_BF16: c.dispatch_dtype = WireDtype::Bf16; break;
-        case FT_EP_WIRE_FP8: c.dispatch_dtype = WireDtype::Fp8Fp32; break;
-        case FT_EP_WIRE_FP8_UE8M0: c.dispatch_dtype = WireDtype::Fp8Ue8m0; break;
-        default: ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: wire format ", p.wire);
-    }
+    c.dispatch_dtype = wire_dtype_of(p.wire, "wire format");
     if (p.chunks < 0 || p.chunks > c.policy.max_chunks)
         ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: chunks ", p.chunks, " (0..", c.policy.max_chunks, ")");
     c.chunks = p.chunks;
     if (p.link_bytes_per_s < 0) ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: link bandwidth ", p.link_bytes_per_s);
     if (p.link_bytes_per_s > 0) c.link_bytes_per_s = p.link_bytes_per_s;
     c.max_expert_rows = p.max_expert_rows;
-    switch (p.combine_wire) {
-        case FT_EP_WIRE_BF16: c.combine_dtype = WireDtype::Bf16; break;
-        case FT_EP_WIRE_FP8: c.combine_dtype = WireDtype::Fp8Fp32; break;
-        case FT_EP_WIRE_FP8_UE8M0: c.combine_dtype = WireDtype::Fp8Ue8m0; break;
-        default: ft::fail(FT_ERR_INVALID_ARGUMENT, "EP: combine wire format ", p.combine_wire);
-    }
+    c.combine_dtype = wire_dtype_of(p.combine_wire, "combine wire format");
     if (c.combine_dtype != WireDtype::Bf16 && c.mode == ft::ep::cuda::Mode::Latency)
         ft::fail(FT_ERR_INVALID_ARGUMENT,
                  "EP: an FP8 combine_wire needs FT_EP_MODE_THROUGHPUT (latency mode never synchronises the host, so "
