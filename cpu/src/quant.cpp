@@ -516,8 +516,9 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
     // their own kernel use the next lower one.
     static const std::vector<QuantOps> table = [] {
         std::vector<QuantOps> t;
+        // Reserved in full so that push_back never moves the strings whose c_str() t keeps.
         static std::vector<std::string> names;
-        names.reserve(256);
+        names.reserve(std::size(kKernels) * 32);
         for (const TierKernels &k : kKernels)
             for (int fa = 0; fa < 2; ++fa)
             for (int vb = 0; vb < 2; ++vb)
