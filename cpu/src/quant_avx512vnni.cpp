@@ -219,7 +219,6 @@ void rows_x4(const uint8_t *const *r, int64_t nb, const uint8_t *const *act, flo
 // others wait.
 void prepare_q8_0_x4_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t nb = K / 32;
-    const __m512 lim = _mm512_set1_ps(127.0f);
     const __m512i ones = _mm512_set1_epi8(1);
     for (int64_t g = 0; g < nb; g += 4) {
         uint8_t *o = dst + g * 64;
@@ -227,18 +226,10 @@ void prepare_q8_0_x4_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
         _mm512_storeu_si512(o, _mm512_setzero_si512());
         _mm512_storeu_si512(o + 64, _mm512_setzero_si512());
         for (int j = 0; j < 4 && g + j < nb; ++j) {
-            const uint16_t *xb = x + (g + j) * 32;
-            __m512 v[2];
+            __m512 v[2], q[2];
+            const float d = q8_0_block(x + (g + j) * 32, v, q);
             for (int h = 0; h < 2; ++h)
-                v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(xb + 16 * h))), 16));
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-            const float d = amax > 0.0f ? amax / 127.0f : 1.0f;
-            const __m512 inv = _mm512_set1_ps(1.0f / d);
-            for (int h = 0; h < 2; ++h) {
-                const __m512 q = _mm512_min_ps(_mm512_max_ps(round_away(_mm512_mul_ps(v[h], inv)), -lim), lim);
-                _mm_storeu_si128(reinterpret_cast<__m128i *>(o + 64 * h + 16 * j), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
-            }
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(o + 64 * h + 16 * j), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q[h])));
             for (int l = 0; l < 4; ++l) dl[4 * j + l] = d;
         }
         const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(o)),

@@ -171,16 +171,12 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
     int8_t *q1 = reinterpret_cast<int8_t *>(dst), *q2 = q1 + qbytes;
     const __m512 lim = _mm512_set1_ps(127.0f);
     for (int64_t b = 0; b < nb; ++b) {
-        __m512 v[2];
-        for (int h = 0; h < 2; ++h)
-            v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 32 * b + 16 * h))), 16));
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        const float d = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / d;
-        const __m512 vinv = _mm512_set1_ps(inv), vd = _mm512_set1_ps(d), vinv2 = _mm512_set1_ps(256.0f * inv);
+        __m512 v[2], q[2];
+        const float d = q8_0_block(x + 32 * b, v, q), inv = 1.0f / d;
+        const __m512 vd = _mm512_set1_ps(d), vinv2 = _mm512_set1_ps(256.0f * inv);
         __m512i s1 = _mm512_setzero_si512(), s2 = _mm512_setzero_si512();
         for (int h = 0; h < 2; ++h) {
-            const __m512 a = _mm512_min_ps(_mm512_max_ps(round_away(_mm512_mul_ps(v[h], vinv)), -lim), lim);
+            const __m512 a = q[h];
             const __m512 r = _mm512_sub_ps(v[h], _mm512_mul_ps(a, vd));
             const __m512 c = _mm512_min_ps(_mm512_max_ps(round_away(_mm512_mul_ps(r, vinv2)), -lim), lim);
             const __m512i ai = _mm512_cvtps_epi32(a), ci = _mm512_cvtps_epi32(c);
