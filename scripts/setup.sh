@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ pkg-config libdnnl-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-          libbenchmark-dev binutils golang-go)
+# Debian's oneDNN CMake config looks for OpenCL, hence ocl-icd-opencl-dev; make builds the
+# pkg-config consumer example.
+packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
+          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
