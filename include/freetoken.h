@@ -69,7 +69,7 @@ extern "C" {
  * ========================================================================================== */
 
 #define FT_VERSION_MAJOR 0
-#define FT_VERSION_MINOR 3
+#define FT_VERSION_MINOR 4
 #define FT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
@@ -169,6 +169,10 @@ typedef struct ft_build_info {
     const char *onednn_version; /* e.g. "2.6.3" (static storage)                               */
     const char *cpu_isa;      /* best kernel tier this CPU runs, e.g. "avx512bf16" (static)   */
     const char *compiler;     /* compiler and version (static storage)                         */
+    /* Since 0.4. Whether oneDNN can run a bf16 matmul on this CPU (it needs AVX-512 or newer,
+     * and honours ONEDNN_MAX_CPU_ISA). When false the CPU backend never takes its oneDNN
+     * batched path; the SIMD kernels compute every route. */
+    bool onednn_bf16;
 } ft_build_info;
 
 /* Fills *info up to info->struct_size bytes. FT_ERR_INVALID_ARGUMENT if info is NULL or

@@ -102,6 +102,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         std::string v = env_string("FT_CPU_ONEDNN_MIN_TOKENS");
         onednn_min_tokens_ = v.empty() ? default_onednn_min_tokens() : std::max(0, std::atoi(v.c_str()));
     }
+    if (onednn_min_tokens_ > 0 && !onednn_bf16_available()) onednn_min_tokens_ = 0;
 
     const int64_t routes = int64_t(max_tokens) * top_k;
     const int64_t slots = routes + (shared_intermediate > 0 ? max_tokens : 0);

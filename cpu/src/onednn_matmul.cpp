@@ -49,10 +49,29 @@ dnnl::matmul &cached_matmul(const Key &key) {
 
 int onednn_threads() { return omp_get_max_threads(); }
 
+bool onednn_bf16_available() {
+    static const bool available = [] {
+        try {
+            dnnl::memory::desc src_md({1, 64}, dt::bf16, {64, 1});
+            dnnl::memory::desc wei_md({64, 16}, dt::bf16, {1, 64});
+            dnnl::memory::desc dst_md({1, 16}, dt::f32, {16, 1});
+            dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), cpu_engine());
+            return true;
+        } catch (const dnnl::error &e) {
+            log(FT_LOG_INFO, "oneDNN has no bf16 matmul on this CPU (status ", int(e.status),
+                "): the CPU backend uses its own kernels for every batch size");
+            return false;
+        }
+    }();
+    return available;
+}
+
 void onednn_matmul_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *src, int64_t lds, const uint16_t *w,
                         int64_t ldw, float *dst, int64_t ldd) {
     if (m <= 0 || n <= 0 || k <= 0 || lds < k || ldw < k || ldd < n || !src || !w || !dst)
         fail(FT_ERR_INVALID_ARGUMENT, "oneDNN matmul: bad shape M=", m, " N=", n, " K=", k);
+    if (!onednn_bf16_available())
+        fail(FT_ERR_UNSUPPORTED, "oneDNN matmul: no bf16 matmul on this CPU (needs AVX-512 or newer)");
     try {
         dnnl::matmul &prim = cached_matmul(Key{m, n, k, lds, ldw, ldd});
         dnnl::engine &eng = cpu_engine();

@@ -150,6 +150,7 @@ ft_status ft_build_info_get(ft_build_info *info) {
     b.onednn_version = onednn;
     b.cpu_isa = ft::cpu::isa_name(ft::cpu::default_isa());
     b.compiler = FT_COMPILER;
+    b.onednn_bf16 = ft::cpu::onednn_bf16_available();
     return write_out(info, b);
 }
 

@@ -23,7 +23,8 @@ _Static_assert(offsetof(ft_session_params, cache_slots) == 16, "ft_session_param
 _Static_assert(offsetof(ft_session_params, prefill_min_tokens) == 40, "ft_session_params layout (0.2)");
 _Static_assert(offsetof(ft_session_params, shared_experts) == 12, "ft_session_params layout");
 _Static_assert(offsetof(ft_session_params, check_finite) == 13, "ft_session_params layout");
-_Static_assert(sizeof(ft_build_info) == 48, "ft_build_info layout");
+_Static_assert(sizeof(ft_build_info) == 56, "ft_build_info layout");
+_Static_assert(offsetof(ft_build_info, onednn_bf16) == 48, "ft_build_info layout (0.4)");
 _Static_assert(offsetof(ft_build_info, cuda_archs) == 16, "ft_build_info layout");
 _Static_assert(sizeof(ft_engine_info) == 32, "ft_engine_info layout");
 _Static_assert(sizeof(ft_model_info) == 104, "ft_model_info layout");
@@ -179,6 +180,16 @@ int main(void) {
     EXPECT(bi.version_number == FT_VERSION_NUMBER);
     EXPECT(bi.cpu_isa != NULL && strlen(bi.cpu_isa) > 0);
     EXPECT(bi.onednn_version != NULL && bi.onednn_version[0] >= '1' && bi.onednn_version[0] <= '9');
+    {
+        /* An old caller (0.3 layout, 48 bytes) gets no byte past its struct. */
+        ft_build_info boxes[2];
+        const unsigned char *raw = (const unsigned char *)boxes;
+        memset(boxes, 0xA5, sizeof boxes);
+        boxes[0].struct_size = 48;
+        EXPECT(ft_build_info_get(&boxes[0]) == FT_OK);
+        EXPECT(boxes[0].version_number == FT_VERSION_NUMBER);
+        EXPECT(raw[48] == 0xA5 && raw[sizeof boxes - 1] == 0xA5);
+    }
 
     ft_session_free(session);
     ft_model_free(model);

@@ -306,6 +306,9 @@ TEST(MoeExecutor, OnednnPathMatchesReference) {
             ft::cpu::MoeTuning tuning;
             tuning.onednn_min_tokens = 2;  // experts with >= 2 routes, and the shared one, use oneDNN
             ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 4, 16, act, L.Is, ft::cpu::cpu_best_isa(), tuning);
+            // Without a oneDNN bf16 matmul (below AVX-512) the path is never chosen and the SIMD
+            // kernels must give the same result.
+            EXPECT_EQ(ex.onednn_min_tokens(), ft::cpu::onednn_bf16_available() ? 2 : 0);
             Batch b = random_batch(rng, L, T, 4);
             auto sh = L.shared(true);
             auto y = run_executor(ex, L, b, &sh);
@@ -370,6 +373,8 @@ TEST(MoeExecutor, RejectsBadArguments) {
 }
 
 TEST(Onednn, MatmulMatchesReference) {
+    if (!ft::cpu::onednn_bf16_available())
+        GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (below AVX-512 or ONEDNN_MAX_CPU_ISA)";
     std::mt19937 rng(21);
     for (auto [m, n, k] : {std::tuple{1, 33, 70}, std::tuple{5, 64, 128}, std::tuple{17, 19, 300}}) {
         const int64_t ldw = k + 3, ldd = n + 2;
@@ -385,6 +390,18 @@ TEST(Onednn, MatmulMatchesReference) {
             }
     }
     EXPECT_GE(ft::cpu::onednn_threads(), 1);
+}
+
+TEST(Onednn, UnavailableMatmulIsAnErrorNotACrash) {
+    if (ft::cpu::onednn_bf16_available()) GTEST_SKIP() << "oneDNN runs bf16 matmuls on this CPU";
+    std::vector<uint16_t> a(64, 0x3f80), w(64, 0x3f80);
+    std::vector<float> d(1);
+    try {
+        ft::cpu::onednn_matmul_bf16(1, 1, 64, a.data(), 64, w.data(), 64, d.data(), 1);
+        ADD_FAILURE() << "no error";
+    } catch (const ft::Error &e) {
+        EXPECT_EQ(e.status(), FT_ERR_UNSUPPORTED) << e.what();
+    }
 }
 
 }  // namespace

@@ -110,6 +110,9 @@ void onednn_matmul_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *src, in
                         const uint16_t *w, int64_t ldw, float *dst, int64_t ldd);
 // Number of OpenMP threads oneDNN runs with (omp_get_max_threads of the calling thread).
 int onednn_threads();
+// Whether oneDNN can create a bf16 matmul on this CPU (AVX-512 or newer, within
+// ONEDNN_MAX_CPU_ISA). Probed once; the executor never takes the oneDNN path when false.
+bool onednn_bf16_available();
 
 // ---- memory read bandwidth -------------------------------------------------------------------
 
