@@ -5,9 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's oneDNN CMake config looks for OpenCL, hence ocl-icd-opencl-dev; make builds the
-# pkg-config consumer example.
+# pkg-config consumer example; python3 runs the ft program's tests (tests/cli).
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go)
+          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

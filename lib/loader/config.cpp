@@ -1,6 +1,8 @@
 // config.json -> ModelSpec for the architectures of spec section 7.
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -199,8 +201,9 @@ Format declared_format(const json &cfg, const json &fields, const std::string &d
 
 ModelSpec read_model_config(const std::string &dir) {
     const std::string path = dir + "/config.json";
+    errno = 0;
     std::ifstream in(path, std::ios::binary);
-    if (!in) fail(FT_ERR_IO, path, ": cannot open");
+    if (!in) fail(FT_ERR_IO, path, ": cannot open: ", errno ? std::strerror(errno) : "reason unknown");
     std::ostringstream text;
     text << in.rdbuf();
     if (in.bad()) fail(FT_ERR_IO, path, ": read error");

@@ -15,6 +15,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -672,6 +673,8 @@ bool ends_with(const std::string &s, const std::string &suffix) {
 // The single .gguf file `path` names (a file, or a directory without config.json holding exactly
 // one), or "" for a Hugging Face checkpoint directory.
 std::string gguf_path(const std::string &path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) fail(FT_ERR_IO, path, ": ", std::strerror(errno));
     if (is_regular(path)) {
         if (ends_with(path, ".gguf")) return path;
         fail(FT_ERR_IO, path, ": not a checkpoint directory or .gguf file");

@@ -1,6 +1,7 @@
 // Bad input through the C API: every case gets its status and a message, never a crash.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -295,8 +296,14 @@ TEST(Errors, BadCheckpoints) {
     char err[512];
     EXPECT_EQ(ft_model_load(engine.get(), "/nonexistent/freetoken/model", nullptr, &m, err, sizeof err), FT_ERR_IO);
     EXPECT_TRUE(contains(err, "/nonexistent/freetoken/model")) << err;
+    EXPECT_TRUE(contains(err, std::strerror(ENOENT))) << err;  // the OS's reason, named
 
     TempDir dir;
+    // A directory without config.json (nor a .gguf file): the missing file and the OS's reason.
+    EXPECT_EQ(ft_model_load(engine.get(), dir.path().c_str(), nullptr, &m, err, sizeof err), FT_ERR_IO);
+    EXPECT_TRUE(contains(err, "config.json")) << err;
+    EXPECT_TRUE(contains(err, std::strerror(ENOENT))) << err;
+
     ft::synth::Spec s;
     s.num_experts = 4;
     s.hidden = 32;

@@ -4,9 +4,13 @@
 //                        machine's memory read bandwidth; without MODEL, a generated synthetic
 //                        Qwen3-MoE-like checkpoint is written once and used
 //   ft profile           measure this machine's bandwidths and save the profile
+//   ft version           the library's version and build
+// Exit status: 0 success, 1 failure, 2 usage error (one line on stderr and where to read more).
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +20,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "freetoken.h"
 #include "ft/common.hpp"
@@ -28,7 +34,7 @@ namespace {
 
 using ft::tool::ProgressBar;
 
-const char *kUsage =
+const char *kMainHelp =
     "usage: ft <command> [options]\n"
     "\n"
     "commands:\n"
@@ -36,12 +42,36 @@ const char *kUsage =
     "  run  [MODEL] [options]  decode a routing trace and report tokens/s and GB/s\n"
     "  profile [options]       measure the memory, PCIe and CPU expert-kernel bandwidths of this\n"
     "                          machine and save them as the profile the library reads\n"
+    "  version                 the library's version and build (also: ft --version)\n"
+    "  help [COMMAND]          this text, or COMMAND's options (also: ft COMMAND --help)\n"
     "\n"
-    "run options:\n"
+    "environment: FT_LOG=error|warn|info|debug, FT_CPU_ISA=scalar|avx2|avx512|avx512bf16\n"
+    "exit status: 0 success, 1 failure, 2 usage error\n";
+
+const char *kInfoHelp =
+    "usage: ft info [MODEL] [options]\n"
+    "\n"
+    "Prints the build (version, CUDA, oneDNN), the CPU's kernel tier and the engine's GPU; with\n"
+    "MODEL (a checkpoint directory or .gguf file), loads it and prints its geometry.\n"
+    "\n"
+    "options:\n"
+    "  --threads N      CPU worker threads (default: one per physical core)\n"
+    "  --no-gpu         do not use a GPU even if one is present\n"
+    "  -h, --help       this text\n";
+
+const char *kRunHelp =
+    "usage: ft run [MODEL] [options]\n"
+    "\n"
+    "Decodes a routing trace through MODEL (a checkpoint directory or .gguf file) and reports\n"
+    "tokens/s and the GB/s of expert weights against the memory read bandwidth measured in the\n"
+    "same run. Without MODEL, a synthetic Qwen3-MoE-like checkpoint is written once and used.\n"
+    "\n"
+    "options:\n"
     "  --steps N        decode steps (default 64)\n"
     "  --tokens T       tokens per step (default 1)\n"
     "  --threads N      CPU worker threads (default: one per physical core)\n"
-    "  --backend NAME   auto | cpu | gpu | offload | hybrid (default auto)\n"
+    "  --backend NAME   auto | cpu | gpu | offload | hybrid (default auto); gpu, offload and\n"
+    "                   hybrid need a usable GPU\n"
     "  --cache-fraction F  offload: slot cache size as a fraction of all experts\n"
     "                   (default: what the free GPU memory holds)\n"
     "  --seed S         routing trace seed (default 1)\n"
@@ -51,8 +81,18 @@ const char *kUsage =
     "  --cache-dir DIR  where the synthetic checkpoint is kept\n"
     "                   (default $XDG_CACHE_HOME/freetoken or ~/.cache/freetoken)\n"
     "  --no-gpu         do not use a GPU even if one is present\n"
+    "  --json           print the run's figures as one JSON object instead of the text\n"
+    "  -h, --help       this text\n"
     "\n"
-    "profile options:\n"
+    "Results go to standard output; progress and notices to standard error.\n";
+
+const char *kProfileHelp =
+    "usage: ft profile [options]\n"
+    "\n"
+    "Measures the memory, PCIe and CPU expert-kernel bandwidths of this machine and saves them\n"
+    "as the profile the library reads when it chooses a backend.\n"
+    "\n"
+    "options:\n"
     "  --formats LIST   comma list of formats to measure (default: all of bf16, fp8_block,\n"
     "                   nvfp4, mxfp4, ds_fp4, q4_0)\n"
     "  --threads N      CPU worker threads (default: one per physical core)\n"
@@ -62,31 +102,65 @@ const char *kUsage =
     "                   ($FT_PROFILE_PATH, else $XDG_CACHE_HOME/freetoken/benchbw.json)\n"
     "  --json           print the profile's JSON instead of the table (it is saved as well)\n"
     "  --plot FILE.svg  draw the bandwidths and the predicted step time against the fetch\n"
-    "                   fraction\n"
+    "                   fraction as SVG (the path must end in .svg)\n"
+    "  -h, --help       this text\n";
+
+const char *kVersionHelp =
+    "usage: ft version (or ft --version)\n"
     "\n"
-    "environment: FT_LOG=error|warn|info|debug, FT_CPU_ISA=scalar|avx2|avx512|avx512bf16\n";
+    "Prints the version of the FreeToken library in use and how it was built.\n";
+
+// The command being parsed, for "see 'ft COMMAND --help'"; empty before one is known.
+std::string g_command;
+
+const char *help_of(const std::string &command) {
+    if (command == "info") return kInfoHelp;
+    if (command == "run") return kRunHelp;
+    if (command == "profile") return kProfileHelp;
+    if (command == "version") return kVersionHelp;
+    return nullptr;
+}
 
 struct Options {
     std::string command, model;
     int steps = 64, tokens = 1, threads = 0, backend = FT_BACKEND_AUTO;
+    std::string backend_name = "auto";
     double cache_fraction = 0.0;
     uint64_t seed = 1;
     std::string cache_dir;
     std::string format = "bf16";
-    bool no_gpu = false;
+    bool format_given = false;
+    bool no_gpu = false, json = false;
     ft::tool::ProfileOptions profile;
 };
 
+// A usage error: one line naming what is wrong and where the command's options are listed.
 [[noreturn]] void usage_error(const std::string &msg) {
-    std::fprintf(stderr, "ft: %s\n\n%s", msg.c_str(), kUsage);
+    std::fprintf(stderr, "ft: %s\nsee 'ft%s%s --help'\n", msg.c_str(), g_command.empty() ? "" : " ", g_command.c_str());
     std::exit(2);
 }
 
 long parse_int(const std::string &flag, const char *v, long lo, long hi) {
     char *end = nullptr;
+    errno = 0;
     const long x = std::strtol(v, &end, 10);
-    if (!end || *end || x < lo || x > hi) usage_error(flag + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    if (!*v || !end || *end || errno == ERANGE || x < lo || x > hi)
+        usage_error(flag + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not '" + v + "'");
     return x;
+}
+
+double parse_double(const std::string &flag, const char *v, double lo_exclusive, double hi, const char *range) {
+    char *end = nullptr;
+    const double x = std::strtod(v, &end);
+    if (!*v || !end || *end || !(x > lo_exclusive) || !(x <= hi)) usage_error(flag + " expects a number in " + range + ", not '" + v + "'");
+    return x;
+}
+
+bool ends_with_svg(const std::string &path) {
+    if (path.size() < 5 || path[path.size() - 5] == '/') return false;
+    std::string ext = path.substr(path.size() - 4);
+    for (char &c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return ext == ".svg";
 }
 
 Options parse(int argc, char **argv) {
@@ -94,32 +168,65 @@ Options parse(int argc, char **argv) {
     if (argc < 2) usage_error("missing command");
     o.command = argv[1];
     if (o.command == "-h" || o.command == "--help" || o.command == "help") {
-        std::fputs(kUsage, stdout);
+        if (argc > 2 && o.command == "help") {
+            const char *h = help_of(argv[2]);
+            if (!h) usage_error(std::string("no help for unknown command '") + argv[2] + "'");
+            if (argc > 3) usage_error("help takes one command name");
+            std::fputs(h, stdout);
+            std::exit(0);
+        }
+        if (argc > 2) usage_error(std::string("unexpected argument '") + argv[2] + "' after " + o.command);
+        std::fputs(kMainHelp, stdout);
         std::exit(0);
     }
+    if (o.command == "--version" || o.command == "-V") {
+        if (argc > 2) usage_error(std::string("unexpected argument '") + argv[2] + "' after " + o.command);
+        o.command = "version";
+        return o;
+    }
+    if (!help_of(o.command)) {
+        if (!o.command.empty() && o.command[0] == '-') usage_error("unknown option '" + o.command + "' (a command comes first)");
+        usage_error("unknown command '" + o.command + "'");
+    }
+    g_command = o.command;
+    // --help wins over anything else on the line.
+    for (int i = 2; i < argc; ++i) {
+        if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+            std::fputs(help_of(o.command), stdout);
+            std::exit(0);
+        }
+    }
+
+    const bool run = o.command == "run", profile = o.command == "profile", info = o.command == "info";
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
+        // Whether the current command has option `a`.
+        auto has = [&](bool allowed) {
+            if (!allowed) usage_error("unknown option '" + a + "' for 'ft " + o.command + "'");
+            return true;
+        };
         auto value = [&]() -> const char * {
             if (i + 1 >= argc) usage_error(a + " needs a value");
             return argv[++i];
         };
-        if (a == "--steps") o.steps = static_cast<int>(parse_int(a, value(), 1, 1000000));
-        else if (a == "--tokens") o.tokens = static_cast<int>(parse_int(a, value(), 1, 65536));
-        else if (a == "--threads") o.threads = static_cast<int>(parse_int(a, value(), 0, 4096));
-        else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0, 1L << 62));
-        else if (a == "--cache-dir") o.cache_dir = value();
-        else if (a == "--format") o.format = value();
-        else if (a == "--no-gpu") o.no_gpu = o.profile.no_gpu = true;
-        else if (a == "--formats") o.profile.formats = value();
-        else if (a == "--seconds") {
-            const char *v = value();
-            char *end = nullptr;
-            o.profile.seconds = std::strtod(v, &end);
-            if (!end || *end || !(o.profile.seconds > 0) || o.profile.seconds > 86400) usage_error("--seconds expects a number in (0, 86400]");
-        } else if (a == "--json") o.profile.json = true;
-        else if (a == "--out") o.profile.out = value();
-        else if (a == "--plot") o.profile.plot = value();
-        else if (a == "--backend") {
+        if (a == "--steps" && has(run)) o.steps = static_cast<int>(parse_int(a, value(), 1, 1000000));
+        else if (a == "--tokens" && has(run)) o.tokens = static_cast<int>(parse_int(a, value(), 1, 65536));
+        else if (a == "--threads" && has(run || profile || info)) o.threads = static_cast<int>(parse_int(a, value(), 0, 4096));
+        else if (a == "--seed" && has(run)) o.seed = static_cast<uint64_t>(parse_int(a, value(), 0, 1L << 62));
+        else if (a == "--cache-dir" && has(run)) o.cache_dir = value();
+        else if (a == "--format" && has(run)) {
+            o.format = value();
+            o.format_given = true;
+        } else if (a == "--no-gpu" && has(run || profile || info)) o.no_gpu = o.profile.no_gpu = true;
+        else if (a == "--formats" && has(profile)) o.profile.formats = value();
+        else if (a == "--seconds" && has(profile)) o.profile.seconds = parse_double(a, value(), 0.0, 86400.0, "(0, 86400]");
+        else if (a == "--json" && has(run || profile)) o.json = o.profile.json = true;
+        else if (a == "--out" && has(profile)) o.profile.out = value();
+        else if (a == "--plot" && has(profile)) {
+            o.profile.plot = value();
+            if (!ends_with_svg(o.profile.plot))
+                usage_error("--plot writes SVG only: '" + o.profile.plot + "' does not end in .svg");
+        } else if (a == "--backend" && has(run)) {
             const std::string b = value();
             if (b == "auto") o.backend = FT_BACKEND_AUTO;
             else if (b == "cpu") o.backend = FT_BACKEND_CPU;
@@ -127,17 +234,20 @@ Options parse(int argc, char **argv) {
             else if (b == "offload") o.backend = FT_BACKEND_OFFLOAD;
             else if (b == "hybrid") o.backend = FT_BACKEND_HYBRID;
             else usage_error("unknown backend '" + b + "' (auto, cpu, gpu, offload, hybrid)");
-        } else if (a == "--cache-fraction") {
-            const char *v = value();
-            char *end = nullptr;
-            o.cache_fraction = std::strtod(v, &end);
-            if (!end || *end || !(o.cache_fraction > 0) || o.cache_fraction > 1) usage_error("--cache-fraction expects a number in (0, 1]");
-        } else if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        } else if (!a.empty() && a[0] == '-') usage_error("unknown option " + a);
+            o.backend_name = b;
+        } else if (a == "--cache-fraction" && has(run)) o.cache_fraction = parse_double(a, value(), 0.0, 1.0, "(0, 1]");
+        else if (!a.empty() && a[0] == '-') usage_error("unknown option '" + a + "' for 'ft " + o.command + "'");
+        else if (profile || o.command == "version") usage_error("unexpected argument '" + a + "'");
         else if (o.model.empty()) o.model = a;
-        else usage_error("more than one model path given");
+        else usage_error("more than one model path given ('" + o.model + "', '" + a + "')");
+    }
+    if (run) {
+        static const char *formats[] = {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
+        if (std::find(std::begin(formats), std::end(formats), o.format) == std::end(formats))
+            usage_error("unknown format '" + o.format + "' (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0)");
+        if (o.format_given && !o.model.empty()) usage_error("--format chooses the synthetic checkpoint; a MODEL has its own format");
+        if (o.no_gpu && o.backend != FT_BACKEND_AUTO && o.backend != FT_BACKEND_CPU)
+            usage_error("--backend " + o.backend_name + " needs a GPU, and --no-gpu forbids one");
     }
     return o;
 }
@@ -286,7 +396,7 @@ int ensure_synthetic(const std::string &dir, const std::string &format) {
         return 1;
     }
     const ft::synth::Spec spec = synthetic_spec(format);
-    std::printf("writing a synthetic %s checkpoint (%s experts) to %s (once)\n", spec.architecture.c_str(), format.c_str(),
+    std::fprintf(stderr, "ft: writing a synthetic %s checkpoint (%s experts) to %s (once)\n", spec.architecture.c_str(), format.c_str(),
                 dir.c_str());
     try {
         ProgressBar bar("writing");
@@ -346,14 +456,62 @@ private:
     std::vector<float> popularity_, previous_;
 };
 
+bool gpu_backend(int32_t b) { return b == FT_BACKEND_GPU || b == FT_BACKEND_OFFLOAD || b == FT_BACKEND_HYBRID; }
+
+const char *backend_key(int32_t b) {
+    switch (b) {
+        case FT_BACKEND_CPU: return "cpu";
+        case FT_BACKEND_GPU: return "gpu";
+        case FT_BACKEND_OFFLOAD: return "offload";
+        case FT_BACKEND_HYBRID: return "hybrid";
+        default: return "?";
+    }
+}
+
+nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool synthetic) {
+    nlohmann::json j = {{"path", path},
+                        {"synthetic", synthetic},
+                        {"architecture", m.architecture},
+                        {"moe_layers", m.num_layers},
+                        {"first_moe_layer", m.first_moe_layer},
+                        {"total_layers", m.total_layers},
+                        {"experts", m.num_experts},
+                        {"top_k", m.top_k},
+                        {"hidden_size", m.hidden_size},
+                        {"intermediate_size", m.intermediate_size},
+                        {"format", format_name(m.format)},
+                        {"activation", act_name(m.activation)},
+                        {"routing", routing_name(m.routing)},
+                        {"expert_bytes", m.expert_bytes},
+                        {"bank_bytes", m.bank_bytes},
+                        {"shared_intermediate_size", m.shared_intermediate_size}};
+    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK) {
+        j["num_groups"] = m.num_groups;
+        j["topk_groups"] = m.topk_groups;
+        j["routed_scaling_factor"] = m.routed_scaling_factor;
+    }
+    return j;
+}
+
+nlohmann::json profile_json(const ft::tool::ProfileStatus &p) {
+    nlohmann::json j = {{"path", p.path}, {"state", p.state}};
+    if (!p.detail.empty()) j["detail"] = p.detail;
+    if (p.state == "applies") {
+        j["cpu_gbs"] = p.cpu_gbs;
+        if (p.fetch_fraction >= 0) j["fetch_fraction"] = p.fetch_fraction;
+    }
+    return j;
+}
+
+// Decodes a routing trace and reports its figures: as text lines (label, then the figures) or,
+// with --json, as one JSON object holding the same figures, printed at the end.
 int cmd_run(const Options &o) {
-    std::string path = o.model;
-    if (!path.empty() && o.format != "bf16") usage_error("--format chooses the synthetic checkpoint; a MODEL has its own format");
-    if (path.empty()) {
-        static const char *formats[] = {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
-        if (std::find(std::begin(formats), std::end(formats), o.format) == std::end(formats)) usage_error("unknown format '" + o.format + "'");
-        path = (o.cache_dir.empty() ? ft::cache_dir() : o.cache_dir) + "/synthetic-" + o.format;
-        if (ensure_synthetic(path, o.format)) return 1;
+    ft_build_info build;
+    build.struct_size = sizeof build;
+    ft_build_info_get(&build);
+    if (gpu_backend(o.backend) && !build.cuda) {
+        std::fprintf(stderr, "ft: --backend %s needs a GPU, and this build of FreeToken has no CUDA support\n", o.backend_name.c_str());
+        return 1;
     }
 
     ft_engine_params ep;
@@ -365,7 +523,27 @@ int cmd_run(const Options &o) {
     ft_session *session = nullptr;
     char err[1024];
     if (check(ft_engine_create(&ep, &engine, err, sizeof err), "engine", err)) return 1;
+    ft_engine_info ei;
+    ei.struct_size = sizeof ei;
+    ft_engine_get_info(engine, &ei);
+    // A GPU backend without a GPU would fail only when the session is made: say so before the
+    // model is written or loaded.
+    if (gpu_backend(o.backend) && ei.device < 0) {
+        std::fprintf(stderr, "ft: --backend %s needs a GPU, and the engine found no usable CUDA device\n", o.backend_name.c_str());
+        ft_engine_free(engine);
+        return 1;
+    }
 
+    std::string path = o.model;
+    if (path.empty()) {
+        path = (o.cache_dir.empty() ? ft::cache_dir() : o.cache_dir) + "/synthetic-" + o.format;
+        if (ensure_synthetic(path, o.format)) {
+            ft_engine_free(engine);
+            return 1;
+        }
+    }
+
+    nlohmann::json report;
     ft_model_load_params lp;
     ft_model_load_params_init(&lp);
     ProgressBar load_bar("loading");
@@ -383,9 +561,18 @@ int cmd_run(const Options &o) {
     ft_model_info mi;
     mi.struct_size = sizeof mi;
     ft_model_get_info(model, &mi);
-    print_model(mi);
-    std::printf("            loaded in %.2f s (%.2f GB/s)%s\n", load_s, mi.bank_bytes / 1e9 / load_s, o.model.empty() ? ", synthetic" : "");
-    print_engine(engine);
+    if (o.json) {
+        report["model"] = model_json(mi, path, o.model.empty());
+        report["load"] = {{"seconds", load_s}, {"gb_per_s", mi.bank_bytes / 1e9 / load_s}};
+        report["engine"] = {{"cpu_threads", ei.cpu_threads},
+                            {"physical_cores", ei.physical_cores},
+                            {"cpu_isa", ei.cpu_isa},
+                            {"gpu", ei.device >= 0 ? ei.device_name : ""}};
+    } else {
+        print_model(mi);
+        std::printf("            loaded in %.2f s (%.2f GB/s)%s\n", load_s, mi.bank_bytes / 1e9 / load_s, o.model.empty() ? ", synthetic" : "");
+        print_engine(engine);
+    }
 
     ft_session_params sp;
     ft_session_params_init(&sp);
@@ -399,26 +586,27 @@ int cmd_run(const Options &o) {
         return rc;
     }
     const int32_t backend = ft_session_backend(session);
-    std::printf("backend     %s\n", backend_name(backend));
-    std::printf("  because   %s\n", ft_session_backend_reason(session));
-    {
-        ft_engine_info pi;
-        pi.struct_size = sizeof pi;
-        ft_engine_get_info(engine, &pi);
-        ft::tool::print_profile_line(pi.device_name, mi.format);
+    const ft::tool::ProfileStatus prof = ft::tool::profile_status(ei.device_name, mi.format);
+    if (o.json) {
+        report["backend"] = {{"name", backend_key(backend)}, {"reason", ft_session_backend_reason(session)}};
+        report["profile"] = profile_json(prof);
+    } else {
+        std::printf("backend     %s\n", backend_name(backend));
+        std::printf("  because   %s\n", ft_session_backend_reason(session));
+        std::printf("profile     %s\n", ft::tool::profile_text(prof, mi.format).c_str());
     }
 
     // The bound: how fast this machine's cores read memory, measured now, with as many
     // threads as the engine's pool.
-    ft_engine_info ei;
-    ei.struct_size = sizeof ei;
-    ft_engine_get_info(engine, &ei);
     double read_gbs = 0.0;
     {
         ft::cpu::ThreadPool probe_pool(ei.cpu_threads, true);
         read_gbs = ft::cpu::measure_read_bandwidth(probe_pool, size_t{1} << 30) / 1e9;
     }
-    std::printf("memory      %.1f GB/s read bandwidth (%d threads, measured now)\n", read_gbs, ei.cpu_threads);
+    if (o.json)
+        report["memory"] = {{"read_gbs", read_gbs}, {"threads", ei.cpu_threads}};
+    else
+        std::printf("memory      %.1f GB/s read bandwidth (%d threads, measured now)\n", read_gbs, ei.cpu_threads);
     // A model that is not several times the last-level cache is partly served from it, and the
     // GB/s below then exceed what memory alone delivers.
     const size_t llc = ft::cpu::last_level_cache_bytes();
@@ -462,29 +650,53 @@ int cmd_run(const Options &o) {
         ft_session_get_stats(session, &st);
         std::sort(layer_ms.begin(), layer_ms.end());
         const double p50 = layer_ms[layer_ms.size() / 2], p90 = layer_ms[layer_ms.size() * 9 / 10];
-        const bool on_gpu = backend == FT_BACKEND_GPU || backend == FT_BACKEND_OFFLOAD || backend == FT_BACKEND_HYBRID;
+        const bool on_gpu = gpu_backend(backend);
         // Weight bytes the experts of each call needed, wherever they were read from.
         const double used = on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) * mi.expert_bytes : st.cpu_bytes;
         const double gbs = used / 1e9 / total_s;
-        std::printf("decode      %d steps x %d token(s) x %d layers: %.1f tokens/s (MoE layers only)\n", o.steps, T, L, o.steps * T / total_s);
-        const double distinct = on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) : static_cast<double>(st.experts_cpu);
-        std::printf("per layer   %.3f ms median, %.3f ms p90; %.1f distinct experts read per layer-step\n", p50, p90,
-                    distinct / (static_cast<double>(o.steps) * L));
-        if (on_gpu) {
-            const double calls = static_cast<double>(st.cache_hits + st.cache_misses);
-            std::printf("gpu         %.1f GB/s of expert weights; slot cache hit rate %.1f%%, %.2f GB fetched over PCIe (%.1f GB/s)\n",
-                        gbs, calls > 0 ? 100.0 * st.cache_hits / calls : 0.0, st.fetched_bytes / 1e9, st.fetched_bytes / 1e9 / total_s);
-            if (backend == FT_BACKEND_HYBRID)
-                std::printf("hybrid      CPU computed %.2f GB of missed experts (%.1f GB/s), fetch fraction now %.3f\n",
-                            st.cpu_bytes / 1e9, st.cpu_bytes / 1e9 / total_s, st.hybrid_fraction);
+        const double tokens_per_s = o.steps * T / total_s;
+        const double distinct = (on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) : static_cast<double>(st.experts_cpu)) /
+                                (static_cast<double>(o.steps) * L);
+        const double calls = static_cast<double>(st.cache_hits + st.cache_misses);
+        const double hit_rate = calls > 0 ? st.cache_hits / calls : 0.0;
+        const double of_read = read_gbs > 0 ? gbs / read_gbs : 0.0;
+        if (o.json) {
+            report["decode"] = {{"steps", o.steps},
+                                {"tokens", T},
+                                {"layers", L},
+                                {"tokens_per_s", tokens_per_s},
+                                {"layer_ms_median", p50},
+                                {"layer_ms_p90", p90},
+                                {"distinct_experts_per_layer_step", distinct}};
+            if (on_gpu) {
+                report["gpu"] = {{"expert_gbs", gbs},
+                                 {"cache_hit_rate", hit_rate},
+                                 {"fetched_gb", st.fetched_bytes / 1e9},
+                                 {"fetch_gbs", st.fetched_bytes / 1e9 / total_s}};
+                if (backend == FT_BACKEND_HYBRID)
+                    report["hybrid"] = {{"cpu_gb", st.cpu_bytes / 1e9}, {"cpu_gbs", st.cpu_bytes / 1e9 / total_s}, {"fetch_fraction", st.hybrid_fraction}};
+            } else {
+                report["bandwidth"] = {{"expert_gbs", gbs}, {"fraction_of_read", of_read}};
+            }
+            report["cache"] = {{"last_level_bytes", llc}, {"serves_part_of_model", cache_served && !on_gpu}};
+            std::printf("%s\n", report.dump(2).c_str());
         } else {
-            std::printf("bandwidth   %.1f GB/s of expert weights = %.2f of the measured read bandwidth\n", gbs,
-                        read_gbs > 0 ? gbs / read_gbs : 0.0);
+            std::printf("decode      %d steps x %d token(s) x %d layers: %.1f tokens/s (MoE layers only)\n", o.steps, T, L, tokens_per_s);
+            std::printf("per layer   %.3f ms median, %.3f ms p90; %.1f distinct experts read per layer-step\n", p50, p90, distinct);
+            if (on_gpu) {
+                std::printf("gpu         %.1f GB/s of expert weights; slot cache hit rate %.1f%%, %.2f GB fetched over PCIe (%.1f GB/s)\n", gbs,
+                            100.0 * hit_rate, st.fetched_bytes / 1e9, st.fetched_bytes / 1e9 / total_s);
+                if (backend == FT_BACKEND_HYBRID)
+                    std::printf("hybrid      CPU computed %.2f GB of missed experts (%.1f GB/s), fetch fraction now %.3f\n", st.cpu_bytes / 1e9,
+                                st.cpu_bytes / 1e9 / total_s, st.hybrid_fraction);
+            } else {
+                std::printf("bandwidth   %.1f GB/s of expert weights = %.2f of the measured read bandwidth\n", gbs, of_read);
+            }
+            if (cache_served && !on_gpu)
+                std::printf("note        the experts (%.2f GB) are under 4x the %.0f MB last-level cache: part of every step\n"
+                            "            is read from cache; bench/bench_cpu_gemv measures DRAM alone\n",
+                            mi.bank_bytes / 1e9, llc / 1e6);
         }
-        if (cache_served && !on_gpu)
-            std::printf("note        the experts (%.2f GB) are under 4x the %.0f MB last-level cache: part of every step\n"
-                        "            is read from cache; bench/bench_cpu_gemv measures DRAM alone\n",
-                        mi.bank_bytes / 1e9, llc / 1e6);
     }
     ft_session_free(session);
     ft_model_free(model);
@@ -492,17 +704,25 @@ int cmd_run(const Options &o) {
     return rc;
 }
 
+int cmd_version() {
+    ft_build_info b;
+    b.struct_size = sizeof b;
+    ft_build_info_get(&b);
+    std::printf("ft (FreeToken) %s\n", ft_version_string());
+    std::printf("build       %s; CUDA %s", b.compiler, b.cuda ? "yes" : "no");
+    if (b.cuda) std::printf(" (runtime %d.%d, archs %s)", b.cuda_runtime_version / 1000, (b.cuda_runtime_version % 1000) / 10, b.cuda_archs);
+    std::printf("; oneDNN %s; NCCL %s\n", b.onednn_version, b.nccl ? "yes" : "no");
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     const Options o = parse(argc, argv);
+    if (o.command == "version") return cmd_version();
     if (o.command == "info") return cmd_info(o);
     if (o.command == "run") return cmd_run(o);
-    if (o.command == "profile") {
-        if (!o.model.empty()) usage_error("profile takes no model path");
-        ft::tool::ProfileOptions p = o.profile;
-        p.threads = o.threads;
-        return ft::tool::cmd_profile(p);
-    }
-    usage_error("unknown command '" + o.command + "'");
+    ft::tool::ProfileOptions p = o.profile;
+    p.threads = o.threads;
+    return ft::tool::cmd_profile(p);
 }

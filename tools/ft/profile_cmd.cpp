@@ -48,7 +48,8 @@ bool parse_formats(const std::string &list, uint32_t *mask) {
             }
         }
         if (!found) {
-            std::fprintf(stderr, "ft: unknown format '%s' (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0)\n", item.c_str());
+            std::fprintf(stderr, "ft: unknown format '%s' in --formats (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0)\n"
+                                 "see 'ft profile --help'\n", item.c_str());
             return false;
         }
     }
@@ -162,9 +163,10 @@ int cmd_profile(const ProfileOptions &o) {
                         verdict ? verdict->c_str() : (*m.gpu_name ? "-" : "cpu"),
                         below >= 0 ? (below > 0 ? figure(100 * below, "%.0f%%").c_str() : "never") : "-", e.cpu_kernel);
         }
-        std::printf("\nbackend: hybrid when the overlapped pair moves misses faster than the gather alone, else offload\n"
-                    "          (spec 1.5's verdict); without all experts on the GPU, `auto` also weighs the cpu, which wins\n"
-                    "          while the slot cache's hit rate h stays below 'cpu if h<' (see ft_session_backend_reason)\n");
+        std::printf("\nbackend: hybrid when the CPU and the gather running together move missed experts faster than the\n"
+                    "          gather alone, else offload; without all experts on the GPU, `auto` also weighs the cpu,\n"
+                    "          which wins while the slot cache's hit rate h stays below 'cpu if h<'\n"
+                    "          (see ft_session_backend_reason)\n");
         std::printf("saved       %s\n", path.c_str());
     }
 
@@ -189,37 +191,51 @@ int cmd_profile(const ProfileOptions &o) {
     return 0;
 }
 
-void print_profile_line(const char *device_name, int32_t format) {
-    const std::string path = ft::default_profile_path();
+ProfileStatus profile_status(const char *device_name, int32_t format) {
+    ProfileStatus r;
+    r.path = ft::default_profile_path();
     ft_profile *prof = nullptr;
     char err[1024];
     const ft_status s = ft_profile_load(nullptr, &prof, err, sizeof err);
     if (s == FT_ERR_IO) {
-        std::printf("profile     none at %s (`ft profile` measures this machine)\n", path.c_str());
-        return;
+        r.state = "none";
+        return r;
     }
     if (s != FT_OK) {
-        std::printf("profile     %s is not usable: %s\n", path.c_str(), err);
-        return;
+        r.state = "unusable";
+        r.detail = err;
+        return r;
     }
     std::unique_ptr<ft_profile, void (*)(ft_profile *)> guard(prof, ft_profile_free);
     ft_profile_machine m;
     m.struct_size = sizeof m;
     ft_profile_get_machine(prof, &m);
-    // Spec 1.6: a profile of another GPU does not apply; either name unknown means it does.
+    // A profile measured on another GPU does not apply; either name unknown means it does.
     if (*m.gpu_name && device_name && *device_name && std::strcmp(m.gpu_name, device_name) != 0) {
-        std::printf("profile     %s ignored: measured on %s, this engine uses %s\n", path.c_str(), m.gpu_name, device_name);
-        return;
+        r.state = "other_gpu";
+        r.detail = std::string("measured on ") + m.gpu_name + ", this engine uses " + device_name;
+        return r;
     }
     ft_profile_format e;
     e.struct_size = sizeof e;
     if (ft_profile_get_format(prof, format, &e) != FT_OK) {
-        std::printf("profile     %s applies, but has no figures for %s\n", path.c_str(), format_label(format));
-        return;
+        r.state = "no_figures";
+        return r;
     }
-    std::printf("profile     %s: %s CPU %s GB/s", path.c_str(), format_label(format), figure(e.cpu_gbs).c_str());
-    if (e.fetch_fraction >= 0) std::printf(", hybrid fetch fraction %.2f", e.fetch_fraction);
-    std::printf("\n");
+    r.state = "applies";
+    r.cpu_gbs = e.cpu_gbs;
+    r.fetch_fraction = e.fetch_fraction;
+    return r;
+}
+
+std::string profile_text(const ProfileStatus &p, int32_t format) {
+    if (p.state == "none") return "none at " + p.path + " (`ft profile` measures this machine)";
+    if (p.state == "unusable") return p.path + " is not usable: " + p.detail;
+    if (p.state == "other_gpu") return p.path + " ignored: " + p.detail;
+    if (p.state == "no_figures") return p.path + " applies, but has no figures for " + format_label(format);
+    std::string t = p.path + ": " + format_label(format) + " CPU " + figure(p.cpu_gbs) + " GB/s";
+    if (p.fetch_fraction >= 0) t += ", hybrid fetch fraction " + figure(p.fetch_fraction, "%.2f");
+    return t;
 }
 
 }  // namespace ft::tool
