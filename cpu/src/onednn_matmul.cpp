@@ -26,6 +26,16 @@ dnnl::engine &cpu_engine() {
     fail(st, "oneDNN ", what, ": ", e.what(), " (status ", int(e.status), ")");
 }
 
+// oneDNN 3 (Ubuntu 24.04) dropped the operation descriptors of oneDNN 2 (Debian 12).
+dnnl::matmul::primitive_desc matmul_desc(const dnnl::memory::desc &src, const dnnl::memory::desc &wei,
+                                         const dnnl::memory::desc &dst) {
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl::matmul::primitive_desc(cpu_engine(), src, wei, dst);
+#else
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), cpu_engine());
+#endif
+}
+
 // (M, N, K, lds, ldw, ldd) -> primitive. Primitives are immutable once created and oneDNN allows
 // executing one from several threads, so only the map needs the lock.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
@@ -41,8 +51,7 @@ dnnl::matmul &cached_matmul(const Key &key) {
     // W is stored [N,K] row-major: as the [K,N] weight oneDNN expects, that is format "ba".
     dnnl::memory::desc wei_md({k, n}, dt::bf16, {1, ldw});
     dnnl::memory::desc dst_md({m, n}, dt::f32, {ldd, 1});
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), cpu_engine());
-    return cache.emplace(key, dnnl::matmul(pd)).first->second;
+    return cache.emplace(key, dnnl::matmul(matmul_desc(src_md, wei_md, dst_md))).first->second;
 }
 
 }  // namespace
@@ -55,7 +64,7 @@ bool onednn_bf16_available() {
             dnnl::memory::desc src_md({1, 64}, dt::bf16, {64, 1});
             dnnl::memory::desc wei_md({64, 16}, dt::bf16, {1, 64});
             dnnl::memory::desc dst_md({1, 16}, dt::f32, {16, 1});
-            dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), cpu_engine());
+            matmul_desc(src_md, wei_md, dst_md);
             return true;
         } catch (const dnnl::error &e) {
             log(FT_LOG_INFO, "oneDNN has no bf16 matmul on this CPU (status ", int(e.status),
