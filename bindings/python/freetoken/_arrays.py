@@ -1,9 +1,11 @@
 """Checks and raw pointers of the arrays handed to the library.
 
-Accepted: torch tensors (CPU or CUDA, data_ptr()), numpy arrays, and any object with
-__cuda_array_interface__, __array_interface__ or __dlpack__. Element types are named by the C API's
+Accepted: torch tensors (CPU or CUDA, data_ptr()), numpy arrays, any object with
+__cuda_array_interface__, __array_interface__ or __dlpack__, and writable host buffers (memoryview of
+an array.array or ctypes array, cast to the shape: memoryview(a).cast("B").cast("H", (T, H))). Element types are named by the C API's
 element: "bf16" (torch.bfloat16, numpy uint16 bit patterns, or int16 bit patterns), "i32", "f32".
 """
+import ctypes
 import sys
 
 # (itemsize, numpy/array-interface kinds accepted, torch dtype names accepted)
@@ -72,6 +74,30 @@ def _from_interface(obj, iface, kind, name, writable, device):
     return Buffer(ptr, shape, device, obj)
 
 
+_FORMATS = {"bf16": ("H", "h"), "i32": ("i", "l"), "f32": ("f",)}
+
+
+def _is_buffer(obj):
+    try:
+        memoryview(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _from_memoryview(obj, kind, name):
+    mv = memoryview(obj)
+    fmt = mv.format.lstrip("<=@")
+    if fmt not in _FORMATS[kind] or mv.itemsize != _KINDS[kind][0]:
+        raise ArrayError("%s: buffer format %r, expected %s" % (name, mv.format, _describe(kind)))
+    if not mv.c_contiguous:
+        raise ArrayError("%s: not C-contiguous" % name)
+    if mv.readonly:
+        raise ArrayError("%s: read-only buffers are not accepted (use a bytearray, array.array or numpy)" % name)
+    ptr = ctypes.addressof(ctypes.c_char.from_buffer(mv)) if mv.nbytes else 0
+    return Buffer(ptr, mv.shape, "cpu", mv)
+
+
 def _describe(kind):
     return {"bf16": "bf16 (torch.bfloat16 or numpy uint16 bit patterns)", "i32": "int32",
             "f32": "float32"}[kind]
@@ -94,6 +120,8 @@ def as_buffer(obj, kind, name, shape=None, writable=False):
         buf = _from_interface(obj, obj.__array_interface__, kind, name, writable, "cpu")
     elif hasattr(obj, "__dlpack__"):
         return as_buffer(_from_dlpack(obj, name), kind, name, shape, writable)
+    elif _is_buffer(obj):
+        buf = _from_memoryview(obj, kind, name)
     else:
         raise ArrayError("%s: %s is not an array (torch tensor, numpy array, __array_interface__, "
                          "__cuda_array_interface__ or DLPack)" % (name, type(obj).__name__))

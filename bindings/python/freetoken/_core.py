@@ -462,6 +462,13 @@ def _alloc_like(ref, shape, kind):
         return torch.empty(shape, dtype=dt, device=ref.device)
     if hasattr(ref, "__cuda_array_interface__"):
         raise ArrayError("pass the output array explicitly for %s inputs" % type(ref).__name__)
+    if isinstance(ref, memoryview):
+        import array
+        code = {"bf16": "H", "i32": "i", "f32": "f"}[kind]
+        n = 1
+        for d in shape:
+            n *= d
+        return memoryview(array.array(code, bytes(n * 4 if kind != "bf16" else n * 2))).cast("B").cast(code, shape)
     import numpy as np
     dt = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32}[kind]
     return np.empty(shape, dtype=dt)

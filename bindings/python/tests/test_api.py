@@ -161,6 +161,18 @@ class Arrays(Checkpoint):
         x = self.x.copy()
         self.check_raises("alias", x, self.ids, self.w, out=x)
 
+    def test_standard_library_buffers(self):
+        import array
+
+        def mv(a, code):
+            return memoryview(array.array(code, a.ravel().tolist())).cast("B").cast(code, a.shape)
+        got = self.s.decode(0, mv(self.x, "H"), mv(self.ids, "i"), mv(self.w, "f"))
+        self.assertIsInstance(got, memoryview)
+        want = self.s.decode(0, self.x, self.ids, self.w)
+        self.assertEqual(list(got.cast("B").cast("H")), want.ravel().tolist())
+        self.check_raises("read-only", memoryview(self.x.tobytes()).cast("H", self.x.shape), self.ids, self.w)
+        self.check_raises("buffer format", mv(self.x.astype(np.float32), "f"), self.ids, self.w)
+
     @unittest.skipIf(torch is None, "torch is not installed")
     def test_torch_checks(self):
         xt = torch.from_numpy(self.x.view(np.int16)).view(torch.bfloat16)
