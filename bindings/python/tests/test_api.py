@@ -44,6 +44,40 @@ class Library(unittest.TestCase):
             self.assertEqual(path, os.environ["FREETOKEN_LIBRARY"])
         self.assertTrue(os.path.exists(path), path)
 
+    def lookup(self, env):
+        """library_path() in a fresh interpreter with `env` (FREETOKEN_LIBRARY unset)."""
+        import subprocess
+        full = {k: v for k, v in os.environ.items() if k not in ("FREETOKEN_LIBRARY", "LD_LIBRARY_PATH")}
+        full.update(env)
+        full["PYTHONPATH"] = os.path.dirname(os.path.dirname(ft.__file__))
+        code = "import freetoken; print('|'.join(freetoken.library_path()))"
+        r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
+        return r.returncode, r.stdout.strip(), r.stderr
+
+    def test_lookup_through_pkg_config_then_the_system_loader(self):
+        import shutil as sh
+        path, _ = ft.library_path()
+        libdir = os.path.dirname(os.path.realpath(path))
+        if not sh.which("pkg-config"):
+            self.skipTest("pkg-config is not installed")
+        with tempfile.TemporaryDirectory() as pc:
+            with open(os.path.join(pc, "freetoken.pc"), "w") as f:
+                f.write("libdir=%s\nName: freetoken\nDescription: test\nVersion: 0.3.0\nLibs: -L${libdir} "
+                        "-lfreetoken\n" % libdir)
+            rc, out, err = self.lookup({"PKG_CONFIG_LIBDIR": pc, "PKG_CONFIG_PATH": ""})
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(out.split("|")[1], "pkg-config")
+            self.assertTrue(out.split("|")[0].startswith(libdir))
+        with tempfile.TemporaryDirectory() as empty:
+            rc, out, err = self.lookup({"PKG_CONFIG_LIBDIR": empty, "PKG_CONFIG_PATH": "", "LD_LIBRARY_PATH": libdir})
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(out.split("|")[1], "system loader")
+            self.assertEqual(os.path.realpath(out.split("|")[0]), os.path.realpath(path))
+            rc, out, err = self.lookup({"PKG_CONFIG_LIBDIR": empty, "PKG_CONFIG_PATH": "",
+                                        "FREETOKEN_LIBRARY": os.path.join(empty, "libnothing.so")})
+            self.assertNotEqual(rc, 0)
+            self.assertIn("FREETOKEN_LIBRARY", err)
+
     def test_version(self):
         self.assertEqual(ft.version(), "%d.%d.%d" % (ft.FT_VERSION_MAJOR, ft.FT_VERSION_MINOR, ft.FT_VERSION_PATCH))
         self.assertEqual(ft.version_number(), ft.FT_VERSION_NUMBER)
