@@ -400,8 +400,9 @@ def _checkpoint_names(name, params):
 
 
 def load_non_expert_weights(model, checkpoint, device):
-    """Materialises every parameter still on the meta device on `device` from the checkpoint's tensors
-    (expert tensors skipped), keeping tied parameters tied; raises Error naming any left unloaded."""
+    """Materialises every parameter still on the meta device on `device` and fills it, and every
+    persistent buffer the checkpoint holds, from the checkpoint's tensors (expert tensors skipped),
+    keeping tied parameters tied; raises Error naming any parameter left unloaded."""
     replaced = {}
     for module in model.modules():
         for pname, p in list(module._parameters.items()):
@@ -410,7 +411,15 @@ def load_non_expert_weights(model, checkpoint, device):
                     replaced[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
                                                    requires_grad=False)
                 module._parameters[pname] = replaced[id(p)]
-    params = dict(model.named_parameters(remove_duplicate=False))
+    targets = {}  # every name a parameter or buffer is reachable by (tied ones more than once)
+    for mname, module in model.named_modules(remove_duplicate=False):
+        prefix = mname + "." if mname else ""
+        for pname, p in module._parameters.items():
+            if p is not None:
+                targets[prefix + pname] = p
+        for bname, b in module._buffers.items():
+            if b is not None and bname not in getattr(module, "_non_persistent_buffers_set", ()):
+                targets[prefix + bname] = b
     loaded = set()
     for path in checkpoint_files(checkpoint):
         header, _ = read_header(path)
@@ -418,7 +427,7 @@ def load_non_expert_weights(model, checkpoint, device):
         for name, meta in header.items():
             if _EXPERT_KEY.search(name):
                 continue
-            target = _checkpoint_names(name, params)
+            target = _checkpoint_names(name, targets)
             if target is None:
                 continue
             if meta["dtype"].startswith("F8"):
@@ -426,15 +435,15 @@ def load_non_expert_weights(model, checkpoint, device):
                             "bf16/f16/f32 non-expert weights only" % (path, name, meta["dtype"]))
             wanted[name] = target
         for name, t in load_torch(path, names=set(wanted)).items():
-            p = params[wanted[name]]
+            p = targets[wanted[name]]
             if tuple(p.shape) != tuple(t.shape):
                 raise Error(_ffi.FT_ERR_FORMAT, "%s: tensor '%s' has shape %s, the model's '%s' %s" % (
                     path, name, list(t.shape), wanted[name], list(p.shape)))
             with torch.no_grad():
                 p.copy_(t.to(dtype=p.dtype))
             loaded.add(id(p))
-    missing = [n for n, p in model.named_parameters() if id(p) not in loaded and id(p) in
-               {id(v) for v in replaced.values()}]
+    missing = sorted({n for n, p in targets.items() if id(p) in {id(v) for v in replaced.values()} and
+                      id(p) not in loaded})
     if missing:
         raise Error(_ffi.FT_ERR_FORMAT, "%s: no tensor for %d parameter(s): %s" % (
             checkpoint, len(missing), ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")))
@@ -480,7 +489,10 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
             pass
     cls = model_class or transformers.AutoModelForCausalLM
     with _parameters_on_meta():
-        model = cls.from_config(config, torch_dtype=dtype, trust_remote_code=trust_remote_code)
+        try:
+            model = cls.from_config(config, torch_dtype=dtype, trust_remote_code=trust_remote_code)
+        except TypeError:  # transformers versions that name it dtype
+            model = cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     model.eval()
     if device.type == "cpu" and backend == "auto":
         backend = "cpu"

@@ -289,6 +289,36 @@ class OffloadExperts(unittest.TestCase):
         with torch.no_grad():
             self.assertLess(rel_l2(model(x) - x, want - x), 1e-2)
 
+    def test_built_on_meta_and_loaded_from_the_checkpoint(self):
+        # what from_pretrained does after transformers' from_config: parameters on meta, experts
+        # replaced, the other weights and persistent buffers (the correction bias) read from the file
+        for make, style in ((DeepseekStyleMoe, "deepseek"), (FusedMoe, "fused")):
+            with self.subTest(style=style):
+                model, path = self.build(make, style)
+                x = torch.randn(1, 4, H)
+                with torch.no_grad():
+                    want = model(x)
+                torch.manual_seed(123)  # the skeleton's own initial values differ from the checkpoint's
+                with ftt._parameters_on_meta():
+                    skeleton = TinyModel(make).eval()
+                self.assertTrue(all(p.device.type == "meta" for p in skeleton.parameters()))
+                ftt.offload_experts(skeleton, path, backend="cpu", device="cpu", cpu_threads=2)
+                ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
+                self.assertFalse(any(p.device.type == "meta" for p in skeleton.parameters()))
+                with torch.no_grad():
+                    got = skeleton(x)
+                self.assertLess(rel_l2(got - x, want - x), 1e-2)
+
+    def test_missing_non_expert_weights_are_named(self):
+        model, path = self.build(LoopMoe, "loop")
+        with ftt._parameters_on_meta():
+            skeleton = TinyModel(LoopMoe)
+            skeleton.extra = nn.Linear(2, 2)  # a parameter the checkpoint does not have
+        ftt.offload_experts(skeleton, path, backend="cpu", device="cpu", cpu_threads=2)
+        with self.assertRaises(ft.Error) as cm:
+            ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
+        self.assertIn("extra.weight", cm.exception.message)
+
     def test_close_releases_the_session(self):
         model, path = self.build(LoopMoe, "loop")
         offload = ftt.offload_experts(model, path, backend="cpu", cpu_threads=2)
