@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_float, c_int32,
-                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
+                    c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
 # ---- constants (values fixed forever by the headers) -------------------------------------------
 

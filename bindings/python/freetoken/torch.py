@@ -266,8 +266,9 @@ class Offload:
     """What offload_experts() installed: the engine, model and session (closed together by close()),
     the replaced blocks, and the session's statistics."""
 
-    def __init__(self, engine, ft_model, session, blocks):
+    def __init__(self, engine, ft_model, session, blocks, own_engine=True):
         self.engine, self.ft_model, self.session, self.blocks = engine, ft_model, session, blocks
+        self._own_engine = own_engine
 
     @property
     def backend(self):
@@ -277,7 +278,11 @@ class Offload:
         return self.session.stats()
 
     def close(self):
-        self.engine.close()  # closes the session and the model first
+        """Frees the session and the model (and the engine when offload_experts made it)."""
+        self.session.close()
+        self.ft_model.close()
+        if self._own_engine:
+            self.engine.close()
 
     def __repr__(self):
         return "Offload(%d MoE layers, backend=%s)" % (len(self.blocks), self.session.backend)
@@ -346,7 +351,7 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
         if own_engine:
             engine.close()
         raise
-    offload = Offload(engine, ft_model, session, [n for _, n, _ in installed])
+    offload = Offload(engine, ft_model, session, [n for _, n, _ in installed], own_engine)
     model.freetoken_offload = offload
     return offload
 

@@ -17,6 +17,7 @@ from torch import nn
 import freetoken as ft
 import freetoken.torch as ftt
 from freetoken.safetensors import save_file
+from mxfp4 import mxfp4_quantise
 
 H, I, E, K, L = 64, 96, 8, 2, 2
 
@@ -139,6 +140,52 @@ class DeepseekStyleMoe(nn.Module):
         return (out + self.shared_experts(x)).view(b, s, h)
 
 
+class GptOssStyleRouter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(E, H) * 0.5)
+        self.bias = nn.Parameter(torch.randn(E) * 0.1)
+
+    def forward(self, x):
+        top, idx = torch.topk(F.linear(x, self.weight, self.bias), K, dim=-1)
+        return torch.zeros(x.shape[0], E, dtype=x.dtype).scatter_(1, idx, F.softmax(top, dim=1)), idx
+
+
+class GptOssStyleExperts(nn.Module):
+    """[E, H, 2I] gate/up with interleaved columns, biases, clamped SwiGLU (alpha 1.702, limit 7)."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_experts = E
+        self.gate_up_proj = nn.Parameter(torch.randn(E, H, 2 * I) * 0.3)
+        self.gate_up_proj_bias = nn.Parameter(torch.randn(E, 2 * I) * 0.1)
+        self.down_proj = nn.Parameter(torch.randn(E, I, H) * 0.3)
+        self.down_proj_bias = nn.Parameter(torch.randn(E, H) * 0.1)
+
+    def forward(self, hidden_states, router_indices=None, routing_weights=None):
+        out = torch.zeros_like(hidden_states)
+        for t in range(hidden_states.shape[0]):
+            for e in router_indices[t].tolist():
+                gu = hidden_states[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+                gate, up = gu[0::2].clamp(max=7.0), gu[1::2].clamp(-7.0, 7.0)
+                y = ((up + 1) * gate * torch.sigmoid(gate * 1.702)) @ self.down_proj[e] + self.down_proj_bias[e]
+                out[t] += routing_weights[t, e] * y
+        return out
+
+
+class GptOssStyleMoe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = GptOssStyleRouter()
+        self.experts = GptOssStyleExperts()
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.reshape(-1, h)
+        scores, idx = self.router(x)
+        return self.experts(x, router_indices=idx, routing_weights=scores).reshape(b, s, h), scores
+
+
 class Layer(nn.Module):
     def __init__(self, block):
         super().__init__()
@@ -168,7 +215,14 @@ def write_checkpoint(model, path, style):
     tensors = {}
     for name, p in model.state_dict().items():
         t = p.detach()
-        if name.endswith("e_score_correction_bias"):
+        if style == "gpt_oss" and (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+            # MXFP4 as gpt-oss stores it: [E, N, K] (the module holds [E, K, N]); the module gets the
+            # dequantised weights, so both sides compute with the same values
+            blocks, scales, deq = mxfp4_quantise(t.transpose(1, 2))
+            with torch.no_grad():
+                p.copy_(deq.transpose(1, 2))
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        elif name.endswith("e_score_correction_bias"):
             tensors[name] = t.float()
         else:
             tensors[name] = t.to(torch.bfloat16)
@@ -178,6 +232,10 @@ def write_checkpoint(model, path, style):
                   "num_experts_per_tok": K, "moe_intermediate_size": I, "first_k_dense_replace": 0,
                   "n_group": 1, "topk_group": 1, "routed_scaling_factor": DeepseekStyleMoe.scaling,
                   "norm_topk_prob": True, "n_shared_experts": 1, "scoring_func": "sigmoid", "hidden_act": "silu"}
+    elif style == "gpt_oss":
+        config = {"model_type": "gpt_oss", "hidden_size": H, "num_hidden_layers": L, "num_local_experts": E,
+                  "num_experts_per_tok": K, "intermediate_size": I, "swiglu_limit": 7.0,
+                  "quantization_config": {"quant_method": "mxfp4"}}
     else:
         config = {"model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": L, "num_experts": E,
                   "num_experts_per_tok": K, "moe_intermediate_size": I, "norm_topk_prob": True,
@@ -234,6 +292,11 @@ class OffloadExperts(unittest.TestCase):
     def test_fused_experts_keep_the_blocks_forward(self):
         model, _ = self.check_matches(FusedMoe, "fused")
         self.assertEqual(model.model.layers[0].mlp.forward.__func__, FusedMoe.forward)
+
+    def test_gpt_oss_style_mxfp4_experts(self):
+        model, offload = self.check_matches(GptOssStyleMoe, "gpt_oss")
+        self.assertEqual(offload.ft_model.info()["format"], ft.FT_FORMAT_MXFP4)
+        self.assertEqual(model.model.layers[0].mlp.forward.__func__, GptOssStyleMoe.forward)
 
     def test_deepseek_style_with_the_models_shared_expert(self):
         self.check_matches(DeepseekStyleMoe, "deepseek")
