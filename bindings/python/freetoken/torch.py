@@ -266,9 +266,9 @@ class Offload:
     """What offload_experts() installed: the engine, model and session (closed together by close()),
     the replaced blocks, and the session's statistics."""
 
-    def __init__(self, engine, ft_model, session, blocks, own_engine=True):
+    def __init__(self, engine, ft_model, session, blocks, own_engine=True, own_model=True):
         self.engine, self.ft_model, self.session, self.blocks = engine, ft_model, session, blocks
-        self._own_engine = own_engine
+        self._own_engine, self._own_model = own_engine, own_model
 
     @property
     def backend(self):
@@ -280,7 +280,8 @@ class Offload:
     def close(self):
         """Frees the session and the model (and the engine when offload_experts made it)."""
         self.session.close()
-        self.ft_model.close()
+        if self._own_model:
+            self.ft_model.close()
         if self._own_engine:
             self.engine.close()
 
@@ -293,7 +294,9 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
                     **session_fields):
     """Replaces the routed experts of every MoE block of `model` by FreeToken (see the module docstring).
 
-    checkpoint: the Hugging Face directory (or GGUF file) the experts are loaded from with ft_model_load.
+    checkpoint: the Hugging Face directory (or GGUF file) the experts are loaded from with ft_model_load,
+        or a freetoken.Model already built (ft_model_create + set_expert; its MoE layer i is the
+        model's decoder layer i); that model and its engine stay the caller's.
     backend: 'auto', 'cpu', 'gpu', 'offload' or 'hybrid' (GPU backends need a CUDA model).
     cache_fraction: share of all experts the GPU slot cache holds (offload/hybrid; 0: from free memory).
     max_tokens: the session's largest call; longer calls are split.
@@ -312,13 +315,16 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
         raise Error(_ffi.FT_ERR_UNSUPPORTED, "no MoE block (a module with `experts` and a `gate`/`router`) "
                     "found in %s" % type(model).__name__)
     dev = _model_device(blocks, device)
+    prebuilt = isinstance(checkpoint, Model)
+    if prebuilt:
+        engine = checkpoint._parent
     own_engine = engine is None
     if own_engine:
         engine = Engine(device=dev.index if dev.type == "cuda" and dev.index is not None else
                         (torch.cuda.current_device() if dev.type == "cuda" else _ffi.FT_DEVICE_NONE),
                         cpu_threads=cpu_threads)
     try:
-        ft_model = Model.load(engine, checkpoint, progress=progress)
+        ft_model = checkpoint if prebuilt else Model.load(engine, checkpoint, progress=progress)
         info = ft_model.info()
         if shared_experts == "freetoken" and info["shared_intermediate_size"] == 0:
             raise Error(_ffi.FT_ERR_UNSUPPORTED, "shared_experts='freetoken': the checkpoint's model has no "
@@ -351,7 +357,7 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
         if own_engine:
             engine.close()
         raise
-    offload = Offload(engine, ft_model, session, [n for _, n, _ in installed], own_engine)
+    offload = Offload(engine, ft_model, session, [n for _, n, _ in installed], own_engine, not prebuilt)
     model.freetoken_offload = offload
     return offload
 

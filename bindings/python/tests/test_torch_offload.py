@@ -382,6 +382,26 @@ class OffloadExperts(unittest.TestCase):
             ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
         self.assertIn("extra.weight", cm.exception.message)
 
+    def test_a_model_built_in_memory(self):
+        model = bf16_round_(TinyModel(LoopMoe)).eval()
+        x = torch.randn(1, 3, H)
+        with torch.no_grad():
+            want = model(x)
+        with ft.Engine(device=ft.FT_DEVICE_NONE, cpu_threads=2) as engine:
+            ftm = ft.Model.create(engine, num_layers=L, num_experts=E, top_k=K, hidden_size=H, intermediate_size=I)
+            for l, layer in enumerate(model.model.layers):
+                for e, mlp in enumerate(layer.mlp.experts):
+                    for proj, lin in ((ft.FT_PROJ_GATE, mlp.gate_proj), (ft.FT_PROJ_UP, mlp.up_proj),
+                                      (ft.FT_PROJ_DOWN, mlp.down_proj)):
+                        ftm.set_expert(l, e, proj, lin.weight.detach().to(torch.bfloat16).contiguous())
+            ftm.finalize()
+            offload = ftt.offload_experts(model, ftm, backend="cpu")
+            with torch.no_grad():
+                self.assertLess(rel_l2(model(x) - x, want - x), 1e-2)
+            offload.close()
+            self.assertTrue(offload.session.closed)
+            self.assertFalse(ftm.closed or engine.closed)
+
     def test_close_releases_the_session(self):
         model, path = self.build(LoopMoe, "loop")
         offload = ftt.offload_experts(model, path, backend="cpu", cpu_threads=2)
