@@ -77,6 +77,7 @@ class FreeTokenExperts(nn.Module):
         super().__init__()
         self.session, self.layer = session, layer
         self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.host_only = session.backend == "cpu"
 
     def forward(self, hidden_states, *args, **kwargs):
         picked = _pick_routing(tuple(args) + tuple(kwargs.values()), self.num_experts)
@@ -90,6 +91,10 @@ class FreeTokenExperts(nn.Module):
         x = hidden_states.reshape(-1, self.hidden_size).to(torch.bfloat16).contiguous()
         ids = ids.reshape(x.shape[0], -1).to(torch.int32).contiguous()
         weights = weights.reshape(x.shape[0], -1).to(torch.float32).contiguous()
+        if x.is_cuda and self.host_only:
+            # a cpu session under a CUDA model: through host memory (synchronises; not capturable)
+            out = self.run(hidden_states.cpu(), ids.cpu(), weights.cpu())
+            return out.to(hidden_states.device)
         out = torch.empty_like(x)
         if x.shape[0]:
             self.session.decode(self.layer, x, ids, weights, out=out)
@@ -297,7 +302,8 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
     checkpoint: the Hugging Face directory (or GGUF file) the experts are loaded from with ft_model_load,
         or a freetoken.Model already built (ft_model_create + set_expert; its MoE layer i is the
         model's decoder layer i); that model and its engine stay the caller's.
-    backend: 'auto', 'cpu', 'gpu', 'offload' or 'hybrid' (GPU backends need a CUDA model).
+    backend: 'auto', 'cpu', 'gpu', 'offload' or 'hybrid' (GPU backends need a CUDA model; a cpu
+        session under a CUDA model copies each call through host memory).
     cache_fraction: share of all experts the GPU slot cache holds (offload/hybrid; 0: from free memory).
     max_tokens: the session's largest call; longer calls are split.
     router: 'model' (the block's own router) or 'freetoken' (ft_route on host logits; not capturable).
@@ -331,9 +337,6 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
                         "shared expert")
         session = Session(ft_model, backend=backend, max_tokens=max_tokens, cache_fraction=cache_fraction,
                           shared_experts=shared_experts == "freetoken", **session_fields)
-        if dev.type == "cuda" and session.backend == "cpu":
-            raise Error(_ffi.FT_ERR_UNSUPPORTED, "the model is on %s but the session runs the cpu backend; "
-                        "use backend='gpu', 'offload' or 'hybrid' (or move the model to the CPU)" % dev)
         if dev.type == "cpu" and session.backend != "cpu":
             raise Error(_ffi.FT_ERR_UNSUPPORTED, "the model is on the CPU; backend %r needs a CUDA model"
                         % session.backend)
@@ -513,5 +516,7 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
         for bname, b in list(module._buffers.items()):
             if b is not None and b.device.type != "meta":
                 module._buffers[bname] = b.to(device)
+        if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+            module.original_inv_freq = module.original_inv_freq.to(device)
     _fix_meta_buffers(model, device)
     return model
