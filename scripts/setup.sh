@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # pkg-config consumer example.
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go
-          python3-numpy python3-torch python3-pip python3-setuptools)
+          python3-numpy python3-torch python3-pip python3-setuptools python3-wheel)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

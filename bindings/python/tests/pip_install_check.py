@@ -2,6 +2,7 @@
 """Installs bindings/python with pip, offline and without a compiler, into a temporary folder
 (pip install --no-build-isolation --no-deps --no-index --target DIR) and imports it from there in a
 fresh interpreter. Exits 77 when this python3 has no pip or setuptools."""
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -17,6 +18,13 @@ def main():
         if importlib.util.find_spec(mod) is None:
             print("SKIP: %s has no %s (Debian: apt-get install python3-%s)" % (sys.executable, mod, mod))
             return 77
+    st_version = importlib.metadata.version("setuptools")  # importing setuptools here would clash with pip's
+    version = tuple(int(p) for p in st_version.split(".")[:2] if p.isdigit())
+    if version < (70, 1) and importlib.util.find_spec("wheel") is None:
+        # setuptools before 70.1 builds wheels through the separate wheel package
+        print("SKIP: %s has setuptools %s without wheel (Debian: apt-get install python3-wheel)"
+              % (sys.executable, st_version))
+        return 77
     with tempfile.TemporaryDirectory() as tmp:
         target, work, src = os.path.join(tmp, "site"), os.path.join(tmp, "work"), os.path.join(tmp, "src")
         os.makedirs(work)
