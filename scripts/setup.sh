@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's oneDNN CMake config looks for OpenCL, hence ocl-icd-opencl-dev; make builds the
-# pkg-config consumer example.
+# pkg-config consumer example. The python3-* packages run the freetoken Python package's tests
+# (bindings/python) with /usr/bin/python3.
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go
           python3-numpy python3-torch python3-pip python3-setuptools python3-wheel)
