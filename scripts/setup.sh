@@ -4,20 +4,39 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian's oneDNN CMake config looks for OpenCL, hence ocl-icd-opencl-dev; make builds the
-# pkg-config consumer example; python3 runs the ft program's tests (tests/cli).
+# What the build and the tests use, by Debian 12 name; Ubuntu 24.04 uses the same names (some in
+# universe). Its oneDNN is 3.1, whose API cpu/src/onednn_matmul.cpp also handles.
+# - build: cmake ninja-build g++ pkg-config, libdnnl-dev + ocl-icd-opencl-dev (Debian's oneDNN
+#   CMake config looks for OpenCL), nlohmann-json3-dev, libgtest-dev libgmock-dev libbenchmark-dev
+# - consumer tests: make (C example), binutils (nm for the export check), golang-go, cargo rustc
+#   (the Rust bindings at their minimum, 1.63)
+# - python3 and python3-numpy/-pip/-setuptools/-wheel: the ft CLI tests and the freetoken Python
+#   package's tests (run with /usr/bin/python3)
+# Optional, installed where the distribution has them (their tests skip elsewhere): python3-torch
+# (the PyTorch integration's tests; Ubuntu 24.04 does not package it).
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go python3)
+          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go
+          python3 python3-numpy python3-pip python3-setuptools python3-wheel)
+optional=(python3-torch)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
 missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
+for p in "${packages[@]}" "${optional[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  install=()
+  for p in "${missing[@]}"; do
+    if [[ " ${optional[*]} " == *" $p "* ]] && ! apt-cache policy "$p" 2>/dev/null | grep -q "Candidate: [0-9]"; then
+      echo "setup: $p is not packaged here; the tests that need it skip"
+      continue
+    fi
+    install+=("$p")
+  done
+  if [ ${#install[@]} -gt 0 ]; then
+    echo "setup: installing ${install[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${install[@]}"
+  fi
 fi
 
 build=${FT_BUILD_DIR:-build}

@@ -1,0 +1,520 @@
+"""Safe layer: handles as context managers, errors as freetoken.Error, arrays checked."""
+import ctypes
+import os
+import threading
+import weakref
+
+from . import _ffi
+from ._arrays import ArrayError, as_buffer, same_device
+from ._ffi import load
+
+_ERR_SIZE = 1024
+
+
+class Error(Exception):
+    """A failed FreeToken call: status (int), status_name ('FT_ERR_FORMAT'), message (the library's text)."""
+
+    def __init__(self, status, message="", call=""):
+        self.status = int(status)
+        self.status_name = status_string(status)
+        self.message = message
+        self.call = call
+        text = "%s: %s" % (call, self.status_name) if call else self.status_name
+        super().__init__(text + (": " + message if message else ""))
+
+
+def status_string(status):
+    return load().ft_status_string(int(status)).decode()
+
+
+def version():
+    """The loaded library's version string ("0.3.0")."""
+    return load().ft_version_string().decode()
+
+
+def version_number():
+    return int(load().ft_version_number())
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else ""
+
+
+def _struct_dict(st):
+    out = {}
+    for name, _ in st._fields_:
+        if name.startswith("reserved") or name == "struct_size":
+            continue
+        v = getattr(st, name)
+        if isinstance(v, bytes):
+            v = _s(v)
+        elif isinstance(v, ctypes.Array):
+            v = list(v)
+        out[name] = v
+    return out
+
+
+def build_info():
+    """ft_build_info_get as a dict (cuda, nccl, cuda_archs, onednn_version, cpu_isa, compiler, ...)."""
+    info = _ffi.ft_build_info()
+    info.struct_size = ctypes.sizeof(info)
+    _check(load().ft_build_info_get(ctypes.byref(info)), "ft_build_info_get")
+    return _struct_dict(info)
+
+
+def _check(status, call, handle_error=None, err_buffer=None):
+    if status != _ffi.FT_OK:
+        msg = ""
+        if err_buffer is not None:
+            msg = _s(err_buffer.value)
+        elif handle_error is not None:
+            msg = handle_error()
+        raise Error(status, msg, call)
+
+
+# ---- logging ------------------------------------------------------------------------------------
+
+_log_lock = threading.Lock()
+_log_callback = None  # the ctypes thunk the library holds; kept alive here
+_LEVEL_NAMES = {"off": 0, "error": 1, "warn": 2, "warning": 2, "info": 3, "debug": 4}
+
+
+def set_log_callback(fn, level=_ffi.FT_LOG_WARN):
+    """Routes library messages of `level` or more severe to fn(level: int, message: str); None restores
+    standard error. fn may be called from any library thread; exceptions it raises are printed and dropped
+    (they cannot cross the C library). level: FT_LOG_* or 'off'/'error'/'warn'/'info'/'debug'."""
+    global _log_callback
+    if isinstance(level, str):
+        if level.lower() not in _LEVEL_NAMES:
+            raise ValueError("log level %r: expected one of %s" % (level, ", ".join(_LEVEL_NAMES)))
+        level = _LEVEL_NAMES[level.lower()]
+    if fn is not None and not callable(fn):
+        raise TypeError("set_log_callback: fn must be callable or None")
+    with _log_lock:
+        if fn is None:
+            thunk = _ffi.ft_log_fn()
+        else:
+            def call(_user, lvl, message):
+                try:
+                    fn(int(lvl), _s(message))
+                except BaseException:  # noqa: B902 - nothing may unwind into C
+                    import traceback
+                    traceback.print_exc()
+            thunk = _ffi.ft_log_fn(call)
+        load().ft_log_set_callback(thunk, None, int(level))
+        _log_callback = thunk  # the previous thunk is no longer referenced by the library
+
+
+class _Progress:
+    """A Python progress callable as ft_progress_fn; fn(phase, done, total) -> bool|None (False cancels).
+    An exception cancels the operation and is re-raised by the caller after the C call returns."""
+
+    def __init__(self, fn):
+        self.fn, self.error = fn, None
+
+        def call(_user, phase, done, total):
+            try:
+                return self.fn(_s(phase), int(done), int(total)) is not False
+            except BaseException as e:  # noqa: B902
+                self.error = e
+                return False
+        self.thunk = _ffi.ft_progress_fn(call) if fn is not None else _ffi.ft_progress_fn()
+
+    def reraise(self):
+        if self.error is not None:
+            raise self.error
+
+
+# ---- handles ------------------------------------------------------------------------------------
+
+class _Handle:
+    """An owned C handle. close() frees it (and first the handles made from it); so does leaving a
+    `with` block or garbage collection. Calls on a closed handle raise Error(FT_ERR_STATE)."""
+    _free_name = None
+    _error_name = None
+
+    def __init__(self, ptr, parent=None):
+        self._ptr = ptr
+        self._parent = parent  # kept alive: the C API requires parents to outlive children
+        self._children = weakref.WeakSet()
+        if parent is not None:
+            parent._children.add(self)
+
+    @property
+    def handle(self):
+        """The raw pointer (int) for calls through freetoken._ffi."""
+        if not self._ptr:
+            raise Error(_ffi.FT_ERR_STATE, "%s is closed" % type(self).__name__)
+        return self._ptr
+
+    @property
+    def closed(self):
+        return not self._ptr
+
+    def close(self):
+        for child in list(self._children):
+            child.close()
+        if self._ptr:
+            ptr, self._ptr = self._ptr, None
+            getattr(load(), self._free_name)(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if self._ptr:
+                self.close()
+        except Exception:
+            pass
+
+    def last_error(self):
+        return _s(getattr(load(), self._error_name)(self._ptr)) if self._ptr else ""
+
+    def _check(self, status, call):
+        _check(status, call, handle_error=self.last_error)
+
+
+def _backend_value(backend):
+    names = {"auto": 0, "cpu": 1, "gpu": 2, "offload": 3, "hybrid": 4}
+    if isinstance(backend, str):
+        if backend.lower() not in names:
+            raise ValueError("backend %r: expected one of %s" % (backend, ", ".join(names)))
+        return names[backend.lower()]
+    return int(backend)
+
+
+BACKEND_NAMES = {0: "auto", 1: "cpu", 2: "gpu", 3: "offload", 4: "hybrid"}
+
+
+def _set_fields(st, kwargs, what):
+    known = {n for n, _ in st._fields_ if not n.startswith("reserved") and n != "struct_size"}
+    for k, v in kwargs.items():
+        if k not in known:
+            raise TypeError("%s: unknown field %r (fields: %s)" % (what, k, ", ".join(sorted(known))))
+        setattr(st, k, v)
+
+
+class Engine(_Handle):
+    """ft_engine: the CPU worker pool and the GPU choice. Engine(device=FT_DEVICE_AUTO, cpu_threads=0,
+    pin_threads=True)."""
+    _free_name, _error_name = "ft_engine_free", "ft_engine_last_error"
+
+    def __init__(self, device=_ffi.FT_DEVICE_AUTO, cpu_threads=0, pin_threads=True, **fields):
+        lib = load()
+        p = _ffi.ft_engine_params()
+        lib.ft_engine_params_init(ctypes.byref(p))
+        _set_fields(p, dict(device=device, cpu_threads=cpu_threads, pin_threads=pin_threads, **fields),
+                    "Engine")
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
+        _check(lib.ft_engine_create(ctypes.byref(p), ctypes.byref(out), err, len(err)), "ft_engine_create",
+               err_buffer=err)
+        super().__init__(out.value)
+
+    def info(self):
+        i = _ffi.ft_engine_info()
+        i.struct_size = ctypes.sizeof(i)
+        self._check(load().ft_engine_get_info(self.handle, ctypes.byref(i)), "ft_engine_get_info")
+        return _struct_dict(i)
+
+
+class TensorView:
+    """A tensor the model owns (ft_model_tensor): dtype FT_DTYPE_*, shape, data address, nbytes.
+    numpy() / torch() return copies."""
+
+    def __init__(self, model, view):
+        self.model = model
+        self.dtype = view.dtype
+        self.shape = tuple(view.shape[i] for i in range(view.ndim))
+        self.data = view.data
+        self.nbytes = view.nbytes
+
+    def _bytes(self):
+        self.model.handle  # raises once the model is closed
+        return ctypes.string_at(self.data, self.nbytes)
+
+    def numpy(self):
+        import numpy as np
+        dt = np.uint16 if self.dtype == _ffi.FT_DTYPE_BF16 else np.float32
+        return np.frombuffer(self._bytes(), dtype=dt).reshape(self.shape).copy()
+
+    def torch(self):
+        import torch
+        raw = bytearray(self._bytes())
+        if self.dtype == _ffi.FT_DTYPE_BF16:
+            return torch.frombuffer(raw, dtype=torch.int16).view(torch.bfloat16).reshape(self.shape).clone()
+        return torch.frombuffer(raw, dtype=torch.float32).reshape(self.shape).clone()
+
+
+class Model(_Handle):
+    """ft_model: the routed experts in host banks. Model.load(engine, path) or Model.create(engine, ...),
+    then set_expert(...) for every projection and finalize()."""
+    _free_name, _error_name = "ft_model_free", "ft_model_last_error"
+
+    @classmethod
+    def load(cls, engine, path, io_threads=0, progress=None):
+        """Loads a Hugging Face checkpoint directory or GGUF file. progress(phase, done, total) -> bool."""
+        lib = load()
+        p = _ffi.ft_model_load_params()
+        lib.ft_model_load_params_init(ctypes.byref(p))
+        p.io_threads = io_threads
+        cb = _Progress(progress)
+        p.progress = cb.thunk
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
+        status = lib.ft_model_load(engine.handle, os.fsencode(os.fspath(path)), ctypes.byref(p),
+                                   ctypes.byref(out), err, len(err))
+        cb.reraise()
+        _check(status, "ft_model_load", err_buffer=err)
+        return cls(out.value, engine)
+
+    @classmethod
+    def create(cls, engine, num_layers, num_experts, top_k, hidden_size, intermediate_size, **fields):
+        """An empty bf16 model (ft_model_create); other ft_model_desc fields as keywords."""
+        lib = load()
+        d = _ffi.ft_model_desc()
+        lib.ft_model_desc_init(ctypes.byref(d))
+        _set_fields(d, dict(num_layers=num_layers, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
+                            intermediate_size=intermediate_size, **fields), "Model.create")
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
+        _check(lib.ft_model_create(engine.handle, ctypes.byref(d), ctypes.byref(out), err, len(err)),
+               "ft_model_create", err_buffer=err)
+        m = cls(out.value, engine)
+        m._desc = (d.intermediate_size, d.hidden_size, d.num_experts)
+        return m
+
+    def set_expert(self, layer, expert, proj, weights):
+        """proj FT_PROJ_GATE/UP ([I, H] bf16) or FT_PROJ_DOWN ([H, I] bf16), host memory."""
+        I, H, _ = getattr(self, "_desc", (None, None, None))
+        shape = (I, H) if proj in (_ffi.FT_PROJ_GATE, _ffi.FT_PROJ_UP) else (H, I)
+        buf = as_buffer(weights, "bf16", "weights", shape)
+        if buf.is_cuda:
+            raise ArrayError("weights: must be in host memory")
+        nbytes = 2
+        for n in buf.shape:
+            nbytes *= n
+        self._check(load().ft_model_set_expert(self.handle, layer, expert, proj, buf.ptr, nbytes),
+                    "ft_model_set_expert")
+
+    def set_router_bias(self, layer, bias):
+        buf = as_buffer(bias, "f32", "bias", (None,))
+        if buf.is_cuda:
+            raise ArrayError("bias: must be in host memory")
+        self._check(load().ft_model_set_router_bias(self.handle, layer, buf.ptr, buf.shape[0]),
+                    "ft_model_set_router_bias")
+
+    def finalize(self):
+        self._check(load().ft_model_finalize(self.handle), "ft_model_finalize")
+
+    def info(self):
+        i = _ffi.ft_model_info()
+        i.struct_size = ctypes.sizeof(i)
+        self._check(load().ft_model_get_info(self.handle, ctypes.byref(i)), "ft_model_get_info")
+        return _struct_dict(i)
+
+    def moe_layer(self, model_layer):
+        """MoE layer index of checkpoint layer `model_layer`, or -1."""
+        return int(load().ft_model_moe_layer(self.handle, model_layer))
+
+    def tensor(self, layer, which):
+        v = _ffi.ft_tensor_view()
+        v.struct_size = ctypes.sizeof(v)
+        self._check(load().ft_model_tensor(self.handle, layer, which, ctypes.byref(v)), "ft_model_tensor")
+        return TensorView(self, v)
+
+
+def _cuda_stream_handle(stream, device):
+    """A cudaStream_t (int) from None (torch's current stream of `device`, else 0), an int, or a
+    torch.cuda.Stream."""
+    if stream is None:
+        import sys
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.current_stream(device[1]).cuda_stream
+        return 0
+    if hasattr(stream, "cuda_stream"):
+        return stream.cuda_stream
+    return int(stream)
+
+
+class Session(_Handle):
+    """ft_session: one model on one engine. Session(model, backend='auto', max_tokens=256, ...);
+    other ft_session_params fields as keywords (cache_fraction, shared_experts, hybrid_fraction, ...)."""
+    _free_name, _error_name = "ft_session_free", "ft_session_last_error"
+
+    def __init__(self, model, backend="auto", max_tokens=256, **fields):
+        lib = load()
+        p = _ffi.ft_session_params()
+        lib.ft_session_params_init(ctypes.byref(p))
+        _set_fields(p, dict(backend=_backend_value(backend), max_tokens=max_tokens, **fields), "Session")
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
+        _check(lib.ft_session_create(model.handle, ctypes.byref(p), ctypes.byref(out), err, len(err)),
+               "ft_session_create", err_buffer=err)
+        super().__init__(out.value, model)
+        self.model = model
+        self.max_tokens = p.max_tokens
+        info = model.info()
+        self.num_layers, self.num_experts = info["num_layers"], info["num_experts"]
+        self.top_k, self.hidden_size = info["top_k"], info["hidden_size"]
+
+    @property
+    def backend(self):
+        """The backend the session runs, by name ('cpu', 'gpu', 'offload', 'hybrid')."""
+        return BACKEND_NAMES.get(int(load().ft_session_backend(self.handle)), "unknown")
+
+    @property
+    def backend_reason(self):
+        return _s(load().ft_session_backend_reason(self.handle))
+
+    @property
+    def device(self):
+        """CUDA device ordinal of the engine, or FT_DEVICE_NONE."""
+        return int(load().ft_session_device(self.handle))
+
+    def status(self):
+        """FT_OK, or the sticky status of a session that cannot continue."""
+        return int(load().ft_session_status(self.handle))
+
+    def _check_layer_tokens(self, layer, tokens, limit):
+        if not 0 <= layer < self.num_layers:
+            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)" % (layer, self.num_layers))
+        if not 1 <= tokens <= limit:
+            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "%d tokens: must be 1..%d" % (tokens, limit))
+
+    def route(self, layer, logits, expert_ids=None, expert_weights=None):
+        """Router logits [T, E] float32 (host) -> (expert_ids [T, K] int32, expert_weights [T, K] float32),
+        by the model's routing rule. Outputs are allocated like `logits` (numpy or torch) unless given."""
+        E, K = self.num_experts, self.top_k
+        lg = as_buffer(logits, "f32", "logits", (None, E))
+        if lg.is_cuda:
+            raise ArrayError("logits: ft_route reads host memory; pass CPU logits")
+        T = lg.shape[0]
+        if expert_ids is None:
+            expert_ids, expert_weights = _alloc_like(logits, (T, K), "i32"), _alloc_like(logits, (T, K), "f32")
+        ids = as_buffer(expert_ids, "i32", "expert_ids", (T, K), writable=True)
+        w = as_buffer(expert_weights, "f32", "expert_weights", (T, K), writable=True)
+        same_device([("logits", lg), ("expert_ids", ids), ("expert_weights", w)])
+        self._check_layer_tokens(layer, T, 1 << 30)
+        self._check(load().ft_route(self.handle, layer, T, lg.ptr, ids.ptr, w.ptr), "ft_route")
+        return expert_ids, expert_weights
+
+    def decode(self, layer, hidden, expert_ids, expert_weights, out=None, stream=None):
+        """One MoE layer: hidden [T, H] bf16, expert_ids [T, K] int32, expert_weights [T, K] float32 ->
+        out [T, H] bf16 (allocated like `hidden` unless given). Host arrays go through ft_decode; CUDA
+        arrays through ft_decode_cuda on `stream` (default: torch's current stream), which returns before
+        the result is ready. Calls longer than max_tokens are split."""
+        H, K = self.hidden_size, self.top_k
+        x = as_buffer(hidden, "bf16", "hidden", (None, H))
+        T = x.shape[0]
+        ids = as_buffer(expert_ids, "i32", "expert_ids", (T, K))
+        w = as_buffer(expert_weights, "f32", "expert_weights", (T, K))
+        if out is None:
+            out = _alloc_like(hidden, (T, H), "bf16")
+        y = as_buffer(out, "bf16", "out", (T, H), writable=True)
+        device = same_device([("hidden", x), ("expert_ids", ids), ("expert_weights", w), ("out", y)])
+        if T == 0:
+            return out
+        if x.ptr == y.ptr:
+            raise ArrayError("out may not alias hidden")
+        self._check_layer_tokens(layer, 1, 1)
+        lib = load()
+        if device != "cpu":
+            if device[1] != self.device:
+                raise ArrayError("arrays on cuda:%d but the session's engine uses %s" % (
+                    device[1], "no GPU" if self.device < 0 else "cuda:%d" % self.device))
+            s = _cuda_stream_handle(stream, device)
+        step = self.max_tokens
+        for t0 in range(0, T, step):
+            n = min(step, T - t0)
+            args = (self.handle, layer, n, x.ptr + t0 * H * 2, ids.ptr + t0 * K * 4, w.ptr + t0 * K * 4,
+                    y.ptr + t0 * H * 2)
+            if device == "cpu":
+                self._check(lib.ft_decode(*args), "ft_decode")
+            else:
+                self._check(lib.ft_decode_cuda(*args, s), "ft_decode_cuda")
+        return out
+
+    def stats(self):
+        st = _ffi.ft_session_stats()
+        st.struct_size = ctypes.sizeof(st)
+        self._check(load().ft_session_get_stats(self.handle, ctypes.byref(st)), "ft_session_get_stats")
+        return _struct_dict(st)
+
+    def layer_stats(self, layer):
+        st = _ffi.ft_layer_stats()
+        st.struct_size = ctypes.sizeof(st)
+        self._check(load().ft_session_get_layer_stats(self.handle, layer, ctypes.byref(st)),
+                    "ft_session_get_layer_stats")
+        return _struct_dict(st)
+
+    def reset_stats(self):
+        load().ft_session_reset_stats(self.handle)
+
+
+def _alloc_like(ref, shape, kind):
+    """A new array of `shape` and element `kind`, numpy or torch and on the device of `ref`."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(ref, torch.Tensor):
+        dt = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}[kind]
+        return torch.empty(shape, dtype=dt, device=ref.device)
+    if hasattr(ref, "__cuda_array_interface__"):
+        raise ArrayError("pass the output array explicitly for %s inputs" % type(ref).__name__)
+    if isinstance(ref, memoryview):
+        import array
+        code = {"bf16": "H", "i32": "i", "f32": "f"}[kind]
+        n = 1
+        for d in shape:
+            n *= d
+        return memoryview(array.array(code, bytes(n * 4 if kind != "bf16" else n * 2))).cast("B").cast(code, shape)
+    import numpy as np
+    dt = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32}[kind]
+    return np.empty(shape, dtype=dt)
+
+
+class Profile(_Handle):
+    """ft_profile: measured bandwidths. Profile.measure(...) runs ft_profile_bandwidth; Profile.load(path)."""
+    _free_name = "ft_profile_free"
+
+    def last_error(self):
+        return ""
+
+    @classmethod
+    def measure(cls, device=_ffi.FT_DEVICE_AUTO, cpu_threads=0, formats=0, max_seconds=30.0, progress=None):
+        lib = load()
+        p = _ffi.ft_profile_params()
+        lib.ft_profile_params_init(ctypes.byref(p))
+        p.device, p.cpu_threads, p.formats, p.max_seconds = device, cpu_threads, formats, max_seconds
+        cb = _Progress(progress)
+        p.progress = cb.thunk
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
+        status = lib.ft_profile_bandwidth(ctypes.byref(p), ctypes.byref(out), err, len(err))
+        cb.reraise()
+        _check(status, "ft_profile_bandwidth", err_buffer=err)
+        return cls(out.value)
+
+    @classmethod
+    def load(cls, path=None):
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
+        p = None if path is None else os.fsencode(os.fspath(path))
+        _check(load().ft_profile_load(p, ctypes.byref(out), err, len(err)), "ft_profile_load", err_buffer=err)
+        return cls(out.value)
+
+    def save(self, path=None):
+        err = ctypes.create_string_buffer(_ERR_SIZE)
+        p = None if path is None else os.fsencode(os.fspath(path))
+        _check(load().ft_profile_save(self.handle, p, err, len(err)), "ft_profile_save", err_buffer=err)
+
+    def machine(self):
+        m = _ffi.ft_profile_machine()
+        m.struct_size = ctypes.sizeof(m)
+        _check(load().ft_profile_get_machine(self.handle, ctypes.byref(m)), "ft_profile_get_machine")
+        return _struct_dict(m)
+
+    def format(self, fmt):
+        f = _ffi.ft_profile_format()
+        f.struct_size = ctypes.sizeof(f)
+        _check(load().ft_profile_get_format(self.handle, int(fmt), ctypes.byref(f)), "ft_profile_get_format")
+        return _struct_dict(f)

@@ -1,0 +1,522 @@
+"""FreeToken inside a PyTorch / transformers MoE model.
+
+    import freetoken.torch as ftt
+    model = ftt.from_pretrained("/models/Qwen3-30B-A3B", backend="hybrid", cache_fraction=0.25)
+    model.generate(...)
+
+or, for a model you built yourself (its expert weights may be on the meta device):
+
+    offload = ftt.offload_experts(model, "/models/Qwen3-30B-A3B", backend="hybrid")
+
+Each MoE block's routed experts are replaced by a FreeTokenExperts module that runs the layer through
+one FreeToken session: ft_decode_cuda on torch.cuda.current_stream() for CUDA tensors (capturable in a
+CUDA graph while calls stay below the session's prefill_min_tokens), ft_decode for CPU tensors; calls
+longer than the session's max_tokens are split. The router stays the model's own module (or ft_route
+with router="freetoken"). The expert weights come from the checkpoint through ft_model_load, so host
+memory holds them once, in FreeToken's banks. Inference only: no gradients flow through the experts.
+
+Two shapes of MoE block are handled, whatever the architecture:
+  - blocks that call their experts as one module, experts(hidden, ids, weights) (transformers >= 4.57
+    style, gpt-oss): only `experts` is replaced and the block's own forward runs unchanged;
+  - blocks that loop over an nn.ModuleList of experts (older transformers): the block's forward is
+    replaced by one that calls the block's own router, FreeToken for the routed experts, and the
+    block's shared experts (`shared_experts`, or `shared_expert` scaled by sigmoid(`shared_expert_gate`)),
+    and returns what the original returned (the tensor, or (tensor, router_logits)).
+"""
+import contextlib
+import re
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _ffi
+from ._core import Engine, Error, Model, Session
+from .safetensors import checkpoint_files, load_torch, read_header
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+class _Zero(nn.Module):
+    """Stands for a shared expert FreeToken computes (shared_experts='freetoken')."""
+
+    def forward(self, x, *args, **kwargs):
+        return torch.zeros_like(x)
+
+
+def _pick_routing(result, num_experts):
+    """(ids [T, K] int, weights [T, K] float, logits [T, E] or None) from what a router returned."""
+    tensors = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(t, torch.Tensor)]
+    ints = [t for t in tensors if not t.is_floating_point()]
+    floats = [t for t in tensors if t.is_floating_point()]
+    if not ints:
+        return None
+    ids = ints[0].reshape(-1, ints[0].shape[-1])
+    same = [t for t in floats if t.numel() == ids.numel()]
+    dense = [t for t in floats if t.shape[-1] == num_experts and t.numel() == ids.shape[0] * num_experts]
+    if same and (len(same) == 1 or ids.shape[-1] != num_experts):
+        weights = same[0].reshape(ids.shape)
+        logits = next((t for t in dense if t is not same[0]), None)
+    elif dense:
+        weights = dense[0].reshape(ids.shape[0], num_experts).gather(1, ids.long())  # dense [T, E] scores
+        logits = None
+    else:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "cannot tell the routing weights among the router's outputs %s" %
+                    [tuple(t.shape) for t in tensors])
+    return ids, weights, logits
+
+
+class FreeTokenExperts(nn.Module):
+    """The routed experts of one MoE layer, computed by a FreeToken session.
+
+    forward(hidden [..., H], expert_ids [..., K], expert_weights [..., K] or dense [..., E]) -> [..., H]
+    in hidden's dtype; the ids and weights may come positionally or by any keyword name."""
+
+    def __init__(self, session, layer, num_experts, hidden_size):
+        super().__init__()
+        self.session, self.layer = session, layer
+        self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.host_only = session.backend == "cpu"
+
+    def forward(self, hidden_states, *args, **kwargs):
+        picked = _pick_routing(tuple(args) + tuple(kwargs.values()), self.num_experts)
+        if picked is None:
+            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "FreeTokenExperts: no expert ids among the arguments")
+        ids, weights, _ = picked
+        return self.run(hidden_states, ids, weights)
+
+    def run(self, hidden_states, ids, weights):
+        shape, dtype = hidden_states.shape, hidden_states.dtype
+        x = hidden_states.reshape(-1, self.hidden_size).to(torch.bfloat16).contiguous()
+        ids = ids.reshape(x.shape[0], -1).to(torch.int32).contiguous()
+        weights = weights.reshape(x.shape[0], -1).to(torch.float32).contiguous()
+        if x.is_cuda and self.host_only:
+            # a cpu session under a CUDA model: through host memory (synchronises; not capturable)
+            out = self.run(hidden_states.cpu(), ids.cpu(), weights.cpu())
+            return out.to(hidden_states.device)
+        out = torch.empty_like(x)
+        if x.shape[0]:
+            self.session.decode(self.layer, x, ids, weights, out=out)
+        return out.to(dtype).reshape(shape)
+
+    def extra_repr(self):
+        return "layer=%d, num_experts=%d, backend=%s" % (self.layer, self.num_experts, self.session.backend)
+
+
+def _routing_by_rule(logits, info, bias):
+    """The model's routing rule (ft_model_info) applied in torch, for routers that return only logits."""
+    rule, K = info["routing"], info["top_k"]
+    lg = logits.float()
+    if rule in (_ffi.FT_ROUTING_SOFTMAX_TOPK, _ffi.FT_ROUTING_SOFTMAX_TOPK_RENORM):
+        w, ids = torch.topk(F.softmax(lg, dim=-1), K, dim=-1)
+        if rule == _ffi.FT_ROUTING_SOFTMAX_TOPK_RENORM:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return ids, w
+    if rule == _ffi.FT_ROUTING_TOPK_SOFTMAX:
+        if bias is not None:
+            lg = lg + bias
+        vals, ids = torch.topk(lg, K, dim=-1)
+        return ids, F.softmax(vals, dim=-1)
+    if rule == _ffi.FT_ROUTING_SIGMOID_GROUP_TOPK:
+        scores = torch.sigmoid(lg)
+        sel = scores + (bias if bias is not None else 0)
+        G, TG, E = info["num_groups"], info["topk_groups"], lg.shape[-1]
+        if G > 1:
+            grouped = sel.view(-1, G, E // G)
+            group_scores = grouped.topk(min(2, E // G), dim=-1)[0].sum(dim=-1)
+            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(TG, dim=-1)[1], 1.0)
+            sel = sel.masked_fill(~keep.bool().unsqueeze(-1).expand_as(grouped).reshape_as(sel), float("-inf"))
+        ids = torch.topk(sel, K, dim=-1)[1]
+        w = scores.gather(1, ids)
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)  # DeepSeek-V3 / GLM-4.x default norm_topk_prob
+        return ids, w * info["routed_scaling_factor"]
+    raise Error(_ffi.FT_ERR_UNSUPPORTED, "routing rule %d has no torch form; use router='freetoken'" % rule)
+
+
+def _moe_forward(block, hidden_states):
+    """Replacement forward of a ModuleList-style MoE block (see the module docstring)."""
+    st = block._freetoken
+    if st["returns_tuple"] is None:
+        st["returns_tuple"] = _probe_returns_tuple(block, hidden_states)
+    shape = hidden_states.shape
+    x = hidden_states.reshape(-1, shape[-1])
+    ids, weights, logits = _route(block, x)
+    out = st["experts"].run(x, ids, weights)
+    shared = getattr(block, "shared_experts", None)
+    if shared is not None and not isinstance(shared, _Zero):
+        out = out + shared(x)
+    single = getattr(block, "shared_expert", None)
+    if single is not None and not isinstance(single, _Zero):
+        s = single(x)
+        gate = getattr(block, "shared_expert_gate", None)
+        if gate is not None:
+            s = torch.sigmoid(gate(x)) * s
+        out = out + s
+    out = out.reshape(shape)
+    if st["returns_tuple"]:
+        if logits is None:
+            logits = _router_logits(block, x)
+        return out, logits
+    return out
+
+
+def _router_module(block):
+    for name in ("gate", "router"):
+        m = getattr(block, name, None)
+        if isinstance(m, nn.Module):
+            return m
+    return None
+
+
+def _router_logits(block, x):
+    gate = _router_module(block)
+    return F.linear(x, gate.weight, getattr(gate, "bias", None) if isinstance(gate, nn.Linear) else None)
+
+
+def _route(block, x):
+    """(ids, weights, logits or None) by the block's own router, or ft_route with router='freetoken'."""
+    st = block._freetoken
+    if st["router"] == "freetoken":
+        logits = _router_logits(block, x)
+        session = st["experts"].session
+        ids, w = session.route(st["experts"].layer, logits.detach().float().cpu().contiguous())
+        return ids.to(x.device), w.to(x.device), logits
+    gate = _router_module(block)
+    result = gate(x)
+    picked = _pick_routing(result, st["num_experts"])
+    if picked is not None:
+        return picked
+    logits = result
+    if hasattr(block, "route_tokens_to_experts"):
+        picked = _pick_routing(block.route_tokens_to_experts(logits), st["num_experts"])
+        if picked is not None:
+            return picked[0], picked[1], logits
+    bias = getattr(gate, "e_score_correction_bias", None)
+    if bias is None and st["info"]["routing"] == _ffi.FT_ROUTING_TOPK_SOFTMAX:
+        bias = None  # gpt-oss routers add their bias inside the linear layer
+    ids, w = _routing_by_rule(logits, st["info"], bias.float() if bias is not None else None)
+    return ids, w, logits
+
+
+def _probe_returns_tuple(block, hidden_states):
+    """Whether the block's original forward returns a tuple: run it once on one token with experts that
+    return zeros (no expert weights needed)."""
+    st = block._freetoken
+    E = st["num_experts"]
+
+    class ZeroExperts(nn.ModuleList):
+        def forward(self, x, *args, **kwargs):
+            return torch.zeros_like(x)
+
+    zeros = ZeroExperts([_Zero() for _ in range(E)])
+    saved = block.experts
+    try:
+        block.experts = zeros
+        with torch.no_grad():
+            probe = hidden_states.reshape(-1, hidden_states.shape[-1])[:1].reshape(1, 1, -1)
+            result = st["original_forward"](probe)
+        return isinstance(result, tuple)
+    except Exception:
+        return False
+    finally:
+        block.experts = saved
+
+
+def _fused_call(experts):
+    """True if the experts module is called as one (experts(hidden, ids, weights))."""
+    fwd = getattr(type(experts), "forward", None)
+    return fwd is not None and fwd is not nn.Module.forward and not isinstance(experts, FreeTokenExperts)
+
+
+def _num_experts(experts):
+    for attr in ("num_experts", "num_local_experts", "n_routed_experts"):
+        n = getattr(experts, attr, None)
+        if isinstance(n, int):
+            return n
+    if isinstance(experts, nn.ModuleList):
+        return len(experts)
+    p = getattr(experts, "gate_up_proj", None)
+    if p is None:
+        p = getattr(experts, "gate_up_proj_blocks", None)
+    return int(p.shape[0]) if p is not None else None
+
+
+def find_moe_blocks(model):
+    """[(checkpoint layer index, name, block)] of every module with routed `experts` and a router."""
+    found = []
+    for name, module in model.named_modules():
+        experts = getattr(module, "experts", None)
+        if not isinstance(experts, nn.Module) or _router_module(module) is None:
+            continue
+        m = _LAYER_RE.search(name)
+        if m is None:
+            raise Error(_ffi.FT_ERR_UNSUPPORTED, "MoE block '%s' is not under a 'layers.N' module; cannot tell "
+                        "its checkpoint layer" % name)
+        found.append((int(m.group(1)), name, module))
+    return found
+
+
+def _model_device(blocks, device):
+    if device is not None:
+        return torch.device(device)
+    for _, _, block in blocks:
+        w = getattr(_router_module(block), "weight", None)
+        if isinstance(w, torch.Tensor) and w.device.type != "meta":
+            return w.device
+    raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "the routers are on the meta device: pass device=")
+
+
+class Offload:
+    """What offload_experts() installed: the engine, model and session (closed together by close()),
+    the replaced blocks, and the session's statistics."""
+
+    def __init__(self, engine, ft_model, session, blocks, own_engine=True, own_model=True):
+        self.engine, self.ft_model, self.session, self.blocks = engine, ft_model, session, blocks
+        self._own_engine, self._own_model = own_engine, own_model
+
+    @property
+    def backend(self):
+        return self.session.backend
+
+    def stats(self):
+        return self.session.stats()
+
+    def close(self):
+        """Frees the session and the model (and the engine when offload_experts made it)."""
+        self.session.close()
+        if self._own_model:
+            self.ft_model.close()
+        if self._own_engine:
+            self.engine.close()
+
+    def __repr__(self):
+        return "Offload(%d MoE layers, backend=%s)" % (len(self.blocks), self.session.backend)
+
+
+def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_tokens=256, router="model",
+                    shared_experts="model", device=None, cpu_threads=0, engine=None, progress=None,
+                    **session_fields):
+    """Replaces the routed experts of every MoE block of `model` by FreeToken (see the module docstring).
+
+    checkpoint: the Hugging Face directory (or GGUF file) the experts are loaded from with ft_model_load,
+        or a freetoken.Model already built (ft_model_create + set_expert; its MoE layer i is the
+        model's decoder layer i); that model and its engine stay the caller's.
+    backend: 'auto', 'cpu', 'gpu', 'offload' or 'hybrid' (GPU backends need a CUDA model; a cpu
+        session under a CUDA model copies each call through host memory).
+    cache_fraction: share of all experts the GPU slot cache holds (offload/hybrid; 0: from free memory).
+    max_tokens: the session's largest call; longer calls are split.
+    router: 'model' (the block's own router) or 'freetoken' (ft_route on host logits; not capturable).
+    shared_experts: 'model' (the block's own shared expert modules) or 'freetoken' (the session adds them).
+    device: the model's device when its routers are still on the meta device.
+    engine: an Engine to use (default: a new one on the model's device, no GPU for CPU models).
+    Other ft_session_params fields (prefill_min_tokens, hybrid_fraction, vram_reserve_bytes, ...) as
+    keywords. Returns an Offload; the model keeps it as model.freetoken_offload."""
+    if router not in ("model", "freetoken"):
+        raise ValueError("router must be 'model' or 'freetoken', not %r" % (router,))
+    if shared_experts not in ("model", "freetoken"):
+        raise ValueError("shared_experts must be 'model' or 'freetoken', not %r" % (shared_experts,))
+    blocks = find_moe_blocks(model)
+    if not blocks:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "no MoE block (a module with `experts` and a `gate`/`router`) "
+                    "found in %s" % type(model).__name__)
+    dev = _model_device(blocks, device)
+    prebuilt = isinstance(checkpoint, Model)
+    if prebuilt:
+        engine = checkpoint._parent
+    own_engine = engine is None
+    if own_engine:
+        engine = Engine(device=dev.index if dev.type == "cuda" and dev.index is not None else
+                        (torch.cuda.current_device() if dev.type == "cuda" else _ffi.FT_DEVICE_NONE),
+                        cpu_threads=cpu_threads)
+    try:
+        ft_model = checkpoint if prebuilt else Model.load(engine, checkpoint, progress=progress)
+        info = ft_model.info()
+        if shared_experts == "freetoken" and info["shared_intermediate_size"] == 0:
+            raise Error(_ffi.FT_ERR_UNSUPPORTED, "shared_experts='freetoken': the checkpoint's model has no "
+                        "shared expert")
+        session = Session(ft_model, backend=backend, max_tokens=max_tokens, cache_fraction=cache_fraction,
+                          shared_experts=shared_experts == "freetoken", **session_fields)
+        if dev.type == "cpu" and session.backend != "cpu":
+            raise Error(_ffi.FT_ERR_UNSUPPORTED, "the model is on the CPU; backend %r needs a CUDA model"
+                        % session.backend)
+        installed = []
+        for model_layer, name, block in blocks:
+            layer = ft_model.moe_layer(model_layer)
+            if layer < 0:
+                raise Error(_ffi.FT_ERR_FORMAT, "'%s': checkpoint layer %d has no routed experts in %s"
+                            % (name, model_layer, checkpoint))
+            n = _num_experts(block.experts)
+            if n is not None and n != info["num_experts"]:
+                raise Error(_ffi.FT_ERR_FORMAT, "'%s' has %d experts, the checkpoint %d" % (name, n,
+                                                                                            info["num_experts"]))
+            installed.append((layer, name, block))
+        if len(installed) != info["num_layers"]:
+            raise Error(_ffi.FT_ERR_FORMAT, "the model has %d MoE blocks, the checkpoint %d MoE layers"
+                        % (len(installed), info["num_layers"]))
+        for layer, name, block in installed:
+            _install(block, session, layer, info, router, shared_experts)
+    except BaseException:
+        if own_engine:
+            engine.close()
+        raise
+    offload = Offload(engine, ft_model, session, [n for _, n, _ in installed], own_engine, not prebuilt)
+    model.freetoken_offload = offload
+    return offload
+
+
+def _install(block, session, layer, info, router, shared_experts):
+    fused = _fused_call(block.experts) and router == "model"
+    experts = FreeTokenExperts(session, layer, info["num_experts"], info["hidden_size"])
+    if shared_experts == "freetoken":
+        for attr in ("shared_experts", "shared_expert"):
+            if isinstance(getattr(block, attr, None), nn.Module):
+                setattr(block, attr, _Zero())
+    block._freetoken = dict(experts=experts, layer=layer, num_experts=info["num_experts"], info=info,
+                            router=router, returns_tuple=None, original_forward=block.forward)
+    block.experts = experts  # drops the block's own expert parameters
+    if not fused:
+        block.forward = types.MethodType(_moe_forward, block)
+
+
+# ---- building a transformers model without its expert weights ------------------------------------
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Parameters registered meanwhile go to the meta device (no memory); buffers stay real."""
+    original = nn.Module.register_parameter
+
+    def register(module, name, param):
+        original(module, name, param)
+        p = module._parameters.get(name)
+        if p is not None and p.device.type != "meta":
+            module._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+_EXPERT_KEY = re.compile(r"\.experts\.")
+
+
+def _checkpoint_names(name, params):
+    """Model parameter name for a checkpoint tensor name, or None."""
+    if name in params:
+        return name
+    for a, b in (("block_sparse_moe.", "mlp."), ("mlp.", "block_sparse_moe."),
+                 ("model.language_model.", "model."), ("language_model.model.", "model.")):
+        alt = name.replace(a, b)
+        if alt in params:
+            return alt
+    return None
+
+
+def load_non_expert_weights(model, checkpoint, device):
+    """Materialises every parameter still on the meta device on `device` and fills it, and every
+    persistent buffer the checkpoint holds, from the checkpoint's tensors (expert tensors skipped),
+    keeping tied parameters tied; raises Error naming any parameter left unloaded."""
+    replaced = {}
+    for module in model.modules():
+        for pname, p in list(module._parameters.items()):
+            if p is not None and p.device.type == "meta":
+                if id(p) not in replaced:
+                    replaced[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                                   requires_grad=False)
+                module._parameters[pname] = replaced[id(p)]
+    targets = {}  # every name a parameter or buffer is reachable by (tied ones more than once)
+    for mname, module in model.named_modules(remove_duplicate=False):
+        prefix = mname + "." if mname else ""
+        for pname, p in module._parameters.items():
+            if p is not None:
+                targets[prefix + pname] = p
+        for bname, b in module._buffers.items():
+            if b is not None and bname not in getattr(module, "_non_persistent_buffers_set", ()):
+                targets[prefix + bname] = b
+    loaded = set()
+    for path in checkpoint_files(checkpoint):
+        header, _ = read_header(path)
+        wanted = {}
+        for name, meta in header.items():
+            if _EXPERT_KEY.search(name):
+                continue
+            target = _checkpoint_names(name, targets)
+            if target is None:
+                continue
+            if meta["dtype"].startswith("F8"):
+                raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s: non-expert tensor '%s' is %s; from_pretrained loads "
+                            "bf16/f16/f32 non-expert weights only" % (path, name, meta["dtype"]))
+            wanted[name] = target
+        for name, t in load_torch(path, names=set(wanted)).items():
+            p = targets[wanted[name]]
+            if tuple(p.shape) != tuple(t.shape):
+                raise Error(_ffi.FT_ERR_FORMAT, "%s: tensor '%s' has shape %s, the model's '%s' %s" % (
+                    path, name, list(t.shape), wanted[name], list(p.shape)))
+            with torch.no_grad():
+                p.copy_(t.to(dtype=p.dtype))
+            loaded.add(id(p))
+    missing = sorted({n for n, p in targets.items() if id(p) in {id(v) for v in replaced.values()} and
+                      id(p) not in loaded})
+    if missing:
+        raise Error(_ffi.FT_ERR_FORMAT, "%s: no tensor for %d parameter(s): %s" % (
+            checkpoint, len(missing), ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")))
+
+
+def _fix_meta_buffers(model, device):
+    for module in model.modules():
+        for bname, b in list(module._buffers.items()):
+            if b is None or b.device.type != "meta":
+                continue
+            if bname in ("inv_freq", "original_inv_freq") and hasattr(module, "rope_init_fn"):
+                inv_freq, scaling = module.rope_init_fn(module.config, device)
+                module._buffers["inv_freq"] = inv_freq
+                if "original_inv_freq" in module._buffers or hasattr(module, "original_inv_freq"):
+                    module.original_inv_freq = inv_freq
+                module.attention_scaling = scaling
+                continue
+            raise Error(_ffi.FT_ERR_UNSUPPORTED, "buffer '%s' of %s was created on the meta device and "
+                        "cannot be rebuilt" % (bname, type(module).__name__))
+
+
+def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_class=None, config=None,
+                    trust_remote_code=False, **offload_kwargs):
+    """A transformers model of `checkpoint` whose routed experts run in FreeToken: built with its
+    parameters on the meta device, experts replaced (offload_experts), then only the non-expert weights
+    read from the checkpoint onto `device` (default cuda when available, else cpu). dtype: default
+    torch.bfloat16. Other keywords go to offload_experts()."""
+    import transformers
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    dtype = dtype or torch.bfloat16
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+    # Only the experts are quantised in the checkpoints this serves (gpt-oss MXFP4); FreeToken reads them.
+    if getattr(config, "quantization_config", None) is not None:
+        config.quantization_config = None
+        try:
+            delattr(config, "quantization_config")
+        except AttributeError:
+            pass
+    cls = model_class or transformers.AutoModelForCausalLM
+    with _parameters_on_meta():
+        try:
+            model = cls.from_config(config, torch_dtype=dtype, trust_remote_code=trust_remote_code)
+        except TypeError:  # transformers versions that name it dtype
+            model = cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    model.eval()
+    if device.type == "cpu" and backend == "auto":
+        backend = "cpu"
+    offload_experts(model, checkpoint, backend=backend, device=device, **offload_kwargs)
+    load_non_expert_weights(model, checkpoint, device)
+    for module in model.modules():  # buffers (rotary tables, ...) to the device
+        for bname, b in list(module._buffers.items()):
+            if b is not None and b.device.type != "meta":
+                module._buffers[bname] = b.to(device)
+        if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+            module.original_inv_freq = module.original_inv_freq.to(device)
+    _fix_meta_buffers(model, device)
+    return model

@@ -1,0 +1,417 @@
+"""freetoken.torch.offload_experts on small hand-built torch MoE models (CPU, backend 'cpu'): the
+output with FreeToken's experts matches the module's own (relative L2 <= 1e-2) for the three block
+shapes it handles: a loop over an nn.ModuleList of experts returning (out, router_logits) (Qwen3-MoE
+as older transformers write it), a fused experts module called as experts(x, ids, weights)
+(newer transformers), and a DeepSeek-V3-style block with a sigmoid router, correction bias and a
+shared expert. The checkpoint each time is written from the module's own weights."""
+import json
+import os
+import shutil
+import tempfile
+import unittest
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import freetoken as ft
+import freetoken.torch as ftt
+from freetoken.safetensors import save_file
+from mxfp4 import mxfp4_quantise
+
+H, I, E, K, L = 64, 96, 8, 2, 2
+
+
+def bf16_round_(module):
+    """Makes every parameter exactly representable in bf16 (what the checkpoint stores)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return module
+
+
+class MLP(nn.Module):
+    def __init__(self, inter):
+        super().__init__()
+        self.gate_proj = nn.Linear(H, inter, bias=False)
+        self.up_proj = nn.Linear(H, inter, bias=False)
+        self.down_proj = nn.Linear(inter, H, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LoopMoe(nn.Module):
+    """Experts in a ModuleList, softmax top-k renormalised, returns (out, router_logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(H, E, bias=False)
+        self.experts = nn.ModuleList([MLP(I) for _ in range(E)])
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.view(-1, h)
+        logits = self.gate(x)
+        w, ids = torch.topk(F.softmax(logits, dim=1, dtype=torch.float), K, dim=-1)
+        w = (w / w.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                out[t] += w[t, k] * self.experts[int(ids[t, k])](x[t])
+        return out.view(b, s, h), logits
+
+
+class TopKRouter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(E, H) * 0.5)
+
+    def forward(self, x):
+        logits = F.linear(x, self.weight)
+        w, ids = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float), K, dim=-1)
+        return logits, (w / w.sum(-1, keepdim=True)).to(x.dtype), ids
+
+
+class FusedExperts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.num_experts = E
+        self.gate_up_proj = nn.Parameter(torch.rand(E, 2 * I, H) * 0.4 - 0.2)
+        self.down_proj = nn.Parameter(torch.rand(E, H, I) * 0.4 - 0.2)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for t in range(hidden_states.shape[0]):
+            for k in range(top_k_index.shape[1]):
+                e = int(top_k_index[t, k])
+                g, u = F.linear(hidden_states[t], self.gate_up_proj[e]).chunk(2, dim=-1)
+                out[t] += top_k_weights[t, k] * F.linear(F.silu(g) * u, self.down_proj[e])
+        return out
+
+
+class FusedMoe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = TopKRouter()
+        self.experts = FusedExperts()
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.view(-1, h)
+        _, w, ids = self.gate(x)
+        return self.experts(x, ids, w).view(b, s, h)
+
+
+class SigmoidRouter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(E, H) * 0.5)
+        self.register_buffer("e_score_correction_bias", torch.randn(E) * 0.1)
+
+    def forward(self, x):
+        return F.linear(x.float(), self.weight.float())
+
+
+class DeepseekStyleMoe(nn.Module):
+    """Sigmoid scores, top-k on score + bias, unbiased weights renormalised times 2.5, a shared expert."""
+    scaling = 2.5
+
+    def __init__(self):
+        super().__init__()
+        self.gate = SigmoidRouter()
+        self.experts = nn.ModuleList([MLP(I) for _ in range(E)])
+        self.shared_experts = MLP(I)
+
+    def route_tokens_to_experts(self, logits):
+        scores = logits.sigmoid()
+        ids = torch.topk(scores + self.gate.e_score_correction_bias, K, dim=-1)[1]
+        w = scores.gather(1, ids)
+        return ids, w / w.sum(-1, keepdim=True) * self.scaling
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.view(-1, h)
+        ids, w = self.route_tokens_to_experts(self.gate(x))
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                out[t] += w[t, k] * self.experts[int(ids[t, k])](x[t])
+        return (out + self.shared_experts(x)).view(b, s, h)
+
+
+class GptOssStyleRouter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(E, H) * 0.5)
+        self.bias = nn.Parameter(torch.randn(E) * 0.1)
+
+    def forward(self, x):
+        top, idx = torch.topk(F.linear(x, self.weight, self.bias), K, dim=-1)
+        return torch.zeros(x.shape[0], E, dtype=x.dtype).scatter_(1, idx, F.softmax(top, dim=1)), idx
+
+
+class GptOssStyleExperts(nn.Module):
+    """[E, H, 2I] gate/up with interleaved columns, biases, clamped SwiGLU (alpha 1.702, limit 7)."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_experts = E
+        self.gate_up_proj = nn.Parameter(torch.randn(E, H, 2 * I) * 0.3)
+        self.gate_up_proj_bias = nn.Parameter(torch.randn(E, 2 * I) * 0.1)
+        self.down_proj = nn.Parameter(torch.randn(E, I, H) * 0.3)
+        self.down_proj_bias = nn.Parameter(torch.randn(E, H) * 0.1)
+
+    def forward(self, hidden_states, router_indices=None, routing_weights=None):
+        out = torch.zeros_like(hidden_states)
+        for t in range(hidden_states.shape[0]):
+            for e in router_indices[t].tolist():
+                gu = hidden_states[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+                gate, up = gu[0::2].clamp(max=7.0), gu[1::2].clamp(-7.0, 7.0)
+                y = ((up + 1) * gate * torch.sigmoid(gate * 1.702)) @ self.down_proj[e] + self.down_proj_bias[e]
+                out[t] += routing_weights[t, e] * y
+        return out
+
+
+class GptOssStyleMoe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = GptOssStyleRouter()
+        self.experts = GptOssStyleExperts()
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.reshape(-1, h)
+        scores, idx = self.router(x)
+        return self.experts(x, router_indices=idx, routing_weights=scores).reshape(b, s, h), scores
+
+
+class Layer(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.mlp = block
+
+    def forward(self, x):
+        y = self.mlp(x)
+        if isinstance(y, tuple):
+            y = y[0]
+        return x + y
+
+
+class TinyModel(nn.Module):
+    def __init__(self, make_block):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList([Layer(make_block()) for _ in range(L)])
+
+    def forward(self, x):
+        for layer in self.model.layers:
+            x = layer(x)
+        return x
+
+
+def write_checkpoint(model, path, style):
+    os.makedirs(path, exist_ok=True)
+    tensors = {}
+    for name, p in model.state_dict().items():
+        t = p.detach()
+        if style == "gpt_oss" and (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+            # MXFP4 as gpt-oss stores it: [E, N, K] (the module holds [E, K, N]); the module gets the
+            # dequantised weights, so both sides compute with the same values
+            blocks, scales, deq = mxfp4_quantise(t.transpose(1, 2))
+            with torch.no_grad():
+                p.copy_(deq.transpose(1, 2))
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        elif name.endswith("e_score_correction_bias"):
+            tensors[name] = t.float()
+        else:
+            tensors[name] = t.to(torch.bfloat16)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    if style == "deepseek":
+        config = {"model_type": "deepseek_v3", "hidden_size": H, "num_hidden_layers": L, "n_routed_experts": E,
+                  "num_experts_per_tok": K, "moe_intermediate_size": I, "first_k_dense_replace": 0,
+                  "n_group": 1, "topk_group": 1, "routed_scaling_factor": DeepseekStyleMoe.scaling,
+                  "norm_topk_prob": True, "n_shared_experts": 1, "scoring_func": "sigmoid", "hidden_act": "silu"}
+    elif style == "gpt_oss":
+        config = {"model_type": "gpt_oss", "hidden_size": H, "num_hidden_layers": L, "num_local_experts": E,
+                  "num_experts_per_tok": K, "intermediate_size": I, "swiglu_limit": 7.0,
+                  "quantization_config": {"quant_method": "mxfp4"}}
+    else:
+        config = {"model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": L, "num_experts": E,
+                  "num_experts_per_tok": K, "moe_intermediate_size": I, "norm_topk_prob": True,
+                  "hidden_act": "silu"}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def rel_l2(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+class OffloadExperts(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ft_py_torch_")
+        torch.manual_seed(0)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def build(self, make_block, style):
+        model = bf16_round_(TinyModel(make_block)).eval()
+        path = os.path.join(self.tmp, style)
+        write_checkpoint(model, path, style)
+        return model, path
+
+    def check_matches(self, make_block, style, tokens=5, **kwargs):
+        model, path = self.build(make_block, style)
+        x = torch.randn(1, tokens, H)
+        with torch.no_grad():
+            want = model(x)
+        offload = ftt.offload_experts(model, path, backend="cpu", cpu_threads=2, **kwargs)
+        self.assertEqual(offload.backend, "cpu")
+        with torch.inference_mode():
+            got = model(x)
+        self.assertEqual(got.shape, want.shape)
+        self.assertEqual(got.dtype, want.dtype)
+        err = rel_l2(got - x, want - x)  # the MoE contributions, without the residual
+        self.assertLess(err, 1e-2, "relative L2 %.3g" % err)
+        return model, offload
+
+    def test_modulelist_experts(self):
+        model, offload = self.check_matches(LoopMoe, "loop")
+        self.assertEqual(offload.stats()["decode_calls"], L)
+        for layer in model.model.layers:
+            self.assertIsInstance(layer.mlp.experts, ftt.FreeTokenExperts)
+            self.assertEqual(list(layer.mlp.experts.parameters()), [])
+        # the block still returns (out, router_logits) as its original forward did
+        with torch.no_grad():
+            out = model.model.layers[0].mlp(torch.randn(1, 3, H))
+        self.assertIsInstance(out, tuple)
+        self.assertEqual(tuple(out[1].shape), (3, E))
+
+    def test_fused_experts_keep_the_blocks_forward(self):
+        model, _ = self.check_matches(FusedMoe, "fused")
+        self.assertEqual(model.model.layers[0].mlp.forward.__func__, FusedMoe.forward)
+
+    def test_gpt_oss_style_mxfp4_experts(self):
+        model, offload = self.check_matches(GptOssStyleMoe, "gpt_oss")
+        self.assertEqual(offload.ft_model.info()["format"], ft.FT_FORMAT_MXFP4)
+        self.assertEqual(model.model.layers[0].mlp.forward.__func__, GptOssStyleMoe.forward)
+
+    def test_deepseek_style_with_the_models_shared_expert(self):
+        self.check_matches(DeepseekStyleMoe, "deepseek")
+
+    def test_deepseek_style_with_freetokens_shared_expert(self):
+        model, _ = self.check_matches(DeepseekStyleMoe, "deepseek", shared_experts="freetoken")
+        self.assertIsInstance(model.model.layers[0].mlp.shared_experts, ftt._Zero)
+
+    def test_router_freetoken(self):
+        self.check_matches(LoopMoe, "loop", router="freetoken")
+
+    def test_long_calls_are_split(self):
+        model, offload = self.check_matches(LoopMoe, "loop", tokens=10, max_tokens=4)
+        self.assertEqual(offload.stats()["decode_calls"], L * 3)
+
+    def test_bf16_model(self):
+        model, path = self.build(LoopMoe, "loop")
+        model = model.to(torch.bfloat16)
+        x = torch.randn(1, 4, H).to(torch.bfloat16)
+        with torch.no_grad():
+            want = model(x).float() - x.float()
+        ftt.offload_experts(model, path, backend="cpu", cpu_threads=2)
+        with torch.no_grad():
+            got = model(x)
+        self.assertEqual(got.dtype, torch.bfloat16)
+        self.assertLess(rel_l2(got.float() - x.float(), want), 2e-2)
+
+    def test_mismatches_are_errors(self):
+        model, path = self.build(LoopMoe, "loop")
+        with self.assertRaises(ft.Error) as cm:
+            ftt.offload_experts(model, path, backend="gpu")
+        self.assertIn(cm.exception.status, (ft.FT_ERR_UNSUPPORTED, ft.FT_ERR_NO_DEVICE))
+        other = TinyModel(lambda: FusedMoe())
+        other.model.layers = other.model.layers[:1]
+        with self.assertRaises(ft.Error) as cm:
+            ftt.offload_experts(other, path, backend="cpu")
+        self.assertEqual(cm.exception.status, ft.FT_ERR_FORMAT)
+        with self.assertRaises(ft.Error) as cm:
+            ftt.offload_experts(nn.Sequential(nn.Linear(2, 2)), path)
+        self.assertEqual(cm.exception.status, ft.FT_ERR_UNSUPPORTED)
+        with self.assertRaises(ValueError):
+            ftt.offload_experts(model, path, router="mine")
+
+    def test_meta_experts_need_no_memory(self):
+        model, path = self.build(LoopMoe, "loop")
+        x = torch.randn(1, 3, H)
+        with torch.no_grad():
+            want = model(x)
+        for layer in model.model.layers:  # as a model built with its experts on the meta device
+            layer.mlp.experts = layer.mlp.experts.to("meta")
+        ftt.offload_experts(model, path, backend="cpu", cpu_threads=2)
+        self.assertFalse(any(p.device.type == "meta" for p in model.parameters()))
+        with torch.no_grad():
+            self.assertLess(rel_l2(model(x) - x, want - x), 1e-2)
+
+    def test_built_on_meta_and_loaded_from_the_checkpoint(self):
+        # what from_pretrained does after transformers' from_config: parameters on meta, experts
+        # replaced, the other weights and persistent buffers (the correction bias) read from the file
+        for make, style in ((DeepseekStyleMoe, "deepseek"), (FusedMoe, "fused")):
+            with self.subTest(style=style):
+                model, path = self.build(make, style)
+                x = torch.randn(1, 4, H)
+                with torch.no_grad():
+                    want = model(x)
+                torch.manual_seed(123)  # the skeleton's own initial values differ from the checkpoint's
+                with ftt._parameters_on_meta():
+                    skeleton = TinyModel(make).eval()
+                self.assertTrue(all(p.device.type == "meta" for p in skeleton.parameters()))
+                ftt.offload_experts(skeleton, path, backend="cpu", device="cpu", cpu_threads=2)
+                ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
+                self.assertFalse(any(p.device.type == "meta" for p in skeleton.parameters()))
+                with torch.no_grad():
+                    got = skeleton(x)
+                self.assertLess(rel_l2(got - x, want - x), 1e-2)
+
+    def test_missing_non_expert_weights_are_named(self):
+        model, path = self.build(LoopMoe, "loop")
+        with ftt._parameters_on_meta():
+            skeleton = TinyModel(LoopMoe)
+            skeleton.extra = nn.Linear(2, 2)  # a parameter the checkpoint does not have
+        ftt.offload_experts(skeleton, path, backend="cpu", device="cpu", cpu_threads=2)
+        with self.assertRaises(ft.Error) as cm:
+            ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
+        self.assertIn("extra.weight", cm.exception.message)
+
+    def test_a_model_built_in_memory(self):
+        model = bf16_round_(TinyModel(LoopMoe)).eval()
+        x = torch.randn(1, 3, H)
+        with torch.no_grad():
+            want = model(x)
+        with ft.Engine(device=ft.FT_DEVICE_NONE, cpu_threads=2) as engine:
+            ftm = ft.Model.create(engine, num_layers=L, num_experts=E, top_k=K, hidden_size=H, intermediate_size=I)
+            for l, layer in enumerate(model.model.layers):
+                for e, mlp in enumerate(layer.mlp.experts):
+                    for proj, lin in ((ft.FT_PROJ_GATE, mlp.gate_proj), (ft.FT_PROJ_UP, mlp.up_proj),
+                                      (ft.FT_PROJ_DOWN, mlp.down_proj)):
+                        ftm.set_expert(l, e, proj, lin.weight.detach().to(torch.bfloat16).contiguous())
+            ftm.finalize()
+            offload = ftt.offload_experts(model, ftm, backend="cpu")
+            with torch.no_grad():
+                self.assertLess(rel_l2(model(x) - x, want - x), 1e-2)
+            offload.close()
+            self.assertTrue(offload.session.closed)
+            self.assertFalse(ftm.closed or engine.closed)
+
+    def test_close_releases_the_session(self):
+        model, path = self.build(LoopMoe, "loop")
+        offload = ftt.offload_experts(model, path, backend="cpu", cpu_threads=2)
+        offload.close()
+        self.assertTrue(offload.session.closed)
+        with self.assertRaises(ft.Error) as cm:
+            with torch.no_grad():
+                model(torch.randn(1, 1, H))
+        self.assertEqual(cm.exception.status, ft.FT_ERR_STATE)
+
+
+if __name__ == "__main__":
+    unittest.main()
