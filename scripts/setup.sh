@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's oneDNN CMake config looks for OpenCL, hence ocl-icd-opencl-dev; make builds the
-# pkg-config consumer example.
+# pkg-config consumer example; cargo, rustc (1.63 on Debian 12) and golang-go (1.19) build and
+# test the Rust and Go bindings.
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go)
+          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go
+          cargo rustc)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
