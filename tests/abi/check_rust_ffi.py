@@ -262,7 +262,7 @@ def show(t):
 
 
 def same(expected, got, rust):
-    """expected: from the header, in Rust spelling; got: from ffi.rs (aliases resolved)."""
+    """expected: from the header, in Rust spelling; got: from the Rust file (aliases resolved)."""
     if expected[0] == "fnptr":
         return got[0] in ("fnptr", "fnsig") or (got[0] == "base" and got[1] == expected[1])
     if expected[0] != got[0]:
