@@ -323,3 +323,91 @@ fn ep_without_nccl_is_unsupported() {
     let e = EpGroup::bootstrap(1, 0, 0, None, &params).err().unwrap();
     assert_eq!(e.status(), Status::UNSUPPORTED);
 }
+
+/// Writes a small Mixtral-layout bf16 checkpoint (config.json + model.safetensors) into a fresh
+/// folder: router weight element i of layer l is bf16(0.01 * (i % 7) - 0.03 + l), experts
+/// hold w (layers[l][e][proj]).
+fn write_checkpoint(w: &[Vec<[Vec<Bf16>; 3]>], tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("freetoken-rs-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = format!(
+        "{{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"hidden_size\": {H}, \
+         \"num_hidden_layers\": {L}, \"num_experts_per_tok\": {K}, \"num_local_experts\": {E}, \
+         \"intermediate_size\": {I}, \"hidden_act\": \"silu\", \"torch_dtype\": \"bfloat16\"}}"
+    );
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let mut tensors: Vec<(String, [usize; 2], Vec<Bf16>)> = Vec::new();
+    for (l, layer) in w.iter().enumerate() {
+        let p = format!("model.layers.{l}.block_sparse_moe.");
+        let router = (0..E * H).map(|i| Bf16::from_f32(0.01 * (i % 7) as f32 - 0.03 + l as f32)).collect();
+        tensors.push((format!("{p}gate.weight"), [E, H], router));
+        for (e, ex) in layer.iter().enumerate() {
+            for (name, proj, shape) in [("w1", &ex[0], [I, H]), ("w3", &ex[1], [I, H]), ("w2", &ex[2], [H, I])] {
+                tensors.push((format!("{p}experts.{e}.{name}.weight"), shape, proj.clone()));
+            }
+        }
+    }
+    let (mut header, mut data, mut off) = (Vec::new(), Vec::new(), 0usize);
+    for (name, shape, values) in &tensors {
+        let n = values.len() * 2;
+        header.push(format!(
+            "\"{name}\": {{\"dtype\": \"BF16\", \"shape\": [{}, {}], \"data_offsets\": [{off}, {}]}}",
+            shape[0],
+            shape[1],
+            off + n
+        ));
+        values.iter().for_each(|v| data.extend_from_slice(&v.to_bits().to_le_bytes()));
+        off += n;
+    }
+    let header = format!("{{{}}}", header.join(", "));
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&data);
+    std::fs::write(dir.join("model.safetensors"), file).unwrap();
+    dir
+}
+
+#[test]
+fn load_a_checkpoint_with_progress() {
+    let engine = engine();
+    let w = weights();
+    let dir = write_checkpoint(&w, "load");
+    let mut reports = Vec::new();
+    let mut progress = |phase: &str, done: u64, total: u64| {
+        reports.push((phase.to_string(), done, total));
+        true
+    };
+    let model = Model::load(&engine, &dir, LoadOptions::new().io_threads(1).progress(&mut progress)).unwrap();
+    assert!(!reports.is_empty());
+    let (_, last_done, last_total) = reports.last().cloned().unwrap();
+    assert!(last_total > 0 && last_done == last_total, "{reports:?}");
+    assert!(reports.windows(2).all(|p| p[0].1 <= p[1].1));
+    let info = model.info().unwrap();
+    assert_eq!((info.architecture.as_str(), info.num_layers, info.num_experts, info.top_k), ("mixtral", L, E, K));
+    assert_eq!((model.moe_layer(1), model.moe_layer(L as i32)), (Some(1), None));
+
+    let t = model.tensor(1, TensorKind::ROUTER_WEIGHT).unwrap();
+    assert_eq!((t.dtype, t.shape()), (Dtype::BF16, &[E as i64, H as i64][..]));
+    let r = t.as_bf16().unwrap();
+    assert_eq!(r.len(), E * H);
+    assert_eq!(r[10], Bf16::from_f32(0.01 * 3.0 - 0.03 + 1.0));
+    assert!(t.as_f32().is_none());
+
+    // The loaded experts compute what the reference computes from the same weights.
+    let mut s = Session::new(&model, &SessionParams { backend: Backend::CPU, ..Default::default() }).unwrap();
+    let x: Vec<Bf16> = (0..H).map(|i| Bf16::from_f32((i as f32 * 0.21).cos())).collect();
+    let mut y = vec![Bf16::default(); H];
+    s.decode(0, &x, &[1, 3], &[0.6, 0.4], &mut y).unwrap();
+    let want = reference(&w[0], &x, &[1, 3], &[0.6, 0.4]);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(y.iter().zip(&want).all(|(g, w)| (g.to_f32() - w).abs() <= 0.02 * scale));
+    drop(s);
+    drop(model);
+
+    // A progress closure that says stop cancels the load.
+    let mut stop = |_: &str, _: u64, _: u64| false;
+    let e = Model::load(&engine, &dir, LoadOptions::new().progress(&mut stop)).err().unwrap();
+    assert_eq!(e.status(), Status::CANCELLED);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
