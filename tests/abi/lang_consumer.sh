@@ -3,7 +3,7 @@
 # way a downstream user does and without LD_LIBRARY_PATH:
 #   rust:          builds and runs examples/rust (path dependencies on bindings/rust) with
 #                  `cargo build --offline --release`; its build.rs sets the run path
-#   rust-bindings: `cargo test --offline` of bindings/rust (freetoken-sys, freetoken: unit, doc
+#   rust-bindings: `cargo test --offline --all-features` of bindings/rust (freetoken-sys, freetoken: unit, doc
 #                  and compile-fail tests)
 #   go:            builds and runs examples/go (replace directive to bindings/go/freetoken),
 #                  run path through CGO_LDFLAGS from pkg-config's libdir
@@ -29,7 +29,7 @@ rust|rust-bindings)
       --target-dir "$work/target"
     "$work/target/release/decode"
   else
-    "$tool" test --offline --quiet --workspace --manifest-path "$src/bindings/rust/Cargo.toml" \
+    "$tool" test --offline --quiet --workspace --all-features --manifest-path "$src/bindings/rust/Cargo.toml" \
       --target-dir "$work/target"
   fi
   ;;

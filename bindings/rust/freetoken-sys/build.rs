@@ -2,6 +2,7 @@
 //! - `FREETOKEN_LIB_DIR=DIR`: links `DIR/libfreetoken.so` as it is (no version check);
 //! - else the `pkg-config` program (or `$PKG_CONFIG`) must find `freetoken` at least at the
 //!   version these declarations describe, through the usual `PKG_CONFIG_PATH`.
+//!
 //! The folder is published to the build scripts of dependents as `DEP_FREETOKEN_LIBDIR` (and the
 //! headers' folder, when pkg-config knows it, as `DEP_FREETOKEN_INCLUDE`). Binaries that should
 //! find the library at run time without the loader's help add their own run path from it: a

@@ -108,8 +108,8 @@ pub struct ExpertBatch<'g> {
 }
 
 impl<'g> ExpertBatch<'g> {
-    /// The C struct (device pointers: offset [slots + 1], x and y [max_rows, hidden] bf16,
-    /// row_source, row_token, row_weight [max_rows]).
+    /// The C struct (device pointers: offset \[slots + 1\], x and y \[max_rows, hidden\] bf16,
+    /// row_source, row_token, row_weight \[max_rows\]).
     pub fn raw(&self) -> &sys::ft_ep_expert_batch {
         &self.raw
     }
@@ -145,10 +145,15 @@ pub struct EpGroup {
 // SAFETY: the header's threading contract: a group is used by one host thread at a time.
 unsafe impl Send for EpGroup {}
 
+/// Carries rank 0's bytes to this rank (the buffer holds them on return); false on failure.
+pub type BroadcastFn<'a> = &'a mut (dyn FnMut(&mut [u8]) -> bool + Send);
+
 struct Broadcast<'a> {
-    f: &'a mut (dyn FnMut(&mut [u8]) -> bool + Send),
+    f: BroadcastFn<'a>,
     panic: Option<Box<dyn Any + Send>>,
 }
+
+type BroadcastTrampoline = unsafe extern "C" fn(*mut c_void, usize, *mut c_void) -> i32;
 
 unsafe extern "C" fn broadcast_trampoline(data: *mut c_void, bytes: usize, user: *mut c_void) -> i32 {
     let b = &mut *(user as *mut Broadcast);
@@ -203,14 +208,14 @@ impl EpGroup {
         nranks: i32,
         rank: i32,
         device: i32,
-        broadcast: Option<&mut (dyn FnMut(&mut [u8]) -> bool + Send)>,
+        broadcast: Option<BroadcastFn<'_>>,
         params: &EpParams,
     ) -> Result<EpGroup> {
         let p = params.raw();
         let mut raw = ptr::null_mut();
         let mut b = broadcast.map(|f| Broadcast { f, panic: None });
-        let (cb, user): (sys::ft_ep_broadcast_fn, *mut c_void) = match &mut b {
-            Some(b) => (Some(broadcast_trampoline), b as *mut Broadcast as *mut c_void),
+        let (cb, user) = match &mut b {
+            Some(b) => (Some(broadcast_trampoline as BroadcastTrampoline), b as *mut Broadcast as *mut c_void),
             None => (None, ptr::null_mut()),
         };
         let r = with_err_buf(|err, n| unsafe {

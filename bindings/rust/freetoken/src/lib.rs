@@ -820,13 +820,13 @@ impl<'e> ModelBuilder<'e> {
                 expert,
                 proj.0,
                 weights.as_ptr() as *const c_void,
-                weights.len() * size_of::<Bf16>(),
+                std::mem::size_of_val(weights),
             )
         };
         self.check(s)
     }
 
-    /// Sets the routing correction bias of a layer ([E] floats).
+    /// Sets the routing correction bias of a layer (one float per expert).
     pub fn set_router_bias(&mut self, layer: i32, bias: &[f32]) -> Result<()> {
         expect_len(bias.len(), self.num_experts, "the router bias")?;
         let s = unsafe {
@@ -1155,7 +1155,7 @@ impl<'m> Session<'m> {
         Backend(unsafe { sys::ft_session_backend(self.raw.as_ptr()) })
     }
 
-    /// Why the session runs its backend (the selector's numbers, or "<name> requested").
+    /// Why the session runs its backend (the selector's numbers, or "`<name>` requested").
     pub fn backend_reason(&self) -> String {
         unsafe { string_of(sys::ft_session_backend_reason(self.raw.as_ptr())) }
     }
@@ -1215,6 +1215,7 @@ impl<'m> Session<'m> {
     /// engine's GPU, kept alive and unchanged until the stream has passed this call; `out` must
     /// not alias `hidden`; `stream` must be a valid stream of that device or null.
     #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn decode_cuda(
         &mut self,
         layer: i32,

@@ -411,3 +411,19 @@ fn load_a_checkpoint_with_progress() {
     assert_eq!(e.status(), Status::CANCELLED);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn decode_cuda_on_a_cpu_session_is_refused() {
+    let engine = engine();
+    let model = build(&engine, &weights()).unwrap();
+    let mut s = Session::new(&model, &SessionParams { backend: Backend::CPU, ..Default::default() }).unwrap();
+    assert_eq!(s.device(), None);
+    // SAFETY: a CPU session has no device path; the library refuses before reading the pointers.
+    let e = unsafe {
+        s.decode_cuda(0, 1, std::ptr::null(), std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    .unwrap_err();
+    assert!(e.status() == Status::UNSUPPORTED || e.status() == Status::INVALID_ARGUMENT, "{e}");
+    assert!(!e.message().is_empty());
+}
