@@ -3,8 +3,8 @@
 # way a downstream user does and without LD_LIBRARY_PATH:
 #   rust:          builds and runs examples/rust (path dependencies on bindings/rust) with
 #                  `cargo build --offline --release`; its build.rs sets the run path
-#   rust-bindings: `cargo test --offline --all-features` of bindings/rust (freetoken-sys, freetoken: unit, doc
-#                  and compile-fail tests)
+#   rust-bindings: `cargo test --offline --all-features` of bindings/rust (freetoken-sys and
+#                  freetoken: unit, integration, doc and compile-fail tests)
 #   go:            builds and runs examples/go (replace directive to bindings/go/freetoken),
 #                  run path through CGO_LDFLAGS from pkg-config's libdir
 #   go-bindings:   `go vet` and `go test` of bindings/go/freetoken
