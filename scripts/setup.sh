@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 # Optional, installed where the distribution has them (their tests skip elsewhere): python3-torch
 # (the PyTorch integration's tests; Ubuntu 24.04 does not package it).
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go
+          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go cargo rustc
           python3 python3-numpy python3-pip python3-setuptools python3-wheel)
 optional=(python3-torch)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }

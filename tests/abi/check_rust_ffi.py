@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Checks hand-written Rust FFI declarations against include/freetoken.h.
+"""Checks Rust FFI declarations against the C headers (include/freetoken*.h).
 
-Usage: check_rust_ffi.py HEADER FFI_RS [--cc CC]
+Usage: check_rust_ffi.py [--cc CC] [--complete] RUST_FILE HEADER...
 
-For everything examples/rust/src/ffi.rs declares:
-  - functions in `extern "C"` blocks: the header declares an FT_API function of that name with
+For everything RUST_FILE declares:
+  - functions in `extern "C"` blocks: some header declares an FT_API function of that name with
     the same number of parameters, and each parameter type and the return type correspond
     (int32_t <-> i32, const T * <-> *const T, char <-> c_char, size_t <-> usize, ...);
-  - `#[repr(C)]` structs: the header defines a struct of that name with the same field names in
+  - `#[repr(C)]` structs: a header defines a struct of that name with the same field names in
     the same order and corresponding types; the offset of every field and the size of the
     struct agree (x86-64/AArch64 LP64 rules, computed for both sides). Opaque Rust structs (only
-    zero-sized `_` fields) must be opaque handles in the header;
-  - type aliases and integer constants: same name and value as the header's typedef / #define.
-With --cc, the layout computed from the header is also compared with the C compiler's sizeof and
-offsetof, so the layout model itself is checked. Exits 1 on any mismatch. Standard library only.
+    zero-sized `_` fields) must be opaque handles in a header;
+  - callback types (`Option<unsafe extern "C" fn(..) -> R>`): the header's function pointer
+    typedef of that name has corresponding parameter and return types;
+  - type aliases and integer constants: same name and value as the header's typedef / #define;
+    `cudaStream_t` (from CUDA's headers) must be `*mut c_void`.
+With --complete, every function, struct, opaque handle, callback typedef, type alias and integer
+#define of the headers must also be declared in RUST_FILE (the -sys crate's promise).
+With --cc, the layout computed from the headers is also compared with the C compiler's sizeof
+and offsetof, so the layout model itself is checked. Exits 1 on any mismatch. Standard library
+only.
 """
 import os
 import re
@@ -41,7 +47,9 @@ def strip_c_comments(text):
 
 # ------------------------------------------------------------------------------------------
 # Types are tuples: ("base", name) | ("ptr", pointee_is_const, inner) | ("array", n, inner)
-#                   | ("fnptr", name)  (function pointer typedefs, compared by name)
+#                   | ("fnptr", name)  (function pointer typedefs, by name; their signatures are
+#                                      compared on their own, see check_callbacks)
+#                   | ("fnsig", ret, [(name, type)])  (a Rust Option<unsafe extern "C" fn(..)>)
 # ------------------------------------------------------------------------------------------
 
 def c_type(decl_tokens):
@@ -86,7 +94,7 @@ def parse_header(path):
     body = re.sub(r"^[ \t]*#[^\n]*(\\\n[^\n]*)*", " ", text, flags=re.M)  # drop preprocessor lines
     body = re.sub(r'extern\s+"C"\s*\{|^\}[ \t]*$', " ", body, flags=re.M)
 
-    aliases, opaque, fnptrs, structs, funcs = {}, set(), set(), {}, {}
+    aliases, opaque, fnptrs, structs, funcs = {}, set(), {}, {}, {}
     for m in re.finditer(r"typedef\s+struct\s+(\w+)\s*\{(.*?)\}\s*(\w+)\s*;", body, re.S):
         if m.group(1) != m.group(3):
             raise ValueError(f"struct tag {m.group(1)} differs from typedef {m.group(3)}")
@@ -104,8 +112,10 @@ def parse_header(path):
         structs[m.group(1)] = fields
     for m in re.finditer(r"typedef\s+struct\s+(\w+)\s+(\w+)\s*;", body):
         opaque.add(m.group(2))
-    for m in re.finditer(r"typedef\s+[\w\s\*]+\(\s*\*\s*(\w+)\s*\)\s*\(", body):
-        fnptrs.add(m.group(1))
+    for m in re.finditer(r"typedef\s+([\w\s\*]+?)\(\s*\*\s*(\w+)\s*\)\s*\(([^)]*)\)\s*;", body):
+        params = [p for p in (" ".join(x.split()) for x in m.group(3).split(",")) if p]
+        fnptrs[m.group(2)] = (c_type(re.findall(r"\w+|\*", m.group(1))),
+                              [c_decl(p) for p in params if p != "void"])
     for m in re.finditer(r"typedef\s+(\w+)\s+(\w+)\s*;", body):
         if m.group(1) != "struct":
             aliases[m.group(2)] = m.group(1)
@@ -116,10 +126,20 @@ def parse_header(path):
             params = []
         funcs[m.group(2)] = (ret, [c_decl(p) for p in params])
     declared = len(re.findall(r"\bFT_API\b", body))
-    if not structs or len(funcs) != declared:
-        raise ValueError(f"{path}: parsed {len(funcs)} of {declared} FT_API declarations and {len(structs)} "
-                         "structs; has the header's style changed?")
-    return dict(defines=defines, aliases=aliases, opaque=opaque, fnptrs=fnptrs, structs=structs, funcs=funcs)
+    if not funcs or len(funcs) != declared:
+        raise ValueError(f"{path}: parsed {len(funcs)} of {declared} FT_API declarations; has the header's "
+                         "style changed?")
+    return dict(defines=defines, aliases=aliases, opaque=opaque, fnptrs=fnptrs, structs=structs, funcs=funcs,
+                struct_header={name: path for name in structs})
+
+
+def merge_headers(parsed):
+    """One view of several headers (names are unique across them)."""
+    out = dict(defines={}, aliases={}, opaque=set(), fnptrs={}, structs={}, funcs={}, struct_header={})
+    for h in parsed:
+        for key, value in h.items():
+            out[key].update(value)
+    return out
 
 
 def eval_define(defines, name, seen=()):
@@ -169,6 +189,13 @@ def rust_type(text):
     m = re.fullmatch(r"\[(.*);\s*(\d+)\s*\]", text)
     if m:
         return ("array", int(m.group(2)), rust_type(m.group(1)))
+    m = re.fullmatch(r'Option<\s*unsafe\s+extern\s+"C"\s+fn\s*\((.*)\)\s*(?:->\s*(.+?))?\s*>', text, re.S)
+    if m:
+        params = []
+        for p in split_top(m.group(1)):
+            pname, _, ptype = p.rpartition(":")
+            params.append((pname.strip(), rust_type(ptype)))
+        return ("fnsig", rust_type(m.group(2)) if m.group(2) else ("base", "c_void"), params)
     if text.startswith("Option<"):
         return ("fnptr", text)
     name = text.split("::")[-1]
@@ -235,9 +262,9 @@ def show(t):
 
 
 def same(expected, got, rust):
-    """expected: from the header, in Rust spelling; got: from ffi.rs (aliases resolved)."""
+    """expected: from the header, in Rust spelling; got: from the Rust file (aliases resolved)."""
     if expected[0] == "fnptr":
-        return got[0] == "fnptr" or (got[0] == "base" and got[1] == expected[1])
+        return got[0] in ("fnptr", "fnsig") or (got[0] == "base" and got[1] == expected[1])
     if expected[0] != got[0]:
         # A Rust alias (ft_status = i32) may stand for the scalar the header aliases.
         if got[0] == "base" and got[1] in rust["aliases"]:
@@ -287,7 +314,7 @@ def c_size_align(hdr):
 
 def rust_size_align(rust):
     def sa(t):
-        if t[0] in ("ptr", "fnptr"):
+        if t[0] in ("ptr", "fnptr", "fnsig"):
             return POINTER, POINTER
         if t[0] == "array":
             size, align = sa(t[2])
@@ -305,10 +332,11 @@ def rust_size_align(rust):
     return sa
 
 
-def compiler_layouts(cc, header, names, hdr):
+def compiler_layouts(cc, names, hdr):
     """{struct: (size, [offsets])} as the C compiler lays them out."""
-    lines = ["#include <stddef.h>", "#include <stdio.h>", f'#include "{os.path.abspath(header)}"',
-             "int main(void) {"]
+    lines = ["#include <stddef.h>", "#include <stdio.h>"]
+    lines += [f'#include "{os.path.abspath(h)}"' for h in sorted({hdr["struct_header"][s] for s in names})]
+    lines.append("int main(void) {")
     for s in names:
         offs = " ".join(f'printf(" %zu", offsetof({s}, {f}));' for f, _ in hdr["structs"][s])
         lines.append(f'printf("{s} %zu", sizeof({s})); {offs} printf("\\n");')
@@ -325,6 +353,61 @@ def compiler_layouts(cc, header, names, hdr):
     return result
 
 
+def check_callbacks(hdr, rust):
+    """Each Rust callback alias against the header's function pointer typedef of that name."""
+    errors = []
+    for name, (cret, cparams) in sorted(hdr["fnptrs"].items()):
+        if name not in rust["aliases"]:
+            continue
+        got = rust_type(rust["aliases"][name])
+        if got[0] != "fnsig":
+            errors.append(f"type {name}: not Option<unsafe extern \"C\" fn(..)>")
+            continue
+        _, rret, rparams = got
+        if len(rparams) != len(cparams):
+            errors.append(f"type {name}: {len(rparams)} parameters, the header has {len(cparams)}")
+            continue
+        for i, ((pn, pt), (cn, ct)) in enumerate(zip(rparams, cparams)):
+            want = c_to_rust(ct, hdr)
+            if not same(want, pt, rust):
+                errors.append(f"type {name}: parameter {i + 1} ({pn}) is {show(pt)}, the header's {cn} is "
+                              f"{show(want)}")
+        if not same(c_to_rust(cret, hdr), rret, rust):
+            errors.append(f"type {name}: returns {show(rret)}, the header returns {show(c_to_rust(cret, hdr))}")
+    return errors
+
+
+# Types the headers take from elsewhere, with the Rust spelling they must have.
+EXTERNAL = {"cudaStream_t": ("ptr", False, ("base", "c_void"))}
+
+
+def check_external(rust):
+    errors = []
+    for name, want in EXTERNAL.items():
+        if name in rust["aliases"] and rust_type(rust["aliases"][name]) != want:
+            errors.append(f"type {name} = {rust['aliases'][name]}, must be {show(want)}")
+    return errors
+
+
+def missing_items(hdr, rust):
+    """What the headers declare and RUST_FILE does not (--complete)."""
+    errors = []
+    for name in sorted(set(hdr["funcs"]) - set(rust["funcs"])):
+        errors.append(f"fn {name}: declared by the header, missing here")
+    for name in sorted(set(hdr["structs"]) | hdr["opaque"]):
+        if name not in rust["structs"]:
+            errors.append(f"struct {name}: declared by the header, missing here")
+    used = {t[1] for _, (_, ps) in hdr["funcs"].items() for _, t in ps if t[0] == "base"}
+    used |= {t[2][1] for _, (_, ps) in hdr["funcs"].items() for _, t in ps if t[0] == "ptr" and t[2][0] == "base"}
+    for name in sorted(set(hdr["fnptrs"]) | set(hdr["aliases"]) | (set(EXTERNAL) & used)):
+        if name not in rust["aliases"]:
+            errors.append(f"type {name}: declared by the header, missing here")
+    for name in sorted(hdr["defines"]):
+        if eval_define(hdr["defines"], name) is not None and name not in rust["consts"]:
+            errors.append(f"const {name}: defined by the header, missing here")
+    return errors
+
+
 def main(argv):
     args = list(argv[1:])
     cc = None
@@ -332,11 +415,15 @@ def main(argv):
         i = args.index("--cc")
         cc = args[i + 1]
         del args[i:i + 2]
-    if len(args) != 2:
+    complete = "--complete" in args
+    args = [a for a in args if a != "--complete"]
+    rust_files = [a for a in args if a.endswith(".rs")]
+    headers = [a for a in args if a.endswith(".h")]
+    if len(rust_files) != 1 or not headers or len(rust_files) + len(headers) != len(args):
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
-    header, ffi = args
-    hdr, rust = parse_header(header), parse_rust(ffi)
+    ffi = rust_files[0]
+    hdr, rust = merge_headers([parse_header(h) for h in headers]), parse_rust(ffi)
     errors = []
 
     for name, (ret, params) in sorted(rust["funcs"].items()):
@@ -402,8 +489,13 @@ def main(argv):
             if not same(want, rust_type(target), rust):
                 errors.append(f"type {name} = {target}, the header has {hdr['aliases'][name]}")
 
+    errors += check_callbacks(hdr, rust)
+    errors += check_external(rust)
+    if complete:
+        errors += missing_items(hdr, rust)
+
     if cc and checked_structs:
-        real = compiler_layouts(cc, header, [n for n, _, _ in checked_structs], hdr)
+        real = compiler_layouts(cc, [n for n, _, _ in checked_structs], hdr)
         for name, size, offs in checked_structs:
             if real.get(name) != (size, offs):
                 errors.append(f"struct {name}: computed size {size}, offsets {offs}, but {cc} gives "
@@ -411,7 +503,7 @@ def main(argv):
 
     for e in errors:
         print(f"{ffi}: {e}", file=sys.stderr)
-    print(f"{len(rust['funcs'])} functions (of {len(hdr['funcs'])} in the header), "
+    print(f"{len(rust['funcs'])} functions (of {len(hdr['funcs'])} in {len(headers)} header(s)), "
           f"{len(checked_structs)} structs"
           f"{' (layouts confirmed by ' + os.path.basename(cc) + ')' if cc and checked_structs else ''}, "
           f"{len(rust['consts'])} constants, {len(rust['aliases'])} type aliases checked: "

@@ -28,7 +28,7 @@ def status_string(status):
 
 
 def version():
-    """The loaded library's version string ("0.3.0")."""
+    """The loaded library's version string ("0.4.0")."""
     return load().ft_version_string().decode()
 
 

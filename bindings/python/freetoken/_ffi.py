@@ -99,7 +99,8 @@ ft_ep_broadcast_fn = CFUNCTYPE(c_int32, c_void_p, c_size_t, c_void_p)
 class ft_build_info(Structure):
     _fields_ = [("struct_size", c_uint32), ("version_number", c_uint32), ("cuda", c_bool), ("nccl", c_bool),
                 ("reserved_", c_uint8 * 2), ("cuda_runtime_version", c_int32), ("cuda_archs", c_char_p),
-                ("onednn_version", c_char_p), ("cpu_isa", c_char_p), ("compiler", c_char_p)]
+                ("onednn_version", c_char_p), ("cpu_isa", c_char_p), ("compiler", c_char_p),
+                ("onednn_bf16", c_bool)]
 
 
 class ft_engine_params(Structure):

@@ -1,0 +1,3 @@
+module freetoken
+
+go 1.19
