@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "freetoken_cuda.h"
+#include "ft/cuda_device.hpp"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
 #include "ft/ep_probe.hpp"
@@ -57,6 +58,13 @@ struct ft_ep_group {
 };
 
 namespace {
+
+// A device that is not a usable GPU is FT_ERR_NO_DEVICE, found before NCCL is loaded or called.
+void require_device(int32_t device) {
+    const int n = ft::cuda::device_count();
+    if (device < 0 || device >= n)
+        ft::fail(FT_ERR_NO_DEVICE, "EP: device ", device, " is not a usable CUDA device (", n, " usable)");
+}
 
 template <typename Fn>
 ft_status on_group(ft_ep_group *g, Fn &&fn) noexcept {
@@ -193,6 +201,7 @@ FT_API ft_status ft_ep_group_create_from_comm(void *nccl_comm, int32_t device, c
     *out = nullptr;
     return before_group(err, err_size, [&] {
         const ft_ep_params p = read_params(params);
+        require_device(device);
         ft::ep::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
         auto net = std::make_unique<ft::ep::cuda::NcclTransport>(nccl_comm, false);
         ft::ep::cuda::RankTopology topo = probe(*net, device, p);
@@ -207,6 +216,7 @@ FT_API ft_status ft_ep_group_bootstrap(int32_t nranks, int32_t rank, int32_t dev
     *out = nullptr;
     return before_group(err, err_size, [&] {
         const ft_ep_params p = read_params(params);
+        require_device(device);
         std::string why;
         if (!ft::ep::cuda::NcclTransport::available(&why)) ft::fail(FT_ERR_UNSUPPORTED, "EP bootstrap: ", why);
         ft::ep::cuda::NcclTransport::UniqueId id{};
@@ -231,6 +241,7 @@ FT_API ft_status ft_ep_group_bootstrap_local(int32_t ndevices, const int32_t *de
     for (int32_t i = 0; i < ndevices; ++i) groups[i] = nullptr;
     return before_group(err, err_size, [&] {
         const ft_ep_params p = read_params(params);
+        for (int32_t i = 0; i < ndevices; ++i) require_device(devices[i]);
         auto nets =
             ft::ep::cuda::NcclTransport::init_all(std::vector<int32_t>(devices, devices + ndevices), p.nccl_max_ctas);
         // The probe is collective: one host thread per rank, as for any call on these groups.

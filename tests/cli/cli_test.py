@@ -36,9 +36,9 @@ class Ft:
         self.env["FT_PROFILE_PATH"] = os.path.join(work, "no-such-profile.json")
         self.env.pop("FT_LOG", None)
 
-    def __call__(self, *args, timeout=300):
-        p = subprocess.run([self.binary, *args], capture_output=True, text=True, env=self.env, timeout=timeout,
-                           cwd=self.work)
+    def __call__(self, *args, timeout=300, env=None):
+        p = subprocess.run([self.binary, *args], capture_output=True, text=True, env={**self.env, **(env or {})},
+                           timeout=timeout, cwd=self.work)
         return p.returncode, p.stdout, p.stderr
 
 
@@ -185,6 +185,14 @@ def has_gpu(ft):
     return "no GPU" not in engine[0]
 
 
+def case_info_onednn_bf16(ft, source_dir, work):
+    # oneDNN capped at AVX2 has no bf16 matmul: ft info must say the path is off.
+    rc, out, err = ft("info", env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    expect(rc == 0, show(["info"], rc, out, err))
+    cpu = [l for l in out.splitlines() if l.startswith("cpu ")]
+    expect(cpu and "oneDNN bf16 matmul: no" in cpu[0], "ft info under ONEDNN_MAX_CPU_ISA=AVX2:\n" + out)
+
+
 def case_gpu_backend_without_gpu(ft, source_dir, work):
     if has_gpu(ft):
         print("skipped: this machine has a usable GPU")
@@ -201,8 +209,9 @@ def case_gpu_backend_without_gpu(ft, source_dir, work):
         expect(not os.path.exists(cache), "the synthetic checkpoint was written first: " + show(args, rc, out, err))
 
 
-# The smallest synthetic checkpoint (GGUF Q4_0, about 170 MB), shared by the run cases.
-RUN_ARGS = ["--format", "q4_0", "--threads", "2", "--seed", "3"]
+# The smallest synthetic checkpoint (GGUF Q4_0, about 170 MB), shared by the run cases; the cpu
+# backend prints the same lines with or without a GPU.
+RUN_ARGS = ["--format", "q4_0", "--threads", "2", "--seed", "3", "--backend", "cpu"]
 
 
 def run_cache(work):

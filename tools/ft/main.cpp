@@ -328,7 +328,8 @@ int cmd_info(const Options &o) {
     std::printf("build       CUDA %s", b.cuda ? "yes" : "no");
     if (b.cuda) std::printf(" (runtime %d.%d, archs %s)", b.cuda_runtime_version / 1000, (b.cuda_runtime_version % 1000) / 10, b.cuda_archs);
     std::printf(", oneDNN %s, NCCL %s\n", b.onednn_version, b.nccl ? "yes" : "no");
-    std::printf("cpu         best kernel tier %s\n", b.cpu_isa);
+    std::printf("cpu         best kernel tier %s; oneDNN bf16 matmul: %s\n", b.cpu_isa,
+                b.onednn_bf16 ? "yes" : "no (below AVX-512: the library's own kernels run every batch)");
 
     ft_engine_params ep;
     ft_engine_params_init(&ep);

@@ -202,7 +202,9 @@ def main():
     ap.add_argument("--archs", default=",".join(configs()))
     ap.add_argument("--backends", default="gpu,offload,hybrid")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--cache-fraction", type=float, default=0.25)
+    # The slot cache holds at least one layer's experts; these models have 2 MoE layers of E experts,
+    # so 0.6 gives 19 slots of 32: every layer switch evicts.
+    ap.add_argument("--cache-fraction", type=float, default=0.6)
     ap.add_argument("--keep", help="write the checkpoints here and keep them")
     args = ap.parse_args()
     print("torch", torch.__version__, "transformers", transformers.__version__, "freetoken", ft.version(),
