@@ -163,7 +163,7 @@ int cmd_profile(const ProfileOptions &o) {
                         below >= 0 ? (below > 0 ? figure(100 * below, "%.0f%%").c_str() : "never") : "-", e.cpu_kernel);
         }
         std::printf("\nbackend: hybrid when the overlapped pair moves misses faster than the gather alone, else offload\n"
-                    "          (spec 1.5's verdict); without all experts on the GPU, `auto` also weighs the cpu, which wins\n"
+                    "          (the profile's verdict); without all experts on the GPU, `auto` also weighs the cpu, which wins\n"
                     "          while the slot cache's hit rate h stays below 'cpu if h<' (see ft_session_backend_reason)\n");
         std::printf("saved       %s\n", path.c_str());
     }
@@ -206,7 +206,7 @@ void print_profile_line(const char *device_name, int32_t format) {
     ft_profile_machine m;
     m.struct_size = sizeof m;
     ft_profile_get_machine(prof, &m);
-    // Spec 1.6: a profile of another GPU does not apply; either name unknown means it does.
+    // Reader rule: a profile of another GPU does not apply; either name unknown means it does.
     if (*m.gpu_name && device_name && *device_name && std::strcmp(m.gpu_name, device_name) != 0) {
         std::printf("profile     %s ignored: measured on %s, this engine uses %s\n", path.c_str(), m.gpu_name, device_name);
         return;
