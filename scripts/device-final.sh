@@ -52,7 +52,5 @@ for sc in "" 120; do for v in 1 0; do
   FT_BENCH_MXFP4_SCALE=$sc FT_CPU_MXFP4_W4A8=$v FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv \
     --benchmark_filter='moe_layer_mxfp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/scale=${sc:-random} /" | cut -c1-230
 done; done
-FT_CPU_Q4_0_X4=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_q4_0.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | cut -c1-220
-FT_CPU_DS_FP4_ROWEXP=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_ds_fp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/rowexp=0 /" | cut -c1-220
 FT_BENCH_WINDOW_MB=4096 timeout 60 $b/bench/bench_cpu_gemv --benchmark_filter='stream_read|moe_layer_(fp8_block|nvfp4|ds_fp4|q4_0).*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer|stream" | cut -c1-220
 step done

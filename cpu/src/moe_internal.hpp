@@ -63,7 +63,7 @@ struct MoeExecutor::Scratch {
     size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
     // mxfp4 items that run the SIMD GEMV (not the batched path): 64-byte lines of each K row per
-    // item (FT_CPU_MXFP4_LINES, moe_executor.cpp).
+    // item (kMxfp4Lines, see moe_executor.cpp).
     int mxfp4_lines = 1;
 
     // Preallocated for max_tokens.

@@ -95,19 +95,12 @@ struct ProjArgs {
 // A format reads its rows in chunks of E elements (Raw: the chunk's bytes, one vector load
 // where alignment allows) made of G groups of W elements. decode(raw, i, out) writes group i's
 // weights without the block scale; scale(n, c, raw) is the chunk's block scale (one per chunk);
-// finish(n, acc) applies what is per row (nvfp4 global). A chunk's weights are decoded once and
+// finish(n, acc) applies what is per row. A chunk's weights are decoded once and
 // reused by every route of the group.
 
 __device__ __forceinline__ void bf16x8_to_f32(const uint4 &v, float *o) {
     o[0] = lo_bf16(v.x), o[1] = hi_bf16(v.x), o[2] = lo_bf16(v.y), o[3] = hi_bf16(v.y);
     o[4] = lo_bf16(v.z), o[5] = hi_bf16(v.z), o[6] = lo_bf16(v.w), o[7] = hi_bf16(v.w);
-}
-__device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// 8 e2m1 codes of one word (element k = nibble k).
-__device__ __forceinline__ void e2m1x8_to_f32(uint32_t w, float *o) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) o[k] = e2m1_to_f32_mul(w >> (4 * k));
 }
 
 // bf16 rows whose length is not a multiple of 8 elements: one element per chunk.
