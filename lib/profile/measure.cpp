@@ -275,8 +275,8 @@ void measure_pcie(int device, double budget_s, Profile &prof, const Progress &pr
 
 void add_note(KernelEntry &e, const std::string &note) { e.note += (e.note.empty() ? "" : " | ") + note; }
 
-// The production CPU expert kernels at one token (docs/formulas.md, "Bandwidth profile", step 2) over a rotating window of
-// synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
+// The production CPU expert kernels at one token (docs/formulas.md, "Bandwidth profile", step 2)
+// over a rotating window of synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
 // consecutive steps share no expert and each reads K experts from DRAM. With a GPU (`device` >=
 // 0), then the production gather of the window into device slots (step 1) and both at once for
 // the same wall window (step 4).

@@ -35,8 +35,8 @@ MemoryInfo memory_info(int device);
 // unlocks it on destruction. Throws FT_ERR_DEVICE with CUDA's message on failure.
 enum class CopyDirection { host_to_device, device_to_host };
 
-// Linear copy bandwidth between page-locked host memory and `device` in bytes/s (docs/formulas.md, "Bandwidth profile"): one
-// cudaHostAlloc'd buffer (portable + mapped) and one device buffer of `bytes`; 3 untimed copies,
+// Linear copy bandwidth between page-locked host memory and `device` in bytes/s (docs/formulas.md,
+// "Bandwidth profile"): one cudaHostAlloc'd buffer (portable + mapped) and one device buffer of `bytes`; 3 untimed copies,
 // then `iters` back-to-back cudaMemcpyAsync on one stream bracketed by CUDA events. 0 in a build
 // without CUDA; otherwise FT_ERR_NO_DEVICE if `device` is not usable (no GPU or no driver),
 // FT_ERR_OUT_OF_MEMORY if a buffer cannot be allocated, FT_ERR_DEVICE with CUDA's message for

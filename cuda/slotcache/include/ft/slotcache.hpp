@@ -116,8 +116,8 @@ const char *admission_argument_error(const SlotCacheShape &shape, int32_t layer,
 // Negative ids are passed through as -1 and take no part. Throws FT_ERR_INVALID_ARGUMENT (and
 // changes nothing) for an id >= E or what admission_argument_error reports.
 
-// LRU admission (docs/formulas.md, "Slot cache"): every distinct id gets a slot. Hits are stamped with the new step; the distinct
-// misses in ascending expert id take the least recently used slots in ascending (usage, slot)
+// LRU admission (docs/formulas.md, "Slot cache"): every distinct id gets a slot. Hits are stamped
+// with the new step; the distinct misses in ascending expert id take the least recently used slots in ascending (usage, slot)
 // order, never a slot hit in this call; the plan lists (slot, expert) for the gather.
 void admit_lru(const SlotCacheState &state, int32_t layer, const int32_t *ids, int32_t *slots_out,
                int64_t count);
