@@ -102,6 +102,7 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 &v, float *o) {
     o[0] = lo_bf16(v.x), o[1] = hi_bf16(v.x), o[2] = lo_bf16(v.y), o[3] = hi_bf16(v.y);
     o[4] = lo_bf16(v.z), o[5] = hi_bf16(v.z), o[6] = lo_bf16(v.w), o[7] = hi_bf16(v.w);
 }
+__device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 // bf16 rows whose length is not a multiple of 8 elements: one element per chunk.
 struct Bf16Scalar {
