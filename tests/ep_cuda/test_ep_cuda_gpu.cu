@@ -474,13 +474,6 @@ struct LayoutDump {
     std::vector<int64_t> forced_load, count, offset, expert_count;
     std::vector<float> send_weight;
     std::vector<uint8_t> regions;
-    bool operator==(const LayoutDump &o) const {
-        return route_phy == o.route_phy && row == o.row && send_token == o.send_token && send_n == o.send_n &&
-               send_slot == o.send_slot && mask == o.mask && forced_load == o.forced_load && count == o.count &&
-               offset == o.offset && expert_count == o.expert_count && regions == o.regions &&
-               std::memcmp(send_weight.data(), o.send_weight.data(), send_weight.size() * 4) == 0 &&
-               send_weight.size() == o.send_weight.size();
-    }
 };
 
 // Every buffer launch_layout wrote for `tokens` tokens (forced_load only when the kernel computed
