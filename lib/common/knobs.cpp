@@ -72,8 +72,9 @@ void read_one(const char *name, KnobType type, bool log_set, T *field) {
     if (!raw || !*raw) return;
     T value;
     if (!parse(raw, &value)) {
-        log(FT_LOG_WARN, "knob ", name, "=", raw, " is not ", type == KnobType::integer ? "an " : "", type_name(type),
-            "; the default stays");
+        if (log_set)
+            log(FT_LOG_WARN, "knob ", name, "=", raw, " is not ", type == KnobType::integer ? "an " : "", type_name(type),
+                "; the default stays");
         return;
     }
     *field = value;

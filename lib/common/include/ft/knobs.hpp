@@ -62,8 +62,9 @@ struct KnobInfo {
 // The registry, in FT_KNOBS order.
 const KnobInfo *knobs(size_t *count);
 
-// Reads every knob from the environment. A set knob is logged at FT_LOG=info when `log_set`; a
-// value that does not parse as the knob's type is ignored with a warning (the default stays).
+// Reads every knob from the environment. A value that does not parse as the knob's type is
+// ignored (the default stays). With `log_set` (engine creation) each set knob is logged at
+// FT_LOG=info and each ignored value with a warning; other readers pass false and stay quiet.
 Tuning read_tuning(bool log_set = true);
 
 // The table of docs/knobs.md generated from the registry (markdown, one row per knob).
