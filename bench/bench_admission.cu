@@ -1,4 +1,4 @@
-// Admission latency per layer call (spec 4.3, 4.4; target <= 5 us at S = 8192 with 8 misses), the
+// Admission latency per layer call (docs/formulas.md, "Slot cache"; target <= 5 us at S = 8192 with 8 misses), the
 // way the engine runs it: a CUDA graph of back-to-back admission launches, one per layer call.
 //
 // Each benchmark replays a fixed sequence of kCalls calls of 8 tokens x K = 8 ids (E = 256,

@@ -45,7 +45,7 @@ size_t window_bytes() {
 }
 
 ft::cpu::ThreadPool &pool() {
-    static ft::cpu::ThreadPool p(g_threads, true);
+    static ft::cpu::ThreadPool p(g_threads, true, ft::read_tuning(false).cpu_spin_us);
     return p;
 }
 
@@ -184,7 +184,8 @@ void BM_moe_layer(benchmark::State &state) {
     src.row_bytes[0] = size_t(2) * H * I * 2;
     src.base[1] = reinterpret_cast<uint8_t *>(down.data);
     src.row_bytes[1] = size_t(H) * I * 2;
-    ft::cpu::MoeTuning tuning;
+    // The engine's knobs as the environment sets them (docs/knobs.md), then this benchmark's choice.
+    ft::cpu::MoeTuning tuning = ft::cpu::moe_tuning(ft::read_tuning(false));
     tuning.onednn_min_tokens = onednn ? 16 : 0;
     ft::cpu::MoeExecutor ex(pool(), ft::Format::bf16, H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
     time_rotating_layers(state, ex, src, H, T, gate_up.data, gate_up.elems * 2);
@@ -229,7 +230,7 @@ void BM_moe_layer_format(benchmark::State &state) {
     }
     ft::cpu::ActivationSpec act;
     if (f == ft::Format::mxfp4) act = {FT_ACT_SWIGLU_CLAMP, 1.702f, 7.0f};
-    ft::cpu::MoeTuning tuning;
+    ft::cpu::MoeTuning tuning = ft::cpu::moe_tuning(ft::read_tuning(false));
     if (state.range(4) >= 0) tuning.quant_batched_min_tokens = int32_t(state.range(4));
     ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa(), tuning);
     time_rotating_layers(state, ex, src, H, T, src.base[0], src.row_bytes[0] * E);
@@ -331,6 +332,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char **argv) {
+    // The CPU knobs an engine would apply (docs/knobs.md): the kernels' prefetch distance.
+    ft::cpu::set_prefetch_bytes(ft::read_tuning().cpu_prefetch);
     g_short = !ft::env_string("FT_BENCH_SHORT").empty() && ft::env_string("FT_BENCH_SHORT") != "0";
     if (!ft::env_string("FT_BENCH_THREADS").empty()) g_threads = std::atoi(ft::env_string("FT_BENCH_THREADS").c_str());
     std::vector<char *> args;

@@ -6,9 +6,8 @@
 // the previous call (the window is several times the H200's 50 MB L2 for every shape here).
 // Counters: GBps = weight bytes of the 8 experts / time per decode; bound_GBps = a streaming read
 // kernel over 4 GiB (uint4 loads, one sum per thread); ratio = GBps / bound_GBps; copy_GBps =
-// cudaMemcpy device-to-device (read + write bytes) for reference. Names end in the kernel variant
-// (FT_GPU_DECODE_VARIANT: /legacy CUDA-core kernels, /mma tensor-core kernels); the label names
-// the kernel that ran.
+// cudaMemcpy device-to-device (read + write bytes) for reference. The label names the kernel that
+// ran.
 #include <benchmark/benchmark.h>
 
 #include <cuda_runtime.h>
@@ -83,8 +82,7 @@ Bounds measure_bounds(size_t bytes) {
 
 Bounds g_bounds;
 
-// variant: the value of FT_GPU_DECODE_VARIANT while the decoder is constructed.
-void BM_Decode(benchmark::State &state, ft::Format f, int32_t H, int32_t I, int32_t T, const char *variant) {
+void BM_Decode(benchmark::State &state, ft::Format f, int32_t H, int32_t I, int32_t T) {
     if (ft::cuda::device_count() == 0) {
         state.SkipWithError("no CUDA device");
         return;
@@ -132,10 +130,6 @@ void BM_Decode(benchmark::State &state, ft::Format f, int32_t H, int32_t I, int3
     if (f == ft::Format::mxfp4) act.kind = FT_ACT_SWIGLU_CLAMP;
     std::unique_ptr<ft::cuda::ExpertDecoder> decp;
     try {
-        if (variant)
-            setenv("FT_GPU_DECODE_VARIANT", variant, 1);
-        else
-            unsetenv("FT_GPU_DECODE_VARIANT");
         decp = std::make_unique<ft::cuda::ExpertDecoder>(f, H, I, kTopK, T, act);
     } catch (const std::exception &e) {
         state.SkipWithError(e.what());
@@ -204,16 +198,11 @@ int main(int argc, char **argv) {
         {ft::Format::nvfp4, 5120, 1536}, {ft::Format::mxfp4, 2880, 2880}, {ft::Format::ds_fp4, 4096, 2048},
         {ft::Format::q4_0, 2816, 704},
     };
-    // Each shape with the CUDA-core kernels ("/legacy") and the tensor-core ones ("/mma").
     for (const Shape &s : shapes)
-        for (const char *variant : {"legacy", "mma"}) {
-            for (int32_t T : {1, 8}) {
-                const std::string name = std::string("decode/") + ft::format_name(s.f) + "/H" + std::to_string(s.H) +
-                                         "_I" + std::to_string(s.I) + "/T" + std::to_string(T) + "/" + variant;
-                benchmark::RegisterBenchmark(name.c_str(), BM_Decode, s.f, s.H, s.I, T, variant)
-                    ->UseManualTime()
-                    ->Iterations(10);
-            }
+        for (int32_t T : {1, 8}) {
+            const std::string name = std::string("decode/") + ft::format_name(s.f) + "/H" + std::to_string(s.H) + "_I" +
+                                     std::to_string(s.I) + "/T" + std::to_string(T);
+            benchmark::RegisterBenchmark(name.c_str(), BM_Decode, s.f, s.H, s.I, T)->UseManualTime()->Iterations(10);
         }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

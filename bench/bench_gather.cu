@@ -1,6 +1,6 @@
-// Gather bandwidth (spec 4.5) next to the bus: both methods move 8 or 32 planned experts of real
+// Gather bandwidth next to the bus: both methods move 8 or 32 planned experts of real
 // shapes from a 64-expert window of page-locked host banks into device slots (scattered source
-// rows, as spec 1.4 measures it), and each benchmark also times a linear pinned H2D
+// rows, as the profiler measures it), and each benchmark also times a linear pinned H2D
 // cudaMemcpyAsync of the same byte count in the same run (bound_GBps; ratio = GBps / bound_GBps).
 //   gather/<shape>/<count>/<method>     the two public methods
 //   tune/<shape>/<count>/<knobs>        zero-copy kernel variants (detail::GatherTuning), the

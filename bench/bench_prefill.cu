@@ -88,18 +88,17 @@ Layer *cached_layer(const Shape &s, std::string &err) {
     return last.get();
 }
 
-// gemm: FT_PREFILL_GEMM for this run; dequant_mib: FT_PREFILL_DEQUANT_MIB (0: default).
+// gemm: "grouped" or "streams" (PrefillTuning::grouped); dequant_mib: PrefillTuning::dequant_mib
+// (0: default).
 void bm_prefill(benchmark::State &state, Shape s, std::string gemm, int dequant_mib) {
     if (ft::cuda::device_count() == 0) return state.SkipWithError("no GPU");
     if (!ft::cuda::cublas_api()) return state.SkipWithError("no cuBLAS");
     std::string err;
     Layer *L = cached_layer(s, err);
     if (!L) return state.SkipWithError(err.c_str());
-    setenv("FT_PREFILL_GEMM", gemm.c_str(), 1);
-    if (dequant_mib > 0)
-        setenv("FT_PREFILL_DEQUANT_MIB", std::to_string(dequant_mib).c_str(), 1);
-    else
-        unsetenv("FT_PREFILL_DEQUANT_MIB");
+    ft::cuda::PrefillTuning tuning;
+    tuning.grouped = gemm == "grouped";
+    if (dequant_mib > 0) tuning.dequant_mib = dequant_mib;
     const int64_t H = s.H, I = s.I, routes = int64_t(kTokens) * kTopK;
 
     // Uniform top-8 of 128 per token (~256 tokens per expert), weights in (0, 1).
@@ -133,12 +132,10 @@ void bm_prefill(benchmark::State &state, Shape s, std::string gemm, int dequant_
     if (s.f == Format::mxfp4) act.kind = FT_ACT_SWIGLU_CLAMP;
     std::unique_ptr<ft::cuda::ExpertPrefill> pf;
     try {
-        pf = std::make_unique<ft::cuda::ExpertPrefill>(s.f, s.H, s.I, kTopK, kTokens, act);
+        pf = std::make_unique<ft::cuda::ExpertPrefill>(s.f, s.H, s.I, kTopK, kTokens, act, tuning);
     } catch (const std::exception &e) {
         return state.SkipWithError(e.what());
     }
-    unsetenv("FT_PREFILL_GEMM");
-    unsetenv("FT_PREFILL_DEQUANT_MIB");
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;

@@ -1,4 +1,4 @@
-# Slot cache admission latency per layer call (spec 4.3, 4.4), in CUDA-graph replay: LRU and hybrid,
+# Slot cache admission latency per layer call (docs/formulas.md, "Slot cache"), in CUDA-graph replay: LRU and hybrid,
 # S in {2048, 8192, 65536}, 8 tokens x K = 8 with exactly 0 or 8 misses per call. Target: <= 5 us
 # at S = 8192 with 8 misses.
 add_executable(bench_admission ${CMAKE_CURRENT_LIST_DIR}/bench_admission.cu)

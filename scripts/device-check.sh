@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (see ../shared/DEVICE.md): build with CUDA for sm_90 against the carried
+# On the GPU machine: build with CUDA for sm_90 against the carried
 # .deps, run every test (the GPU ones run for real there), the GPU tests again under
 # compute-sanitizer, ft run per expert format and backend, and the benchmarks. Logs go to $OUT
 # (or /tmp/ft-out). Not part of CI. Knobs: FT_BENCHES (benchmark programs), FT_BENCH_FILTER,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root (with .deps carried, see ../shared/DEVICE.md): a
+# On the GPU machine, from the repository root (with .deps carried): a
 # fresh sm_90 build, the GPU tests (the timing-sensitive *Latency* ones one at a time), the CPU
 # tests, then the benchmarks behind the issues' tables, each bounded in time. About 6 minutes.
 # Logs under $OUT; the tables go to stdout.
@@ -22,7 +22,7 @@ grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|^fixed f|^adapt
 (cd $b && timeout 80 ctest -L cpu -E abi.consumers -j 12 --timeout 70) > $out/ctest_cpu.log 2>&1
 grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout" $out/ctest_cpu.log | head -10
 step tests
-timeout 40 $b/bench/bench_experts --benchmark_filter='^decode/.*/mma' --benchmark_counters_tabular=true 2>&1 | clean | awk '{print $1, $6, $7, $9, $10, $11}' | head -14
+timeout 40 $b/bench/bench_experts --benchmark_filter='^decode/' --benchmark_counters_tabular=true 2>&1 | clean | awk '{print $1, $6, $7, $9, $10, $11}' | head -14
 timeout 40 $b/bench/bench_admission --benchmark_counters_tabular=true 2>&1 | grep BM_ | awk '{print $1, $NF}'
 # Where an admission call's cycles go (FT_ADMISSION_TRACE build): cycles from entry per phase.
 timeout 40 $b/bench/bench_admission_trace --benchmark_filter='BM_Admission/S:(2048|8192)/' --benchmark_format=csv 2>/dev/null \
@@ -52,7 +52,5 @@ for sc in "" 120; do for v in 1 0; do
   FT_BENCH_MXFP4_SCALE=$sc FT_CPU_MXFP4_W4A8=$v FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv \
     --benchmark_filter='moe_layer_mxfp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/scale=${sc:-random} /" | cut -c1-230
 done; done
-FT_CPU_Q4_0_X4=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_q4_0.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | cut -c1-220
-FT_CPU_DS_FP4_ROWEXP=0 FT_BENCH_WINDOW_MB=4096 timeout 30 $b/bench/bench_cpu_gemv --benchmark_filter='moe_layer_ds_fp4.*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer" | sed "s/^/rowexp=0 /" | cut -c1-220
 FT_BENCH_WINDOW_MB=4096 timeout 60 $b/bench/bench_cpu_gemv --benchmark_filter='stream_read|moe_layer_(fp8_block|nvfp4|ds_fp4|q4_0).*bs:1/' --benchmark_min_time=0.3 2>&1 | grep -E "moe_layer|stream" | cut -c1-220
 step done

@@ -8,8 +8,7 @@
 namespace ft::cpu {
 namespace detail {
 
-// 512 bytes ahead matched the original engine; FT_CPU_PREFETCH=<bytes> overrides (0 = off) for
-// measurements (see cpu/README.md).
+// 512 bytes ahead, the FT_CPU_PREFETCH default; set_prefetch_bytes() changes it.
 int g_prefetch_bytes = 512;
 
 void gemv_scalar(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,
@@ -25,19 +24,9 @@ void gemv_scalar(const uint16_t *w, size_t ldw, int rows, int cols, const uint16
 
 }  // namespace detail
 
-namespace {
-void read_prefetch_env() {
-    static const bool once = [] {
-        std::string v = env_string("FT_CPU_PREFETCH");
-        if (!v.empty()) detail::g_prefetch_bytes = std::atoi(v.c_str());
-        return true;
-    }();
-    (void)once;
-}
-}  // namespace
+void set_prefetch_bytes(int bytes) { detail::g_prefetch_bytes = bytes < 0 ? 0 : bytes; }
 
 GemvFn gemv_kernel(Isa isa) {
-    read_prefetch_env();
     if (static_cast<int>(isa) > static_cast<int>(cpu_best_isa()))
         fail(FT_ERR_UNSUPPORTED, "CPU kernel tier ", isa_name(isa), " is not supported by this CPU (best: ",
              isa_name(cpu_best_isa()), ")");

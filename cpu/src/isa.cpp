@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ft/common.hpp"
+#include "ft/knobs.hpp"
 #include "ft/cpu.hpp"
 
 namespace ft::cpu {
@@ -51,9 +52,10 @@ bool isa_from_name(const char *name, Isa *out) {
     return false;
 }
 
-Isa default_isa() {
+Isa default_isa() { return capped_isa(read_tuning(false).cpu_isa); }
+
+Isa capped_isa(const std::string &cap) {
     Isa best = cpu_best_isa();
-    std::string cap = env_string("FT_CPU_ISA");
     if (cap.empty()) return best;
     Isa wanted;
     if (!isa_from_name(cap.c_str(), &wanted)) {

@@ -7,8 +7,8 @@
 
 namespace ft::cpu::detail {
 
-// Software prefetch distance in bytes ahead of each weight row (0 = none). Set once by
-// gemv_kernel() from FT_CPU_PREFETCH; read by the kernels.
+// Software prefetch distance in bytes ahead of each weight row (0 = none). Set by
+// set_prefetch_bytes() (the engine, from FT_CPU_PREFETCH); read by the kernels.
 extern int g_prefetch_bytes;
 
 // Same contract as ft::cpu::GemvFn.

@@ -36,10 +36,6 @@ int32_t default_onednn_min_tokens() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Routes per expert from which quantised experts take the batched path (dequantise to bf16 tile
-// by tile, bf16 multi-token GEMV); measured, cpu/README.md.
-constexpr int32_t kQuantBatchedMinTokens = 8;
-
 BankRoles bank_roles(Format f) {
     switch (f) {
         case Format::fp8_block: return {0, 1, -1, -1, 2, 3, -1, -1};
@@ -62,6 +58,16 @@ float bf16_bits_to_f32(const uint8_t *p) {
 float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 }  // namespace
+
+MoeTuning moe_tuning(const Tuning &t) {
+    MoeTuning m;
+    m.onednn_min_tokens = t.cpu_onednn_min_tokens;
+    m.quant_batched_min_tokens = t.cpu_quant_batched_min_tokens;
+    m.quant.vnni = t.cpu_vnni;
+    m.quant.mxfp4_w4a8 = t.cpu_mxfp4_w4a8;
+    m.quant.nvfp4_w4a8 = t.cpu_nvfp4_w4a8;
+    return m;
+}
 
 MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_t intermediate, int32_t top_k,
                          int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
@@ -88,20 +94,10 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     if (const std::string err = format_geometry_error(format, hidden, intermediate); !err.empty())
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: ", err);
     gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
-    quant_ = quant_ops(format, isa);
+    quant_ = quant_ops(format, isa, tuning.quant);
 
-    if (quant_ && quant_->dequant) {
-        quant_batched_min_tokens_ = tuning.quant_batched_min_tokens;
-        if (quant_batched_min_tokens_ < 0) {
-            std::string v = env_string("FT_CPU_QUANT_BATCHED_MIN_TOKENS");
-            quant_batched_min_tokens_ = v.empty() ? kQuantBatchedMinTokens : std::max(0, std::atoi(v.c_str()));
-        }
-    }
-    onednn_min_tokens_ = tuning.onednn_min_tokens;
-    if (onednn_min_tokens_ < 0) {
-        std::string v = env_string("FT_CPU_ONEDNN_MIN_TOKENS");
-        onednn_min_tokens_ = v.empty() ? default_onednn_min_tokens() : std::max(0, std::atoi(v.c_str()));
-    }
+    if (quant_ && quant_->dequant) quant_batched_min_tokens_ = std::max(0, tuning.quant_batched_min_tokens);
+    onednn_min_tokens_ = tuning.onednn_min_tokens < 0 ? default_onednn_min_tokens() : tuning.onednn_min_tokens;
     if (onednn_min_tokens_ > 0 && !onednn_bf16_available()) onednn_min_tokens_ = 0;
 
     const int64_t routes = int64_t(max_tokens) * top_k;
@@ -119,11 +115,8 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     // item's, read by another worker, so DRAM sends about twice the bytes used. Items of two
     // lines (128 columns) take both halves (pass 1: 5760-byte rows are 128-aligned; pass 2 with
     // H = 2880 only every other row is); with one token the VBMI kernel reads both lines per K
-    // row in one pass. FT_CPU_MXFP4_LINES=1: the earlier one-line items.
-    if (format == Format::mxfp4) {
-        const std::string v = env_string("FT_CPU_MXFP4_LINES");
-        s_->mxfp4_lines = v.empty() ? kMxfp4Lines : std::clamp(std::atoi(v.c_str()), 1, 16);
-    }
+    // row in one pass.
+    if (format == Format::mxfp4) s_->mxfp4_lines = kMxfp4Lines;
     if (quant_) {
         s_->act_in_bytes = quant_->act_bytes(hidden);
         s_->act_mid_bytes = quant_->act_bytes(intermediate);

@@ -30,7 +30,8 @@ inline float activate(const ActivationSpec &a, float g, float u) {
 // Rows of one work item: pass 1 computes IB gate and IB up rows, pass 2 HB down rows. 32 gives
 // every worker independent items even at one token, while amortising the atomic grab.
 constexpr int kRowBlock = 32;
-constexpr int kMxfp4Lines = 2;  // default of Scratch::mxfp4_lines
+// mxfp4 items cover this many 64-byte lines of each K row (see the executor's constructor).
+constexpr int kMxfp4Lines = 2;
 // At most this many routes go through one kernel call; more are done in chunks that re-read the
 // item's weight block from cache instead of memory.
 constexpr int kRouteChunk = 32;
@@ -62,7 +63,7 @@ struct MoeExecutor::Scratch {
     size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
     // mxfp4 items that run the SIMD GEMV (not the batched path): 64-byte lines of each K row per
-    // item (FT_CPU_MXFP4_LINES, moe_executor.cpp).
+    // item (kMxfp4Lines, see moe_executor.cpp).
     int mxfp4_lines = 1;
 
     // Preallocated for max_tokens.

@@ -14,9 +14,8 @@
 //   nvfp4, ds_fp4     bf16, per 128 elements 4 phases of 32 (phase r, word m = x[4m + r]),
 //                     zero-padded to a multiple of 128 (ds_fp4 after the FP8 round trip, whose
 //                     results are bf16 values).
-// q4_0 with AVX-512-VNNI: the Q8_0 q as above, then per-lane d and -8 * sum(q)
-// (q8_0_vnni_act_bytes in quant_kernels.hpp); the four-block kernel (FT_CPU_Q4_0_X4, default)
-// the same values grouped per 4 blocks (q8_0_x4_act_bytes).
+// q4_0 with AVX-512-VNNI: the same Q8_0 values grouped per 4 blocks, with per-lane d and the
+// -8 * sum(q) correction (q8_0_x4_act_bytes in quant_kernels.hpp).
 #include "quant.hpp"
 
 #include <algorithm>
@@ -36,7 +35,6 @@ float g_e8m0[256];
 uint16_t g_e2m1_bf16x32[32];
 uint16_t g_e4m3_sub_bf16x32[32];
 uint8_t g_e2m1_u8x64[64];
-int g_quant_row_pairs = 1;
 
 namespace {
 const bool g_tables_ready = [] {
@@ -83,7 +81,6 @@ uint16_t load_u16(const uint8_t *p) {
 }  // namespace
 
 size_t q8_0_act_bytes(int64_t K) { return size_t(round_up(K, 64) + 4 * (K / 32 + 1) + 63) / 64 * 64; }
-size_t q8_0_vnni_act_bytes(int64_t K) { return size_t(3 * round_up(K, 64)); }
 size_t q8_0_x4_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
 size_t nvfp4_q8_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
 size_t mxfp4_q8_act_bytes(int64_t K) { return size_t(round_up(4 * round_up(K, 64) + 12 * (K / 32), 64)); }
@@ -328,22 +325,6 @@ void prepare_split_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
     detail::split128_bf16(x, K, reinterpret_cast<uint16_t *>(dst));
 }
 
-void prepare_q8_0_vnni(const uint16_t *x, int64_t K, uint8_t *dst) {
-    const int64_t qbytes = round_up(K, 64);
-    int8_t *q = reinterpret_cast<int8_t *>(dst);
-    float *dl = reinterpret_cast<float *>(dst + qbytes);
-    int32_t *cl = reinterpret_cast<int32_t *>(dst + 2 * qbytes);
-    float v[32], d;
-    for (int64_t b = 0; b < K / 32; ++b) {
-        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[b * 32 + i]);
-        quantize_q8_0(v, 32, q + b * 32, &d);
-        for (int l = 0; l < 8; ++l) dl[b * 8 + l] = d;
-    }
-    std::memset(q + K, 0, size_t(qbytes - K));
-    for (int64_t l = K / 4; l < qbytes / 4; ++l) dl[l] = 0.0f;
-    for (int64_t l = 0; l < qbytes / 4; ++l) cl[l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
-}
-
 void prepare_nvfp4_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
     float v[16], d;
     int8_t q[16];
@@ -390,12 +371,11 @@ struct TierKernels {
     Kernel tier[4];  // scalar, avx2, avx512, avx512bf16
     Kernel vnni;     // with AVX-512-VNNI, at tiers >= avx512 (q4_0 only)
     Kernel vbmi;     // with AVX-512-VBMI, at the avx512bf16 tier (mxfp4 only)
-    // The newer kernel where it is switched on (quant_ops: its knob, see fast_kernel()), at tiers
-    // >= avx512 on a CPU with AVX-512-VNNI (and VBMI where fast_vbmi): q4_0 four blocks per step.
+    // The W4A8 kernel where its knob switches it on (quant_ops: QuantChoice), at tiers >=
+    // fast_tier on a CPU with AVX-512-VNNI (and VBMI where fast_vbmi): nvfp4 W4A8, mxfp4 W4A8 x2.
     Kernel fast = {};
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
-    bool fast_vnni = true;        // it needs AVX-512-VNNI (not ds_fp4's row exponent)
 };
 
 const TierKernels kKernels[] = {
@@ -426,16 +406,10 @@ const TierKernels kKernels[] = {
 #if defined(FT_CPU_X86_KERNELS)
       , {detail::ds_fp4_avx2, "-avx2", f32_act_bytes, prepare_ds_fp4},
       {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4},
-      {detail::ds_fp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_scalar,
-       detail::ds_fp4_dequant_avx512bf16}
+      {detail::ds_fp4_avx512bf16_rowexp, "-avx512bf16-rowexp", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
+       detail::ds_fp4_dequant_avx512bf16_rowexp}
 #endif
-     }, {}, {},
-#if defined(FT_CPU_X86_KERNELS)
-     {detail::ds_fp4_avx512bf16_rowexp, "-avx512bf16-rowexp", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
-      detail::ds_fp4_dequant_avx512bf16_rowexp}, false, Isa::avx512bf16, false},
-#else
-    },
-#endif
+     }, {}, {}},
     {Format::mxfp4, "mxfp4-w4a16",
      {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
@@ -460,41 +434,29 @@ const TierKernels kKernels[] = {
 #endif
      },
 #if defined(FT_CPU_X86_KERNELS)
-     {detail::q4_0_avx512vnni, "-avx512vnni", detail::q8_0_vnni_act_bytes, prepare_q8_0_vnni}, {},
-     {detail::q4_0_avx512vnni_x4, "-avx512vnni-x4", detail::q8_0_x4_act_bytes, detail::prepare_q8_0_x4_avx512}},
+     {detail::q4_0_avx512vnni_x4, "-avx512vnni-x4", detail::q8_0_x4_act_bytes, detail::prepare_q8_0_x4_avx512}, {}},
 #else
      {}, {}},
 #endif
 };
 
-// AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16). The one-row q4_0
-// VNNI kernel was not faster than the AVX-512F one on the dev box (Zen 4); the row-pair one is
-// (1.3-1.4x, cpu/README.md), so it is the default on a CPU with avx512vnni (with
-// FT_CPU_QUANT_PAIRS on); FT_CPU_VNNI=0 turns it off, FT_CPU_VNNI=1 forces it. Checked once.
-bool use_vnni() {
+// AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16): used at tiers >=
+// avx512 where cpuid has it, unless the choice turns it off (FT_CPU_VNNI=0).
+bool use_vnni(bool wanted) {
 #if defined(FT_CPU_X86_KERNELS)
-    static const bool v = __builtin_cpu_supports("avx512vnni") && int(cpu_best_isa()) >= int(Isa::avx512) &&
-                          (env_string("FT_CPU_VNNI") == "1" ||
-                           (env_string("FT_CPU_VNNI") != "0" && env_string("FT_CPU_QUANT_PAIRS") != "0"));
-    return v;
+    static const bool has = __builtin_cpu_supports("avx512vnni");
+    return wanted && has && int(cpu_best_isa()) >= int(Isa::avx512);
 #else
+    (void)wanted;
     return false;
 #endif
 }
 
-// The newer kernels (TierKernels::fast), each on unless its knob is 0: q4_0 four blocks per step
-// (FT_CPU_Q4_0_X4), mxfp4 W4A8 x2 (FT_CPU_MXFP4_W4A8); cpu/README.md, fifth round; ds_fp4 row
-// exponent + SIMD FP8 round trip (FT_CPU_DS_FP4_ROWEXP), sixth round. nvfp4 W4A8 is opt-in.
-bool fast_kernel(Format f) {
-    static const bool q4 = env_string("FT_CPU_Q4_0_X4") != "0";
-    static const bool mx = env_string("FT_CPU_MXFP4_W4A8") != "0";
-    static const bool nv = env_string("FT_CPU_NVFP4_W4A8") == "1";
-    static const bool ds = env_string("FT_CPU_DS_FP4_ROWEXP") != "0";
+// The W4A8 kernel of a format, where the choice switches it on.
+bool fast_kernel(Format f, const QuantChoice &c) {
     switch (f) {
-        case Format::q4_0: return q4;
-        case Format::mxfp4: return mx;
-        case Format::nvfp4: return nv;
-        case Format::ds_fp4: return ds;
+        case Format::mxfp4: return c.mxfp4_w4a8;
+        case Format::nvfp4: return c.nvfp4_w4a8;
         default: return false;
     }
 }
@@ -529,7 +491,7 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                         if (k.tier[i].gemv) use = k.tier[i];
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
-                    if (fa && (v || !k.fast_vnni) && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
+                    if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant});
@@ -542,15 +504,8 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
 
-const QuantOps *quant_ops(Format f, Isa isa) {
-    // FT_CPU_QUANT_PAIRS=0: the one-row nvfp4/ds_fp4 kernels (compare both in one benchmark
-    // binary; cpu/README.md). Read once, at the first executor.
-    static const bool pairs_set = [] {
-        if (env_string("FT_CPU_QUANT_PAIRS") == "0") detail::g_quant_row_pairs = 0;
-        return true;
-    }();
-    (void)pairs_set;
-    return quant_ops_variant(f, isa, use_vnni(), cpu_has_vbmi(), fast_kernel(f));
+const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice) {
+    return quant_ops_variant(f, isa, use_vnni(choice.vnni), cpu_has_vbmi(), fast_kernel(f, choice));
 }
 
 }  // namespace ft::cpu

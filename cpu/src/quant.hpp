@@ -23,14 +23,13 @@ struct QuantOps {
 };
 
 // The kernels of `f` at tier `isa` (the best the format has at or below it; q4_0 uses VNNI at
-// tiers >= avx512 when the CPU has AVX-512-VNNI, unless FT_CPU_VNNI=0 or FT_CPU_QUANT_PAIRS=0);
-// nullptr for bf16.
-const QuantOps *quant_ops(Format f, Isa isa);
+// tiers >= avx512 when the CPU has AVX-512-VNNI and choice.vnni); nullptr for bf16.
+const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice);
 // The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it). VBMI
 // selects mxfp4's avx512bf16vbmi kernel at the avx512bf16 tier (quant_avx512vbmi.cpp), which
 // quant_ops uses whenever the CPU has avx512vbmi.
-// fast: the format's newer kernel where it has one (q4_0: four blocks per step; mxfp4: W4A8 x2,
-// also needing vbmi and the avx512bf16 tier), only with vnni.
+// fast: the format's W4A8 kernel where it has one (nvfp4: W4A8; mxfp4: W4A8 x2, also needing
+// vbmi and the avx512bf16 tier), only with vnni.
 const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast = false);
 bool cpu_has_vbmi();
 

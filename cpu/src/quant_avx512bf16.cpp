@@ -8,7 +8,7 @@
 // Decodes (tables filled from the lib/formats reference decoders in quant.cpp):
 //   e2m1   `vpermw` with a 32-entry table (the 16 codes twice) reads only the low 5 bits of each
 //          word, so a nibble needs no mask: nvfp4/ds_fp4 permute the 64-byte chunk shifted by
-//          0/4/8/12 bits (see e2m1_row), mxfp4 the words b | b << 12 of zero-extended bytes.
+//          0/4/8/12 bits (see e2m1_rows_x), mxfp4 the words b | b << 12 of zero-extended bytes.
 //   e4m3   (em << 4) + (120 << 7) is the bf16 of every normal code; subnormals/zero (E == 0) come
 //          from a masked `vpermw`, NaN codes 0x7F/0xFF become bf16 NaN (so NaN reaches the output,
 //          as the reference says), the sign is or-ed in last.
@@ -41,53 +41,12 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc
 // i.e. elements 4m .. 4m + 3 as nibbles; `vpermw` reads the low 5 bits of each word (the table
 // repeats the 16 codes, so bit 4 does not matter), so v, v >> 4, v >> 8 and v >> 12 (16-bit
 // shifts) give the bf16 weights of elements 4m, 4m + 1, 4m + 2, 4m + 3: one shift and one
-// permute per 32 weights, nothing else (the previous kernel also zero-extended every 32 bytes).
+// permute per 32 weights, nothing else.
 // The activation is stored in the same 4 phases (phase r, word m = x[4m + r]). Lane j of the
 // 4 `vdpbf16ps` summed is elements 8j .. 8j + 7, inside block 8j / B: 2 lanes per nvfp4 block of
 // 16, 4 per ds_fp4 block of 32. Scales of 256 (nvfp4) / 512 (ds_fp4) elements are decoded at
 // once (16 lanes) and spread to the lanes of each chunk with `vpermps`.
-template <int B, int NT>
-void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *const *act, float *out, size_t ldo,
-              float row_scale, int pf) {
-    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
-    const __m512 sub = _mm512_loadu_ps(g_e4m3);  // entries 0..7: the E == 0 codes
-    constexpr int per_chunk = 128 / B;             // scales per 128 elements: 8 or 4
-    constexpr int chunks = 16 / per_chunk;         // chunks per 16 decoded scales: 2 or 4
-    const __m512i idx0 = B == 16 ? _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
-                                 : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512 acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    int par = 0;
-    for (int64_t c0 = 0; c0 < K; c0 += 128 * chunks) {
-        const int64_t left = K - c0;  // elements left, a multiple of B
-        const int ns = int(left >= 16 * B ? 16 : left / B);
-        const __m128i sb = _mm_maskz_loadu_epi8(__mmask16((1u << ns) - 1), sc + c0 / B);
-        const __m512 s16 = B == 16 ? e4m3x16(_mm512_cvtepi8_epi32(sb), sub) : e8m0x16(_mm512_cvtepu8_epi32(sb));
-        for (int q = 0; q < chunks; ++q, par ^= 1) {
-            const int64_t c = c0 + 128 * q;
-            if (c >= K) break;
-            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
-            __m512i v;
-            if (c + 128 <= K) v = _mm512_loadu_si512(p + c / 2);
-            else v = _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, p + c / 2);
-            const __m512i w0 = _mm512_permutexvar_epi16(v, lut);
-            const __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
-            const __m512i w2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut);
-            const __m512i w3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut);
-            const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(idx0, _mm512_set1_epi32(q * per_chunk)), s16);
-            for (int t = 0; t < NT; ++t) {
-                const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + c;
-                __m512 d = dp(_mm512_setzero_ps(), w0, _mm512_loadu_si512(x));
-                __m512 e = dp(_mm512_setzero_ps(), w1, _mm512_loadu_si512(x + 32));
-                d = dp(d, w2, _mm512_loadu_si512(x + 64));
-                e = dp(e, w3, _mm512_loadu_si512(x + 96));
-                acc[t][par] = _mm512_fmadd_ps(_mm512_add_ps(d, e), s, acc[t][par]);
-            }
-        }
-    }
-    for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) * row_scale;
-}
-
+//
 // Two rows at once (R = 2) or one (R = 1, the odd row left): the same decode per row, but each
 // activation vector is loaded once for both rows, and the two rows are two independent memory
 // streams (the caller pairs row j with row j + count / 2, 41 KB apart in a 32-row nvfp4 item), so
@@ -274,8 +233,7 @@ void e2m1_dequant(const QuantMatrix &m, int64_t first, int count, uint16_t *dst,
 // 2^-32 (no pass over the codes first: reading a call's scale rows up front stalled on DRAM,
 // -10 % on the layer). A row with a code above 190 (none in real checkpoints; 255 = NaN among
 // them) is flagged NaN by the kernel, and a row whose scaled sum overflowed (|real sum| > 2^96) is
-// non-finite too: e2m1_rows redoes those rows with the absolute scales, so they give what the
-// earlier kernel gives.
+// non-finite too: e2m1_rows redoes those rows with the absolute scales 2^(code - 127).
 
 template <int B, bool RowExp = false>
 void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
@@ -283,49 +241,37 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
     static_assert(!RowExp || B == 32, "row exponent: ds_fp4 only");
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
-    if (g_quant_row_pairs || RowExp) {
-        // Row j with row j + half (two streams), then the odd row alone.
-        for_row_pairs(count, [&](const int R, const int *cols) {
-            const uint8_t *pp[2], *sp[2];
-            float g[2];
-            for (int r = 0; r < R; ++r) {
-                const int64_t row = first + cols[r];
-                pp[r] = m.data + row * (K / 2);
-                sp[r] = m.scale + row * (K / B);
-                g[r] = B == 16 ? f16(m.global + row * 2) : RowExp ? 0x1p-32f : 1.0f;
-            }
-            for_token_tiles(ntok, [&](auto tile_n, int t) {
-                using NT = decltype(tile_n);
-                if (R == 2) e2m1_rows_x<B, 2, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
-                else e2m1_rows_x<B, 1, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
-            });
-        });
-        if constexpr (RowExp) {
-            // Rows flagged (a code above 190) or overflowed: again with the absolute scales.
-            for (int j = 0; j < count; ++j) {
-                bool finite = true;
-                for (int t = 0; t < ntok; ++t) finite &= std::isfinite(out[t * ldo + j]);
-                if (finite) continue;
-                const int64_t row = first + j;
-                const uint8_t *p1[1] = {m.data + row * (K / 2)}, *s1[1] = {m.scale + row * (K / B)};
-                const int c1[1] = {j};
-                const float g1[1] = {1.0f};
-                for_token_tiles(ntok, [&](auto tile_n, int t) {
-                    using NT = decltype(tile_n);
-                    e2m1_rows_x<B, 1, NT::value, false>(p1, s1, K, act + t, out + t * ldo, ldo, c1, g1, pf);
-                });
-            }
+    // Row j with row j + half (two streams), then the odd row alone.
+    for_row_pairs(count, [&](const int R, const int *cols) {
+        const uint8_t *pp[2], *sp[2];
+        float g[2];
+        for (int r = 0; r < R; ++r) {
+            const int64_t row = first + cols[r];
+            pp[r] = m.data + row * (K / 2);
+            sp[r] = m.scale + row * (K / B);
+            g[r] = B == 16 ? f16(m.global + row * 2) : RowExp ? 0x1p-32f : 1.0f;
         }
-        return;
-    }
-    for (int j = 0; j < count; ++j) {  // the earlier one-row kernels (FT_CPU_QUANT_PAIRS=0)
-        const int64_t r = first + j;
-        const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
-        const float g = B == 16 ? f16(m.global + r * 2) : 1.0f;
         for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
-            e2m1_row<B, NT::value>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
+            if (R == 2) e2m1_rows_x<B, 2, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
+            else e2m1_rows_x<B, 1, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
         });
+    });
+    if constexpr (RowExp) {
+        // Rows flagged (a code above 190) or overflowed: again with the absolute scales.
+        for (int j = 0; j < count; ++j) {
+            bool finite = true;
+            for (int t = 0; t < ntok; ++t) finite &= std::isfinite(out[t * ldo + j]);
+            if (finite) continue;
+            const int64_t row = first + j;
+            const uint8_t *p1[1] = {m.data + row * (K / 2)}, *s1[1] = {m.scale + row * (K / B)};
+            const int c1[1] = {j};
+            const float g1[1] = {1.0f};
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
+                using NT = decltype(tile_n);
+                e2m1_rows_x<B, 1, NT::value, false>(p1, s1, K, act + t, out + t * ldo, ldo, c1, g1, pf);
+            });
+        }
     }
 }
 
@@ -340,33 +286,6 @@ inline __m512i e4m3x32_bf16(__m256i bytes, __m512i sub_lut) {
     n = _mm512_mask_mov_epi16(n, _mm512_cmpeq_epi16_mask(t, _mm512_set1_epi16(0x7f0)), _mm512_set1_epi16(0x7fc0));
     // n | (w << 8 & 0x8000): the sign.
     return _mm512_ternarylogic_epi32(n, _mm512_slli_epi16(w, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xf8);
-}
-
-template <int NT>
-void fp8_row(const uint8_t *w, const uint8_t *band, int64_t K, const uint8_t *const *act, float *out, size_t ldo,
-             int pf) {
-    const __m512i sub_lut = _mm512_loadu_si512(g_e4m3_sub_bf16x32);
-    __m512 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < K; c += 128) {
-        if (pf) {
-            _mm_prefetch(reinterpret_cast<const char *>(w + c) + pf, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char *>(w + c + 64) + pf, _MM_HINT_T0);
-        }
-        __m512i wv[4];
-        for (int q = 0; q < 4; ++q)
-            wv[q] = e4m3x32_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + c + 32 * q)), sub_lut);
-        const __m512 s = _mm512_set1_ps(bf16(band + (c / 128) * 2));
-        for (int t = 0; t < NT; ++t) {
-            const uint16_t *x = reinterpret_cast<const uint16_t *>(act[t]) + c;
-            __m512 d0 = dp(_mm512_setzero_ps(), wv[0], _mm512_loadu_si512(x));
-            __m512 d1 = dp(_mm512_setzero_ps(), wv[1], _mm512_loadu_si512(x + 32));
-            d0 = dp(d0, wv[2], _mm512_loadu_si512(x + 64));
-            d1 = dp(d1, wv[3], _mm512_loadu_si512(x + 96));
-            acc[t] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc[t]);
-        }
-    }
-    for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
 }
 
 // Two rows (R = 2) or one at a time, as e2m1_rows_x: activations loaded once for both rows, two
@@ -470,11 +389,6 @@ void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
 
 }  // namespace
 
-void ds_fp4_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
-                       float *out, size_t ldo) {
-    e2m1_rows<32>(m, first, count, act, ntok, out, ldo);
-}
-
 void ds_fp4_avx512bf16_rowexp(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                               float *out, size_t ldo) {
     e2m1_rows<32, true>(m, first, count, act, ntok, out, ldo);
@@ -563,39 +477,23 @@ void nvfp4_dequant_avx512bf16(const QuantMatrix &m, int64_t first, int count, ui
     e2m1_dequant<16>(m, first, count, dst, ld, row_scale);
 }
 
-void ds_fp4_dequant_avx512bf16(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld,
-                               float *row_scale) {
-    e2m1_dequant<32>(m, first, count, dst, ld, row_scale);
-}
-
 void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                           float *out, size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
-    if (g_quant_row_pairs) {
-        for_row_pairs(count, [&](const int R, const int *cols) {
-            const uint8_t *wp[2], *bp[2];
-            for (int r = 0; r < R; ++r) {
-                const int64_t row = first + cols[r];
-                wp[r] = m.data + row * K;
-                bp[r] = m.scale + (row / 128) * (K / 128) * 2;
-            }
-            for_token_tiles(ntok, [&](auto tile_n, int t) {
-                using NT = decltype(tile_n);
-                if (R == 2) fp8_rows_x<2, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
-                else fp8_rows_x<1, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
-            });
-        });
-        return;
-    }
-    for (int j = 0; j < count; ++j) {
-        const int64_t r = first + j;
-        const uint8_t *w = m.data + r * K, *band = m.scale + (r / 128) * (K / 128) * 2;
+    for_row_pairs(count, [&](const int R, const int *cols) {
+        const uint8_t *wp[2], *bp[2];
+        for (int r = 0; r < R; ++r) {
+            const int64_t row = first + cols[r];
+            wp[r] = m.data + row * K;
+            bp[r] = m.scale + (row / 128) * (K / 128) * 2;
+        }
         for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
-            fp8_row<NT::value>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
+            if (R == 2) fp8_rows_x<2, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
+            else fp8_rows_x<1, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
         });
-    }
+    });
 }
 
 // Tiles of 64 columns and two tokens. The K rows of a tile are N bytes apart (strided), so the

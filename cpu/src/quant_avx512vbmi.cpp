@@ -147,8 +147,7 @@ void mxfp4_avx512vbmi(const QuantMatrix &m, int64_t first, int count, const uint
         int t = 0;
         // Four tokens: two passes over the tile's lines (the second from L2), each decoding half
         // the groups once for all four, instead of decoding everything for each pair of tokens.
-        // FT_CPU_QUANT_PAIRS=0: pairs of tokens only (the earlier kernel).
-        for (; g_quant_row_pairs && t + 4 <= ntok; t += 4) {
+        for (; t + 4 <= ntok; t += 4) {
             tile<4, 2, 0>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
             tile<4, 2, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
         }

@@ -1,8 +1,8 @@
-// AVX-512-VNNI kernel of q4_0 x Q8_0 (W4A8). Two 18-byte blocks per 512-bit vector: the nibbles
-// u in [0, 15] as unsigned bytes, the Q8_0 activation q as signed bytes; vpdpbusd adds
-// sum(u * q) per 4 bytes to an accumulator preloaded with -8 * sum(q) (the "sign trick",
-// precomputed in the activation), so each int32 lane is exactly sum((u - 8) * q) of its 4
-// elements. Then per lane: float(lane) * d_act (per lane in the activation) * d_weight, in fp32.
+// AVX-512-VNNI kernels: q4_0 x Q8_0 (W4A8, four blocks per step) and nvfp4 W4A8. The nibbles u
+// are unsigned bytes, the int8 activation q signed ones; vpdpbusd adds sum(u * q) per 4 bytes to
+// an accumulator preloaded with the offset correction (-8 * sum(q) for q4_0, the "sign trick",
+// precomputed in the activation), so each int32 lane is exact. Then per lane: float(lane) *
+// d_act * d_weight, in fp32.
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -24,121 +24,8 @@ namespace {
 
 #include "tier_avx512.inc"
 
-// Blocks b0 and b0 + 18 (or zeros for the second when `pair` is false): 128-bit lanes
-// [lo(qs0), hi(qs0), lo(qs1), hi(qs1)], i.e. the 64 weights in element order.
-inline __m512i q4_pair(const uint8_t *b0, bool pair) {
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b0 + 2));
-    const __m128i q1 = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(b0 + 20)) : _mm_setzero_si128();
-    const __m512i z = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
-    const __m512i d = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0));
-    return _mm512_and_si512(_mm512_mask_srli_epi16(d, __mmask32(0xff00ff00u), d, 4), _mm512_set1_epi8(0x0f));
-}
 
-template <int NT>
-void row(const uint8_t *r, int64_t nb, const uint8_t *const *act, int64_t qbytes, float *out, size_t ldo, int pf) {
-    __m512 acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    int par = 0;
-    const __m256i ctrl = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
-                                          3, 2, 3, 2, 3);
-    for (int64_t b = 0; b < nb; b += 2, par ^= 1) {
-        const uint8_t *b0 = r + b * 18;
-        const bool pair = b + 1 < nb;
-        if (pf) _mm_prefetch(reinterpret_cast<const char *>(b0) + pf, _MM_HINT_T0);
-        const __m512i w = q4_pair(b0, pair);
-        // The two fp16 d as lanes [8 x d0, 8 x d1] (d1 = 0 past the last block).
-        uint16_t d0, d1 = 0;
-        std::memcpy(&d0, b0, 2);
-        if (pair) std::memcpy(&d1, b0 + 18, 2);
-        const __m512 wd = _mm512_cvtph_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(int(d0 | uint32_t(d1) << 16)), ctrl));
-        for (int t = 0; t < NT; ++t) {
-            const uint8_t *a = act[t];
-            const float *dl = reinterpret_cast<const float *>(a + qbytes) + b * 8;
-            const int32_t *cl = reinterpret_cast<const int32_t *>(a + qbytes + qbytes) + b * 8;
-            const __m512i i32 = _mm512_dpbusd_epi32(_mm512_loadu_si512(cl), w, _mm512_loadu_si512(a + b * 32));
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(i32), _mm512_loadu_ps(dl));
-            acc[t][par] = _mm512_fmadd_ps(f, wd, acc[t][par]);
-        }
-    }
-    for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
-}
-
-// Two rows per pass (R = 2) or one, as the avx512bf16 kernels with FT_CPU_QUANT_PAIRS
-// (quant_avx512bf16.cpp): each activation vector (q, per-lane d, correction) is loaded once for
-// both rows, two memory streams, and one accumulator per row and token in registers (the one-row
-// kernel above indexes its accumulators by a run-time parity, which GCC keeps in memory).
-template <int R, int NT>
-void rows_x(const uint8_t *const *r, int64_t nb, const uint8_t *const *act, int64_t qbytes, float *out, size_t ldo,
-            const int *col, int pf) {
-    __m512 acc[NT][R];
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-        for (int i = 0; i < R; ++i) acc[t][i] = _mm512_setzero_ps();
-    const __m256i ctrl = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
-                                          3, 2, 3, 2, 3);
-    for (int64_t b = 0; b < nb; b += 2) {
-        const bool pair = b + 1 < nb;
-        __m512i w[R];
-        __m512 wd[R];
-#pragma GCC unroll 2
-        for (int i = 0; i < R; ++i) {
-            const uint8_t *b0 = r[i] + b * 18;
-            if (pf) _mm_prefetch(reinterpret_cast<const char *>(b0) + pf, _MM_HINT_T0);
-            w[i] = q4_pair(b0, pair);
-            uint16_t d0, d1 = 0;
-            std::memcpy(&d0, b0, 2);
-            if (pair) std::memcpy(&d1, b0 + 18, 2);
-            wd[i] = _mm512_cvtph_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(int(d0 | uint32_t(d1) << 16)), ctrl));
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) {
-            const uint8_t *a = act[t];
-            const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float *>(a + qbytes) + b * 8);
-            const __m512i cl = _mm512_loadu_si512(reinterpret_cast<const int32_t *>(a + qbytes + qbytes) + b * 8);
-            const __m512i q = _mm512_loadu_si512(a + b * 32);
-#pragma GCC unroll 2
-            for (int i = 0; i < R; ++i) {
-                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cl, w[i], q)), dl);
-                acc[t][i] = _mm512_fmadd_ps(f, wd[i], acc[t][i]);
-            }
-        }
-    }
-    for (int t = 0; t < NT; ++t)
-        for (int i = 0; i < R; ++i) out[t * ldo + col[i]] = _mm512_reduce_add_ps(acc[t][i]);
-}
-
-}  // namespace
-
-void q4_0_avx512vnni(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
-                     float *out, size_t ldo) {
-    const int pf = g_prefetch_bytes;
-    const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
-    if (g_quant_row_pairs) {
-        // Row j with row j + half (two streams), then the odd row alone.
-        for_row_pairs(count, [&](const int R, const int *cols) {
-            const uint8_t *rp[2];
-            for (int i = 0; i < R; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;
-            for_token_tiles(ntok, [&](auto tile_n, int t) {
-                using NT = decltype(tile_n);
-                if (R == 2) rows_x<2, NT::value>(rp, nb, act + t, qbytes, out + t * ldo, ldo, cols, pf);
-                else rows_x<1, NT::value>(rp, nb, act + t, qbytes, out + t * ldo, ldo, cols, pf);
-            });
-        });
-        return;
-    }
-    for (int j = 0; j < count; ++j) {
-        const uint8_t *r = m.data + (first + j) * nb * 18;
-        for_token_tiles(ntok, [&](auto tile_n, int t) {
-            using NT = decltype(tile_n);
-            row<NT::value>(r, nb, act + t, qbytes, out + t * ldo + j, ldo, pf);
-        });
-    }
-}
-
-namespace {
-
-// ---- four blocks per step (FT_CPU_Q4_0_GROUPS, default) -------------------------------------
+// ---- q4_0: four blocks per step ---------------------------------------------------------------
 //
 // The qs bytes of 4 consecutive 18-byte blocks (72 bytes) sit at even offsets 18j + 2, so one
 // `vpermt2w` over two loads packs them into one vector (block j at bytes 16j .. 16j + 15), one
@@ -146,7 +33,7 @@ namespace {
 // shift + and) go through two `vpdpbusd` into the same int32 lanes: lane l = 8 elements of block
 // l / 4, exactly sum((u - 8) * q) with the correction in the activation. Per 128 weights that is
 // 2 loads, 2 permutes, 1 convert and 3 integer ops for the row and 2 `vpdpbusd` + convert + mul +
-// FMA per token (the kernel above spends about twice that per 64).
+// FMA per token.
 // Activation (q8_0_x4_act_bytes): per group of 128 elements, 256 bytes: q of elements 0..15 of
 // blocks 0..3, q of elements 16..31 of blocks 0..3, int32 correction per lane, float d per lane
 // (blocks past K: zeros).
@@ -257,7 +144,7 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
         const int done = 4 * qr;
         first += done, count -= done, out += done;
     }
-    // Row j with row j + half (two streams), then the odd row alone, as q4_0_avx512vnni.
+    // Row j with row j + half (two streams), then the odd row alone.
     for_row_pairs(count, [&](const int R, const int *cols) {
         const uint8_t *rp[2];
         for (int i = 0; i < R; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;

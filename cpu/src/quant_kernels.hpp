@@ -23,11 +23,6 @@ struct QuantMatrix {
     int64_t N;              // outputs of the whole matrix (mxfp4: its row stride in bytes)
 };
 
-// fp8_block, nvfp4, ds_fp4 on the avx512bf16 tier: 1 (default) = two rows per pass
-// (quant_avx512bf16.cpp: e2m1_rows_x, fp8_rows_x), 0 = one row at a time (the earlier kernels).
-// Set once from FT_CPU_QUANT_PAIRS by quant_ops(); tests flip it to check both.
-extern int g_quant_row_pairs;
-
 using QuantGemv = void (*)(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                            float *out, size_t ldo);
 
@@ -46,10 +41,6 @@ extern uint8_t g_e2m1_u8x64[64];
 
 // Bytes of a prepared q4_0 activation of length K: int8 q[K] (Q8_0), then float d[K/32].
 size_t q8_0_act_bytes(int64_t K);
-// q4_0 with VNNI: int8 q[Kp] (Q8_0, Kp = K rounded up to 64, zero-padded), then per 4 bytes of
-// q (one int32 lane of vpdpbusd) float d[Kp/4] (the block's d, 0 in the padding) and int32
-// c[Kp/4] = -8 * (sum of the 4 q), which turns sum(u * q) over nibbles u into sum((u - 8) * q).
-size_t q8_0_vnni_act_bytes(int64_t K);
 // q4_0 with VNNI, four blocks per step (q4_0_avx512vnni_x4): per group of 4 blocks (128
 // elements, zero-padded), 256 bytes: int8 q of elements 0..15 of the 4 blocks (16 bytes each),
 // int8 q of elements 16..31, int32 c[16] (lane l: -8 * the sum of its 8 q, block l / 4), float
@@ -94,7 +85,6 @@ void mxfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int
 // to a multiple of 128.
 void fp8_block_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
-void ds_fp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // Batched path (many tokens per expert): rows [first, first + count) of the matrix dequantised
@@ -105,7 +95,6 @@ void mxfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *,
 using QuantDequant = void (*)(const QuantMatrix &m, int64_t first, int count, uint16_t *dst, size_t ld,
                               float *row_scale);
 void nvfp4_dequant_avx512bf16(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
-void ds_fp4_dequant_avx512bf16(const QuantMatrix &, int64_t, int, uint16_t *, size_t, float *);
 
 // ds_fp4 with a row exponent (quant_avx512bf16.cpp, ds_row_bias): the e8m0 codes of a row are
 // decoded relative to its largest one and 2^(smax - 127) multiplies the row sum, so no block
@@ -122,7 +111,6 @@ void prepare_ds_fp4_bf16_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
-void q4_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // AVX-512-VNNI + VBMI (quant_avx512vnni_vbmi.cpp): mxfp4 W4A8, activations mxfp4_q8 layout.
 void mxfp4_avx512vnni_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // Its activation preparation (mxfp4_q8_act_bytes), bit-identical to quantize_q8_0 +

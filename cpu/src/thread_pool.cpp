@@ -23,19 +23,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long an idle worker (or the waiting caller) polls before sleeping. FT_CPU_SPIN_US overrides.
-std::chrono::microseconds spin_budget() {
-    static const std::chrono::microseconds budget = [] {
-        std::string v = env_string("FT_CPU_SPIN_US");
-        return std::chrono::microseconds(v.empty() ? 100 : std::max(0, std::atoi(v.c_str())));
-    }();
-    return budget;
-}
-
-// Polls pred() with pause instructions for up to the spin budget; true if it became true.
+// Polls pred() with pause instructions for up to `budget`; true if it became true.
 template <typename Pred>
-bool spin_until(Pred pred, int divisor = 1) {
-    const auto budget = spin_budget() / divisor;
+bool spin_until(Pred pred, std::chrono::microseconds budget) {
     if (budget.count() == 0) return pred();
     const auto start = Clock::now();
     for (;;) {
@@ -61,7 +51,7 @@ std::vector<int> pin_order() {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int threads, bool pin) {
+ThreadPool::ThreadPool(int threads, bool pin, int spin_us) : spin_(std::max(0, spin_us)) {
     if (threads < 0) fail(FT_ERR_INVALID_ARGUMENT, "thread pool size must be >= 0, got ", threads);
     std::vector<int> order = pin_order();
     if (threads == 0) threads = static_cast<int>(std::max<size_t>(1, physical_core_cpus().size()));
@@ -104,7 +94,7 @@ void ThreadPool::worker_main(int index, int cpu) {
     uint64_t seen = 0;
     for (;;) {
         auto changed = [&] { return generation_.load(std::memory_order_acquire) != seen; };
-        if (!spin_until(changed)) {
+        if (!spin_until(changed, spin_)) {
             std::unique_lock<std::mutex> lock(mutex_);
             sleepers_.fetch_add(1, std::memory_order_relaxed);
             wake_.wait(lock, changed);
@@ -142,7 +132,7 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
 
     // The caller polls for a shorter time than the workers: it may share a core with one of them.
     auto done = [&] { return remaining_.load(std::memory_order_acquire) == 0; };
-    if (!spin_until(done, 4)) {
+    if (!spin_until(done, spin_ / 4)) {
         std::unique_lock<std::mutex> lock(mutex_);
         done_cv_.wait(lock, done);
     }

@@ -1,7 +1,8 @@
-// The GPU session backends (spec 2, 4): `gpu` keeps every expert in device memory, `offload`
-// keeps a slot cache of hot experts and fetches each call's misses from the page-locked host
-// banks. Both run few-token calls through the decode kernels (capturable, no host sync) and
-// calls of prefill_min_tokens or more through the prefill path (grouped GEMMs on the routing
+// The GPU session backends: `gpu` keeps every expert in device memory, `offload` keeps a slot
+// cache of hot experts and fetches each call's misses from the page-locked host banks, `hybrid`
+// is offload with a bandwidth-matched share of the misses computed by the CPU (docs/formulas.md,
+// "Hybrid split"). All three run few-token calls through the decode kernels (capturable, no host
+// sync) and calls of prefill_min_tokens or more through the prefill path (GEMMs on the routing
 // read on the host).
 #include "ft/cuda_backends.hpp"
 
@@ -179,8 +180,8 @@ cuda::DeviceActivation activation_of(const ModelSpec &s) {
 
 int32_t prefill_threshold(const ft_session_params &p) { return p.prefill_min_tokens > 0 ? p.prefill_min_tokens : 64; }
 
-// Shared by both backends: staging of host-pointer calls, the decode kernels, the prefill path,
-// sticky-error bookkeeping and per-layer statistics rows kept on the device.
+// Shared by the three backends: staging of host-pointer calls, the decode kernels, the prefill
+// path, sticky-error bookkeeping and per-layer statistics rows kept on the device.
 class CudaBackend : public Backend {
 public:
     explicit CudaBackend(const BackendContext &ctx)
@@ -190,7 +191,8 @@ public:
         if (max_tokens >= threshold_) {
             try {
                 prefill_ = std::make_unique<cuda::ExpertPrefill>(spec_.format, spec_.hidden, spec_.intermediate, spec_.top_k,
-                                                                 max_tokens, activation_of(spec_));
+                                                                 max_tokens, activation_of(spec_),
+                                                                 cuda::prefill_tuning(ctx.tuning));
             } catch (const Error &e) {
                 if (e.status() != FT_ERR_UNSUPPORTED) throw;
                 // Without cuBLAS every call takes the decode kernels (slower for long prompts).
@@ -630,7 +632,8 @@ public:
     explicit HybridBackend(const BackendContext &ctx)
         : OffloadBackend(ctx),
           cpu_(*ctx.pool, spec_.format, spec_.hidden, spec_.intermediate, spec_.top_k, std::max(decode_max_, 1),
-               cpu::ActivationSpec{spec_.activation, spec_.swiglu_alpha, spec_.swiglu_limit}, 0, cpu::Isa(ctx.cpu_isa)) {
+               cpu::ActivationSpec{spec_.activation, spec_.swiglu_alpha, spec_.swiglu_limit}, 0, cpu::Isa(ctx.cpu_isa),
+               cpu::moe_tuning(ctx.tuning)) {
         const double f = ctx.params.hybrid_fraction;
         if (!(f >= 0.0 && f <= 1.0)) fail(FT_ERR_INVALID_ARGUMENT, "hybrid_fraction must be in [0, 1], got ", f);
         if (!(ctx.params.handoff_timeout_seconds > 0.0))
@@ -640,6 +643,7 @@ public:
         adaptive_ = ctx.params.hybrid_adaptive;
         cuda::HandoffOptions o;
         o.device = device_;
+        o.mechanism = cuda::handoff_mechanism_from_knob(ctx.tuning.handoff);
         o.timeout_seconds = ctx.params.handoff_timeout_seconds;
         o.max_sites = 65536;
         handoff_ = std::make_unique<cuda::Handoff>(o);
@@ -843,7 +847,7 @@ private:
     }
 
     // The fraction sent to the device. The admission turns f into F = the integer neighbour of
-    // f * M (spec 4.4), so near a step of F(f) the continuous estimate flips between two splits
+    // f * M (docs/formulas.md, "Hybrid split"), so near a step of F(f) the continuous estimate flips between two splits
     // that the linear model rates almost equal -- and the one with fewer fetches is then usually
     // faster in fact: the CPU reads DRAM without the gather's competition for part of the step,
     // and evicts nothing. So between the two neighbours of fraction * M (each side keeping at

@@ -1,5 +1,6 @@
 #include "ft/cuda_device.hpp"
 
+#include <atomic>
 #include <cstring>
 
 #include "ft/common.hpp"
@@ -142,5 +143,12 @@ HostRegistration::~HostRegistration() = default;
 #endif
 
 HostRegistration::HostRegistration(HostRegistration &&other) noexcept : data_(other.data_) { other.data_ = nullptr; }
+
+namespace {
+std::atomic<bool> g_pdl_allowed{true};
+}  // namespace
+
+void set_pdl_allowed(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
+bool pdl_allowed() { return g_pdl_allowed.load(std::memory_order_relaxed); }
 
 }  // namespace ft::cuda

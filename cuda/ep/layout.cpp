@@ -1,4 +1,4 @@
-// Dispatch layout (expert-parallel.md 5.2 step 2), chunk planning (5.2 step 5) and the wire-byte
+// Dispatch layout, chunk planning for throughput mode and the wire-byte
 // model (5.8).
 #include <algorithm>
 #include <cmath>

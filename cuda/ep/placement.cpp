@@ -1,4 +1,4 @@
-// Expert placement maps and the placement planner (expert-parallel.md 5.4).
+// Expert placement maps and the placement planner.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -1,4 +1,4 @@
-// FP8 wire format (expert-parallel.md 5.3), dispatch records and the combine reduction (5.2 step 6).
+// FP8 wire format, dispatch records and the combine reduction.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-// One rank's EP step (expert-parallel.md 5.2): buffers allocated once, then per call the layout,
+// One rank's EP step: buffers allocated once, then per call the layout,
 // pack, exchanges through the Transport, expert rows for the caller's experts, local reduction,
 // return exchange and the rank-ordered combine.
 #include <algorithm>

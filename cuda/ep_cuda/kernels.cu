@@ -1175,23 +1175,7 @@ RecvGeom recv_geom(const RecvRegion &src, const RecordGeom &g) {
     return {src.base, src.peer_bytes, src.capacity, g.bytes};
 }
 
-// The one-block kernels for decode sizes: FT_EP_SMALL_KERNELS=0 (read once) forces the chains;
-// set_small_kernels_for_testing() overrides it (-1: no override).
-std::atomic<int> small_override{-1};
-
-bool small_kernels() {
-    static const bool from_env = [] {
-        const char *v = std::getenv("FT_EP_SMALL_KERNELS");
-        return !(v && v[0] == '0');
-    }();
-    const int o = small_override.load(std::memory_order_relaxed);
-    return o < 0 ? from_env : o != 0;
-}
-
 }  // namespace
-
-void set_small_kernels_for_testing(bool on) { small_override.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool small_kernels_enabled() { return small_kernels(); }
 
 // ---- placement ---------------------------------------------------------------------------------
 
@@ -1245,7 +1229,7 @@ void launch_layout(const DevicePlacement &p, const int32_t *ids, const float *we
         source_rank < 0 || source_rank >= R)
         fail(FT_ERR_INVALID_ARGUMENT, "EP layout: ", tokens, " tokens (max ", L.max_tokens, "), top-k ", K,
              ", source ", source_rank, " of ", R);
-    if (small_kernels() && tokens * K <= kSmallLayoutRoutes && int64_t(R) * p.slots_per_rank <= kSmallLayoutSlots) {
+    if (tokens * K <= kSmallLayoutRoutes && int64_t(R) * p.slots_per_rank <= kSmallLayoutSlots) {
         launch_pdl(small_layout_kernel, dim3(1), dim3(kSmallLayoutThreads), 0, st, p, ids, weights, tokens, K,
                    rank_load, L);
         check_launch("layout kernel");
@@ -1274,7 +1258,7 @@ void launch_pack(const LayoutBuffers &L, int64_t max_rows, const uint16_t *x, in
     if (reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(dst.base) % 16 || dst.peer_bytes % 16)
         fail(FT_ERR_INVALID_ARGUMENT, "EP pack: x must be 8-byte and the wire buffer 16-byte aligned");
     // Latency mode: pack_kernel's block 0 writes the headers unless there is no pack kernel.
-    const bool fused_header = dst.peer_bytes && max_rows > 0 && small_kernels();
+    const bool fused_header = dst.peer_bytes && max_rows > 0;
     if (dst.peer_bytes && !fused_header)
         launch_pdl(header_kernel, dim3(1), dim3(kMaxRanks), 0, st, L.count, L.num_ranks, dst.base, dst.peer_bytes);
     if (max_rows > 0)
@@ -1331,7 +1315,7 @@ void launch_group(const ReceiveBuffers &B, const RecvRegion &src, int64_t hidden
     if (C < 1 || c < 0 || c >= C) fail(FT_ERR_INVALID_ARGUMENT, "EP group: chunk ", c, " of ", C);
     const RecordGeom g = geom(hidden, B.top_k, dtype);
     const RecvGeom rg = recv_geom(src, g);
-    if (small_kernels() && B.max_positions * B.top_k <= kSmallGroupRoutes && B.slots >= 1 &&
+    if (B.max_positions * B.top_k <= kSmallGroupRoutes && B.slots >= 1 &&
         B.slots <= kSmallGroupSlots) {
         launch_pdl(small_group_kernel, dim3(1), dim3(kSmallGroupThreads), 0, st, rg, g, c, C, B);
         check_launch("group kernel");

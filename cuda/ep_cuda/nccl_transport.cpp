@@ -85,7 +85,7 @@ void check(ncclResult_t r, const char *what) {
     fail(FT_ERR_DEVICE, "NCCL ", what, ": ", a.error_string ? a.error_string(r) : "error", " (", static_cast<int>(r), ")");
 }
 
-// The SM budget of a communicator we create (expert-parallel.md 5.6): at most max_ctas CTAs per
+// The SM budget of a communicator we create: at most max_ctas CTAs per
 // NCCL kernel, so the expert GEMMs keep the rest of the GPU.
 ncclConfig_t budget_config(const NcclApi &a, int32_t max_ctas) {
     if (!a.init_rank_config) fail(FT_ERR_UNSUPPORTED, "EP: this libnccl lacks ncclCommInitRankConfig (SM budget)");

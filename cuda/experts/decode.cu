@@ -8,13 +8,10 @@
 //   [ds_fp4] the intermediate is FP8-round-tripped per 128 in place
 //   down     the same over the down rows -> f32 per route (mxfp4: + down bias)
 //   combine  y[t] = sum_k w * route (+ addend), one bf16 rounding
-// Row-major formats: a warp owns two output rows (gate j and up j, or down h and h+1); its lanes
-// split the reduction in 16-byte (nvfp4: 8-byte) chunks and finish with a shuffle reduction.
-// mxfp4 (transposed, N innermost): a lane owns 4 consecutive columns (one 4-byte load per K pair
-// row, so a warp reads 128 contiguous bytes), the 8 warps split K and reduce through shared memory.
+// gate_up and down run on tensor cores (mma.sync, see "tensor-core kernels") for every format;
+// bf16 rows whose length is not a multiple of 8 take a CUDA-core kernel instead (a warp owns two
+// output rows, its lanes split the reduction and finish with a shuffle reduction).
 // Every sum runs in a fixed order, so results are deterministic run to run.
-// FT_GPU_DECODE_VARIANT=mma (read when a decoder is constructed) selects tensor-core kernels for
-// gate_up and down of every format except the scalar bf16 path (see "tensor-core variant").
 #include "ft/cuda_experts.hpp"
 
 #include <cuda_runtime.h>
@@ -22,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -38,10 +34,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRouteChunk = 4;  // routes whose accumulators live in registers at once
 constexpr int kMaxGridY = 65535;
 constexpr int kGroupThreads = 512;
-constexpr int kMxCols = 128;  // mxfp4 columns per CTA: 32 lanes x 4
-// The tensor-core kernels are the default (measured faster on the H200 for every format at T=8
-// and for all but q4_0 at T=1); FT_GPU_DECODE_VARIANT=legacy selects the CUDA-core ones.
-constexpr bool kMmaDefault = true;
 
 // ---- loads ----------------------------------------------------------------------------------
 
@@ -99,11 +91,11 @@ struct ProjArgs {
     bool ds_fp4, ds_clamp;
 };
 
-// ---- row-major formats: chunk decoders --------------------------------------------------------
-// Each format reads its rows in chunks of E elements (Raw: the chunk's bytes, one vector load
+// ---- CUDA-core kernel (bf16 rows not a multiple of 8) -----------------------------------------
+// A format reads its rows in chunks of E elements (Raw: the chunk's bytes, one vector load
 // where alignment allows) made of G groups of W elements. decode(raw, i, out) writes group i's
 // weights without the block scale; scale(n, c, raw) is the chunk's block scale (one per chunk);
-// finish(n, acc) applies what is per row (nvfp4 global). A chunk's weights are decoded once and
+// finish(n, acc) applies what is per row. A chunk's weights are decoded once and
 // reused by every route of the group.
 
 __device__ __forceinline__ void bf16x8_to_f32(const uint4 &v, float *o) {
@@ -111,24 +103,6 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 &v, float *o) {
     o[4] = lo_bf16(v.z), o[5] = hi_bf16(v.z), o[6] = lo_bf16(v.w), o[7] = hi_bf16(v.w);
 }
 __device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// 8 e2m1 codes of one word (element k = nibble k).
-__device__ __forceinline__ void e2m1x8_to_f32(uint32_t w, float *o) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) o[k] = e2m1_to_f32_mul(w >> (4 * k));
-}
-
-struct Bf16Vec {
-    static constexpr int E = 8, G = 1, W = 8;
-    using Raw = uint4;
-    const uint8_t *data;
-    int64_t ld;
-    __device__ Bf16Vec(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
-    __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
-    __device__ void decode(const Raw &w, int, float *o) const { bf16x8_to_f32(w, o); }
-    __device__ float scale(int, int, const Raw &) const { return 1.0f; }
-    __device__ float finish(int, float acc) const { return acc; }
-};
 
 // bf16 rows whose length is not a multiple of 8 elements: one element per chunk.
 struct Bf16Scalar {
@@ -141,105 +115,6 @@ struct Bf16Scalar {
     __device__ Raw load(int n, int c) const { return ld_stream2(data + n * ld + int64_t(c) * 2); }
     __device__ void decode(const Raw &w, int, float *o) const { o[0] = lo_bf16(w); }
     __device__ float scale(int, int, const Raw &) const { return 1.0f; }
-    __device__ float finish(int, float acc) const { return acc; }
-};
-
-// fp8_block: 16 e4m3 per chunk, all inside one 128-column tile: one bf16 scale_inv per chunk.
-struct Fp8Block {
-    static constexpr int E = 16, G = 2, W = 8;
-    using Raw = uint4;
-    const uint8_t *data, *scales;
-    int64_t ld;
-    int32_t tiles;  // K / 128
-    __device__ Fp8Block(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K), tiles(p.K / 128) {}
-    __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
-    __device__ void decode(const Raw &w, int i, float *o) const {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t wi = word(w, 2 * i + h);
-            const float2 f0 = e4m3x2_to_f32x2(uint16_t(wi & 0xffffu)), f1 = e4m3x2_to_f32x2(uint16_t(wi >> 16));
-            o[4 * h] = f0.x, o[4 * h + 1] = f0.y, o[4 * h + 2] = f1.x, o[4 * h + 3] = f1.y;
-        }
-    }
-    __device__ float scale(int n, int c, const Raw &) const {
-        return bf16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(scales) + int64_t(n / 128) * tiles + c / 8));
-    }
-    __device__ float finish(int, float acc) const { return acc; }
-};
-
-// nvfp4: 16 elements (8 bytes, one e4m3-scaled block) per chunk, so rows need only K % 16 == 0.
-struct Nvfp4 {
-    static constexpr int E = 16, G = 2, W = 8;
-    using Raw = uint2;
-    const uint8_t *data, *scales, *global;
-    int64_t ld, sld;
-    __device__ Nvfp4(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb),
-          global(p.extra + size_t(slot) * p.extra_rb), ld(p.K / 2), sld(p.K / 16) {}
-    __device__ Raw load(int n, int c) const { return ld_stream8(data + n * ld + int64_t(c) * 8); }
-    __device__ void decode(const Raw &w, int i, float *o) const { e2m1x8_to_f32(i == 0 ? w.x : w.y, o); }
-    __device__ float scale(int n, int c, const Raw &) const { return e4m3_to_f32(__ldg(scales + n * sld + c)); }
-    __device__ float finish(int n, float acc) const {
-        return acc * f16_to_f32(__ldg(reinterpret_cast<const unsigned short *>(global) + n));
-    }
-};
-
-// ds_fp4: 32 elements (16 bytes, one e8m0-scaled block) per chunk.
-struct DsFp4 {
-    static constexpr int E = 32, G = 4, W = 8;
-    using Raw = uint4;
-    const uint8_t *data, *scales;
-    int64_t ld, sld;
-    __device__ DsFp4(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2), sld(p.K / 32) {}
-    __device__ Raw load(int n, int c) const { return ld_stream16(data + n * ld + int64_t(c) * 16); }
-    __device__ void decode(const Raw &w, int i, float *o) const { e2m1x8_to_f32(word(w, i), o); }
-    __device__ float scale(int n, int c, const Raw &) const { return e8m0_to_f32(__ldg(scales + n * sld + c)); }
-    __device__ float finish(int, float acc) const { return acc; }
-};
-
-// q4_0: one 18-byte block per chunk. Blocks are only 2-byte aligned (18 = 2 mod 4): read the
-// aligned words that cover the block; decode() realigns them with funnel shifts.
-struct Q4_0 {
-    static constexpr int E = 32, G = 4, W = 8;
-    struct Raw {
-        uint32_t w[5];
-        bool shifted;  // the block starts 2 bytes into a word
-    };
-    const uint8_t *data;
-    int64_t ld;
-    __device__ Q4_0(const ProjArgs &p, int32_t slot) : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K / 32) * 18) {}
-    __device__ Raw load(int n, int c) const {
-        const uint8_t *b = data + n * ld + int64_t(c) * 18;
-        Raw r;
-        r.shifted = (reinterpret_cast<uintptr_t>(b) & 3u) != 0;
-        const uint8_t *w = b - (r.shifted ? 2 : 0);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.w[i] = ld_stream4(w + 4 * i);
-        // The fifth word: the whole word when shifted (it ends at the block's end), else only the
-        // block's last two bytes, so nothing past the block is read.
-        r.w[4] = r.shifted ? ld_stream4(w + 16) : ld_stream2(w + 16);
-        return r;
-    }
-    // qs bytes 4m..4m+3 as one word.
-    __device__ static uint32_t qs(const Raw &r, int m) {
-        return r.shifted ? r.w[m + 1] : __funnelshift_r(r.w[m], r.w[m + 1], 16);
-    }
-    // Group i: elements 8i..8i+7 = low nibbles of qs bytes 8i.. (i < 2), high nibbles of qs bytes
-    // 8(i-2).. (i >= 2). (q - 8) exactly: the float 2^23 + q from its bits, minus 2^23 + 8.
-    __device__ void decode(const Raw &r, int i, float *o) const {
-        const int shift = i < 2 ? 0 : 4, m = 2 * (i & 1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t q = qs(r, m + h) >> shift;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * h + j] = __uint_as_float(0x4b000000u | ((q >> (8 * j)) & 0xfu)) - 8388616.0f;
-        }
-    }
-    __device__ float scale(int, int, const Raw &r) const {
-        return f16_to_f32(uint16_t(r.shifted ? r.w[0] >> 16 : r.w[0] & 0xffffu));
-    }
     __device__ float finish(int, float acc) const { return acc; }
 };
 
@@ -371,103 +246,11 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
     }
 }
 
-// mxfp4, transposed: blocks [K/2][N] (byte (kb, n) = W[n, 2kb] low nibble, W[n, 2kb+1] high),
-// scales [K/32][N] e8m0, bias [N] bf16. Lane owns columns c0..c0+3; warp w sums K blocks w, w+8, ..
-__global__ void __launch_bounds__(kThreads) mxfp4_kernel(ProjArgs p, bool gate_up) {
-    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
-    __shared__ float red[kWarps][kRouteChunk][kMxCols];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int N = p.N, nblk = p.K / 32;
-    const int col0 = blockIdx.x * kMxCols + lane * 4;
-    const bool cv = col0 < N;  // N is a multiple of 32: all four columns or none
-    const int ngroups = *p.g.num;
-    for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
-        const int32_t slot = p.g.slot[gi];
-        const uint8_t *data = p.data + size_t(slot) * p.data_rb;
-        const uint8_t *scale = p.scale + size_t(slot) * p.scale_rb;
-        const uint16_t *bias = reinterpret_cast<const uint16_t *>(p.extra + size_t(slot) * p.extra_rb);
-        const int first = p.g.start[gi], count = p.g.count[gi];
-        for (int r0 = 0; r0 < count; r0 += kRouteChunk) {
-            const int nr = min(kRouteChunk, count - r0);
-            const uint16_t *arow[kRouteChunk];
-            int route[kRouteChunk];
-#pragma unroll
-            for (int j = 0; j < kRouteChunk; ++j) {
-                route[j] = p.g.routes[first + r0 + min(j, nr - 1)];
-                const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
-                arow[j] = p.act + arow_index * p.K;
-            }
-            float acc[kRouteChunk][4] = {};
-            if (cv) {
-                for (int b = warp; b < nblk; b += kWarps) {
-                    const uint32_t sc = ld_stream4(scale + int64_t(b) * N + col0);
-                    uint32_t w[16];
-#pragma unroll
-                    for (int kk = 0; kk < 16; ++kk) w[kk] = ld_stream4(data + (int64_t(b) * 16 + kk) * N + col0);
-                    // Block sums per route and column; each K pair row is decoded once for all routes.
-                    float part[kRouteChunk][4] = {};
-#pragma unroll
-                    for (int kk = 0; kk < 16; ++kk) {
-                        float wv[8];
-#pragma unroll
-                        for (int h = 0; h < 8; ++h) wv[h] = e2m1_to_f32_mul(w[kk] >> (4 * h));
-#pragma unroll
-                        for (int j = 0; j < kRouteChunk; ++j) {
-                            if (j < nr) {
-                                const uint32_t a = __ldg(reinterpret_cast<const uint32_t *>(arow[j]) + b * 16 + kk);
-                                const float a0 = lo_bf16(a), a1 = hi_bf16(a);
-#pragma unroll
-                                for (int q = 0; q < 4; ++q) {
-                                    part[j][q] = fmaf(wv[2 * q], a0, part[j][q]);
-                                    part[j][q] = fmaf(wv[2 * q + 1], a1, part[j][q]);
-                                }
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const float sq = e8m0_to_f32(uint8_t(sc >> (8 * q)));
-#pragma unroll
-                        for (int j = 0; j < kRouteChunk; ++j) acc[j][q] = fmaf(part[j][q], sq, acc[j][q]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kRouteChunk; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) red[warp][j][lane * 4 + q] = acc[j][q];
-            __syncthreads();
-            if (warp == 0 && cv) {
-                for (int j = 0; j < nr; ++j) {
-                    float v[4];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        float s = 0.0f;
-#pragma unroll
-                        for (int w2 = 0; w2 < kWarps; ++w2) s += red[w2][j][lane * 4 + q];
-                        v[q] = s + bf16_to_f32(__ldg(bias + col0 + q));
-                    }
-                    if (gate_up) {
-                        // Columns 2u (gate) and 2u + 1 (up) of units u = col0 / 2 and col0 / 2 + 1.
-                        uint16_t *o = p.inter_out + int64_t(route[j]) * p.inter + col0 / 2;
-                        o[0] = f32_to_bf16(activate(p.activation, v[0], v[1]));
-                        o[1] = f32_to_bf16(activate(p.activation, v[2], v[3]));
-                    } else {
-                        float4 *o = reinterpret_cast<float4 *>(p.route_out + int64_t(route[j]) * N + col0);
-                        *o = make_float4(v[0], v[1], v[2], v[3]);
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    }
-}
-
-// ---- tensor-core variant (FT_GPU_DECODE_VARIANT=mma): row-major formats, then mxfp4 ----------
-// The CUDA-core kernels above spend several integer instructions per weight element (decode,
-// activation conversion, one FMA per route), which caps the quantised formats far below the
-// memory's speed. Here the weights become bf16 mma operands (mma.sync m16n8k16, fp32 accumulate)
-// and the routes are the 8-wide side, so per element only the decode into bf16 remains.
+// ---- tensor-core kernels: row-major formats, then mxfp4 ---------------------------------------
+// A CUDA-core kernel spends several integer instructions per weight element (decode, activation
+// conversion, one FMA per route). Here the weights become bf16 mma operands (mma.sync m16n8k16,
+// fp32 accumulate) and the routes are the 8-wide side, so per element only the decode into bf16
+// remains.
 // Tile: one CTA owns 16 rows (gate_up: rows g = gate of unit j0 + g and g + 8 = its up row, so a
 // lane's accumulators hold gate and up of the same unit; down: 16 consecutive rows) and up to 8
 // routes of a group; its 8 warps split K and reduce through shared memory in warp order (a fixed
@@ -1113,11 +896,12 @@ __global__ void combine_kernel(const float *route_out, const int32_t *slots, con
 
 // The grids of one projection's kernels (see ExpertDecoder::compute).
 struct ProjGrids {
-    dim3 mma, rowmajor, mxfp4_mma, mxfp4;
+    dim3 mma, rowmajor, mxfp4_mma;
 };
 
-// One projection of the decode (gate/up + activation, or down): the format's kernel, tensor-core
-// (`mma`) or CUDA-core; each waits for its predecessor (launch_pdl).
+// One projection of the decode (gate/up + activation, or down): the format's tensor-core (`mma`)
+// kernel, or the CUDA-core one for bf16 rows that are not a multiple of 8; each waits for its
+// predecessor (launch_pdl).
 template <bool GATE_UP>
 cudaError_t launch_projection(Format f, bool mma, bool vec, const ProjGrids &g, const ProjArgs &p, cudaStream_t s) {
     const dim3 b(kThreads);
@@ -1132,16 +916,8 @@ cudaError_t launch_projection(Format f, bool mma, bool vec, const ProjGrids &g, 
             default: return cudaErrorInvalidValue;  // mma_ is only set for the formats above
         }
     }
-    switch (f) {
-        case Format::bf16:
-            return vec ? launch_pdl(rowmajor_kernel<Bf16Vec, GATE_UP>, g.rowmajor, b, 0, s, p)
-                       : launch_pdl(rowmajor_kernel<Bf16Scalar, GATE_UP>, g.rowmajor, b, 0, s, p);
-        case Format::fp8_block: return launch_pdl(rowmajor_kernel<Fp8Block, GATE_UP>, g.rowmajor, b, 0, s, p);
-        case Format::nvfp4: return launch_pdl(rowmajor_kernel<Nvfp4, GATE_UP>, g.rowmajor, b, 0, s, p);
-        case Format::ds_fp4: return launch_pdl(rowmajor_kernel<DsFp4, GATE_UP>, g.rowmajor, b, 0, s, p);
-        case Format::q4_0: return launch_pdl(rowmajor_kernel<Q4_0, GATE_UP>, g.rowmajor, b, 0, s, p);
-        case Format::mxfp4: return launch_pdl(mxfp4_kernel, g.mxfp4, b, 0, s, p, GATE_UP);
-    }
+    // The CUDA-core kernel serves only bf16 rows whose length is not a multiple of 8.
+    if (f == Format::bf16 && !vec) return launch_pdl(rowmajor_kernel<Bf16Scalar, GATE_UP>, g.rowmajor, b, 0, s, p);
     return cudaErrorInvalidValue;
 }
 
@@ -1187,11 +963,8 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
     if (top_k <= 0 || max_tokens <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: top_k ", top_k, " and max_tokens ", max_tokens, " must be > 0");
     vec_ = format != Format::bf16 || (hidden % 8 == 0 && inter % 8 == 0);
-    // FT_GPU_DECODE_VARIANT=mma: tensor-core kernels, =legacy: CUDA-core kernels, unset: kMmaDefault.
-    const char *variant = std::getenv("FT_GPU_DECODE_VARIANT");
-    mma_ = (variant ? std::strcmp(variant, "mma") == 0 : kMmaDefault) && vec_ &&
-           (format == Format::bf16 || format == Format::fp8_block || format == Format::nvfp4 ||
-            format == Format::ds_fp4 || format == Format::q4_0 || format == Format::mxfp4);
+    // Tensor-core kernels for every format; bf16 rows not a multiple of 8 take the CUDA-core one.
+    mma_ = vec_;
 
     const size_t R = size_t(max_tokens) * size_t(top_k);
     size_t off = 0;
@@ -1262,15 +1035,7 @@ const char *ExpertDecoder::kernel_name() const {
             default: break;
         }
     }
-    switch (format_) {
-        case Format::bf16: return vec_ ? "bf16-gemv" : "bf16-gemv-scalar";
-        case Format::fp8_block: return "fp8_block-w8a16";
-        case Format::nvfp4: return "nvfp4-w4a16";
-        case Format::mxfp4: return "mxfp4-w4a16";
-        case Format::ds_fp4: return "ds_fp4-w4a16(fp8 act)";
-        case Format::q4_0: return "q4_0-w4a16";
-    }
-    return "unknown";
+    return format_ == Format::bf16 ? "bf16-gemv-scalar" : "unknown";
 }
 
 cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots, int32_t tokens,
@@ -1361,10 +1126,10 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.N = 2 * inter_;
     p.act = xact;
     p.act_by_token = true;
-    const int64_t gx_mx_gu = (2 * I + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_gu = (2 * I + kMxCols - 1) / kMxCols;
+    const int64_t gx_mx_gu = (2 * I + kMxMmaCols - 1) / kMxMmaCols;
     const ProjGrids grids_gu{dim3(unsigned((I + 7) / 8), grid_y((I + 7) / 8)),  // mma: 8 units (16 rows) per CTA
                              dim3(unsigned((I + kWarps - 1) / kWarps), grid_y((I + kWarps - 1) / kWarps)),
-                             dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu)), dim3(unsigned(gx_mx1_gu), grid_y(gx_mx1_gu))};
+                             dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu))};
     if ((e = launched(launch_projection<true>(format_, mma_, vec_, grids_gu, p, stream))) != cudaSuccess) return e;
 
     if (ds) {
@@ -1382,11 +1147,11 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.N = hidden_;
     p.act = inter_buf_;
     p.act_by_token = false;
-    const int64_t gx_mx_dn = (H + kMxMmaCols - 1) / kMxMmaCols, gx_mx1_dn = (H + kMxCols - 1) / kMxCols;
+    const int64_t gx_mx_dn = (H + kMxMmaCols - 1) / kMxMmaCols;
     const int64_t gx_dn = (H + 2 * kWarps - 1) / (2 * kWarps);
     const ProjGrids grids_dn{dim3(unsigned((H + 15) / 16), grid_y((H + 15) / 16)),  // mma: 16 rows per CTA
                              dim3(unsigned(gx_dn), grid_y(gx_dn)),
-                             dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn)), dim3(unsigned(gx_mx1_dn), grid_y(gx_mx1_dn))};
+                             dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn))};
     return launched(launch_projection<false>(format_, mma_, vec_, grids_dn, p, stream));
 }
 

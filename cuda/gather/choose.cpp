@@ -1,4 +1,4 @@
-// choose_gather_method: both gathers timed on the caller's banks (spec 1.4 measures the gather the
+// choose_gather_method: both gathers timed on the caller's banks (the profiler measures the gather the
 // same way: a synthetic plan of scattered source rows, warm-up calls, then back-to-back calls
 // bracketed by events).
 #include <cuda_runtime_api.h>

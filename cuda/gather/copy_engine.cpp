@@ -1,7 +1,7 @@
-// The copy-engine gather (spec 4.5 by DMA): the plan comes to the host, then one cudaMemcpyAsync
+// The copy-engine gather (the gather by DMA): the plan comes to the host, then one cudaMemcpyAsync
 // per run of entries and bank. Per-call overhead is a few microseconds per copy, small next to
-// expert rows of megabytes; cudaMemcpyBatchAsync is not used because spec 4.6 reports CUDA 13
-// turning batches over registered memory synchronous when small and large entries mix.
+// expert rows of megabytes; cudaMemcpyBatchAsync is not used because CUDA 13 turns batches over
+// registered memory synchronous when small and large entries mix (as the original engine found).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

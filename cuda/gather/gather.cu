@@ -1,4 +1,4 @@
-// The zero-copy gather kernel (spec 4.5): SM loads that go straight to page-locked host memory
+// The zero-copy gather kernel: SM loads that go straight to page-locked host memory
 // over PCIe, one launch for every bank of a layer.
 //
 // Work is cut into chunks of one (plan entry, bank) row, at most chunk_bytes each; a persistent

@@ -121,6 +121,13 @@ const char *handoff_mechanism_name(HandoffMechanism m) {
     return "automatic";
 }
 
+HandoffMechanism handoff_mechanism_from_knob(const std::string &value) {
+    if (value.empty()) return HandoffMechanism::automatic;
+    if (value == "memops") return HandoffMechanism::stream_memops;
+    if (value == "hostfn") return HandoffMechanism::host_func;
+    fail(FT_ERR_INVALID_ARGUMENT, "FT_HANDOFF must be memops or hostfn, not '", value, "'");
+}
+
 // One registered site, at a stable address (host functions get a pointer to it).
 struct SiteSlot {
     Handoff::State *state = nullptr;
@@ -447,16 +454,7 @@ Handoff::Handoff(const HandoffOptions &options) {
         fail(FT_ERR_INVALID_ARGUMENT, "handoff options out of range (timeout ", o.timeout_seconds, " s, max_sites ",
              o.max_sites, ")");
 
-    HandoffMechanism want = o.mechanism;
-    if (want == HandoffMechanism::automatic) {
-        const std::string env = env_string("FT_HANDOFF");
-        if (env == "memops")
-            want = HandoffMechanism::stream_memops;
-        else if (env == "hostfn")
-            want = HandoffMechanism::host_func;
-        else if (!env.empty())
-            fail(FT_ERR_INVALID_ARGUMENT, "FT_HANDOFF must be memops or hostfn, not '", env, "'");
-    }
+    const HandoffMechanism want = o.mechanism;
 
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || o.device < 0 || o.device >= count) {

@@ -1,5 +1,6 @@
 // Run-time loading of libcublas (see ft/cublas_loader.hpp).
 #include "ft/cublas_loader.hpp"
+#include "ft/knobs.hpp"
 
 #include <dlfcn.h>
 
@@ -29,7 +30,7 @@ Loaded load() {
     // one loaded gets that one back); then the toolkit's own directories, for machines whose loader
     // path lacks them.
     std::vector<std::string> names;
-    if (const char *v = std::getenv("FT_CUBLAS_LIBRARY"); v && *v) names.push_back(v);
+    if (const std::string first = read_tuning(false).cublas_library; !first.empty()) names.push_back(first);
     for (const char *n : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) names.push_back(n);
     std::vector<std::string> dirs;
     for (const char *env : {"CUDA_HOME", "CUDA_PATH"})

@@ -23,7 +23,6 @@ namespace {
 constexpr int kStreams = 4;                           // internal streams of the "streams" GEMM path
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // per cuBLAS handle (Hopper's recommendation)
 constexpr int kDefaultChunkRows = 8192;
-constexpr int kDefaultDequantMiB = 512;  // both dequantisation buffers together
 
 // Where each format keeps its matrices in the bank schema (-1: none); the CPU executor's table.
 struct Roles {
@@ -51,12 +50,6 @@ void check(cudaError_t e, const char *what) {
 
 void check_blas(cublasStatus_t s, const char *what) {
     if (s != CUBLAS_STATUS_SUCCESS) fail(FT_ERR_DEVICE, "GPU prefill: ", what, ": ", cublas_status_name(s));
-}
-
-int env_int(const char *name, int fallback) {
-    const char *v = std::getenv(name);
-    if (!v || !*v) return fallback;
-    return std::atoi(v);
 }
 
 // ---- device helpers -------------------------------------------------------------------------
@@ -457,8 +450,16 @@ struct ExpertPrefill::Impl {
     }
 };
 
+PrefillTuning prefill_tuning(const Tuning &t) {
+    PrefillTuning p;
+    p.grouped = t.prefill_gemm == "grouped";
+    p.dequant_mib = t.prefill_dequant_mib;
+    p.chunk_rows = t.prefill_chunk_rows;
+    return p;
+}
+
 ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
-                             DeviceActivation act)
+                             DeviceActivation act, PrefillTuning tuning)
     : p_(std::make_unique<Impl>()) {
     Impl &s = *p_;
     if (!format_known(int32_t(format))) fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: unknown format ", int32_t(format));
@@ -485,12 +486,12 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
     for (const BankSpec &b : bank_schema(format, hidden, inter)) s.bank_bytes.push_back(b.row_bytes);
 
     const int64_t routes = int64_t(max_tokens) * top_k;
-    int rows = env_int("FT_PREFILL_CHUNK_ROWS", 0);
+    int rows = tuning.chunk_rows;
     if (rows <= 0) rows = int(std::max<int64_t>(max_tokens, std::min<int64_t>(routes, kDefaultChunkRows)));
     s.chunk_rows = int32_t(std::min<int64_t>(rows, routes));
     const size_t expert_bf16 = size_t(3) * hidden * inter * 2;
     if (s.quant) {
-        const size_t budget = size_t(std::max(0, env_int("FT_PREFILL_DEQUANT_MIB", kDefaultDequantMiB))) << 20;
+        const size_t budget = size_t(std::max(0, tuning.dequant_mib)) << 20;
         s.chunk_experts =
             int32_t(std::clamp<int64_t>(int64_t(budget / 2 / expert_bf16), 1, std::min<int64_t>(routes, 512)));
     } else {
@@ -498,8 +499,7 @@ ExpertPrefill::ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32
     }
     // Each distinct slot gives ceil(rows / chunk_rows) pieces: at most routes + routes / chunk_rows.
     s.max_pieces = routes + routes / s.chunk_rows + 1;
-    const char *path = std::getenv("FT_PREFILL_GEMM");
-    s.grouped = path && std::strcmp(path, "grouped") == 0 && s.blas->gemm_grouped_batched_ex;
+    s.grouped = tuning.grouped && s.blas->gemm_grouped_batched_ex;
 
     try {
         s.plan.keys.reserve(routes);

@@ -1,4 +1,4 @@
-// Admission kernels (spec 4.3, 4.4): one CTA of 1024 threads per layer call.
+// Admission kernels (docs/formulas.md, "Slot cache"): one CTA of 1024 threads per layer call.
 //
 // Work is done in expert space rather than query space: the active set is a flag per expert, so
 // duplicate ids collapse without the original's [Kq, Kq] comparison, and a ballot/popc count over
@@ -40,10 +40,10 @@
 // memory, so S is bounded only by int32. Per-expert state does live in shared memory, hence
 // E <= kMaxAdmissionExperts.
 //
-// Evictable slots: the spec excludes slots stamped with this step (LRU) or owned by an expert
+// Evictable slots: the rule excludes slots stamped with this step (LRU) or owned by an expert
 // active in this call (hybrid). These are the same set -- a slot is stamped with the new step only
 // by this call's hit bumps, and an active expert that owns a slot is a hit -- so both kernels use
-// "usage != step"; the host mirror uses the spec's own rule for each and the tests compare them.
+// "usage != step"; the host mirror uses the rule as stated for each and the tests compare them.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -765,7 +765,7 @@ __global__ void __launch_bounds__(kThreads) admission_kernel(const AdmissionArgs
             if (kHybrid) sh.missing_recency[rank] = recency;
         }
         // Which miss takes the r-th coldest slot: ascending id (LRU, hybrid lowest_id), or most
-        // recently active first with ties to the lower id (hybrid recency; spec's score argmax).
+        // recently active first with ties to the lower id (hybrid recency; the argmax of recency * E + (E - 1 - e)).
         const int32_t *fetch_order = sh.missing;
         if (kHybrid && a.fetch.order == FetchOrder::Recency) {
             __syncthreads();

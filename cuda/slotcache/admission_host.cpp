@@ -1,4 +1,4 @@
-// Host mirror of the admission kernels (spec 4.3, 4.4). Written the way the spec states the
+// Host mirror of the admission kernels (docs/formulas.md, "Slot cache"). Written the way that states the
 // algorithms -- query-space dedup, sequential victim order -- rather than the way the kernel
 // computes them, so that a test that finds the two identical checks one against the other.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Slot cache state: one buffer, its layout, and reset (spec 4.1, 4.7).
+// Slot cache state: one buffer, its layout, and reset (docs/formulas.md, "Slot cache").
 #include <algorithm>
 #include <cstring>
 

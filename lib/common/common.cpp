@@ -28,6 +28,7 @@ struct LogState {
     std::mutex mutex;
     ft_log_fn fn = nullptr;
     void *user_data = nullptr;
+    // FT_LOG is in the knob registry (knobs.hpp) but read here, once: logging precedes engines.
     std::atomic<int> level{parse_level(env_string("FT_LOG"))};
 };
 

@@ -19,7 +19,7 @@ constexpr FormatEntry kFormats[] = {
     {Format::bf16, "bf16", 1},         {Format::fp8_block, "fp8_block", kFp8Block},
     {Format::nvfp4, "nvfp4", kNvfp4Block}, {Format::mxfp4, "mxfp4", kMxfp4Block},
     // ds_fp4's weight block is 32, but its activations are FP8-round-tripped per 128 before each
-    // GEMM, so both GEMM inputs (H and I) must be whole 128-groups (spec 10 item 15).
+    // GEMM, so both GEMM inputs (H and I) must be whole 128-groups.
     {Format::ds_fp4, "ds_fp4", kFp8ActBlock}, {Format::q4_0, "q4_0", kQ4_0Block},
 };
 

@@ -1,4 +1,4 @@
-// config.json -> ModelSpec for the architectures of spec section 7.
+// config.json -> ModelSpec for the supported architectures (docs/ARCHITECTURE.md).
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -287,7 +287,7 @@ ModelSpec read_model_config(const std::string &dir) {
 
         const int32_t n_shared = f.opt_int("n_shared_experts", 1);
         if (n_shared < 0) fail(FT_ERR_FORMAT, where, ": field 'n_shared_experts' must not be negative");
-        // GLM-4.x always has a shared expert (spec 7: width I * max(1, n_shared_experts)).
+        // GLM-4.x always has a shared expert, of width I * max(1, n_shared_experts).
         spec.shared_intermediate = spec.intermediate * (glm ? std::max(1, n_shared) : n_shared);
 
         r.num_groups = f.opt_int("n_group", glm ? 1 : 8);

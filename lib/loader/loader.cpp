@@ -557,7 +557,7 @@ void Planner::plan_layer_fp8_nvfp4(int l, const std::string &block, const Block 
                 add_raw(s, 0, static_cast<uint64_t>(N * K / kNvfp4Block),
                         banks.row(bank0 + 1, l, e) + row0 * H / kNvfp4Block, l);
                 // The per-tensor global goes to each of the projection's output rows, so the gate
-                // and up halves keep their own (spec 3.1: never folded into the e4m3 scales).
+                // and up halves keep their own (never folded into the e4m3 scales: docs/formats.md).
                 add_broadcast_f16(g, static_cast<uint64_t>(N), banks.row(bank0 + 2, l, e) + row0 * 2, l);
             }
         }
@@ -582,7 +582,7 @@ void Planner::plan_layer_mxfp4(int l, const std::string &block) {
         check_float(bi);
         check_shape(bi, {E, N});
         // HF stores each expert as [N][K/2] bytes (and [N][K/32] scales); the banks hold the
-        // transposes, N innermost, so a GEMV streams whole contiguous rows of K (spec 3.3).
+        // transposes, N innermost, so a GEMV streams whole contiguous rows of K (docs/formats.md).
         const int bank0 = down ? 3 : 0;
         for (int64_t e = 0; e < E; ++e) {
             add_transpose_u8(bl, static_cast<uint64_t>(e * N * K / 2), N, K / 2, banks.row(bank0, l, e), l, false);

@@ -1,4 +1,4 @@
-// Routing rules of spec section 7: router logits -> top-k expert ids and their weights.
+// Routing rules (docs/formulas.md, "Routing"): router logits -> top-k expert ids and their weights.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -1,5 +1,5 @@
-// The profiler's GPU side (spec 1.4 steps 1 and 4): the production zero-copy gather
-// (launch_gather_zero_copy) from page-locked host banks into device slots. Built from
+// The profiler's GPU side (docs/formulas.md, "Bandwidth profile", steps 1 and 4): the production
+// zero-copy gather (launch_gather_zero_copy) from page-locked host banks into device slots. Built from
 // measure_gpu.cpp when FreeToken has CUDA, else from measure_gpu_stub.cpp, so the profiler's CPU
 // code has no CUDA types and a CPU-only build still links.
 #pragma once

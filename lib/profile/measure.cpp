@@ -4,7 +4,7 @@
 // max_seconds: each phase gets a share of the time that is left and sizes its buffers and step
 // counts from the figures measured before it. With a GPU, each format's window is also
 // page-locked and gathered into device slots by the production zero-copy kernel, alone and while
-// the CPU kernels run over the same banks (spec 1.4 steps 1 and 4).
+// the CPU kernels run over the same banks (docs/formulas.md, "Bandwidth profile", steps 1 and 4).
 #include "ft/profiler.hpp"
 
 #include <unistd.h>
@@ -37,12 +37,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kGiB = size_t{1} << 30;
-constexpr size_t kPcieBytes = 256 * kMiB;  // spec 1.3
-constexpr int kPcieMaxIters = 30;          // spec 1.3
-constexpr int kWarmupSteps = 8;            // spec 1.4
-constexpr int kMaxTimedSteps = 64;         // spec 1.4
+constexpr size_t kPcieBytes = 256 * kMiB;  // pinned linear copies
+constexpr int kPcieMaxIters = 30;
+constexpr int kWarmupSteps = 8;            // CPU expert steps
+constexpr int kMaxTimedSteps = 64;
 constexpr int kMinTimedSteps = 8;          // fewer would make the median a coin toss
-constexpr int64_t kMaxExperts = 128;       // spec 1.2: the presets' E
+constexpr int64_t kMaxExperts = 128;       // synthetic experts per format, at most
 // best_read_bandwidth tries 21 probe shapes per pass (cpu/src/membw.cpp); only used to predict
 // how long a buffer size takes, so a change there costs accuracy of the bound, nothing else.
 constexpr int kReadProbes = 21;
@@ -221,7 +221,7 @@ struct ReadResult {
     double fill_bytes_per_s = 0.0;  // first-touch fill rate, to size the format phases' banks
 };
 
-// CPU read bandwidth (spec 1.3): best_read_bandwidth over max(2 GiB, 8 x LLC), capped at
+// CPU read bandwidth: best_read_bandwidth over max(2 GiB, 8 x LLC), capped at
 // `mem_cap` and shrunk to fit `budget_s`. A pilot over the first part (at least 4 x LLC, so it
 // already comes from DRAM) gives the fill and read rates the size is chosen from.
 ReadResult measure_read(cpu::ThreadPool &pool, double budget_s, size_t mem_cap, size_t llc, const Progress &progress) {
@@ -260,7 +260,7 @@ ReadResult measure_read(cpu::ThreadPool &pool, double budget_s, size_t mem_cap, 
     return r;
 }
 
-// Pinned linear copies (spec 1.3), fewer of them when the budget is short.
+// Pinned linear copies, fewer of them when the budget is short.
 void measure_pcie(int device, double budget_s, Profile &prof, const Progress &progress) {
     progress("pcie", 0, 2);
     // Sized for a PCIe 3.0 x16 link (~12 GB/s), the slowest a GPU worth profiling sits on.
@@ -275,8 +275,8 @@ void measure_pcie(int device, double budget_s, Profile &prof, const Progress &pr
 
 void add_note(KernelEntry &e, const std::string &note) { e.note += (e.note.empty() ? "" : " | ") + note; }
 
-// The production CPU expert kernels at one token (spec 1.4 step 2) over a rotating window of
-// synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
+// The production CPU expert kernels at one token (docs/formulas.md, "Bandwidth profile", step 2)
+// over a rotating window of synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
 // consecutive steps share no expert and each reads K experts from DRAM. With a GPU (`device` >=
 // 0), then the production gather of the window into device slots (step 1) and both at once for
 // the same wall window (step 4).
@@ -320,7 +320,10 @@ KernelEntry measure_format(cpu::ThreadPool &pool, Format f, int device, double b
     cpu::ActivationSpec act;
     act.kind = g.activation;
     act.limit = g.swiglu_limit > 0.0f ? g.swiglu_limit : INFINITY;
-    cpu::MoeExecutor exec(pool, f, g.hidden, g.intermediate, g.top_k, 1, act, 0, cpu::default_isa());
+    // The kernels a session of an engine created now would run (its knobs, docs/knobs.md).
+    const Tuning knobs = read_tuning(false);
+    cpu::MoeExecutor exec(pool, f, g.hidden, g.intermediate, g.top_k, 1, act, 0, cpu::capped_isa(knobs.cpu_isa),
+                          cpu::moe_tuning(knobs));
 
     // One token of small activations; routing weights 1/K.
     std::vector<uint16_t> x(static_cast<size_t>(g.hidden)), y(static_cast<size_t>(g.hidden));
@@ -377,7 +380,7 @@ KernelEntry measure_format(cpu::ThreadPool &pool, Format f, int device, double b
     } else {
         uint64_t done = static_cast<uint64_t>(step);
         progress(phase, done, total_units);  // a cancellation point before the GPU part
-        // Spec 1.4: a failing GPU step is a note, not the end of the profile.
+        // A failing GPU step is a note, not the end of the profile.
         try {
             profiler::HostExperts h;
             h.num_banks = src.num_banks;
@@ -536,7 +539,8 @@ Profile measure_profile(const ft_profile_params &p) {
     }
 
     // The engine's default, so the figures describe the pool a session will run with.
-    cpu::ThreadPool pool(p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device >= 0), true);
+    cpu::ThreadPool pool(p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device >= 0), true,
+                         read_tuning(false).cpu_spin_us);
     prof.physical_cores = static_cast<int64_t>(cpu::physical_core_cpus().size());
     prof.threads_used = pool.size();
     // Unknown cache sizes are taken as a large server LLC, so windows err on the DRAM side.
@@ -560,7 +564,7 @@ Profile measure_profile(const ft_profile_params &p) {
     if (device >= 0) measure_pcie(device, share(kPcieWeight), prof, progress);
     for (Format f : formats) {
         KernelEntry e = measure_format(pool, f, device, share(format_weight), mem_cap, llc, read.fill_bytes_per_s, progress);
-        // The verdict the original engine reads (spec 1.5's `recommended` and `dtypes`).
+        // The verdict the original engine reads (`recommended` and `dtypes`, docs/formulas.md).
         if (auto v = entry_verdict(e, prof.threshold)) {
             e.recommended = *v;
             prof.dtypes[profile_format_key(f)] = *v;

@@ -1,4 +1,5 @@
 #include "ft/profile.hpp"
+#include "ft/knobs.hpp"
 
 #include <unistd.h>
 
@@ -210,7 +211,7 @@ std::string profile_to_json(const Profile &p) {
 }
 
 std::string default_profile_path() {
-    const std::string explicit_path = env_string("FT_PROFILE_PATH");
+    const std::string explicit_path = read_tuning(false).profile_path;
     if (!explicit_path.empty()) return explicit_path;
     return cache_dir() + "/benchbw.json";
 }

@@ -6,7 +6,7 @@
 
 namespace ft {
 
-Engine::Engine(const ft_engine_params &p) : isa_(cpu::default_isa()) {
+Engine::Engine(const ft_engine_params &p) : tuning_(read_tuning()), isa_(cpu::capped_isa(tuning_.cpu_isa)) {
     if (p.cpu_threads < 0 || p.cpu_threads > 4096)
         fail(FT_ERR_INVALID_ARGUMENT, "cpu_threads must be in [0, 4096], got ", p.cpu_threads);
     if (p.device < FT_DEVICE_AUTO) fail(FT_ERR_INVALID_ARGUMENT, "device must be >= -2, got ", p.device);
@@ -23,7 +23,10 @@ Engine::Engine(const ft_engine_params &p) : isa_(cpu::default_isa()) {
 
     physical_cores_ = static_cast<int32_t>(cpu::physical_core_cpus().size());
     pool_ = std::make_unique<cpu::ThreadPool>(p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device_ >= 0),
-                                               p.pin_threads);
+                                               p.pin_threads, tuning_.cpu_spin_us);
+    // Process-wide settings the kernels read: the engine created last sets them.
+    cpu::set_prefetch_bytes(tuning_.cpu_prefetch);
+    cuda::set_pdl_allowed(tuning_.cuda_pdl);
     log(FT_LOG_INFO, "engine: ", pool_->size(), " CPU workers (", cpu::isa_name(isa_), "), ",
         device_ >= 0 ? cat("GPU ", device_, " ", device_name_) : std::string("no GPU"));
 }

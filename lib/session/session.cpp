@@ -20,7 +20,7 @@ public:
         : model_(model),
           executor_(engine.pool(), model.spec().format, model.spec().hidden, model.spec().intermediate, model.spec().top_k, p.max_tokens,
                     cpu::ActivationSpec{model.spec().activation, model.spec().swiglu_alpha, model.spec().swiglu_limit},
-                    p.shared_experts ? model.spec().shared_intermediate : 0, engine.isa()) {
+                    p.shared_experts ? model.spec().shared_intermediate : 0, engine.isa(), cpu::moe_tuning(engine.tuning())) {
         const ModelSpec &s = model.spec();
         if (p.shared_experts) {
             if (s.shared_intermediate <= 0) fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but the model has no shared expert");
@@ -69,7 +69,7 @@ private:
 };
 
 // The hybrid fetch fraction the saved profile of this machine gives the model's format
-// (spec 1.6 reader rules), or 0.5 without a usable profile.
+// (docs/formulas.md, "Bandwidth profile": reader rules), or 0.5 without a usable profile.
 double profiled_fetch_fraction(Engine &engine, const ModelSpec &spec) {
     try {
         const auto profile = load_usable_profile(default_profile_path(), engine.device_name());
@@ -85,7 +85,7 @@ double profiled_fetch_fraction(Engine &engine, const ModelSpec &spec) {
     return 0.5;
 }
 
-// This machine's saved profile for `auto` (spec 1.6 reader rules), or nothing.
+// This machine's saved profile for `auto` (docs/formulas.md, "Bandwidth profile"), or nothing.
 std::optional<Profile> machine_profile(Engine &engine) {
     try {
         return load_usable_profile(default_profile_path(), engine.device_name());
@@ -141,6 +141,7 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
             ctx.cpu_isa = static_cast<int>(model.engine().isa());
             ctx.model = &model.model();
             ctx.params = params_;
+            ctx.tuning = model.engine().tuning();
             if (backend_ == FT_BACKEND_HYBRID && params_.hybrid_fraction == 0.0f)
                 ctx.params.hybrid_fraction = static_cast<float>(profiled_fetch_fraction(model.engine(), model.model().spec()));
             impl_ = make_cuda_backend(backend_, ctx);

@@ -92,12 +92,10 @@ TEST(Isa, NamesAndCap) {
         ASSERT_TRUE(ft::cpu::isa_from_name(ft::cpu::isa_name(i), &back));
         EXPECT_EQ(back, i);
     }
-    setenv("FT_CPU_ISA", "scalar", 1);
-    EXPECT_EQ(ft::cpu::default_isa(), Isa::scalar);
-    setenv("FT_CPU_ISA", "avx512bf16", 1);  // caps only downward
-    EXPECT_EQ(ft::cpu::default_isa(), ft::cpu::cpu_best_isa());
-    unsetenv("FT_CPU_ISA");
-    EXPECT_EQ(ft::cpu::default_isa(), ft::cpu::cpu_best_isa());
+    EXPECT_EQ(ft::cpu::capped_isa("scalar"), Isa::scalar);
+    EXPECT_EQ(ft::cpu::capped_isa("avx512bf16"), ft::cpu::cpu_best_isa());  // caps only downward
+    EXPECT_EQ(ft::cpu::capped_isa("no-such-tier"), ft::cpu::cpu_best_isa());  // ignored with a warning
+    EXPECT_EQ(ft::cpu::capped_isa(""), ft::cpu::cpu_best_isa());
     EXPECT_FALSE(ft::cpu::physical_core_cpus().empty());
 }
 

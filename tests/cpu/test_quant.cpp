@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
@@ -81,11 +82,9 @@ std::vector<ft::cpu::ActivationSpec> activations_of(Format f) {
 // Max relative error bounds of the whole layer (bf16 output, so >= 2^-9 anyway): W8A16 / W4A16
 // compute with exact weights and fp32 sums; q4_0 is W4A8 (Q8_0 activations, both GEMMs) and
 // is compared with the unquantised fp64 reference. mxfp4 W4A8 x2 (two int8 terms per activation,
-// the default with VNNI + VBMI; ctest QuantMoe.EarlierKernels runs W4A16) keeps the W4A16 bound:
-// measured 2.5e-3 .. 3.2e-3 here, as W4A16; a single Q8_0 term measured 1.2e-2 (> 1e-2, not
-// adopted).
-// nvfp4 W4A8 (opt-in FT_CPU_NVFP4_W4A8=1, one int8 term per 16, ft::quantize_int8_per16) is
-// W4A8 like q4_0: 3e-2; measured 1.1e-2 .. 1.3e-2 here (ctest QuantMoe.Nvfp4W4A8).
+// the default with VNNI + VBMI) keeps the W4A16 bound: measured 2.5e-3 .. 3.2e-3 here, as W4A16.
+// nvfp4 W4A8 (QuantChoice::nvfp4_w4a8, FT_CPU_NVFP4_W4A8=1; one int8 term per 16,
+// ft::quantize_int8_per16) is W4A8 like q4_0: 3e-2; measured 1.1e-2 .. 1.3e-2 here.
 double bound_of(Format f, const char *kernel = "") {
     return f == Format::q4_0 || (f == Format::nvfp4 && std::strstr(kernel, "w4a8")) ? 3e-2 : 1e-2;
 }
@@ -100,10 +99,29 @@ const Geometry kGeometries[] = {
     {Format::ds_fp4, 256, 128},    {Format::q4_0, 224, 96},
 };
 
-class QuantMoe : public ::testing::TestWithParam<Isa> {};
+// The kernel choices the knobs make (docs/knobs.md), each one run explicitly.
+struct Variant {
+    const char *name;
+    ft::cpu::QuantChoice choice;
+};
+const Variant kVariants[] = {
+    {"defaults", {}},
+    {"no_vnni", {false, true, false}},      // FT_CPU_VNNI=0: q4_0 on AVX-512F
+    {"mxfp4_w4a16", {true, false, false}},  // FT_CPU_MXFP4_W4A8=0
+    {"nvfp4_w4a8", {true, true, true}},     // FT_CPU_NVFP4_W4A8=1
+};
+
+ft::cpu::MoeTuning tuning_of(const Variant &v) {
+    ft::cpu::MoeTuning t;
+    t.quant = v.choice;
+    return t;
+}
+
+class QuantMoe : public ::testing::TestWithParam<std::tuple<Isa, int>> {};
 
 TEST_P(QuantMoe, MatchesDequantisedReference) {
-    const Isa isa = GetParam();
+    const Isa isa = std::get<0>(GetParam());
+    const Variant &variant = kVariants[std::get<1>(GetParam())];
     if (int(isa) > int(ft::cpu::cpu_best_isa())) GTEST_SKIP() << ft::cpu::isa_name(isa) << " not supported here";
     ft::cpu::ThreadPool pool(2, false);
     for (const Geometry &geo : kGeometries) {
@@ -112,7 +130,7 @@ TEST_P(QuantMoe, MatchesDequantisedReference) {
         for (const auto &act : activations_of(geo.f))
             for (int32_t T : {1, 2, 5, 16}) {
                 const int32_t K = 4;
-                ft::cpu::MoeExecutor ex(pool, geo.f, L.H, L.I, K, 16, act, 0, isa);
+                ft::cpu::MoeExecutor ex(pool, geo.f, L.H, L.I, K, 16, act, 0, isa, tuning_of(variant));
                 Batch b = random_batch(rng, L.E, L.H, T, K);
                 std::vector<uint16_t> y(size_t(T) * L.H, 0x7fc0);
                 auto src = L.cpu_source();
@@ -128,8 +146,13 @@ TEST_P(QuantMoe, MatchesDequantisedReference) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTiers, QuantMoe, ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16),
-                         [](const auto &info) { return std::string(ft::cpu::isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(AllTiers, QuantMoe,
+                         ::testing::Combine(::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16),
+                                            ::testing::Range(0, int(std::size(kVariants)))),
+                         [](const auto &info) {
+                             return std::string(ft::cpu::isa_name(std::get<0>(info.param))) + "_" +
+                                    kVariants[std::get<1>(info.param)].name;
+                         });
 
 TEST(QuantMoe, SharedBf16ExpertNextToQuantisedRoutes) {
     std::mt19937 rng(8);
@@ -162,21 +185,23 @@ TEST(QuantMoe, IdenticalAcrossPoolSizesAndDedupCounts) {
         std::mt19937 rng(5 + int(geo.f));
         QLayer L(rng, geo.f, geo.H, geo.I, 8);
         const auto act = activations_of(geo.f)[0];
-        for (Isa isa : tiers_here()) {
+        for (Isa isa : tiers_here())
+        for (const Variant &variant : kVariants) {
             Batch b = random_batch(rng, L.E, L.H, 11, 8);
             std::set<int32_t> distinct;
             for (int32_t e : b.ids)
                 if (e >= 0 && e < L.E) distinct.insert(e);
             std::vector<uint16_t> first;
             for (ft::cpu::ThreadPool *pool : {&p1, &p2, &p3}) {
-                ft::cpu::MoeExecutor ex(*pool, geo.f, L.H, L.I, 8, 16, act, 0, isa);
+                ft::cpu::MoeExecutor ex(*pool, geo.f, L.H, L.I, 8, 16, act, 0, isa, tuning_of(variant));
                 std::vector<uint16_t> y(size_t(11) * L.H);
                 auto src = L.cpu_source();
                 auto st = ex.run(src, nullptr, 11, b.x.data(), b.ids.data(), b.w.data(), y.data());
                 EXPECT_EQ(st.experts_read, distinct.size());
                 EXPECT_EQ(st.bytes_read, distinct.size() * ft::expert_bytes(geo.f, L.H, L.I));
                 if (first.empty()) first = y;
-                else EXPECT_EQ(y, first) << ft::format_name(geo.f) << " pool " << pool->size() << " " << ft::cpu::isa_name(isa);
+                else EXPECT_EQ(y, first) << ft::format_name(geo.f) << " pool " << pool->size() << " " << ft::cpu::isa_name(isa)
+                                         << " " << variant.name;
             }
         }
     }
@@ -251,8 +276,11 @@ TEST(QuantMoe, Fp8RoundTripMatchesReference) {
 TEST(QuantKernels, Q4_0MatchesExactW4A8) {
     std::mt19937 rng(6);
     QLayer L(rng, Format::q4_0, 320, 64, 1);
-    for (Isa isa : tiers_here()) {
-        const ft::cpu::QuantOps *ops = ft::cpu::quant_ops(Format::q4_0, isa);
+    for (Isa isa : tiers_here())
+    for (bool vnni : {true, false}) {
+        ft::cpu::QuantChoice choice;
+        choice.vnni = vnni;
+        const ft::cpu::QuantOps *ops = ft::cpu::quant_ops(Format::q4_0, isa, choice);
         std::vector<std::vector<uint8_t>> act;
         std::vector<const uint8_t *> ap;
         std::vector<std::vector<float>> xf;
@@ -461,19 +489,12 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
         for (auto &a : act) ap.push_back(a.data());
         const size_t ldo = size_t(count) + 3;
         std::vector<float> out(ldo * ntok, std::numeric_limits<float>::quiet_NaN());
-        // Both row pairings of the avx512bf16 nvfp4/ds_fp4 kernels (FT_CPU_QUANT_PAIRS); other
-        // kernels ignore the switch.
-        for (int pairs : {1, 0}) {
-            ft::cpu::detail::g_quant_row_pairs = pairs;
-            std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
-            ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
-            ft::cpu::detail::g_quant_row_pairs = 1;
-            for (int t = 0; t < ntok; ++t) {
-                for (int j = 0; j < count; ++j)
-                    ASSERT_NEAR(out[t * ldo + j], want[t][j], bound * want_mag[t][j] + 1e-30)
-                        << ops->kernel << " pairs=" << pairs << " K=" << c.K << " j=" << j << " t=" << t;
-                for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
-            }
+        ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
+        for (int t = 0; t < ntok; ++t) {
+            for (int j = 0; j < count; ++j)
+                ASSERT_NEAR(out[t * ldo + j], want[t][j], bound * want_mag[t][j] + 1e-30)
+                    << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t;
+            for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
         }
         if (!ops->dequant) continue;
         // Batched path: dequantise the rows to bf16 (buffer NaN-poisoned, so every element of the

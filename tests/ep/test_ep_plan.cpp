@@ -1,4 +1,4 @@
-// Placement planner (expert-parallel.md 5.4, test plan 6.1 item 1): golden cases worked by hand
+// Placement planner: golden cases worked by hand
 // from the header's rules, invariants on random instances, and packing quality against brute force.
 #include <gtest/gtest.h>
 

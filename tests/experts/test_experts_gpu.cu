@@ -3,7 +3,8 @@
 // executor's rounding points) and against the CPU executor, for every format and activation;
 // device decoders against the host ones bit for bit; routes with slot -1 never read anything
 // (a NaN-filled slot stays out of the outputs); CUDA-graph replays equal eager runs; tokens = 0
-// is a no-op. The layer tests run for both kernel variants (Mma*: FT_GPU_DECODE_VARIANT=mma).
+// is a no-op; the tensor-core kernels serve every format, the CUDA-core one bf16 rows that are
+// not a multiple of 8.
 // Skips where no CUDA device is usable.
 #include <gtest/gtest.h>
 
@@ -179,35 +180,6 @@ std::vector<double> to_f64(const std::vector<uint16_t> &y) {
     return v;
 }
 
-// Selects the decode kernels of the decoders constructed in its scope (ExpertDecoder reads
-// FT_GPU_DECODE_VARIANT when constructed): "legacy" = the CUDA-core kernels, "mma" = the
-// tensor-core kernels, nullptr = unset (the decoder's default). Restores the previous value.
-class VariantGuard {
-public:
-    explicit VariantGuard(const char *value) {
-        const char *old = std::getenv(kVar);
-        had_ = old != nullptr;
-        if (had_) old_ = old;
-        if (value)
-            setenv(kVar, value, 1);
-        else
-            unsetenv(kVar);
-    }
-    ~VariantGuard() {
-        if (had_)
-            setenv(kVar, old_.c_str(), 1);
-        else
-            unsetenv(kVar);
-    }
-    VariantGuard(const VariantGuard &) = delete;
-    VariantGuard &operator=(const VariantGuard &) = delete;
-
-private:
-    static constexpr const char *kVar = "FT_GPU_DECODE_VARIANT";
-    bool had_ = false;
-    std::string old_;
-};
-
 void matches_reference_every_format() {
     ft::cpu::ThreadPool pool(2, false);
     const int32_t K = 4, max_tokens = 64;
@@ -359,54 +331,29 @@ void graph_replay_equals_eager() {
 
 TEST(ExpertDecoderGpu, MatchesReferenceAndCpuEveryFormat) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v("legacy");
-    matches_reference_every_format();
-}
-TEST(ExpertDecoderGpu, MmaMatchesReferenceAndCpuEveryFormat) {
-    SKIP_WITHOUT_GPU();
-    VariantGuard v("mma");
     matches_reference_every_format();
 }
 TEST(ExpertDecoderGpu, MisalignedInputAndManyRoutes) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v("legacy");
-    misaligned_input_and_many_routes();
-}
-TEST(ExpertDecoderGpu, MmaMisalignedInputAndManyRoutes) {
-    SKIP_WITHOUT_GPU();
-    VariantGuard v("mma");
     misaligned_input_and_many_routes();
 }
 TEST(ExpertDecoderGpu, SkippedRoutesNeverReadPoisonedSlot) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v("legacy");
-    skipped_routes_never_read_poisoned_slot();
-}
-TEST(ExpertDecoderGpu, MmaSkippedRoutesNeverReadPoisonedSlot) {
-    SKIP_WITHOUT_GPU();
-    VariantGuard v("mma");
     skipped_routes_never_read_poisoned_slot();
 }
 TEST(ExpertDecoderGpu, GraphReplayEqualsEager) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v("legacy");
-    graph_replay_equals_eager();
-}
-TEST(ExpertDecoderGpu, MmaGraphReplayEqualsEager) {
-    SKIP_WITHOUT_GPU();
-    VariantGuard v("mma");
     graph_replay_equals_eager();
 }
 
-// The variant switch reaches the kernels: every format runs on the tensor cores under "mma"
-// except the scalar bf16 path (rows not whole 16-byte vectors).
-TEST(ExpertDecoderGpu, MmaVariantIsSelected) {
+// Every format runs on the tensor cores except bf16 rows that are not whole 16-byte vectors,
+// which take the CUDA-core kernel.
+TEST(ExpertDecoderGpu, TensorCoreKernelsAreSelected) {
     SKIP_WITHOUT_GPU();
-    VariantGuard v("mma");
     const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
     for (const Geometry &geo : kGeometries) {
         ft::cuda::ExpertDecoder dec(geo.f, geo.H, geo.I, 4, 4, act);
-        const bool mma = !(geo.f == Format::bf16 && geo.H % 8 != 0);
+        const bool mma = !(geo.f == Format::bf16 && (geo.H % 8 != 0 || geo.I % 8 != 0));
         EXPECT_EQ(std::string(dec.kernel_name()).find("mma") != std::string::npos, mma)
             << ft::format_name(geo.f) << " H=" << geo.H << ": " << dec.kernel_name();
     }
@@ -419,7 +366,7 @@ TEST(ExpertDecoderGpu, ZeroTokensAndBadArguments) {
     const DeviceLayer D(L);
     ft::cuda::ExpertDecoder dec(Format::bf16, 64, 32, 2, 4, {});
     EXPECT_GT(dec.scratch_bytes(), 0u);
-    EXPECT_EQ(std::string(dec.kernel_name()).rfind("bf16-", 0), 0u) << dec.kernel_name();  // -mma or -gemv
+    EXPECT_EQ(std::string(dec.kernel_name()), "bf16-mma") << dec.kernel_name();
     DevBuf y(64 * 2);
     CUDA_OK(cudaMemset(y.p, 0x5a, y.n));
     CUDA_OK(dec.decode(D.dx, nullptr, nullptr, nullptr, nullptr, y.as<uint16_t>(), 0, nullptr));

@@ -1,4 +1,4 @@
-// Bank schemas (spec 3.1): names, order, row sizes against the spec's per-expert byte counts,
+// Bank schemas (docs/formats.md): names, order, row sizes against the per-expert byte counts,
 // geometry rules, and dequant_projection's reading of each schema (gate/up halves, mxfp4
 // interleaving, per-row globals).
 #include <gtest/gtest.h>
@@ -41,7 +41,7 @@ TEST(Schema, EnumValuesAndNames) {
 }
 
 TEST(Schema, ExpertBytesMatchSpecTable) {
-    // Spec 1.2: per-expert bytes of the original engine's canonical workloads.
+    // Per-expert bytes of the canonical profile geometries (docs/formulas.md).
     EXPECT_EQ(expert_bytes(Format::bf16, 2048, 768), 9437184u);
     EXPECT_EQ(expert_bytes(Format::nvfp4, 3072, 1536), 7974912u);
     EXPECT_EQ(expert_bytes(Format::fp8_block, 2048, 512), 3146112u);
@@ -146,7 +146,7 @@ TEST(Schema, DequantProjectionReadsEachSchema) {
         dequant_projection(f, r.ptrs.data(), H, I, FT_PROJ_GATE, gate.data());
         dequant_projection(f, r.ptrs.data(), H, I, FT_PROJ_UP, up.data());
         dequant_projection(f, r.ptrs.data(), H, I, FT_PROJ_DOWN, down.data());
-        // Spot rows, each read straight from the bytes by the spec's layout.
+        // Spot rows, each read straight from the bytes by docs/formats.md's layout.
         for (int64_t n : {int64_t(0), I / 2 + 1, I - 1}) {
             switch (f) {
                 case Format::nvfp4: {

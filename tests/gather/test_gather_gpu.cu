@@ -1,4 +1,4 @@
-// Gather of planned experts (spec 4.5), both methods: random host banks of assorted row sizes
+// Gather of planned experts, both methods: random host banks of assorted row sizes
 // (including rows that only allow 8-, 4-, 2- or 1-byte accesses), slots prefilled with a sentinel,
 // random plans of every count; planned slots must hold their source rows byte for byte and every
 // other slot must keep the sentinel. Also count 0, counts above the capacity, skipped entries,

@@ -212,7 +212,7 @@ TEST(Config, RejectsMalformedConfigs) {
     c["mlp_only_layers"] = {"x"};
     expect_error([&] { read(c, dir); }, FT_ERR_FORMAT, {"mlp_only_layers"});
     c = qwen3();
-    c["num_experts_per_tok"] = 17;  // top_k > num_experts: the spec's own validation
+    c["num_experts_per_tok"] = 17;  // top_k > num_experts: rejected by ModelSpec validation
     expect_error([&] { read(c, dir); }, FT_ERR_FORMAT, {"top_k"});
     c = qwen3();
     c["text_config"] = 3;

@@ -227,7 +227,8 @@ cudaError_t to_device(T *&dst, const std::vector<T> &src) {
 }
 
 // Runs the layer on the GPU and checks it against the reference; returns the relative error.
-void run_case(Format f, int32_t T, int32_t E, bool with_addend, uint32_t seed, double *err_out = nullptr) {
+void run_case(Format f, int32_t T, int32_t E, bool with_addend, uint32_t seed, double *err_out = nullptr,
+              ft::cuda::PrefillTuning tuning = {}) {
     Banks bk(f, E, seed);
     ASSERT_TRUE(bk.upload());
     const DeviceActivation act = activation(f);
@@ -247,7 +248,7 @@ void run_case(Format f, int32_t T, int32_t E, bool with_addend, uint32_t seed, d
     CUDA_OK(cudaMalloc(&c.y, size_t(T) * bk.H * 2));
     CUDA_OK(cudaMemset(c.y, 0xff, size_t(T) * bk.H * 2));  // poisoned: every element must be written
 
-    ExpertPrefill pf(f, bk.H, bk.I, kTopK, 1024, act);
+    ExpertPrefill pf(f, bk.H, bk.I, kTopK, 1024, act, tuning);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const ft_status st = pf.run(bk.device(), c.x, c.slots, slots.data(), c.w, c.addend, c.y, T, stream);
@@ -308,29 +309,27 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, PrefillGpu, ::testing::ValuesIn(all_cases()
                              return std::string(ft::format_name(i.param.f)) + "_T" + std::to_string(i.param.T);
                          });
 
-// Scoped environment variable (the constructor reads the tuning knobs).
-struct EnvVar {
-    std::string name;
-    EnvVar(const char *n, const char *v) : name(n) { setenv(n, v, 1); }
-    ~EnvVar() { unsetenv(name.c_str()); }
-};
-
 // Tiny chunks: groups split across chunks (48 rows) and one expert per dequantised chunk.
 TEST(PrefillGpuChunks, SmallChunksMatchReference) {
     if (!gpu_ready() || !ft::cuda::cublas_api()) GTEST_SKIP() << "no usable GPU or cuBLAS";
-    EnvVar rows("FT_PREFILL_CHUNK_ROWS", "48"), mib("FT_PREFILL_DEQUANT_MIB", "0");
-    for (Format f : {Format::bf16, Format::nvfp4, Format::mxfp4, Format::ds_fp4}) run_case(f, 300, 24, true, 77);
+    ft::cuda::PrefillTuning tuning;
+    tuning.chunk_rows = 48;
+    tuning.dequant_mib = 0;
+    for (Format f : {Format::bf16, Format::nvfp4, Format::mxfp4, Format::ds_fp4}) run_case(f, 300, 24, true, 77, nullptr, tuning);
 }
 
 TEST(PrefillGpuGrouped, GroupedGemmMatchesReference) {
     if (!gpu_ready() || !ft::cuda::cublas_api()) GTEST_SKIP() << "no usable GPU or cuBLAS";
     if (!ft::cuda::cublas_api()->gemm_grouped_batched_ex) GTEST_SKIP() << "cuBLAS without cublasGemmGroupedBatchedEx";
-    EnvVar path("FT_PREFILL_GEMM", "grouped");
+    ft::cuda::PrefillTuning tuning;
+    tuning.grouped = true;
     {
-        ExpertPrefill probe(Format::bf16, 64, 64, kTopK, 8, DeviceActivation{});
+        ExpertPrefill probe(Format::bf16, 64, 64, kTopK, 8, DeviceActivation{}, tuning);
         ASSERT_STREQ(probe.gemm_path(), "grouped");
+        ExpertPrefill plain(Format::bf16, 64, 64, kTopK, 8, DeviceActivation{});
+        ASSERT_STREQ(plain.gemm_path(), "streams");
     }
-    for (Format f : {Format::bf16, Format::mxfp4, Format::q4_0}) run_case(f, 300, 32, true, 91);
+    for (Format f : {Format::bf16, Format::mxfp4, Format::q4_0}) run_case(f, 300, 32, true, 91, nullptr, tuning);
 }
 
 // launch_dequant_bf16 is the reference dequantisation rounded once to bf16, bit for bit (nvfp4:

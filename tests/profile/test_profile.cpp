@@ -10,7 +10,7 @@
 
 namespace {
 
-// A profile in the original engine's v4 shape (spec 1.5), as its writer lays it out.
+// A profile in the original engine's v4 shape (docs/formulas.md), as its writer lays it out.
 const char *kOriginal = R"({
   "version": 4,
   "timestamp": "2026-08-20T10:11:12+02:00",

@@ -151,7 +151,7 @@ TEST_F(MeasuredProfile, CpuOnlyFiguresArePositiveAndGatherIsAbsent) {
     ft_profile_format e;
     e.struct_size = sizeof e;
     ASSERT_EQ(ft_profile_get_format(profile_, FT_FORMAT_BF16, &e), FT_OK);
-    EXPECT_EQ(e.expert_bytes, 9437184u);  // spec 1.2's bf16 geometry
+    EXPECT_EQ(e.expert_bytes, 9437184u);  // the bf16 canonical geometry (docs/formulas.md)
     // A format that was not asked for has no figures.
     EXPECT_EQ(ft_profile_get_format(profile_, FT_FORMAT_NVFP4, &e), FT_ERR_UNSUPPORTED);
 
@@ -319,7 +319,7 @@ TEST(ProfileApi, SessionBackendReason) {
     ft_engine_free(engine);
 }
 
-// The original engine's v4 shape (spec 1.5), built here with the figures of spec 8's reader cases.
+// The original engine's v4 shape (docs/formulas.md), built here with the figures of the original engine's reader tests.
 std::string original_profile_json() {
     auto entry = [](const char *bytes, const char *cpu, const char *pcie, const char *cpu_ov, const char *pcie_ov, const char *rec) {
         return std::string("{\"expert_bytes\": ") + bytes + ", \"synth_experts\": 128, \"cpu_moe_gbs\": " + cpu +

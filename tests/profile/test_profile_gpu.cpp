@@ -1,5 +1,5 @@
 // The profiler's GPU figures on a real GPU: the production gather alone and beside the CPU
-// kernels (spec 1.4 steps 1 and 4). Skips without a usable GPU. A bandwidth measurement of
+// kernels (docs/formulas.md, "Bandwidth profile", steps 1 and 4). Skips without a usable GPU. A bandwidth measurement of
 // gigabytes, so the suite is named *Latency* and stays out of the compute-sanitizer runs.
 #include <gtest/gtest.h>
 #include <unistd.h>

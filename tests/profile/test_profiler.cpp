@@ -7,7 +7,7 @@
 
 namespace {
 
-// The measured geometries give spec 1.2's expert sizes.
+// The measured geometries give the expert sizes of docs/formulas.md.
 TEST(ProfileGeometry, ExpertBytesOfSpec12) {
     auto bytes = [](ft::Format f) {
         const ft::ProfileGeometry g = ft::profile_geometry(f);

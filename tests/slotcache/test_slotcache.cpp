@@ -1,4 +1,4 @@
-// Host mirror of slot cache admission (spec 4.3, 4.4, 4.7) on hand-built cases and random runs.
+// Host mirror of slot cache admission (docs/formulas.md, "Slot cache") on hand-built cases and random runs.
 // Runs everywhere; the device kernels are compared against this mirror in test_slotcache_gpu.
 #include <gtest/gtest.h>
 
@@ -210,7 +210,7 @@ TEST(AdmitLru, PlanCapacityFollowsDistinctIdsNotTokensTimesK) {
 }
 
 TEST(AdmitHybrid, FractionSplitsTheMisses) {
-    // Spec 8: f = 0.415 fetches 1 of 3 misses and 2 of 4.
+    // docs/formulas.md, "Hybrid split": f = 0.415 fetches 1 of 3 misses and 2 of 4.
     HostSlotCache c(shape(2, 16, 16, 16));
     const SlotCacheState &st = c.state();
     auto out = hybrid(st, 0, {3, 9, 5}, fraction(0.415));

@@ -1,4 +1,4 @@
-// Device admission kernels against the host mirror, bit for bit (spec 4.3, 4.4): random runs for
+// Device admission kernels against the host mirror, bit for bit: random runs for
 // both algorithms over many shapes, crafted large caches (S up to 65536) with heavy usage ties and
 // miss counts up to E, the clock across the fast path's packing limit, CUDA-graph replays with new
 // ids, and a latency printout (bench_admission times the same calls with Google Benchmark).
@@ -180,7 +180,7 @@ struct RandomCase {
 std::vector<RandomCase> random_cases() {
     return {
         {shape(2, 32, 32, 32), 300},      // S = E: every miss evicts
-        {shape(2, 32, 40, 40), 300},      // the spec's hybrid test shape
+        {shape(2, 32, 40, 40), 300},      // the original engine's hybrid test shape
         {shape(3, 64, 96, 64), 300},
         {shape(4, 64, 256, 256), 300},    // S = L * E: never evicts once full
         {shape(2, 128, 200, 128), 250},

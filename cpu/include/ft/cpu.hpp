@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -13,11 +14,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "freetoken.h"
 #include "ft/formats.hpp"
+#include "ft/knobs.hpp"
 
 namespace ft::cpu {
 
@@ -28,8 +31,10 @@ enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3 };
 
 // Best tier this CPU (and OS: XSAVE state enabled) supports, from cpuid at run time.
 Isa cpu_best_isa();
-// cpu_best_isa() capped by the environment variable FT_CPU_ISA=scalar|avx2|avx512|avx512bf16.
-// The cap only lowers the tier; an unknown value is ignored with a warning log line.
+// cpu_best_isa() capped by `cap` (scalar|avx2|avx512|avx512bf16; "" = no cap). The cap only
+// lowers the tier; an unknown name is ignored with a warning log line.
+Isa capped_isa(const std::string &cap);
+// capped_isa() of the FT_CPU_ISA knob as the environment has it now (engines use their Tuning).
 Isa default_isa();
 // "scalar", "avx2", "avx512", "avx512bf16".
 const char *isa_name(Isa isa);
@@ -59,8 +64,9 @@ size_t last_level_cache_bytes();
 class ThreadPool {
 public:
     // threads = 0: one worker per physical core. pin: worker i is bound to
-    // physical_core_cpus()[i mod n] (then to the remaining allowed logical CPUs).
-    ThreadPool(int threads, bool pin);
+    // physical_core_cpus()[i mod n] (then to the remaining allowed logical CPUs). spin_us: how
+    // long an idle worker polls before it sleeps (the engine passes FT_CPU_SPIN_US).
+    ThreadPool(int threads, bool pin, int spin_us = 100);
     ~ThreadPool();
     ThreadPool(const ThreadPool &) = delete;
     ThreadPool &operator=(const ThreadPool &) = delete;
@@ -76,6 +82,7 @@ public:
 private:
     void worker_main(int index, int cpu);
 
+    std::chrono::microseconds spin_;  // idle polling before sleeping; the caller polls a quarter
     std::vector<std::thread> workers_;
     std::mutex run_mutex_;  // serialises run()
     std::mutex mutex_;      // guards the sleep/wake state below
@@ -99,6 +106,10 @@ using GemvFn = void (*)(const uint16_t *w, size_t ldw, int rows, int cols, const
                         int ntok, float *out, size_t ldo);
 // The kernel of a tier. FT_ERR_UNSUPPORTED if the CPU lacks the tier.
 GemvFn gemv_kernel(Isa isa);
+// Software prefetch distance of every CPU kernel, in bytes ahead of each weight row (0 = off;
+// default 512). Process-wide: the kernels read one value, set by each engine at its creation
+// from FT_CPU_PREFETCH, so the engine created last decides.
+void set_prefetch_bytes(int bytes);
 
 // ---- oneDNN bf16 matmul ----------------------------------------------------------------------
 
@@ -168,15 +179,26 @@ struct MoeStats {
     uint64_t routes_computed = 0, routes_skipped = 0, experts_read = 0, bytes_read = 0;
 };
 
-// Tuning knobs with measured defaults; see cpu/README.md.
+// Which kernel serves a quantised format where a knob chooses (docs/knobs.md).
+struct QuantChoice {
+    bool vnni = true;         // FT_CPU_VNNI: q4_0 through AVX-512-VNNI where cpuid has it
+    bool mxfp4_w4a8 = true;   // FT_CPU_MXFP4_W4A8: one-token mxfp4 through W4A8 x2 (VNNI + VBMI)
+    bool nvfp4_w4a8 = false;  // FT_CPU_NVFP4_W4A8: nvfp4 through W4A8 (other numerics, bound 3e-2)
+};
+
+// Tuning with measured defaults (cpu/README.md); the engine fills it from its knobs.
 struct MoeTuning {
     // Experts with at least this many routes in a call go through oneDNN matmul (0 = never).
-    int32_t onednn_min_tokens = -1;  // -1: FT_CPU_ONEDNN_MIN_TOKENS, else 16 with AMX-BF16, else 0
+    int32_t onednn_min_tokens = -1;  // -1: 16 with AMX-BF16, else 0
     // Quantised experts with at least this many routes in a call are dequantised to bf16 tile by
     // tile (per-worker scratch) and run through the bf16 multi-token kernel (0 = never; only
     // formats/tiers with a dequantiser, see cpu/README.md).
-    int32_t quant_batched_min_tokens = -1;  // -1: FT_CPU_QUANT_BATCHED_MIN_TOKENS, else the measured default
+    int32_t quant_batched_min_tokens = 8;
+    QuantChoice quant;
 };
+
+// The executor tuning of an engine's knobs.
+MoeTuning moe_tuning(const Tuning &t);
 
 // Kernels and activation preparation of one quantised format at one tier (cpu/src/quant.hpp).
 struct QuantOps;

@@ -1,5 +1,6 @@
-// Factory of the GPU session backends (FT_BACKEND_GPU, FT_BACKEND_OFFLOAD). Only in builds with
-// CUDA; the session asks the selector first, which refuses these backends elsewhere.
+// Factory of the GPU session backends (FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID).
+// Only in builds with CUDA; the session asks the selector first, which refuses these backends
+// elsewhere.
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,11 @@ bool built_with_cuda();
 int runtime_version();       // e.g. 13000; 0 without CUDA
 const char *architectures(); // e.g. "86;89;90;120"; "" without CUDA
 
+// Whether the kernel chains may use programmatic dependent launch (cuda_launch.cuh). Process-wide,
+// true by default; each engine sets it at its creation from FT_CUDA_PDL.
+void set_pdl_allowed(bool allowed);
+bool pdl_allowed();
+
 // Number of usable devices; 0 without a driver or a GPU (never throws).
 int device_count();
 
@@ -30,8 +35,8 @@ MemoryInfo memory_info(int device);
 // unlocks it on destruction. Throws FT_ERR_DEVICE with CUDA's message on failure.
 enum class CopyDirection { host_to_device, device_to_host };
 
-// Linear copy bandwidth between page-locked host memory and `device` in bytes/s (spec 1.3): one
-// cudaHostAlloc'd buffer (portable + mapped) and one device buffer of `bytes`; 3 untimed copies,
+// Linear copy bandwidth between page-locked host memory and `device` in bytes/s (docs/formulas.md,
+// "Bandwidth profile"): one cudaHostAlloc'd buffer (portable + mapped) and one device buffer of `bytes`; 3 untimed copies,
 // then `iters` back-to-back cudaMemcpyAsync on one stream bracketed by CUDA events. 0 in a build
 // without CUDA; otherwise FT_ERR_NO_DEVICE if `device` is not usable (no GPU or no driver),
 // FT_ERR_OUT_OF_MEMORY if a buffer cannot be allocated, FT_ERR_DEVICE with CUDA's message for

@@ -11,25 +11,23 @@
 // this one's last block exits. Both are no-ops on older GPUs, where launch_pdl() launches plainly.
 // Graph capture keeps the programmatic edges (CUDA 12.3 and later).
 //
-// FT_CUDA_PDL=0 launches everything plainly (for A/B measurements and as an escape hatch).
+// FT_CUDA_PDL=0 (an engine knob, applied process-wide by set_pdl_allowed in cuda_device.hpp)
+// launches everything plainly.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <utility>
+
+#include "ft/cuda_device.hpp"
 
 namespace ft::cuda {
 
-// Whether the current device takes programmatic launches (compute capability 9.0 or later) and
-// FT_CUDA_PDL is not "0". Cached per device ordinal.
+// Whether the current device takes programmatic launches (compute capability 9.0 or later, cached
+// per device ordinal) and they are allowed (pdl_allowed(), FT_CUDA_PDL).
 inline bool pdl_enabled() {
-    static const bool allowed = [] {
-        const char *v = std::getenv("FT_CUDA_PDL");
-        return !(v && v[0] == '0');
-    }();
-    if (!allowed) return false;
+    if (!pdl_allowed()) return false;
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) {
         cudaGetLastError();

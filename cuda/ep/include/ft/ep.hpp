@@ -1,7 +1,7 @@
-// Expert parallelism, host side (design: shared/reference/expert-parallel.md section 5): expert
-// placement and its planner (5.4), the dispatch layout with dedup per destination rank (5.2), the
-// FP8 e4m3 wire format with one scale per 128 channels (5.3), the combine reduction (5.2 step 6),
-// chunk planning for throughput mode (5.2 step 5) and a model of the bytes on the wire (5.8).
+// Expert parallelism, host side (cuda/ep_cuda/README.md): expert placement and its planner, the
+// dispatch layout with dedup per destination rank, the FP8 e4m3 wire format with one scale per
+// 128 channels, the combine reduction, chunk planning for throughput mode and a model of the
+// bytes on the wire.
 //
 // Everything here is the scalar reference the GPU kernels must reproduce bit for bit: every rule
 // that a kernel could implement two ways (replica choice, rounding, summation order) is fixed in

@@ -1,4 +1,4 @@
-// Expert parallelism on the GPU (expert-parallel.md 5.2): the layout, pack + quantise, unpack,
+// Expert parallelism on the GPU (cuda/ep_cuda/README.md): the layout, pack + quantise, unpack,
 // local reduction and combine kernels, the Transport interface they exchange bytes through, the
 // NCCL transport (libnccl resolved at run time, never linked), and EpRank, one rank's whole
 // dispatch -> experts -> combine step in throughput (chunked, one host sync) or latency (fixed
@@ -34,10 +34,7 @@ void check_cuda(cudaError_t err, const char *what);
 
 // Decode sizes (launch_layout: tokens * top_k <= 4096 and R * S <= 4096; launch_group: max_positions
 // * top_k <= 8192 and slots <= 1024; launch_pack's latency headers) run one-block kernels instead
-// of chains of launches, with bit-identical outputs. FT_EP_SMALL_KERNELS=0 (read once) forces the
-// chains; the setter overrides that for tests comparing both paths (process-wide, not per rank).
-void set_small_kernels_for_testing(bool on);
-bool small_kernels_enabled();
+// of chains of launches, with bit-identical outputs.
 
 // ---- placement on the device -----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// GPU expert kernels for decode (spec 4, 5.5, 6): the routed experts of one MoE layer computed
+// GPU expert kernels for decode (docs/formats.md): the routed experts of one MoE layer computed
 // from weights already resident in device-readable memory (slot arrays or mapped host banks), in
 // every expert format, with the numerics of the CPU executor (cpu/README.md "Executor math and
 // order"). Launchers take device pointers and a stream, never synchronise and never allocate, so a
@@ -79,7 +79,7 @@ public:
 
     const float *route_out() const { return route_out_; }  // f32 [max_tokens*K, H]
     size_t scratch_bytes() const { return scratch_bytes_; }
-    const char *kernel_name() const;  // e.g. "bf16-gemv"
+    const char *kernel_name() const;  // e.g. "bf16-mma", "bf16-gemv-scalar"
 
 private:
     Format format_;
@@ -87,7 +87,7 @@ private:
     DeviceActivation act_;
     bool vec_ = true;  // bf16 only: rows are whole 16-byte vectors (H and I multiples of 8)
     int32_t sms_ = 132;  // multiprocessors of the device (sizes the grids)
-    bool mma_ = false;  // tensor-core kernels (env FT_GPU_DECODE_VARIANT=mma; not scalar bf16)
+    bool mma_ = false;  // tensor-core kernels: every format but bf16 rows not a multiple of 8
     size_t scratch_bytes_ = 0;
     void *scratch_ = nullptr;  // one allocation, carved below
     int32_t *num_groups_ = nullptr;    // [1]

@@ -1,4 +1,4 @@
-// Gather of missed experts (spec 4.5): after an admission kernel has left a copy plan on the
+// Gather of missed experts (docs/ARCHITECTURE.md, "offload"): after an admission kernel has left a copy plan on the
 // device (SlotCacheState::evict_slots / src_indices / num_indices), copy each planned expert's rows
 // of every bank from the layer's page-locked host banks into its GPU slot.
 //

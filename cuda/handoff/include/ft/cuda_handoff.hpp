@@ -1,4 +1,4 @@
-// The hybrid backend's CPU handoff (DESIGN.md 4, step 2; spec 5.4): at a "site" (one MoE layer,
+// The hybrid backend's CPU handoff (docs/ARCHITECTURE.md, "hybrid"): at a "site" (one MoE layer,
 // say) a CUDA stream hands a task to a coordinator thread and, later in stream order, waits for
 // it to finish, without the enqueuing host thread ever synchronising. Every enqueued operation
 // uses constant values, so a captured CUDA graph replays the same handshake on every launch.
@@ -50,20 +50,22 @@
 namespace ft::cuda {
 
 enum class HandoffMechanism {
-    automatic,      // FT_HANDOFF=memops|hostfn if set, else stream_memops where the probe passes
+    automatic,      // stream_memops where the probe passes, else host_func
     stream_memops,  // stream write/wait value operations on mapped host flags
     host_func,      // cudaLaunchHostFunc nodes
 };
 
 // "stream_memops", "host_func" or "automatic".
 const char *handoff_mechanism_name(HandoffMechanism m);
+// The FT_HANDOFF knob: "memops", "hostfn", or "" (automatic); FT_ERR_INVALID_ARGUMENT otherwise.
+HandoffMechanism handoff_mechanism_from_knob(const std::string &value);
 
 struct HandoffOptions {
     int device = 0;                 // CUDA device whose streams use the handoff
     double timeout_seconds = 10.0;  // watchdog limit for one task, or for a go left unanswered
     int max_sites = 256;            // capacity for add_site (1..65536)
-    // automatic: the env FT_HANDOFF (memops|hostfn) forces one, else memops where supported.
-    // A forced mechanism that is unavailable makes the constructor throw FT_ERR_UNSUPPORTED.
+    // automatic: memops where supported. A forced mechanism that is unavailable makes the
+    // constructor throw FT_ERR_UNSUPPORTED.
     HandoffMechanism mechanism = HandoffMechanism::automatic;
     // Coordinator idle policy and its CPU cost. After serving a task it spins (pause loop, one
     // core busy) for `spin_seconds`, enough to catch the next go of back-to-back handoffs (a PCIe

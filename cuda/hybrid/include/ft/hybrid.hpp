@@ -1,4 +1,4 @@
-// The hybrid split (spec 4.4): of M missing experts in a step, fetch F over PCIe and leave M - F
+// The hybrid split (docs/formulas.md, "Hybrid split"): of M missing experts in a step, fetch F over PCIe and leave M - F
 // to the CPU so that both sides finish together. With f the fraction of miss bandwidth PCIe
 // supplies (f = pcie / (pcie + cpu)), fetch time grows as F (1 - f) and CPU time as (M - F) f;
 // F is the integer neighbour of f M that minimises the slower side (ties to the lower).
@@ -34,7 +34,7 @@ FT_HOST_DEVICE inline int64_t hybrid_fetch_count(int64_t missing, int32_t fracti
     return f < missing ? f : missing;
 }
 
-// Which of a step's misses are fetched when not all are (spec 4.4 step 3).
+// Which of a step's misses are fetched when not all are (docs/formulas.md, "Slot cache": hybrid admission).
 enum class FetchOrder : int32_t {
     Recency = 0,   // most recently active first (expert_recency), ties and never-seen by lower id
     LowestId = 1,  // ascending expert id; expert_recency is then left untouched

@@ -34,6 +34,7 @@
 #include "freetoken.h"
 #include "ft/cuda_experts.hpp"  // DeviceExperts, DeviceActivation, launch_combine_routes
 #include "ft/formats.hpp"
+#include "ft/knobs.hpp"
 
 namespace ft::cuda {
 
@@ -51,20 +52,27 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &experts, const int32_t *slo
 // handles. One thread at a time; consecutive run() calls share the scratch, so they must be on
 // one stream or ordered by the caller.
 //
-// GEMM paths (env FT_PREFILL_GEMM): "streams" (default) issues one cublasGemmEx per expert,
-// spread over 4 internal streams forked from and joined back into the caller's stream;
-// "grouped" makes one cublasGemmGroupedBatchedEx call per chunk of experts (cuBLAS >= 12.5;
-// "streams" when the entry point is absent or answers NOT_SUPPORTED for bf16 x bf16 -> fp32).
-// All work runs on the device that was current at construction. Tuning (env, read by the
-// constructor):
-// FT_PREFILL_DEQUANT_MIB (default 512): the two bf16 dequantisation buffers together, i.e. experts
-// per chunk (at least 1, at most 512); chunk c + 1 is dequantised on an internal stream while
-// the GEMMs of chunk c run;
-// FT_PREFILL_CHUNK_ROWS (default max(max_tokens, min(max_tokens * top_k, 8192))): routed rows
-// per chunk, the size of the per-chunk activation and GEMM-output scratch.
+// GEMM paths (PrefillTuning::grouped, FT_PREFILL_GEMM): "streams" (default) issues one
+// cublasGemmEx per expert, spread over 4 internal streams forked from and joined back into the
+// caller's stream; "grouped" makes one cublasGemmGroupedBatchedEx call per chunk of experts
+// (cuBLAS >= 12.5; "streams" when the entry point is absent or answers NOT_SUPPORTED for bf16 x
+// bf16 -> fp32). All work runs on the device that was current at construction.
 //
 // No cuBLAS on the machine: the constructor throws FT_ERR_UNSUPPORTED (there is no fallback
 // GEMM; the decode kernels of cuda/experts serve such machines).
+// The constructor's tuning (an engine fills it from its knobs, prefill_tuning()).
+struct PrefillTuning {
+    bool grouped = false;  // FT_PREFILL_GEMM=grouped: one grouped GEMM call per chunk
+    // FT_PREFILL_DEQUANT_MIB: the two bf16 dequantisation buffers together, i.e. experts per
+    // chunk (at least 1, at most 512); chunk c + 1 is dequantised on an internal stream while the
+    // GEMMs of chunk c run.
+    int dequant_mib = 512;
+    // FT_PREFILL_CHUNK_ROWS: routed rows per chunk, the size of the per-chunk activation and
+    // GEMM-output scratch (0: max(max_tokens, min(max_tokens * top_k, 8192))).
+    int chunk_rows = 0;
+};
+PrefillTuning prefill_tuning(const Tuning &t);
+
 class ExpertPrefill {
 public:
     // Scratch for max_tokens tokens x top_k routes: gathered activations, intermediate, fp32
@@ -73,7 +81,7 @@ public:
     // format (ft::format_geometry_error) and be multiples of 8. Throws ft::Error:
     // FT_ERR_INVALID_ARGUMENT, FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_UNSUPPORTED (no cuBLAS).
     ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
-                  DeviceActivation act);
+                  DeviceActivation act, PrefillTuning tuning = {});
     ~ExpertPrefill();
     ExpertPrefill(const ExpertPrefill &) = delete;
     ExpertPrefill &operator=(const ExpertPrefill &) = delete;

@@ -1,4 +1,4 @@
-// GPU slot cache: sizing (spec 4.2), state (4.1, 4.7) and the host mirror of admission (4.3, 4.4);
+// GPU slot cache: sizing, state, reset and the host mirror of admission (docs/formulas.md, "Slot cache");
 // the device kernels are in slotcache_cuda.hpp. A slot holds one expert of one layer across all
 // its banks; the cache holds at least one whole layer (E slots) and never more than every expert
 // (L * E).
@@ -26,7 +26,7 @@ int64_t plan_slot_count(const SlotRequest &request, int64_t layers, int64_t expe
 
 }  // namespace ft
 
-// ---- Slot cache state (spec 4.1) ---------------------------------------------------------------
+// ---- Slot cache state ---------------------------------------------------------------------------
 //
 // Experts are named by a flat id, layer * E + expert, so one map covers every layer and "which
 // layer owns slot s" is a range check on id_of_slot[s]. All arrays of one cache live in a single
@@ -69,7 +69,7 @@ struct SlotCacheState {
 
 // The plan never holds more entries than a call's distinct experts, at most min(ids, E); sizing it
 // min(max_ids, S) (S >= E) is therefore always enough -- the original sized it E and asserted
-// min(ids, S), which failed for tokens * K > E (spec 10.9).
+// min(ids, S), which failed for tokens * K > E.
 int32_t plan_capacity_for(int64_t max_ids_per_call, int32_t slots);
 
 // Bytes of the buffer that holds a cache of this shape. Throws FT_ERR_INVALID_ARGUMENT for a
@@ -80,7 +80,7 @@ size_t slot_cache_bytes(const SlotCacheShape &shape);
 // Touches no memory: `buffer` may be a device address.
 SlotCacheState slot_cache_bind(const SlotCacheShape &shape, void *buffer);
 
-// Spec 4.7 on host memory: maps and plan -1, usage/step/counts 0, recency -1. Statistics are kept.
+// Reset on host memory: maps and plan -1, usage/step/counts 0, recency -1. Statistics are kept.
 void slot_cache_reset(const SlotCacheState &state);
 void slot_cache_clear_stats(const SlotCacheState &state);
 
@@ -116,13 +116,13 @@ const char *admission_argument_error(const SlotCacheShape &shape, int32_t layer,
 // Negative ids are passed through as -1 and take no part. Throws FT_ERR_INVALID_ARGUMENT (and
 // changes nothing) for an id >= E or what admission_argument_error reports.
 
-// Spec 4.3: every distinct id gets a slot. Hits are stamped with the new step; the distinct
-// misses in ascending expert id take the least recently used slots in ascending (usage, slot)
+// LRU admission (docs/formulas.md, "Slot cache"): every distinct id gets a slot. Hits are stamped
+// with the new step; the distinct misses in ascending expert id take the least recently used slots in ascending (usage, slot)
 // order, never a slot hit in this call; the plan lists (slot, expert) for the gather.
 void admit_lru(const SlotCacheState &state, int32_t layer, const int32_t *ids, int32_t *slots_out,
                int64_t count);
 
-// Spec 4.4: of the M distinct misses, hybrid_fetch_limit(M, fetch) are admitted (chosen by
+// Hybrid admission: of the M distinct misses, hybrid_fetch_limit(M, fetch) are admitted (chosen by
 // fetch.order) into LRU slots not owned by any expert active in this call; the others are routed
 // to -1 for the CPU. With FetchOrder::Recency every active expert's recency becomes the step.
 void admit_hybrid(const SlotCacheState &state, int32_t layer, const int32_t *ids, int32_t *slots_out,

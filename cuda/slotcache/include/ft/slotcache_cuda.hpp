@@ -1,4 +1,4 @@
-// Device admission kernels and state maintenance for the slot cache (spec 4.3, 4.4, 4.7).
+// Device admission kernels and state maintenance for the slot cache (docs/formulas.md, "Slot cache").
 //
 // Each launcher enqueues one single-CTA kernel on `stream` and returns: it never synchronises,
 // allocates or reads device memory from the host, so a sequence of calls can be captured in a
@@ -28,7 +28,7 @@ cudaError_t launch_admit_lru(const SlotCacheState &state, int32_t layer, const i
 cudaError_t launch_admit_hybrid(const SlotCacheState &state, int32_t layer, const int32_t *ids, int32_t *slots_out,
                                 int64_t count, const HybridFetch &fetch, cudaStream_t stream);
 
-// Spec 4.7 on a device-bound state (as slot_cache_reset); statistics are kept.
+// Reset of a device-bound state (as slot_cache_reset); statistics are kept.
 cudaError_t launch_slot_cache_reset(const SlotCacheState &state, cudaStream_t stream);
 cudaError_t launch_slot_cache_clear_stats(const SlotCacheState &state, cudaStream_t stream);
 

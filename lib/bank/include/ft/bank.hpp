@@ -1,4 +1,4 @@
-// Host expert banks (spec 3.2): one page-aligned allocation per (bank, layer), viewed as
+// Host expert banks (docs/formats.md, "Banks"): one page-aligned allocation per (bank, layer), viewed as
 // [E, row_bytes]. Expert e of layer l in bank b starts at base(b, l) + e * row_bytes(b).
 #pragma once
 

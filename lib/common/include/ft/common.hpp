@@ -68,7 +68,8 @@ inline uint16_t f32_to_bf16(float f) {
 // IEEE half -> f32, subnormals included.
 float f16_to_f32(uint16_t h);
 
-// Reads an environment variable; empty string when unset.
+// Reads an environment variable; empty string when unset. FreeToken's own FT_* variables are
+// read through the knob registry (ft/knobs.hpp), not with this.
 std::string env_string(const char *name);
 
 // FreeToken's cache folder: $XDG_CACHE_HOME/freetoken, else ~/.cache/freetoken (profiles,

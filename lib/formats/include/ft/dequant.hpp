@@ -1,9 +1,9 @@
-// Scalar reference numerics of every expert format (spec section 6): element decoders, per-row
+// Scalar reference numerics of every expert format (docs/formats.md): element decoders, per-row
 // dequantisation in the exact bank byte layouts, and the activation-side quantisers the CPU
 // kernels mirror. This is the one definition every kernel and every test is checked against;
 // it favours obviousness over speed.
 //
-// Edge cases, decided once here (the original engine's paths disagree, spec 10 item 16):
+// Edge cases, decided once here (the original engine's CPU and GPU paths disagree on them):
 //
 // * e4m3 ("fn", no infinities): codes 0x7F and 0xFF are NaN, not +-480; the largest finite
 //   value is 448 (0x7E). Encoding saturates finite values to +-448 and maps NaN to 0x7F.

@@ -1,4 +1,4 @@
-// Expert weight formats: the banks each format stores per expert (spec 3.1) and their sizes,
+// Expert weight formats: the banks each format stores per expert (docs/formats.md) and their sizes,
 // plus the reference dequantisation of a whole projection from those banks. The element and row
 // numerics live in ft/dequant.hpp (one place for every format).
 #pragma once
@@ -45,7 +45,7 @@ struct BankSpec {
     size_t row_bytes = 0;
 };
 
-// Banks in registration order (spec 3.1), per expert ("row"):
+// Banks in registration order, per expert ("row"):
 //   bf16       0 gate_up [2I, H] bf16 (gate rows, then up rows)   1 down [H, I] bf16
 //   fp8_block  0 gate_up [2I, H] e4m3       1 gate_up_scale [2I/128, H/128] bf16 scale_inv
 //              2 down [H, I] e4m3           3 down_scale [H/128, I/128] bf16

@@ -86,7 +86,7 @@ private:
     std::vector<LayerExtras> extras_;
 };
 
-// Routing (spec 7). logits [T, E] f32 -> ids [T, K], weights [T, K], selection order by
+// Routing (docs/formulas.md, "Routing"). logits [T, E] f32 -> ids [T, K], weights [T, K], selection order by
 // decreasing score, ties towards the lower id. `bias` ([E]) is the correction bias of
 // FT_ROUTING_SIGMOID_GROUP_TOPK (may be null). Throws FT_ERR_NON_FINITE on NaN logits.
 void route(const RoutingSpec &rule, const float *bias, int32_t num_tokens, const float *logits,

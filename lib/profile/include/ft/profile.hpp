@@ -1,7 +1,7 @@
-// The bandwidth profile (spec 1.5): what this machine's buses and kernels really do, as JSON in
-// FreeToken's schema version 4, so profiles written by the original engine are read here and
-// ours are readable there. Our own additions live under the top-level key "freetoken".
-// Reader rules follow spec 1.6: a profile of another GPU is ignored; a format's backend
+// The bandwidth profile (docs/formulas.md, "Bandwidth profile"): what this machine's buses and
+// kernels really do, as JSON in FreeToken's schema version 4, so profiles written by the original
+// engine are read here and ours are readable there. Our own additions live under the top-level
+// key "freetoken". Reader rules: a profile of another GPU is ignored; a format's backend
 // recommendation and hybrid fetch fraction come from its per-format entry, then from the
 // per-model entries.
 #pragma once

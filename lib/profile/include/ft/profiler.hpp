@@ -1,4 +1,4 @@
-// The bandwidth profiler (spec 1.3-1.4): measures this machine's memory read bandwidth, pinned
+// The bandwidth profiler (docs/formulas.md, "Bandwidth profile"): measures this machine's memory read bandwidth, pinned
 // host<->device copies and the production CPU expert kernels, and returns them as a Profile in
 // schema v4. Lives in its own target (ft_profiler) so ft_profile stays free of CPU and CUDA code.
 #pragma once
@@ -9,7 +9,7 @@
 
 namespace ft {
 
-// The canonical geometry a format is measured at (spec 1.2; q4_0 takes gemma4-26b's).
+// The canonical geometry a format is measured at (docs/formulas.md; q4_0 takes gemma-4-26B's).
 struct ProfileGeometry {
     int32_t hidden = 0, intermediate = 0, top_k = 0;
     int32_t activation = FT_ACT_SILU;

@@ -43,7 +43,8 @@ inline constexpr double kDefaultHbmGbs = 3000.0;
 // routing uniform over a layer's experts, so a cache holding a fraction s of all experts hits
 // with probability h = s. Real routers are skewed, which only raises the hit rate of an LRU cache,
 // so h = s is a floor: the prediction errs towards the CPU when offload and cpu are close.
-// The rates are the profile's for the format, measured at its canonical geometry (spec 1.2).
+// The rates are the profile's for the format, measured at its canonical geometry
+// (docs/formulas.md, "Bandwidth profile").
 struct StepPrediction {
     bool usable = false;       // cpu and gather figures present: offload and cpu are predicted
     std::string source;        // the profile entry the figures came from, e.g. "dtype_kernels.bf16"

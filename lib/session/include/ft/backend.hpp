@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "freetoken.h"
+#include "ft/knobs.hpp"
 
 namespace ft {
 
@@ -33,6 +34,7 @@ struct BackendContext {
     int cpu_isa = 0;  // cpu::Isa
     const Model *model = nullptr;
     ft_session_params params{};
+    Tuning tuning;  // the engine's knobs
 };
 
 // A backend computes the routed experts of decode calls. One per session, used by one thread at

@@ -11,6 +11,7 @@
 #include "ft/backend.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
+#include "ft/knobs.hpp"
 #include "ft/loader.hpp"
 #include "ft/model.hpp"
 #include "ft/selector.hpp"
@@ -26,9 +27,12 @@ public:
     cpu::Isa isa() const { return isa_; }
     int32_t physical_cores() const { return physical_cores_; }
     cpu::ThreadPool &pool() { return *pool_; }
+    // The knobs as the environment had them when this engine was created (docs/knobs.md).
+    const Tuning &tuning() const { return tuning_; }
     MachineCaps caps() const;
 
 private:
+    Tuning tuning_;
     int32_t device_ = FT_DEVICE_NONE;
     std::string device_name_;
     cpu::Isa isa_;

@@ -86,7 +86,7 @@ std::vector<uint16_t> shared_gate_weight(const Spec &s, int moe_layer);
 
 // ---- any format ------------------------------------------------------------------------------
 // The exact bytes the loader must place in bank `bank` (a name of ft::bank_schema(format)) for
-// `expert` of MoE layer `moe_layer`: computed from what was written, re-laid-out by the spec's
+// `expert` of MoE layer `moe_layer`: computed from what was written, re-laid-out by docs/formats.md's
 // rules (fusion by rows, mxfp4 transposition, nvfp4 global broadcast), independently of the loader.
 std::vector<uint8_t> bank_row(const Spec &s, int moe_layer, int expert, const std::string &bank);
 // The dequantised weights of one projection ([I, H] gate/up, [H, I] down), by the scalar
