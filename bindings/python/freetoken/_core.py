@@ -56,10 +56,7 @@ def _struct_dict(st):
 
 def build_info():
     """ft_build_info_get as a dict (cuda, nccl, cuda_archs, onednn_version, cpu_isa, compiler, ...)."""
-    info = _ffi.ft_build_info()
-    info.struct_size = ctypes.sizeof(info)
-    _check(load().ft_build_info_get(ctypes.byref(info)), "ft_build_info_get")
-    return _struct_dict(info)
+    return _read_struct(_ffi.ft_build_info, "ft_build_info_get", ())
 
 
 def _check(status, call, handle_error=None, err_buffer=None):
@@ -70,6 +67,20 @@ def _check(status, call, handle_error=None, err_buffer=None):
         elif handle_error is not None:
             msg = handle_error()
         raise Error(status, msg, call)
+
+
+def _sized(ctype):
+    """An output struct of `ctype` whose struct_size holds its size."""
+    st = ctype()
+    st.struct_size = ctypes.sizeof(st)
+    return st
+
+
+def _read_struct(ctype, call, args, check=_check):
+    """The output struct that the C function `call`(*args, &struct) fills, as a dict."""
+    st = _sized(ctype)
+    check(getattr(load(), call)(*args, ctypes.byref(st)), call)
+    return _struct_dict(st)
 
 
 # ---- logging ------------------------------------------------------------------------------------
@@ -177,6 +188,10 @@ class _Handle:
     def _check(self, status, call):
         _check(status, call, handle_error=self.last_error)
 
+    def _read(self, ctype, call, *args):
+        """The output struct that `call`(handle, *args, &struct) fills, as a dict."""
+        return _read_struct(ctype, call, (self.handle,) + args, self._check)
+
 
 def _backend_value(backend):
     names = {"auto": 0, "cpu": 1, "gpu": 2, "offload": 3, "hybrid": 4}
@@ -215,10 +230,7 @@ class Engine(_Handle):
         super().__init__(out.value)
 
     def info(self):
-        i = _ffi.ft_engine_info()
-        i.struct_size = ctypes.sizeof(i)
-        self._check(load().ft_engine_get_info(self.handle, ctypes.byref(i)), "ft_engine_get_info")
-        return _struct_dict(i)
+        return self._read(_ffi.ft_engine_info, "ft_engine_get_info")
 
 
 class TensorView:
@@ -309,18 +321,14 @@ class Model(_Handle):
         self._check(load().ft_model_finalize(self.handle), "ft_model_finalize")
 
     def info(self):
-        i = _ffi.ft_model_info()
-        i.struct_size = ctypes.sizeof(i)
-        self._check(load().ft_model_get_info(self.handle, ctypes.byref(i)), "ft_model_get_info")
-        return _struct_dict(i)
+        return self._read(_ffi.ft_model_info, "ft_model_get_info")
 
     def moe_layer(self, model_layer):
         """MoE layer index of checkpoint layer `model_layer`, or -1."""
         return int(load().ft_model_moe_layer(self.handle, model_layer))
 
     def tensor(self, layer, which):
-        v = _ffi.ft_tensor_view()
-        v.struct_size = ctypes.sizeof(v)
+        v = _sized(_ffi.ft_tensor_view)
         self._check(load().ft_model_tensor(self.handle, layer, which, ctypes.byref(v)), "ft_model_tensor")
         return TensorView(self, v)
 
@@ -437,17 +445,10 @@ class Session(_Handle):
         return out
 
     def stats(self):
-        st = _ffi.ft_session_stats()
-        st.struct_size = ctypes.sizeof(st)
-        self._check(load().ft_session_get_stats(self.handle, ctypes.byref(st)), "ft_session_get_stats")
-        return _struct_dict(st)
+        return self._read(_ffi.ft_session_stats, "ft_session_get_stats")
 
     def layer_stats(self, layer):
-        st = _ffi.ft_layer_stats()
-        st.struct_size = ctypes.sizeof(st)
-        self._check(load().ft_session_get_layer_stats(self.handle, layer, ctypes.byref(st)),
-                    "ft_session_get_layer_stats")
-        return _struct_dict(st)
+        return self._read(_ffi.ft_layer_stats, "ft_session_get_layer_stats", layer)
 
     def reset_stats(self):
         load().ft_session_reset_stats(self.handle)
@@ -508,13 +509,7 @@ class Profile(_Handle):
         _check(load().ft_profile_save(self.handle, p, err, len(err)), "ft_profile_save", err_buffer=err)
 
     def machine(self):
-        m = _ffi.ft_profile_machine()
-        m.struct_size = ctypes.sizeof(m)
-        _check(load().ft_profile_get_machine(self.handle, ctypes.byref(m)), "ft_profile_get_machine")
-        return _struct_dict(m)
+        return self._read(_ffi.ft_profile_machine, "ft_profile_get_machine")
 
     def format(self, fmt):
-        f = _ffi.ft_profile_format()
-        f.struct_size = ctypes.sizeof(f)
-        _check(load().ft_profile_get_format(self.handle, int(fmt), ctypes.byref(f)), "ft_profile_get_format")
-        return _struct_dict(f)
+        return self._read(_ffi.ft_profile_format, "ft_profile_get_format", int(fmt))

@@ -6,7 +6,7 @@ import ctypes
 
 from . import _ffi
 from ._arrays import ArrayError, as_buffer, same_device
-from ._core import _ERR_SIZE, Error, _check, _cuda_stream_handle, _Handle, _set_fields, _struct_dict, _s
+from ._core import _ERR_SIZE, Error, _check, _cuda_stream_handle, _Handle, _set_fields, _sized
 from ._ffi import load
 
 
@@ -76,12 +76,7 @@ class EpGroup(_Handle):
         return [cls(outs[i], p) for i in range(n)]
 
     def info(self):
-        i = _ffi.ft_ep_group_info()
-        i.struct_size = ctypes.sizeof(i)
-        self._check(load().ft_ep_group_info_get(self.handle, ctypes.byref(i)), "ft_ep_group_info_get")
-        d = _struct_dict(i)
-        d["pci_bus_id"] = _s(i.pci_bus_id)
-        return d
+        return self._read(_ffi.ft_ep_group_info, "ft_ep_group_info_get")
 
     def set_placement(self, phy2log):
         """phy2log: a sequence of ranks * slots_per_rank logical expert ids."""
@@ -117,8 +112,7 @@ class EpGroup(_Handle):
     def dispatch(self, topk_ids, topk_weights, x, stream=None):
         """Returns the ft_ep_expert_batch of the rows this rank's experts compute before combine()."""
         xb, ids, w, T, dev = self._inputs(topk_ids, topk_weights, x)
-        batch = _ffi.ft_ep_expert_batch()
-        batch.struct_size = ctypes.sizeof(batch)
+        batch = _sized(_ffi.ft_ep_expert_batch)
         self._keep = [topk_ids, topk_weights, x]  # the caller must keep them alive until combine too
         self._check(load().ft_ep_dispatch(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T,
                                           _cuda_stream_handle(stream, dev), ctypes.byref(batch)), "ft_ep_dispatch")
