@@ -385,11 +385,9 @@ class Session(_Handle):
         """FT_OK, or the sticky status of a session that cannot continue."""
         return int(load().ft_session_status(self.handle))
 
-    def _check_layer_tokens(self, layer, tokens, limit):
+    def _check_layer(self, layer):
         if not 0 <= layer < self.num_layers:
             raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)" % (layer, self.num_layers))
-        if not 1 <= tokens <= limit:
-            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "%d tokens: must be 1..%d" % (tokens, limit))
 
     def route(self, layer, logits, expert_ids=None, expert_weights=None):
         """Router logits [T, E] float32 (host) -> (expert_ids [T, K] int32, expert_weights [T, K] float32),
@@ -404,7 +402,9 @@ class Session(_Handle):
         ids = as_buffer(expert_ids, "i32", "expert_ids", (T, K), writable=True)
         w = as_buffer(expert_weights, "f32", "expert_weights", (T, K), writable=True)
         same_device([("logits", lg), ("expert_ids", ids), ("expert_weights", w)])
-        self._check_layer_tokens(layer, T, 1 << 30)
+        self._check_layer(layer)
+        if not 1 <= T <= 1 << 30:
+            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "%d tokens: must be 1..%d" % (T, 1 << 30))
         self._check(load().ft_route(self.handle, layer, T, lg.ptr, ids.ptr, w.ptr), "ft_route")
         return expert_ids, expert_weights
 
@@ -426,7 +426,7 @@ class Session(_Handle):
             return out
         if x.ptr == y.ptr:
             raise ArrayError("out may not alias hidden")
-        self._check_layer_tokens(layer, 1, 1)
+        self._check_layer(layer)
         lib = load()
         if device != "cpu":
             if device[1] != self.device:
