@@ -25,7 +25,9 @@ class EpGroup(_Handle):
     def __init__(self, ptr, params):
         super().__init__(ptr)
         self.params = params
-        self._keep = []
+        # The arrays of the latest dispatch or forward: the work it enqueued (and combine) reads them
+        # on the stream after the call returns, so they stay referenced until the next one.
+        self._keep = ()
 
     @classmethod
     def from_comm(cls, nccl_comm, device, **fields):
@@ -113,7 +115,7 @@ class EpGroup(_Handle):
         """Returns the ft_ep_expert_batch of the rows this rank's experts compute before combine()."""
         xb, ids, w, T, dev = self._inputs(topk_ids, topk_weights, x)
         batch = _sized(_ffi.ft_ep_expert_batch)
-        self._keep = [topk_ids, topk_weights, x]  # the caller must keep them alive until combine too
+        self._keep = (topk_ids, topk_weights, x)
         self._check(load().ft_ep_dispatch(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T,
                                           _cuda_stream_handle(stream, dev), ctypes.byref(batch)), "ft_ep_dispatch")
         return batch
@@ -140,6 +142,7 @@ class EpGroup(_Handle):
             except BaseException as e:  # noqa: B902
                 error.append(e)
         thunk = _ffi.ft_ep_expert_fn(call)
+        self._keep = (topk_ids, topk_weights, x, out)
         status = load().ft_ep_forward(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T, thunk, None, y.ptr,
                                       _cuda_stream_handle(stream, dev))
         if error:
@@ -152,6 +155,7 @@ class EpGroup(_Handle):
         xb, ids, w, T, dev = self._inputs(topk_ids, topk_weights, x)
         y = as_buffer(out, "bf16", "out", (T, self.params.hidden), writable=True)
         same_device([("x", xb), ("out", y)])
+        self._keep = (topk_ids, topk_weights, x, out)
         self._check(load().ft_ep_forward_session(self.handle, session.handle, session.model.handle,
                                                  session.max_tokens, layer, ids.ptr, w.ptr if w else None, xb.ptr,
                                                  T, y.ptr, _cuda_stream_handle(stream, dev)),
