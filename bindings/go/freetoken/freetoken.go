@@ -6,8 +6,9 @@
 // Finalize) and is read-only and shareable after Finalize or LoadModel; a Session is used by
 // one goroutine at a time (its methods lock it, so misuse is serialised rather than unsafe); a
 // Profile is read-only. Every handle has Close (idempotent) and a finalizer that frees it if
-// Close was not called; a model keeps its engine alive and a session its model, and Close on
-// an engine or model with open children returns an error with StatusState.
+// Close was not called; Close waits for calls in progress on the handle. A model keeps its
+// engine alive and a session its model, and Close on an engine or model with open children
+// returns an error with StatusState.
 //
 // Errors are *Error values carrying the library's Status and message; errors.Is(err,
 // freetoken.StatusInvalidArgument) tests the status. Slices are checked against the shapes the
