@@ -21,6 +21,7 @@ def ep_params(**fields):
 class EpGroup(_Handle):
     """One rank of an expert-parallel group (ft_ep_group)."""
     _free_name, _error_name = "ft_ep_group_free", "ft_ep_group_last_error"
+    _exclusive = True
 
     def __init__(self, ptr, params):
         super().__init__(ptr)
@@ -84,16 +85,13 @@ class EpGroup(_Handle):
         """phy2log: a sequence of ranks * slots_per_rank logical expert ids."""
         vals = [int(v) for v in phy2log]
         arr = (ctypes.c_int32 * len(vals))(*vals)
-        self._check(load().ft_ep_group_set_placement(self.handle, arr, ctypes.c_size_t(len(vals))),
-                    "ft_ep_group_set_placement")
+        self._call("ft_ep_group_set_placement", arr, ctypes.c_size_t(len(vals)))
 
     def get_placement(self):
         count = ctypes.c_size_t(0)
-        self._check(load().ft_ep_group_get_placement(self.handle, None, 0, ctypes.byref(count)),
-                    "ft_ep_group_get_placement")
+        self._call("ft_ep_group_get_placement", None, 0, ctypes.byref(count))
         arr = (ctypes.c_int32 * max(1, count.value))()
-        self._check(load().ft_ep_group_get_placement(self.handle, arr, count.value, ctypes.byref(count)),
-                    "ft_ep_group_get_placement")
+        self._call("ft_ep_group_get_placement", arr, count.value, ctypes.byref(count))
         return list(arr[:count.value])
 
     def _inputs(self, topk_ids, topk_weights, x):
@@ -116,15 +114,15 @@ class EpGroup(_Handle):
         xb, ids, w, T, dev = self._inputs(topk_ids, topk_weights, x)
         batch = _sized(_ffi.ft_ep_expert_batch)
         self._keep = (topk_ids, topk_weights, x)
-        self._check(load().ft_ep_dispatch(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T,
-                                          _cuda_stream_handle(stream, dev), ctypes.byref(batch)), "ft_ep_dispatch")
+        self._call("ft_ep_dispatch", ids.ptr, w.ptr if w else None, xb.ptr, T, _cuda_stream_handle(stream, dev),
+                   ctypes.byref(batch))
         return batch
 
     def combine(self, out, stream=None):
         y = as_buffer(out, "bf16", "out", (None, self.params.hidden), writable=True)
         if y.device == "cpu":
             raise ArrayError("out: must be CUDA device memory")
-        self._check(load().ft_ep_combine(self.handle, y.ptr, _cuda_stream_handle(stream, y.device)), "ft_ep_combine")
+        self._call("ft_ep_combine", y.ptr, _cuda_stream_handle(stream, y.device))
         return out
 
     def forward(self, topk_ids, topk_weights, x, expert, out, stream=None):
@@ -143,11 +141,12 @@ class EpGroup(_Handle):
                 error.append(e)
         thunk = _ffi.ft_ep_expert_fn(call)
         self._keep = (topk_ids, topk_weights, x, out)
-        status = load().ft_ep_forward(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T, thunk, None, y.ptr,
-                                      _cuda_stream_handle(stream, dev))
-        if error:
-            raise error[0]
-        self._check(status, "ft_ep_forward")
+        with self._use() as h:
+            status = load().ft_ep_forward(h, ids.ptr, w.ptr if w else None, xb.ptr, T, thunk, None, y.ptr,
+                                          _cuda_stream_handle(stream, dev))
+            if error:
+                raise error[0]
+            self._check(status, "ft_ep_forward")
         return out
 
     def forward_session(self, session, layer, topk_ids, topk_weights, x, out, stream=None):
@@ -156,10 +155,11 @@ class EpGroup(_Handle):
         y = as_buffer(out, "bf16", "out", (T, self.params.hidden), writable=True)
         same_device([("x", xb), ("out", y)])
         self._keep = (topk_ids, topk_weights, x, out)
-        self._check(load().ft_ep_forward_session(self.handle, session.handle, session.model.handle,
-                                                 session.max_tokens, layer, ids.ptr, w.ptr if w else None, xb.ptr,
-                                                 T, y.ptr, _cuda_stream_handle(stream, dev)),
-                    "ft_ep_forward_session")
+        # The group first, then the session, as in forward() whose expert callback may use a session.
+        with self._use() as g, session._use() as sh, session.model._use() as mh:
+            self._check(load().ft_ep_forward_session(g, sh, mh, session.max_tokens, layer, ids.ptr,
+                                                     w.ptr if w else None, xb.ptr, T, y.ptr,
+                                                     _cuda_stream_handle(stream, dev)), "ft_ep_forward_session")
         return out
 
 
