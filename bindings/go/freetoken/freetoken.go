@@ -239,6 +239,7 @@ func ResetLogCallback(level int) {
 // ---- progress -----------------------------------------------------------------------------
 
 // ProgressFunc receives (phase, done, total) of a long operation; return false to cancel it.
+// It must not Close the engine a load runs on: Close waits for the load, which waits for it.
 type ProgressFunc func(phase string, done, total uint64) bool
 
 // progress holds a ProgressFunc, its serialising lock and a recovered panic for the C callback.
