@@ -353,6 +353,22 @@ def compiler_layouts(cc, names, hdr):
     return result
 
 
+def check_signature(what, ret, params, cret, cparams, hdr, rust):
+    """A Rust signature (ret, params) against the header's (cret, cparams); `what` names it in the
+    errors ("fn ft_decode", "type ft_log_fn")."""
+    if len(params) != len(cparams):
+        return [f"{what}: {len(params)} parameters, the header has {len(cparams)}"]
+    errors = []
+    for i, ((pn, pt), (cn, ct)) in enumerate(zip(params, cparams)):
+        want = c_to_rust(ct, hdr)
+        if not same(want, pt, rust):
+            errors.append(f"{what}: parameter {i + 1} ({pn}) is {show(pt)}, the header's {cn} is {show(want)}")
+    want = c_to_rust(cret, hdr)
+    if not same(want, ret, rust):
+        errors.append(f"{what}: returns {show(ret)}, the header returns {show(want)}")
+    return errors
+
+
 def check_callbacks(hdr, rust):
     """Each Rust callback alias against the header's function pointer typedef of that name."""
     errors = []
@@ -364,16 +380,7 @@ def check_callbacks(hdr, rust):
             errors.append(f"type {name}: not Option<unsafe extern \"C\" fn(..)>")
             continue
         _, rret, rparams = got
-        if len(rparams) != len(cparams):
-            errors.append(f"type {name}: {len(rparams)} parameters, the header has {len(cparams)}")
-            continue
-        for i, ((pn, pt), (cn, ct)) in enumerate(zip(rparams, cparams)):
-            want = c_to_rust(ct, hdr)
-            if not same(want, pt, rust):
-                errors.append(f"type {name}: parameter {i + 1} ({pn}) is {show(pt)}, the header's {cn} is "
-                              f"{show(want)}")
-        if not same(c_to_rust(cret, hdr), rret, rust):
-            errors.append(f"type {name}: returns {show(rret)}, the header returns {show(c_to_rust(cret, hdr))}")
+        errors += check_signature(f"type {name}", rret, rparams, cret, cparams, hdr, rust)
     return errors
 
 
@@ -431,17 +438,7 @@ def main(argv):
             errors.append(f"fn {name}: not an FT_API function of the header")
             continue
         cret, cparams = hdr["funcs"][name]
-        if len(params) != len(cparams):
-            errors.append(f"fn {name}: {len(params)} parameters, the header has {len(cparams)}")
-            continue
-        for i, ((pn, pt), (cn, ct)) in enumerate(zip(params, cparams)):
-            want = c_to_rust(ct, hdr)
-            if not same(want, pt, rust):
-                errors.append(f"fn {name}: parameter {i + 1} ({pn}) is {show(pt)}, the header's {cn} is "
-                              f"{show(want)}")
-        want = c_to_rust(cret, hdr)
-        if not same(want, ret, rust):
-            errors.append(f"fn {name}: returns {show(ret)}, the header returns {show(want)}")
+        errors += check_signature(f"fn {name}", ret, params, cret, cparams, hdr, rust)
 
     checked_structs = []
     for name, s in sorted(rust["structs"].items()):

@@ -46,6 +46,14 @@ def show(args, rc, out, err):
     return "ft %s -> exit %d\n--- stdout:\n%s\n--- stderr:\n%s" % (" ".join(args), rc, out[:2000], err[:2000])
 
 
+def one_json(args, rc, out, err):
+    """The whole of stdout as one JSON value; a Failure if it is not one."""
+    try:
+        return json.loads(out)
+    except ValueError as e:
+        raise Failure("stdout is not one JSON value (%s): " % e + show(args, rc, out, err))
+
+
 def header_version(source_dir):
     text = open(os.path.join(source_dir, "include", "freetoken.h")).read()
     parts = [re.search(r"#define FT_VERSION_%s (\d+)" % k, text).group(1) for k in ("MAJOR", "MINOR", "PATCH")]
@@ -155,10 +163,7 @@ def case_plot_svg(ft, source_dir, work):
             "--out", os.path.join(work, "p.json"), "--plot", svg]
     rc, out, err = ft(*args, timeout=120)
     expect(rc == 0, show(args, rc, out, err))
-    try:
-        json.loads(out)
-    except ValueError as e:
-        raise Failure("stdout is not one JSON value (%s): " % e + show(args, rc, out, err))
+    one_json(args, rc, out, err)
     expect(svg in err, "no plot line on stderr: " + show(args, rc, out, err))
     root = ET.parse(svg).getroot()
     expect(root.tag.endswith("svg"), "the plot's root element is %r" % root.tag)
@@ -250,10 +255,7 @@ def case_run_json(ft, source_dir, work):
     args = ["run", "--cache-dir", run_cache(work), "--steps", "3", "--json"] + RUN_ARGS
     rc, out, err = ft(*args)
     expect(rc == 0, show(args, rc, out, err))
-    try:
-        j = json.loads(out)  # the whole of stdout is one JSON value
-    except ValueError as e:
-        raise Failure("stdout is not one JSON value (%s): " % e + show(args, rc, out, err))
+    j = one_json(args, rc, out, err)
     expect(isinstance(j, dict), "not a JSON object")
     for key in ("model", "load", "engine", "backend", "profile", "memory", "decode"):
         expect(key in j, "no %r: %s" % (key, out))

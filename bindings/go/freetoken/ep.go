@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"runtime"
-	"sync"
 	"unsafe"
 )
 
@@ -67,12 +66,11 @@ type EPGroupInfo struct {
 // time. Needs a CUDA build and NCCL at run time, else creation fails with StatusUnsupported.
 // The per-layer calls (dispatch, combine, forward) take device memory and are left to the C API.
 type EPGroup struct {
-	mu  sync.Mutex
-	raw *C.ft_ep_group
+	h owned[C.ft_ep_group]
 }
 
 func newEPGroup(raw *C.ft_ep_group) *EPGroup {
-	g := &EPGroup{raw: raw}
+	g := &EPGroup{h: owned[C.ft_ep_group]{raw: raw, what: "the group"}}
 	runtime.SetFinalizer(g, func(g *EPGroup) { g.Close() })
 	return g
 }
@@ -102,14 +100,12 @@ func EPBootstrapLocal(devices []int, params *EPParams) ([]*EPGroup, error) {
 	return out, nil
 }
 
+// call runs f with the group's handle under its exclusive lock and turns the status into an
+// error.
 func (g *EPGroup) call(f func(raw *C.ft_ep_group) C.ft_status) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.raw == nil {
-		return closedErr("the group")
-	}
-	st := f(g.raw)
-	return check(st, func() string { return C.GoString(C.ft_ep_group_last_error(g.raw)) })
+	return g.h.exclusive(func(raw *C.ft_ep_group) error {
+		return check(f(raw), func() string { return C.GoString(C.ft_ep_group_last_error(raw)) })
+	})
 }
 
 // Info returns the group's rank and topology.
@@ -147,12 +143,7 @@ func (g *EPGroup) Placement() ([]int32, error) {
 
 // Close frees the group.
 func (g *EPGroup) Close() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.raw != nil {
-		C.ft_ep_group_free(g.raw)
-		g.raw = nil
-		runtime.SetFinalizer(g, nil)
-	}
+	g.h.close(func(raw *C.ft_ep_group) { C.ft_ep_group_free(raw) }, "")
+	runtime.SetFinalizer(g, nil)
 	return nil
 }

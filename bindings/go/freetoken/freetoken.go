@@ -6,8 +6,9 @@
 // Finalize) and is read-only and shareable after Finalize or LoadModel; a Session is used by
 // one goroutine at a time (its methods lock it, so misuse is serialised rather than unsafe); a
 // Profile is read-only. Every handle has Close (idempotent) and a finalizer that frees it if
-// Close was not called; a model keeps its engine alive and a session its model, and Close on
-// an engine or model with open children returns an error with StatusState.
+// Close was not called; Close waits for calls in progress on the handle. A model keeps its
+// engine alive and a session its model, and Close on an engine or model with open children
+// returns an error with StatusState.
 //
 // Errors are *Error values carrying the library's Status and message; errors.Is(err,
 // freetoken.StatusInvalidArgument) tests the status. Slices are checked against the shapes the
@@ -238,6 +239,7 @@ func ResetLogCallback(level int) {
 // ---- progress -----------------------------------------------------------------------------
 
 // ProgressFunc receives (phase, done, total) of a long operation; return false to cancel it.
+// It must not Close the engine a load runs on: Close waits for the load, which waits for it.
 type ProgressFunc func(phase string, done, total uint64) bool
 
 // progress holds a ProgressFunc, its serialising lock and a recovered panic for the C callback.
@@ -291,9 +293,7 @@ type EngineInfo struct {
 
 // Engine is the machine context (CPU worker pool, GPU choice). Safe for concurrent use.
 type Engine struct {
-	mu       sync.Mutex
-	raw      *C.ft_engine
-	children int32
+	h owned[C.ft_engine]
 }
 
 // NewEngine creates an engine; params nil means the defaults.
@@ -311,55 +311,34 @@ func NewEngine(params *EngineParams) (*Engine, error) {
 	if err := withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_engine_create(&p, &raw, e, n) }); err != nil {
 		return nil, err
 	}
-	e := &Engine{raw: raw}
-	runtime.SetFinalizer(e, func(e *Engine) { e.free() })
+	e := &Engine{h: owned[C.ft_engine]{raw: raw, what: "the engine"}}
+	runtime.SetFinalizer(e, func(e *Engine) { e.Close() })
 	return e, nil
-}
-
-func (e *Engine) free() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	C.ft_engine_free(e.raw)
-	e.raw = nil
-}
-
-func closedErr(what string) error {
-	return &Error{Status: StatusState, Message: what + " is closed"}
 }
 
 // Close frees the engine. StatusState if models of it are still open.
 func (e *Engine) Close() error {
-	if n := atomic.LoadInt32(&e.children); n > 0 {
-		return &Error{Status: StatusState, Message: fmt.Sprintf("the engine still has %d open model(s)", n)}
+	if err := e.h.close(func(raw *C.ft_engine) { C.ft_engine_free(raw) }, "model(s)"); err != nil {
+		return err
 	}
-	e.free()
 	runtime.SetFinalizer(e, nil)
 	return nil
 }
 
-func (e *Engine) handle() (*C.ft_engine, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.raw == nil {
-		return nil, closedErr("the engine")
-	}
-	return e.raw, nil
-}
-
 // Info reports the engine's device, threads and kernel tier.
-func (e *Engine) Info() (EngineInfo, error) {
-	raw, err := e.handle()
-	if err != nil {
-		return EngineInfo{}, err
-	}
-	var i C.ft_engine_info
-	i.struct_size = C.uint32_t(unsafe.Sizeof(i))
-	if err := check(C.ft_engine_get_info(raw, &i), func() string { return C.GoString(C.ft_engine_last_error(raw)) }); err != nil {
-		return EngineInfo{}, err
-	}
-	runtime.KeepAlive(e)
-	return EngineInfo{Device: int(i.device), CPUThreads: int(i.cpu_threads), PhysicalCores: int(i.physical_cores),
-		CPUISA: C.GoString(i.cpu_isa), DeviceName: C.GoString(i.device_name)}, nil
+func (e *Engine) Info() (info EngineInfo, err error) {
+	err = e.h.shared(func(raw *C.ft_engine) error {
+		var i C.ft_engine_info
+		i.struct_size = C.uint32_t(unsafe.Sizeof(i))
+		if err := check(C.ft_engine_get_info(raw, &i), func() string { return C.GoString(C.ft_engine_last_error(raw)) }); err != nil {
+			return err
+		}
+		// device_name lives as long as the engine: copied while the lock holds it open.
+		info = EngineInfo{Device: int(i.device), CPUThreads: int(i.cpu_threads), PhysicalCores: int(i.physical_cores),
+			CPUISA: C.GoString(i.cpu_isa), DeviceName: C.GoString(i.device_name)}
+		return nil
+	})
+	return info, err
 }
 
 // ---- model --------------------------------------------------------------------------------
@@ -397,18 +376,18 @@ type ModelInfo struct {
 // Model holds expert weights in host banks. Built by one goroutine until Finalize; read-only and
 // shareable afterwards (and when made by LoadModel).
 type Model struct {
-	mu       sync.Mutex
-	raw      *C.ft_model
-	engine   *Engine
-	children int32
-	info     ModelInfo
+	h      owned[C.ft_model]
+	engine *Engine
+	info   ModelInfo
 }
 
+// newModel wraps a model just made from engine; called under engine's lock, so the engine cannot
+// be closed before it counts the model.
 func newModel(engine *Engine, raw *C.ft_model) *Model {
-	m := &Model{raw: raw, engine: engine}
-	atomic.AddInt32(&engine.children, 1)
+	m := &Model{h: owned[C.ft_model]{raw: raw, what: "the model"}, engine: engine}
+	atomic.AddInt32(&engine.h.children, 1)
 	m.info = modelInfo(raw)
-	runtime.SetFinalizer(m, func(m *Model) { m.free() })
+	runtime.SetFinalizer(m, func(m *Model) { m.Close() })
 	return m
 }
 
@@ -425,41 +404,21 @@ func modelInfo(raw *C.ft_model) ModelInfo {
 		BankBytes: uint64(i.bank_bytes), PinnedBytes: uint64(i.pinned_bytes), Architecture: C.GoString(i.architecture)}
 }
 
-func (m *Model) free() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.raw != nil {
-		C.ft_model_free(m.raw)
-		m.raw = nil
-		atomic.AddInt32(&m.engine.children, -1)
-	}
-}
-
 // Close frees the model. StatusState if sessions of it are still open.
 func (m *Model) Close() error {
-	if n := atomic.LoadInt32(&m.children); n > 0 {
-		return &Error{Status: StatusState, Message: fmt.Sprintf("the model still has %d open session(s)", n)}
+	err := m.h.close(func(raw *C.ft_model) {
+		C.ft_model_free(raw)
+		atomic.AddInt32(&m.engine.h.children, -1)
+	}, "session(s)")
+	if err != nil {
+		return err
 	}
-	m.free()
 	runtime.SetFinalizer(m, nil)
 	return nil
 }
 
-func (m *Model) handle() (*C.ft_model, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.raw == nil {
-		return nil, closedErr("the model")
-	}
-	return m.raw, nil
-}
-
 // NewModel creates an empty model to fill with SetExpert and make usable with Finalize.
 func NewModel(engine *Engine, desc ModelDesc) (*Model, error) {
-	eraw, err := engine.handle()
-	if err != nil {
-		return nil, err
-	}
 	var d C.ft_model_desc
 	C.ft_model_desc_init(&d)
 	ints := []struct {
@@ -480,11 +439,16 @@ func NewModel(engine *Engine, desc ModelDesc) (*Model, error) {
 	}
 	d.swiglu_alpha, d.swiglu_limit = C.float(desc.SwigluAlpha), C.float(desc.SwigluLimit)
 	d.routed_scaling_factor, d.renormalize = C.float(desc.RoutedScalingFactor), C.bool(desc.Renormalize)
-	var raw *C.ft_model
-	if err := withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_model_create(eraw, &d, &raw, e, n) }); err != nil {
-		return nil, err
-	}
-	return newModel(engine, raw), nil
+	var m *Model
+	err := engine.h.shared(func(eraw *C.ft_engine) error {
+		var raw *C.ft_model
+		if err := withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_model_create(eraw, &d, &raw, e, n) }); err != nil {
+			return err
+		}
+		m = newModel(engine, raw)
+		return nil
+	})
+	return m, err
 }
 
 // LoadOptions are options of LoadModel.
@@ -496,75 +460,72 @@ type LoadOptions struct {
 // LoadModel loads the routed experts of a Hugging Face checkpoint directory or a GGUF file.
 // opts may be nil.
 func LoadModel(engine *Engine, path string, opts *LoadOptions) (*Model, error) {
-	eraw, err := engine.handle()
-	if err != nil {
-		return nil, err
-	}
 	var p C.ft_model_load_params
 	C.ft_model_load_params_init(&p)
+	var fn ProgressFunc
 	if opts != nil {
+		var err error
 		if p.io_threads, err = toInt32(opts.IOThreads, "IOThreads"); err != nil {
 			return nil, err
 		}
-	}
-	var fn ProgressFunc
-	if opts != nil {
 		fn = opts.Progress
 	}
-	done := attachProgress(fn, func(h C.uintptr_t) { C.ft_set_load_progress(&p, h) })
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	var raw *C.ft_model
-	err = withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_model_load(eraw, cpath, &p, &raw, e, n) })
-	done()
-	if err != nil {
-		return nil, err
-	}
-	return newModel(engine, raw), nil
+	var m *Model
+	err := engine.h.shared(func(eraw *C.ft_engine) error {
+		done := attachProgress(fn, func(h C.uintptr_t) { C.ft_set_load_progress(&p, h) })
+		var raw *C.ft_model
+		err := withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_model_load(eraw, cpath, &p, &raw, e, n) })
+		done()
+		if err != nil {
+			return err
+		}
+		m = newModel(engine, raw)
+		return nil
+	})
+	return m, err
 }
 
-func (m *Model) check(raw *C.ft_model, s C.ft_status) error {
-	return check(s, func() string { return C.GoString(C.ft_model_last_error(raw)) })
+// build runs a construction call (SetExpert, SetRouterBias, Finalize) under the model's
+// exclusive lock and turns its status into an error with the model's text.
+func (m *Model) build(f func(raw *C.ft_model) C.ft_status) error {
+	return m.h.exclusive(func(raw *C.ft_model) error {
+		return check(f(raw), func() string { return C.GoString(C.ft_model_last_error(raw)) })
+	})
 }
 
 // SetExpert copies one projection of one expert: bf16 [I, H] for ProjGate and ProjUp, [H, I] for
 // ProjDown. Only before Finalize.
 func (m *Model) SetExpert(layer, expert, proj int, weights []BF16) error {
-	raw, err := m.handle()
-	if err != nil {
-		return err
-	}
 	if err := expectLen(len(weights), m.info.HiddenSize*m.info.IntermediateSize, "the expert projection"); err != nil {
 		return err
 	}
-	s := C.ft_model_set_expert(raw, C.int32_t(layer), C.int32_t(expert), C.int32_t(proj),
-		unsafe.Pointer(&weights[0]), C.size_t(len(weights)*2))
-	return m.check(raw, s)
+	return m.build(func(raw *C.ft_model) C.ft_status {
+		return C.ft_model_set_expert(raw, C.int32_t(layer), C.int32_t(expert), C.int32_t(proj),
+			unsafe.Pointer(&weights[0]), C.size_t(len(weights)*2))
+	})
 }
 
 // SetRouterBias sets the routing correction bias of a layer ([E] floats). Only before Finalize.
 func (m *Model) SetRouterBias(layer int, bias []float32) error {
-	raw, err := m.handle()
-	if err != nil {
-		return err
-	}
 	if err := expectLen(len(bias), m.info.NumExperts, "the router bias"); err != nil {
 		return err
 	}
-	return m.check(raw, C.ft_model_set_router_bias(raw, C.int32_t(layer), (*C.float)(&bias[0]), C.int32_t(len(bias))))
+	return m.build(func(raw *C.ft_model) C.ft_status {
+		return C.ft_model_set_router_bias(raw, C.int32_t(layer), (*C.float)(&bias[0]), C.int32_t(len(bias)))
+	})
 }
 
 // Finalize checks that every projection was set and makes the model read-only.
 func (m *Model) Finalize() error {
-	raw, err := m.handle()
-	if err != nil {
-		return err
-	}
-	if err := m.check(raw, C.ft_model_finalize(raw)); err != nil {
-		return err
-	}
-	m.info = modelInfo(raw)
-	return nil
+	return m.h.exclusive(func(raw *C.ft_model) error {
+		if err := check(C.ft_model_finalize(raw), func() string { return C.GoString(C.ft_model_last_error(raw)) }); err != nil {
+			return err
+		}
+		m.info = modelInfo(raw)
+		return nil
+	})
 }
 
 // Info returns the model's geometry and sizes.
@@ -572,11 +533,12 @@ func (m *Model) Info() ModelInfo { return m.info }
 
 // MoeLayer is the MoE layer index of checkpoint layer modelLayer, or -1 for a dense layer.
 func (m *Model) MoeLayer(modelLayer int) int {
-	raw, err := m.handle()
-	if err != nil {
-		return -1
-	}
-	return int(C.ft_model_moe_layer(raw, C.int32_t(modelLayer)))
+	l := -1
+	m.h.shared(func(raw *C.ft_model) error {
+		l = int(C.ft_model_moe_layer(raw, C.int32_t(modelLayer)))
+		return nil
+	})
+	return l
 }
 
 // Tensor is a copy of one of a loaded model's tensors (router weights, shared experts).
@@ -587,25 +549,24 @@ type Tensor struct {
 }
 
 // Tensor copies tensor kind of MoE layer layer. StatusUnsupported if the model has none.
-func (m *Model) Tensor(layer, kind int) (Tensor, error) {
-	raw, err := m.handle()
-	if err != nil {
-		return Tensor{}, err
-	}
-	var v C.ft_tensor_view
-	v.struct_size = C.uint32_t(unsafe.Sizeof(v))
-	s := C.ft_model_tensor(raw, C.int32_t(layer), C.int32_t(kind), &v)
-	// The shared model keeps no error text for this call; the message is made here.
-	if err := check(s, func() string { return fmt.Sprintf("tensor %d of MoE layer %d: %s", kind, layer, Status(s)) }); err != nil {
-		return Tensor{}, err
-	}
-	t := Tensor{Dtype: int(v.dtype)}
-	for d := 0; d < int(v.ndim) && d < 4; d++ {
-		t.Shape = append(t.Shape, int64(v.shape[d]))
-	}
-	t.Data = C.GoBytes(v.data, C.int(v.nbytes))
-	runtime.KeepAlive(m)
-	return t, nil
+func (m *Model) Tensor(layer, kind int) (t Tensor, err error) {
+	err = m.h.shared(func(raw *C.ft_model) error {
+		var v C.ft_tensor_view
+		v.struct_size = C.uint32_t(unsafe.Sizeof(v))
+		s := C.ft_model_tensor(raw, C.int32_t(layer), C.int32_t(kind), &v)
+		// The shared model keeps no error text for this call; the message is made here.
+		if err := check(s, func() string { return fmt.Sprintf("tensor %d of MoE layer %d: %s", kind, layer, Status(s)) }); err != nil {
+			return err
+		}
+		t.Dtype = int(v.dtype)
+		for d := 0; d < int(v.ndim) && d < 4; d++ {
+			t.Shape = append(t.Shape, int64(v.shape[d]))
+		}
+		// The view lives as long as the model: copied while the lock holds it open.
+		t.Data = C.GoBytes(v.data, C.int(v.nbytes))
+		return nil
+	})
+	return t, err
 }
 
 // ---- session ------------------------------------------------------------------------------
@@ -654,19 +615,14 @@ type LayerStats struct {
 // Session decodes MoE layers of one model. Used by one goroutine at a time; its methods hold a
 // lock, so concurrent calls wait for each other.
 type Session struct {
-	mu    sync.Mutex
-	raw   *C.ft_session
-	model *Model
-	e, k  int
-	h     int
+	h      owned[C.ft_session]
+	model  *Model
+	e, k   int // experts and top-k of the model
+	hidden int
 }
 
 // NewSession creates a session of model; params nil means the defaults.
 func NewSession(model *Model, params *SessionParams) (*Session, error) {
-	mraw, err := model.handle()
-	if err != nil {
-		return nil, err
-	}
 	var p C.ft_session_params
 	C.ft_session_params_init(&p)
 	if params != nil {
@@ -684,38 +640,38 @@ func NewSession(model *Model, params *SessionParams) (*Session, error) {
 		p.prefill_min_tokens, p.hybrid_fraction = prefill, C.float(params.HybridFraction)
 		p.hybrid_adaptive, p.handoff_timeout_seconds = C.bool(params.HybridAdaptive), C.double(params.HandoffTimeoutSeconds)
 	}
-	var raw *C.ft_session
-	if err := withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_session_create(mraw, &p, &raw, e, n) }); err != nil {
-		return nil, err
-	}
-	s := &Session{raw: raw, model: model, e: model.info.NumExperts, k: model.info.TopK, h: model.info.HiddenSize}
-	atomic.AddInt32(&model.children, 1)
-	runtime.SetFinalizer(s, func(s *Session) { s.Close() })
-	return s, nil
+	var s *Session
+	err := model.h.shared(func(mraw *C.ft_model) error {
+		var raw *C.ft_session
+		if err := withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_session_create(mraw, &p, &raw, e, n) }); err != nil {
+			return err
+		}
+		s = &Session{h: owned[C.ft_session]{raw: raw, what: "the session"}, model: model,
+			e: model.info.NumExperts, k: model.info.TopK, hidden: model.info.HiddenSize}
+		// Counted under the model's lock, so the model cannot be closed before it sees the session.
+		atomic.AddInt32(&model.h.children, 1)
+		runtime.SetFinalizer(s, func(s *Session) { s.Close() })
+		return nil
+	})
+	return s, err
 }
 
 // Close frees the session.
 func (s *Session) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.raw != nil {
-		C.ft_session_free(s.raw)
-		s.raw = nil
-		atomic.AddInt32(&s.model.children, -1)
-		runtime.SetFinalizer(s, nil)
-	}
+	s.h.close(func(raw *C.ft_session) {
+		C.ft_session_free(raw)
+		atomic.AddInt32(&s.model.h.children, -1)
+	}, "")
+	runtime.SetFinalizer(s, nil)
 	return nil
 }
 
-// call runs f with the session's handle under its lock and turns the status into an error.
+// call runs f with the session's handle under its exclusive lock and turns the status into an
+// error.
 func (s *Session) call(f func(raw *C.ft_session) C.ft_status) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.raw == nil {
-		return closedErr("the session")
-	}
-	st := f(s.raw)
-	return check(st, func() string { return C.GoString(C.ft_session_last_error(s.raw)) })
+	return s.h.exclusive(func(raw *C.ft_session) error {
+		return check(f(raw), func() string { return C.GoString(C.ft_session_last_error(raw)) })
+	})
 }
 
 // Backend is the backend the session runs (BackendAuto resolved).
@@ -755,7 +711,7 @@ func (s *Session) Route(layer int, logits []float32, ids []int32, weights []floa
 
 // Decode computes one MoE layer: hidden [T, H] bf16, ids and weights [T, K] -> out [T, H] bf16.
 func (s *Session) Decode(layer int, hidden []BF16, ids []int32, weights []float32, out []BF16) error {
-	t, err := rowsOf(len(hidden), s.h, "hidden")
+	t, err := rowsOf(len(hidden), s.hidden, "hidden")
 	if err != nil {
 		return err
 	}

@@ -113,6 +113,20 @@ func reference(w [][3][]BF16, x []BF16, ids []int32, wts []float32) []float64 {
 	return out
 }
 
+// checkNearReference fails t unless every element of y is within 2% of want's largest magnitude.
+func checkNearReference(t *testing.T, y []BF16, want []float64) {
+	t.Helper()
+	scale := 0.0
+	for _, v := range want {
+		scale = math.Max(scale, math.Abs(v))
+	}
+	for i := range y {
+		if math.Abs(float64(y[i].Float32())-want[i]) > 0.02*scale {
+			t.Fatalf("out[%d] = %v, reference %v", i, y[i].Float32(), want[i])
+		}
+	}
+}
+
 func TestBF16(t *testing.T) {
 	cases := []struct {
 		f    float32
@@ -201,16 +215,7 @@ func TestRouteAndDecodeMatchReference(t *testing.T) {
 		if err := s.Decode(layer, x, ids, wts, y); err != nil {
 			t.Fatal(err)
 		}
-		want := reference(w[layer], x, ids, wts)
-		scale := 0.0
-		for _, v := range want {
-			scale = math.Max(scale, math.Abs(v))
-		}
-		for i := range y {
-			if math.Abs(float64(y[i].Float32())-want[i]) > 0.02*scale {
-				t.Fatalf("out[%d] = %v, reference %v", i, y[i].Float32(), want[i])
-			}
-		}
+		checkNearReference(t, y, reference(w[layer], x, ids, wts))
 	}
 	st, err := s.Stats()
 	if err != nil || st.DecodeCalls != tL || st.Tokens != tL*T || st.RoutesCPU != tL*T*tK {

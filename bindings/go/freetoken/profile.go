@@ -14,7 +14,6 @@ import "C"
 
 import (
 	"runtime"
-	"sync"
 	"unsafe"
 )
 
@@ -53,12 +52,11 @@ type ProfileFormat struct {
 
 // Profile is what this machine's memory, bus and kernels do. Read-only; safe for concurrent use.
 type Profile struct {
-	mu  sync.Mutex
-	raw *C.ft_profile
+	h owned[C.ft_profile]
 }
 
 func newProfile(raw *C.ft_profile) *Profile {
-	p := &Profile{raw: raw}
+	p := &Profile{h: owned[C.ft_profile]{raw: raw, what: "the profile"}}
 	runtime.SetFinalizer(p, func(p *Profile) { p.Close() })
 	return p
 }
@@ -111,73 +109,53 @@ func LoadProfile(path string) (*Profile, error) {
 	return newProfile(raw), nil
 }
 
-func (p *Profile) handle() (*C.ft_profile, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.raw == nil {
-		return nil, closedErr("the profile")
-	}
-	return p.raw, nil
-}
-
 // Save writes the profile atomically; path "" means the default path.
 func (p *Profile) Save(path string) error {
-	raw, err := p.handle()
-	if err != nil {
-		return err
-	}
 	c, free := optPath(path)
 	defer free()
-	err = withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_profile_save(raw, c, e, n) })
-	runtime.KeepAlive(p)
-	return err
+	return p.h.shared(func(raw *C.ft_profile) error {
+		return withErrBuf(func(e *C.char, n C.size_t) C.ft_status { return C.ft_profile_save(raw, c, e, n) })
+	})
 }
 
 // Machine returns the machine figures.
-func (p *Profile) Machine() (ProfileMachine, error) {
-	raw, err := p.handle()
-	if err != nil {
-		return ProfileMachine{}, err
-	}
-	var m C.ft_profile_machine
-	m.struct_size = C.uint32_t(unsafe.Sizeof(m))
-	s := C.ft_profile_get_machine(raw, &m)
-	if err := check(s, func() string { return "ft_profile_get_machine failed" }); err != nil {
-		return ProfileMachine{}, err
-	}
-	defer runtime.KeepAlive(p)
-	return ProfileMachine{PhysicalCores: int(m.physical_cores), ThreadsUsed: int(m.threads_used),
-		CPUReadGBs: float64(m.cpu_read_gbs), H2DGBs: float64(m.h2d_gbs), D2HGBs: float64(m.d2h_gbs),
-		GPUName: C.GoString(m.gpu_name), CPUModel: C.GoString(m.cpu_model)}, nil
+func (p *Profile) Machine() (pm ProfileMachine, err error) {
+	err = p.h.shared(func(raw *C.ft_profile) error {
+		var m C.ft_profile_machine
+		m.struct_size = C.uint32_t(unsafe.Sizeof(m))
+		s := C.ft_profile_get_machine(raw, &m)
+		if err := check(s, func() string { return "ft_profile_get_machine failed" }); err != nil {
+			return err
+		}
+		pm = ProfileMachine{PhysicalCores: int(m.physical_cores), ThreadsUsed: int(m.threads_used),
+			CPUReadGBs: float64(m.cpu_read_gbs), H2DGBs: float64(m.h2d_gbs), D2HGBs: float64(m.d2h_gbs),
+			GPUName: C.GoString(m.gpu_name), CPUModel: C.GoString(m.cpu_model)}
+		return nil
+	})
+	return pm, err
 }
 
 // Format returns the figures of one format; StatusUnsupported when the profile has none.
-func (p *Profile) Format(format int) (ProfileFormat, error) {
-	raw, err := p.handle()
-	if err != nil {
-		return ProfileFormat{}, err
-	}
-	var f C.ft_profile_format
-	f.struct_size = C.uint32_t(unsafe.Sizeof(f))
-	s := C.ft_profile_get_format(raw, C.int32_t(format), &f)
-	if err := check(s, func() string { return "the profile has no figures for this format" }); err != nil {
-		return ProfileFormat{}, err
-	}
-	defer runtime.KeepAlive(p)
-	return ProfileFormat{Format: int(f.format), ExpertBytes: uint64(f.expert_bytes), CPUGBs: float64(f.cpu_gbs),
-		GatherGBs: float64(f.gather_gbs), CPUOverlapGBs: float64(f.cpu_overlap_gbs),
-		GatherOverlapGBs: float64(f.gather_overlap_gbs), FetchFraction: float64(f.fetch_fraction),
-		CPUKernel: C.GoString(f.cpu_kernel)}, nil
+func (p *Profile) Format(format int) (pf ProfileFormat, err error) {
+	err = p.h.shared(func(raw *C.ft_profile) error {
+		var f C.ft_profile_format
+		f.struct_size = C.uint32_t(unsafe.Sizeof(f))
+		s := C.ft_profile_get_format(raw, C.int32_t(format), &f)
+		if err := check(s, func() string { return "the profile has no figures for this format" }); err != nil {
+			return err
+		}
+		pf = ProfileFormat{Format: int(f.format), ExpertBytes: uint64(f.expert_bytes), CPUGBs: float64(f.cpu_gbs),
+			GatherGBs: float64(f.gather_gbs), CPUOverlapGBs: float64(f.cpu_overlap_gbs),
+			GatherOverlapGBs: float64(f.gather_overlap_gbs), FetchFraction: float64(f.fetch_fraction),
+			CPUKernel: C.GoString(f.cpu_kernel)}
+		return nil
+	})
+	return pf, err
 }
 
 // Close frees the profile.
 func (p *Profile) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.raw != nil {
-		C.ft_profile_free(p.raw)
-		p.raw = nil
-		runtime.SetFinalizer(p, nil)
-	}
+	p.h.close(func(raw *C.ft_profile) { C.ft_profile_free(raw) }, "")
+	runtime.SetFinalizer(p, nil)
 	return nil
 }

@@ -1,4 +1,5 @@
 """Safe layer: handles as context managers, errors as freetoken.Error, arrays checked."""
+import contextlib
 import ctypes
 import os
 import threading
@@ -56,10 +57,7 @@ def _struct_dict(st):
 
 def build_info():
     """ft_build_info_get as a dict (cuda, nccl, cuda_archs, onednn_version, cpu_isa, compiler, ...)."""
-    info = _ffi.ft_build_info()
-    info.struct_size = ctypes.sizeof(info)
-    _check(load().ft_build_info_get(ctypes.byref(info)), "ft_build_info_get")
-    return _struct_dict(info)
+    return _read_struct(_ffi.ft_build_info, "ft_build_info_get", ())
 
 
 def _check(status, call, handle_error=None, err_buffer=None):
@@ -70,6 +68,20 @@ def _check(status, call, handle_error=None, err_buffer=None):
         elif handle_error is not None:
             msg = handle_error()
         raise Error(status, msg, call)
+
+
+def _sized(ctype):
+    """An output struct of `ctype` whose struct_size holds its size."""
+    st = ctype()
+    st.struct_size = ctypes.sizeof(st)
+    return st
+
+
+def _read_struct(ctype, call, args, check=_check):
+    """The output struct that the C function `call`(*args, &struct) fills, as a dict."""
+    st = _sized(ctype)
+    check(getattr(load(), call)(*args, ctypes.byref(st)), call)
+    return _struct_dict(st)
 
 
 # ---- logging ------------------------------------------------------------------------------------
@@ -129,14 +141,22 @@ class _Progress:
 
 class _Handle:
     """An owned C handle. close() frees it (and first the handles made from it); so does leaving a
-    `with` block or garbage collection. Calls on a closed handle raise Error(FT_ERR_STATE)."""
+    `with` block or garbage collection. Calls on a closed handle raise Error(FT_ERR_STATE).
+
+    Calls hold the handle in use (_use) for their duration: close() from another thread waits for
+    them, so the library never runs on a freed handle. On an exclusive handle (the C API's
+    one-thread-at-a-time session and EP group) calls from different threads also wait for each
+    other."""
     _free_name = None
     _error_name = None
+    _exclusive = False
 
     def __init__(self, ptr, parent=None):
         self._ptr = ptr
         self._parent = parent  # kept alive: the C API requires parents to outlive children
         self._children = weakref.WeakSet()
+        self._cond = threading.Condition()
+        self._users = {}  # thread id -> calls of that thread in progress
         if parent is not None:
             parent._children.add(self)
 
@@ -151,12 +171,40 @@ class _Handle:
     def closed(self):
         return not self._ptr
 
+    @contextlib.contextmanager
+    def _use(self):
+        """The raw pointer, kept open until the block ends."""
+        me = threading.get_ident()
+        with self._cond:
+            while self._exclusive and any(t != me for t in self._users):
+                self._cond.wait()
+            ptr = self.handle
+            self._users[me] = self._users.get(me, 0) + 1
+        try:
+            yield ptr
+        finally:
+            with self._cond:
+                self._users[me] -= 1
+                if not self._users[me]:
+                    del self._users[me]
+                self._cond.notify_all()
+
     def close(self):
-        for child in list(self._children):
-            child.close()
-        if self._ptr:
-            ptr, self._ptr = self._ptr, None
-            getattr(load(), self._free_name)(ptr)
+        me = threading.get_ident()
+        while True:
+            for child in list(self._children):
+                child.close()
+            with self._cond:
+                if me in self._users:
+                    raise Error(_ffi.FT_ERR_STATE, "%s.close() inside a call on it" % type(self).__name__)
+                while self._users:
+                    self._cond.wait()
+                if any(not c.closed for c in self._children):
+                    continue  # made by a call that has just finished: closed first
+                ptr, self._ptr = self._ptr, None
+            if ptr:
+                getattr(load(), self._free_name)(ptr)
+            return
 
     def __enter__(self):
         return self
@@ -176,6 +224,22 @@ class _Handle:
 
     def _check(self, status, call):
         _check(status, call, handle_error=self.last_error)
+
+    def _call(self, call, *args):
+        """The C function `call`(handle, *args) with the handle in use; its status raised as Error with
+        the handle's text."""
+        with self._use() as h:
+            self._check(getattr(load(), call)(h, *args), call)
+
+    def _value(self, call, *args):
+        """What the C function `call`(handle, *args) returns, with the handle in use."""
+        with self._use() as h:
+            return getattr(load(), call)(h, *args)
+
+    def _read(self, ctype, call, *args):
+        """The output struct that `call`(handle, *args, &struct) fills, as a dict."""
+        with self._use() as h:
+            return _read_struct(ctype, call, (h,) + args, self._check)
 
 
 def _backend_value(backend):
@@ -215,10 +279,7 @@ class Engine(_Handle):
         super().__init__(out.value)
 
     def info(self):
-        i = _ffi.ft_engine_info()
-        i.struct_size = ctypes.sizeof(i)
-        self._check(load().ft_engine_get_info(self.handle, ctypes.byref(i)), "ft_engine_get_info")
-        return _struct_dict(i)
+        return self._read(_ffi.ft_engine_info, "ft_engine_get_info")
 
 
 class TensorView:
@@ -233,8 +294,8 @@ class TensorView:
         self.nbytes = view.nbytes
 
     def _bytes(self):
-        self.model.handle  # raises once the model is closed
-        return ctypes.string_at(self.data, self.nbytes)
+        with self.model._use():  # raises once the model is closed
+            return ctypes.string_at(self.data, self.nbytes)
 
     def numpy(self):
         import numpy as np
@@ -264,11 +325,12 @@ class Model(_Handle):
         cb = _Progress(progress)
         p.progress = cb.thunk
         out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
-        status = lib.ft_model_load(engine.handle, os.fsencode(os.fspath(path)), ctypes.byref(p),
-                                   ctypes.byref(out), err, len(err))
-        cb.reraise()
-        _check(status, "ft_model_load", err_buffer=err)
-        return cls(out.value, engine)
+        with engine._use() as e:
+            status = lib.ft_model_load(e, os.fsencode(os.fspath(path)), ctypes.byref(p), ctypes.byref(out), err,
+                                       len(err))
+            cb.reraise()
+            _check(status, "ft_model_load", err_buffer=err)
+            return cls(out.value, engine)  # a child of the engine before the engine can be closed
 
     @classmethod
     def create(cls, engine, num_layers, num_experts, top_k, hidden_size, intermediate_size, **fields):
@@ -279,9 +341,10 @@ class Model(_Handle):
         _set_fields(d, dict(num_layers=num_layers, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
                             intermediate_size=intermediate_size, **fields), "Model.create")
         out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
-        _check(lib.ft_model_create(engine.handle, ctypes.byref(d), ctypes.byref(out), err, len(err)),
-               "ft_model_create", err_buffer=err)
-        m = cls(out.value, engine)
+        with engine._use() as e:
+            _check(lib.ft_model_create(e, ctypes.byref(d), ctypes.byref(out), err, len(err)), "ft_model_create",
+                   err_buffer=err)
+            m = cls(out.value, engine)
         m._desc = (d.intermediate_size, d.hidden_size, d.num_experts)
         return m
 
@@ -295,33 +358,27 @@ class Model(_Handle):
         nbytes = 2
         for n in buf.shape:
             nbytes *= n
-        self._check(load().ft_model_set_expert(self.handle, layer, expert, proj, buf.ptr, nbytes),
-                    "ft_model_set_expert")
+        self._call("ft_model_set_expert", layer, expert, proj, buf.ptr, nbytes)
 
     def set_router_bias(self, layer, bias):
         buf = as_buffer(bias, "f32", "bias", (None,))
         if buf.is_cuda:
             raise ArrayError("bias: must be in host memory")
-        self._check(load().ft_model_set_router_bias(self.handle, layer, buf.ptr, buf.shape[0]),
-                    "ft_model_set_router_bias")
+        self._call("ft_model_set_router_bias", layer, buf.ptr, buf.shape[0])
 
     def finalize(self):
-        self._check(load().ft_model_finalize(self.handle), "ft_model_finalize")
+        self._call("ft_model_finalize")
 
     def info(self):
-        i = _ffi.ft_model_info()
-        i.struct_size = ctypes.sizeof(i)
-        self._check(load().ft_model_get_info(self.handle, ctypes.byref(i)), "ft_model_get_info")
-        return _struct_dict(i)
+        return self._read(_ffi.ft_model_info, "ft_model_get_info")
 
     def moe_layer(self, model_layer):
         """MoE layer index of checkpoint layer `model_layer`, or -1."""
-        return int(load().ft_model_moe_layer(self.handle, model_layer))
+        return int(self._value("ft_model_moe_layer", model_layer))
 
     def tensor(self, layer, which):
-        v = _ffi.ft_tensor_view()
-        v.struct_size = ctypes.sizeof(v)
-        self._check(load().ft_model_tensor(self.handle, layer, which, ctypes.byref(v)), "ft_model_tensor")
+        v = _sized(_ffi.ft_tensor_view)
+        self._call("ft_model_tensor", layer, which, ctypes.byref(v))
         return TensorView(self, v)
 
 
@@ -343,6 +400,7 @@ class Session(_Handle):
     """ft_session: one model on one engine. Session(model, backend='auto', max_tokens=256, ...);
     other ft_session_params fields as keywords (cache_fraction, shared_experts, hybrid_fraction, ...)."""
     _free_name, _error_name = "ft_session_free", "ft_session_last_error"
+    _exclusive = True
 
     def __init__(self, model, backend="auto", max_tokens=256, **fields):
         lib = load()
@@ -350,9 +408,10 @@ class Session(_Handle):
         lib.ft_session_params_init(ctypes.byref(p))
         _set_fields(p, dict(backend=_backend_value(backend), max_tokens=max_tokens, **fields), "Session")
         out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
-        _check(lib.ft_session_create(model.handle, ctypes.byref(p), ctypes.byref(out), err, len(err)),
-               "ft_session_create", err_buffer=err)
-        super().__init__(out.value, model)
+        with model._use() as m:
+            _check(lib.ft_session_create(m, ctypes.byref(p), ctypes.byref(out), err, len(err)), "ft_session_create",
+                   err_buffer=err)
+            super().__init__(out.value, model)  # a child of the model before the model can be closed
         self.model = model
         self.max_tokens = p.max_tokens
         info = model.info()
@@ -362,26 +421,25 @@ class Session(_Handle):
     @property
     def backend(self):
         """The backend the session runs, by name ('cpu', 'gpu', 'offload', 'hybrid')."""
-        return BACKEND_NAMES.get(int(load().ft_session_backend(self.handle)), "unknown")
+        return BACKEND_NAMES.get(int(self._value("ft_session_backend")), "unknown")
 
     @property
     def backend_reason(self):
-        return _s(load().ft_session_backend_reason(self.handle))
+        with self._use() as h:  # the text is valid until the next call on the session
+            return _s(load().ft_session_backend_reason(h))
 
     @property
     def device(self):
         """CUDA device ordinal of the engine, or FT_DEVICE_NONE."""
-        return int(load().ft_session_device(self.handle))
+        return int(self._value("ft_session_device"))
 
     def status(self):
         """FT_OK, or the sticky status of a session that cannot continue."""
-        return int(load().ft_session_status(self.handle))
+        return int(self._value("ft_session_status"))
 
-    def _check_layer_tokens(self, layer, tokens, limit):
+    def _check_layer(self, layer):
         if not 0 <= layer < self.num_layers:
             raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)" % (layer, self.num_layers))
-        if not 1 <= tokens <= limit:
-            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "%d tokens: must be 1..%d" % (tokens, limit))
 
     def route(self, layer, logits, expert_ids=None, expert_weights=None):
         """Router logits [T, E] float32 (host) -> (expert_ids [T, K] int32, expert_weights [T, K] float32),
@@ -396,8 +454,10 @@ class Session(_Handle):
         ids = as_buffer(expert_ids, "i32", "expert_ids", (T, K), writable=True)
         w = as_buffer(expert_weights, "f32", "expert_weights", (T, K), writable=True)
         same_device([("logits", lg), ("expert_ids", ids), ("expert_weights", w)])
-        self._check_layer_tokens(layer, T, 1 << 30)
-        self._check(load().ft_route(self.handle, layer, T, lg.ptr, ids.ptr, w.ptr), "ft_route")
+        self._check_layer(layer)
+        if not 1 <= T <= 1 << 30:
+            raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "%d tokens: must be 1..%d" % (T, 1 << 30))
+        self._call("ft_route", layer, T, lg.ptr, ids.ptr, w.ptr)
         return expert_ids, expert_weights
 
     def decode(self, layer, hidden, expert_ids, expert_weights, out=None, stream=None):
@@ -418,39 +478,29 @@ class Session(_Handle):
             return out
         if x.ptr == y.ptr:
             raise ArrayError("out may not alias hidden")
-        self._check_layer_tokens(layer, 1, 1)
-        lib = load()
+        self._check_layer(layer)
+        extra = ()
         if device != "cpu":
             if device[1] != self.device:
                 raise ArrayError("arrays on cuda:%d but the session's engine uses %s" % (
                     device[1], "no GPU" if self.device < 0 else "cuda:%d" % self.device))
-            s = _cuda_stream_handle(stream, device)
+            extra = (_cuda_stream_handle(stream, device),)
+        call = "ft_decode" if device == "cpu" else "ft_decode_cuda"
         step = self.max_tokens
         for t0 in range(0, T, step):
             n = min(step, T - t0)
-            args = (self.handle, layer, n, x.ptr + t0 * H * 2, ids.ptr + t0 * K * 4, w.ptr + t0 * K * 4,
-                    y.ptr + t0 * H * 2)
-            if device == "cpu":
-                self._check(lib.ft_decode(*args), "ft_decode")
-            else:
-                self._check(lib.ft_decode_cuda(*args, s), "ft_decode_cuda")
+            self._call(call, layer, n, x.ptr + t0 * H * 2, ids.ptr + t0 * K * 4, w.ptr + t0 * K * 4,
+                       y.ptr + t0 * H * 2, *extra)
         return out
 
     def stats(self):
-        st = _ffi.ft_session_stats()
-        st.struct_size = ctypes.sizeof(st)
-        self._check(load().ft_session_get_stats(self.handle, ctypes.byref(st)), "ft_session_get_stats")
-        return _struct_dict(st)
+        return self._read(_ffi.ft_session_stats, "ft_session_get_stats")
 
     def layer_stats(self, layer):
-        st = _ffi.ft_layer_stats()
-        st.struct_size = ctypes.sizeof(st)
-        self._check(load().ft_session_get_layer_stats(self.handle, layer, ctypes.byref(st)),
-                    "ft_session_get_layer_stats")
-        return _struct_dict(st)
+        return self._read(_ffi.ft_layer_stats, "ft_session_get_layer_stats", layer)
 
     def reset_stats(self):
-        load().ft_session_reset_stats(self.handle)
+        self._value("ft_session_reset_stats")
 
 
 def _alloc_like(ref, shape, kind):
@@ -505,16 +555,11 @@ class Profile(_Handle):
     def save(self, path=None):
         err = ctypes.create_string_buffer(_ERR_SIZE)
         p = None if path is None else os.fsencode(os.fspath(path))
-        _check(load().ft_profile_save(self.handle, p, err, len(err)), "ft_profile_save", err_buffer=err)
+        with self._use() as h:
+            _check(load().ft_profile_save(h, p, err, len(err)), "ft_profile_save", err_buffer=err)
 
     def machine(self):
-        m = _ffi.ft_profile_machine()
-        m.struct_size = ctypes.sizeof(m)
-        _check(load().ft_profile_get_machine(self.handle, ctypes.byref(m)), "ft_profile_get_machine")
-        return _struct_dict(m)
+        return self._read(_ffi.ft_profile_machine, "ft_profile_get_machine")
 
     def format(self, fmt):
-        f = _ffi.ft_profile_format()
-        f.struct_size = ctypes.sizeof(f)
-        _check(load().ft_profile_get_format(self.handle, int(fmt), ctypes.byref(f)), "ft_profile_get_format")
-        return _struct_dict(f)
+        return self._read(_ffi.ft_profile_format, "ft_profile_get_format", int(fmt))

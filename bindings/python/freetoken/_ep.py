@@ -6,7 +6,7 @@ import ctypes
 
 from . import _ffi
 from ._arrays import ArrayError, as_buffer, same_device
-from ._core import _ERR_SIZE, Error, _check, _cuda_stream_handle, _Handle, _set_fields, _struct_dict, _s
+from ._core import _ERR_SIZE, Error, _check, _cuda_stream_handle, _Handle, _set_fields, _sized
 from ._ffi import load
 
 
@@ -21,11 +21,14 @@ def ep_params(**fields):
 class EpGroup(_Handle):
     """One rank of an expert-parallel group (ft_ep_group)."""
     _free_name, _error_name = "ft_ep_group_free", "ft_ep_group_last_error"
+    _exclusive = True
 
     def __init__(self, ptr, params):
         super().__init__(ptr)
         self.params = params
-        self._keep = []
+        # The arrays of the latest dispatch or forward: the work it enqueued (and combine) reads them
+        # on the stream after the call returns, so they stay referenced until the next one.
+        self._keep = ()
 
     @classmethod
     def from_comm(cls, nccl_comm, device, **fields):
@@ -76,27 +79,19 @@ class EpGroup(_Handle):
         return [cls(outs[i], p) for i in range(n)]
 
     def info(self):
-        i = _ffi.ft_ep_group_info()
-        i.struct_size = ctypes.sizeof(i)
-        self._check(load().ft_ep_group_info_get(self.handle, ctypes.byref(i)), "ft_ep_group_info_get")
-        d = _struct_dict(i)
-        d["pci_bus_id"] = _s(i.pci_bus_id)
-        return d
+        return self._read(_ffi.ft_ep_group_info, "ft_ep_group_info_get")
 
     def set_placement(self, phy2log):
         """phy2log: a sequence of ranks * slots_per_rank logical expert ids."""
         vals = [int(v) for v in phy2log]
         arr = (ctypes.c_int32 * len(vals))(*vals)
-        self._check(load().ft_ep_group_set_placement(self.handle, arr, ctypes.c_size_t(len(vals))),
-                    "ft_ep_group_set_placement")
+        self._call("ft_ep_group_set_placement", arr, ctypes.c_size_t(len(vals)))
 
     def get_placement(self):
         count = ctypes.c_size_t(0)
-        self._check(load().ft_ep_group_get_placement(self.handle, None, 0, ctypes.byref(count)),
-                    "ft_ep_group_get_placement")
+        self._call("ft_ep_group_get_placement", None, 0, ctypes.byref(count))
         arr = (ctypes.c_int32 * max(1, count.value))()
-        self._check(load().ft_ep_group_get_placement(self.handle, arr, count.value, ctypes.byref(count)),
-                    "ft_ep_group_get_placement")
+        self._call("ft_ep_group_get_placement", arr, count.value, ctypes.byref(count))
         return list(arr[:count.value])
 
     def _inputs(self, topk_ids, topk_weights, x):
@@ -117,18 +112,17 @@ class EpGroup(_Handle):
     def dispatch(self, topk_ids, topk_weights, x, stream=None):
         """Returns the ft_ep_expert_batch of the rows this rank's experts compute before combine()."""
         xb, ids, w, T, dev = self._inputs(topk_ids, topk_weights, x)
-        batch = _ffi.ft_ep_expert_batch()
-        batch.struct_size = ctypes.sizeof(batch)
-        self._keep = [topk_ids, topk_weights, x]  # the caller must keep them alive until combine too
-        self._check(load().ft_ep_dispatch(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T,
-                                          _cuda_stream_handle(stream, dev), ctypes.byref(batch)), "ft_ep_dispatch")
+        batch = _sized(_ffi.ft_ep_expert_batch)
+        self._keep = (topk_ids, topk_weights, x)
+        self._call("ft_ep_dispatch", ids.ptr, w.ptr if w else None, xb.ptr, T, _cuda_stream_handle(stream, dev),
+                   ctypes.byref(batch))
         return batch
 
     def combine(self, out, stream=None):
         y = as_buffer(out, "bf16", "out", (None, self.params.hidden), writable=True)
         if y.device == "cpu":
             raise ArrayError("out: must be CUDA device memory")
-        self._check(load().ft_ep_combine(self.handle, y.ptr, _cuda_stream_handle(stream, y.device)), "ft_ep_combine")
+        self._call("ft_ep_combine", y.ptr, _cuda_stream_handle(stream, y.device))
         return out
 
     def forward(self, topk_ids, topk_weights, x, expert, out, stream=None):
@@ -146,11 +140,13 @@ class EpGroup(_Handle):
             except BaseException as e:  # noqa: B902
                 error.append(e)
         thunk = _ffi.ft_ep_expert_fn(call)
-        status = load().ft_ep_forward(self.handle, ids.ptr, w.ptr if w else None, xb.ptr, T, thunk, None, y.ptr,
-                                      _cuda_stream_handle(stream, dev))
-        if error:
-            raise error[0]
-        self._check(status, "ft_ep_forward")
+        self._keep = (topk_ids, topk_weights, x, out)
+        with self._use() as h:
+            status = load().ft_ep_forward(h, ids.ptr, w.ptr if w else None, xb.ptr, T, thunk, None, y.ptr,
+                                          _cuda_stream_handle(stream, dev))
+            if error:
+                raise error[0]
+            self._check(status, "ft_ep_forward")
         return out
 
     def forward_session(self, session, layer, topk_ids, topk_weights, x, out, stream=None):
@@ -158,10 +154,12 @@ class EpGroup(_Handle):
         xb, ids, w, T, dev = self._inputs(topk_ids, topk_weights, x)
         y = as_buffer(out, "bf16", "out", (T, self.params.hidden), writable=True)
         same_device([("x", xb), ("out", y)])
-        self._check(load().ft_ep_forward_session(self.handle, session.handle, session.model.handle,
-                                                 session.max_tokens, layer, ids.ptr, w.ptr if w else None, xb.ptr,
-                                                 T, y.ptr, _cuda_stream_handle(stream, dev)),
-                    "ft_ep_forward_session")
+        self._keep = (topk_ids, topk_weights, x, out)
+        # The group first, then the session, as in forward() whose expert callback may use a session.
+        with self._use() as g, session._use() as sh, session.model._use() as mh:
+            self._check(load().ft_ep_forward_session(g, sh, mh, session.max_tokens, layer, ids.ptr,
+                                                     w.ptr if w else None, xb.ptr, T, y.ptr,
+                                                     _cuda_stream_handle(stream, dev)), "ft_ep_forward_session")
         return out
 
 

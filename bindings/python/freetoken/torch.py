@@ -192,9 +192,9 @@ def _route(block, x):
         picked = _pick_routing(block.route_tokens_to_experts(logits), st["num_experts"])
         if picked is not None:
             return picked[0], picked[1], logits
+    # A correction bias the rule adds to the scores (DeepSeek-V3 style); gpt-oss routers have none
+    # here, their bias is inside the linear layer and so already in `logits`.
     bias = getattr(gate, "e_score_correction_bias", None)
-    if bias is None and st["info"]["routing"] == _ffi.FT_ROUTING_TOPK_SOFTMAX:
-        bias = None  # gpt-oss routers add their bias inside the linear layer
     ids, w = _routing_by_rule(logits, st["info"], bias.float() if bias is not None else None)
     return ids, w, logits
 

@@ -5,6 +5,8 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import unittest
 import weakref
 
@@ -339,6 +341,37 @@ class Lifetimes(Checkpoint):
             session.stats()
         session.close()  # twice is fine
         model.close()
+
+    def test_close_from_another_thread_waits_for_a_call_in_progress(self):
+        # The load is held in its progress callback while another thread closes the engine: the
+        # close must wait for the load (the library is still using the engine), then close the
+        # model the load made before freeing the engine.
+        engine = self.engine()
+        started, release, returned_after_release = threading.Event(), threading.Event(), []
+
+        def progress(*_):
+            if not started.is_set():
+                started.set()
+                release.wait(10)
+            return True
+
+        def close():
+            started.wait(10)
+            engine.close()
+            returned_after_release.append(release.is_set())
+
+        def release_later():
+            started.wait(10)
+            time.sleep(0.2)  # engine.close() has been called meanwhile
+            release.set()
+        threads = [threading.Thread(target=close), threading.Thread(target=release_later)]
+        for t in threads:
+            t.start()
+        model = ft.Model.load(engine, self.ckpt, progress=progress)
+        for t in threads:
+            t.join(10)
+        self.assertEqual(returned_after_release, [True])
+        self.assertTrue(engine.closed and model.closed)
 
     def test_children_keep_their_parents_alive_and_gc_frees_everything(self):
         engine = self.engine()

@@ -232,10 +232,11 @@ impl EpGroup {
     /// (`ft_ep_group_bootstrap_local`). Each needs its own host thread afterwards.
     pub fn bootstrap_local(devices: &[i32], params: &EpParams) -> Result<Vec<EpGroup>> {
         let p = params.raw();
+        let ndevices = to_i32(devices.len(), "devices")?;
         let mut raw = vec![ptr::null_mut(); devices.len()];
         with_err_buf(|err, n| unsafe {
             sys::ft_ep_group_bootstrap_local(
-                to_i32(devices.len(), "devices").unwrap_or(i32::MAX),
+                ndevices,
                 devices.as_ptr(),
                 &p,
                 raw.as_mut_ptr(),

@@ -523,19 +523,18 @@ struct Progress<'a> {
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
-impl<'a> Progress<'a> {
-    fn new(f: ProgressFn<'a>) -> Progress<'a> {
-        Progress { f: Mutex::new(f), panic: Mutex::new(None) }
+/// Runs `call` with the C progress callback and user data that report to `f` (None and NULL
+/// without one); once it has returned, re-raises a panic of `f`.
+fn with_progress<R>(f: Option<ProgressFn<'_>>, call: impl FnOnce(sys::ft_progress_fn, *mut c_void) -> R) -> R {
+    let p = match f {
+        Some(f) => Progress { f: Mutex::new(f), panic: Mutex::new(None) },
+        None => return call(None, ptr::null_mut()),
+    };
+    let r = call(Some(progress_trampoline), &p as *const Progress as *mut c_void);
+    if let Some(e) = p.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        resume_unwind(e);
     }
-    fn user_data(&self) -> *mut c_void {
-        self as *const Progress as *mut c_void
-    }
-    /// Re-raises a panic of the closure once the library call has returned.
-    fn resume(self) {
-        if let Some(p) = self.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            resume_unwind(p);
-        }
-    }
+    r
 }
 
 unsafe extern "C" fn progress_trampoline(user: *mut c_void, phase: *const c_char, done: u64, total: u64) -> bool {
@@ -947,19 +946,14 @@ impl<'e> Model<'e> {
         let cpath = path_cstring(path.as_ref())?;
         let mut p = defaults(sys::ft_model_load_params_init);
         p.io_threads = to_i32(options.io_threads, "io_threads")?;
-        let progress = options.progress.map(Progress::new);
-        if let Some(pr) = &progress {
-            p.progress = Some(progress_trampoline);
-            p.progress_user_data = pr.user_data();
-        }
         let mut raw = ptr::null_mut();
-        let r = with_err_buf(|err, n| unsafe {
-            sys::ft_model_load(engine.raw.as_ptr(), cpath.as_ptr(), &p, &mut raw, err, n)
-        });
-        if let Some(pr) = progress {
-            pr.resume();
-        }
-        r?;
+        with_progress(options.progress, |cb, user| {
+            p.progress = cb;
+            p.progress_user_data = user;
+            with_err_buf(|err, n| unsafe {
+                sys::ft_model_load(engine.raw.as_ptr(), cpath.as_ptr(), &p, &mut raw, err, n)
+            })
+        })?;
         let raw = NonNull::new(raw).ok_or_else(|| Error::new(Status::INTERNAL, "ft_model_load gave NULL"))?;
         Ok(Model { raw, _engine: PhantomData })
     }
@@ -1410,17 +1404,12 @@ impl Profile {
             p.formats |= 1u32 << f.0;
         }
         p.max_seconds = options.max_seconds;
-        let progress = options.progress.map(Progress::new);
-        if let Some(pr) = &progress {
-            p.progress = Some(progress_trampoline);
-            p.progress_user_data = pr.user_data();
-        }
         let mut raw = ptr::null_mut();
-        let r = with_err_buf(|err, n| unsafe { sys::ft_profile_bandwidth(&p, &mut raw, err, n) });
-        if let Some(pr) = progress {
-            pr.resume();
-        }
-        r?;
+        with_progress(options.progress, |cb, user| {
+            p.progress = cb;
+            p.progress_user_data = user;
+            with_err_buf(|err, n| unsafe { sys::ft_profile_bandwidth(&p, &mut raw, err, n) })
+        })?;
         Ok(Profile { raw: NonNull::new(raw).ok_or_else(|| Error::new(Status::INTERNAL, "ft_profile_bandwidth gave NULL"))? })
     }
 
