@@ -68,7 +68,7 @@ typedef struct ft_ep_params {
                                  group (a collective), or 25e9 with one rank              */
     int64_t max_expert_rows;  /* expert rows per chunk the buffers hold; 0: ranks *
                                  max_tokens * top_k (the worst case; lower it to save memory) */
-    /* Since issue 7 item 2 (callers with a smaller struct_size get the defaults). */
+    /* Since 0.3 (callers with a smaller struct_size get the defaults). */
     int32_t combine_wire;     /* FT_EP_WIRE_* of the partial rows combine returns (default
                                  BF16). FP8 / FP8_UE8M0 (throughput mode only; a latency-mode
                                  group refuses them): each remote partial row travels as e4m3
@@ -129,7 +129,7 @@ typedef struct ft_ep_group_info {
     int32_t nccl_version;     /* NCCL_VERSION_CODE of the loaded libnccl                    */
     int32_t last_chunks;      /* chunks of the last throughput call                         */
     uint64_t last_bytes_sent; /* bytes the last call sent to other ranks (both directions)  */
-    /* Topology probe at creation (since issue 7 item 4); unknown values as noted. */
+    /* Topology probe at creation (since 0.3); unknown values as noted. */
     char pci_bus_id[16];      /* this GPU, "0000:3b:00.0" (sysfs spelling); "" unknown        */
     int32_t numa_node;        /* NUMA node of this GPU, -1 unknown                          */
     int32_t pcie_link_width;  /* current PCIe lanes, 0 unknown                              */
@@ -141,7 +141,7 @@ typedef struct ft_ep_group_info {
     uint64_t p2p_known;       /* bit r: the P2P status towards rank r's GPU is known (that
                                  GPU is visible to this process); own bit set              */
     uint64_t p2p_mask;        /* bit r: cudaDeviceCanAccessPeer to rank r's GPU; own bit set */
-    /* Since issue 7 item 2. */
+    /* Since 0.3. */
     int32_t combine_wire;     /* FT_EP_WIRE_* the combine uses now: params' combine_wire until
                                  the accuracy gate trips (noticed in the call after the one
                                  that exceeded it), then FT_EP_WIRE_BF16                     */
@@ -203,7 +203,7 @@ FT_API const char *ft_ep_group_last_error(const ft_ep_group *group);
 /* Frees the buffers and, if the group made it, the communicator. Accepts NULL. */
 FT_API void ft_ep_group_free(ft_ep_group *group);
 
-/* ---- since issue 7 item 5: the local experts through a FreeToken session ------------------- */
+/* ---- since 0.3: the local experts through a FreeToken session ------------------------------ */
 
 /* ft_ep_forward with this rank's experts computed by `session` (a session of this process on the
  * group's GPU, backend FT_BACKEND_GPU, FT_BACKEND_OFFLOAD or FT_BACKEND_HYBRID), so expert

@@ -166,7 +166,7 @@ int main(void) {
     ft_model_free(NULL);
     ft_engine_free(NULL);
 
-    /* EP params: the combine wire fields appended in issue 7 item 2 default to bf16 and a 0.05 gate. */
+    /* EP params: the combine wire fields (appended in 0.3) default to bf16 and a 0.05 gate. */
     ft_ep_params epp;
     ft_ep_params_init(&epp);
     EXPECT(epp.struct_size == sizeof epp);
