@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's oneDNN CMake config looks for OpenCL, hence ocl-icd-opencl-dev; make builds the
-# pkg-config consumer example.
+# pkg-config consumer example; clang and its runtimes (libFuzzer, ASan, UBSan, TSan) serve
+# scripts/sanitizers.sh.
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go)
+          libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
