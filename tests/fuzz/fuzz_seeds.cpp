@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
         }
         for (const char *arch : {"qwen3_5_moe", "glm4_moe", "kimi_k2"}) {
             ft::synth::Spec s = tiny(arch, "bf16");
-            if (std::string(arch) == "qwen3_5_moe") s.shared_intermediate = 16;
+            s.shared_intermediate = std::string(arch) == "qwen3_5_moe" ? 16 : s.intermediate;
             const std::string dir = work + "/cfg_" + arch;
             ft::synth::write_checkpoint(dir, s);
             put(out + "/config/" + arch + ".json", read_all(dir + "/config.json"));
