@@ -5,7 +5,9 @@
 #      target for FT_FUZZ_SECONDS over its seed corpus (written by the fuzz.seeds test) and
 #      every file of tests/fuzz/regressions/<target>/;
 #  (b) TSan build of the threaded tests only: the worker pool, the MoE executor over pool sizes,
-#      sessions sharing an engine, a shared model decoded from four threads.
+#      the loader's parallel readers (callbacks, cancellation), sessions sharing an engine, a
+#      shared model decoded from four threads. (The hybrid coordinator's threads run only with a
+#      GPU: tests/handoff.)
 # Every phase prints its time. Environment: FT_SAN_DIR (build folder root, default build-san),
 # FT_SAN_JOBS (default 2), FT_FUZZ_SECONDS (per target, default 12: about 60 s for the five),
 # FT_SAN_CTEST_ARGS (extra ctest arguments, e.g. -E 'Onednn').
@@ -62,12 +64,13 @@ phase "fuzzing (${per_target} s per target)"
 # ---- (b) TSan -----------------------------------------------------------------------------------
 tsan=$root/tsan
 cmake -S . -B "$tsan" "${cfg[@]}" -DFT_SANITIZE=thread >/dev/null
-nice cmake --build "$tsan" -j "$jobs" --target test_cpu test_api
+nice cmake --build "$tsan" -j "$jobs" --target test_cpu test_api test_loader
 phase "TSan build"
 
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp"
 "$tsan/tests/cpu/test_cpu" --gtest_brief=1 \
   --gtest_filter='ThreadPool.*:MoeExecutor.IdenticalAcrossPoolSizes:QuantMoe.IdenticalAcrossPoolSizesAndDedupCounts'
+"$tsan/tests/loader/test_loader" --gtest_brief=1 --gtest_filter='LoadCallbacks.*'
 "$tsan/tests/api/test_api" --gtest_brief=1 \
   --gtest_filter='Decode.ConcurrentSessionsShareTheEngine:HostileInputs.SharedModelFromFourThreads:HostileInputs.WorkerCountBoundedByTheMachine'
 phase "TSan tests"
