@@ -103,7 +103,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         sp.check_finite = in.ConsumeBool();
         sp.shared_experts = in.ConsumeBool();
         ft_session *ss = nullptr;
-        s = ft_session_create(m, in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : &sp, &ss, err, sizeof err);
+        const bool default_params = in.ConsumeIntegralInRange<int>(0, 15) == 0;
+        const int32_t max_tokens = default_params ? 256 : sp.max_tokens;  // 256: the documented default
+        s = ft_session_create(m, default_params ? nullptr : &sp, &ss, err, sizeof err);
         ftfuzz::check_status(s, err);
         if (s == FT_OK) {
             const int K = d.top_k;
@@ -116,10 +118,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 std::vector<int32_t> ids(t * static_cast<size_t>(K));
                 std::vector<float> wts(t * static_cast<size_t>(K));
                 const int32_t Tc = T > 0 && T <= 8 ? T : (in.ConsumeBool() ? T : 1);
-                // A count the buffers do not hold is only passed where it must be rejected (T > max_tokens or <= 0).
+                // A count the buffers do not hold is only passed where it must be rejected: <= 0 for
+                // ft_route (which reads num_tokens rows whatever max_tokens is), <= 0 or above
+                // max_tokens for ft_decode.
                 const bool bad_count = Tc != static_cast<int32_t>(t);
-                if (bad_count && Tc > 0 && Tc <= sp.max_tokens) continue;
-                s = ft_route(ss, layer, Tc, in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : logits.data(),
+                if (bad_count && Tc > 0 && Tc <= max_tokens) continue;
+                s = ft_route(ss, layer, bad_count && Tc > 0 ? static_cast<int32_t>(t) : Tc, in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : logits.data(),
                              ids.data(), wts.data());
                 if (!ft_status_string(s)) std::abort();
                 for (size_t k = 0; k < ids.size(); ++k) {
