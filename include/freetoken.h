@@ -207,7 +207,10 @@ typedef struct ft_engine_params {
                              With a device, host expert banks are page-locked for it.          */
     int32_t cpu_threads;  /* worker threads; 0 (default) = one per physical core, less one when
                              the engine uses a GPU: that core is left to the thread that
-                             drives the GPU and to the hybrid coordinator                      */
+                             drives the GPU and to the hybrid coordinator. At most 4096
+                             (FT_ERR_INVALID_ARGUMENT beyond); a count above the logical CPUs
+                             of the process's affinity set is clamped to them (logged; the
+                             count in use is ft_engine_info.cpu_threads)                       */
     bool pin_threads;     /* pin each worker to its own core (default true)                    */
     uint8_t reserved_[3];
 } ft_engine_params;
@@ -256,7 +259,14 @@ FT_API void ft_model_load_params_init(ft_model_load_params *params);
  * biases and shared experts are read too (ft_model_tensor). params may be NULL.
  * Errors: FT_ERR_IO (missing/unreadable files), FT_ERR_FORMAT (corrupt header, inconsistent or
  * ambiguous layout, missing tensor: the message names the file and tensor), FT_ERR_UNSUPPORTED
- * (architecture or dtype not served), FT_ERR_OUT_OF_MEMORY, FT_ERR_CANCELLED. */
+ * (architecture or dtype not served), FT_ERR_OUT_OF_MEMORY, FT_ERR_CANCELLED.
+ * Limits (docs/limits.md; FT_ERR_FORMAT naming the field beyond them): at most 4096 layers,
+ * 65536 experts per layer, widths (hidden, intermediate, shared expert) of 2^20; config.json,
+ * model.safetensors.index.json and hf_quant_config.json of at most 64 MiB, JSON nested at most
+ * 64 deep; an index naming at most 65536 shard files; safetensors headers of at most 100 MiB.
+ * Every count and size a file declares is checked against the file before it is used.
+ * Weights are not scanned for NaN/Inf: a NaN or Inf in a weight or scale makes the outputs of
+ * the tokens routed to that expert NaN/Inf (or garbage), never undefined behaviour. */
 FT_API ft_status ft_model_load(ft_engine *engine, const char *path,
                                const ft_model_load_params *params, ft_model **out,
                                char *err, size_t err_size);
@@ -285,7 +295,8 @@ typedef struct ft_model_desc {
 FT_API void ft_model_desc_init(ft_model_desc *desc);
 
 /* Creates an empty model to be filled with ft_model_set_expert and made usable with
- * ft_model_finalize. Bank memory is allocated here. */
+ * ft_model_finalize. Bank memory is allocated here. FT_ERR_INVALID_ARGUMENT beyond the limits
+ * of ft_model_load (4096 layers, 65536 experts, widths of 2^20). */
 FT_API ft_status ft_model_create(ft_engine *engine, const ft_model_desc *desc, ft_model **out,
                                  char *err, size_t err_size);
 
@@ -378,7 +389,10 @@ typedef struct ft_session_params {
                                  sized once for it, so decode never allocates                  */
     bool shared_experts;      /* ft_decode also adds the model's shared expert(s) (default
                                  false: the caller computes them)                              */
-    bool check_finite;        /* reject NaN/Inf hidden states and weights (default true)      */
+    bool check_finite;        /* reject NaN/Inf hidden states and route weights with
+                                 FT_ERR_NON_FINITE (default true). Off: garbage in, garbage out
+                                 (a NaN/Inf input makes the outputs that use it NaN/Inf), never
+                                 undefined behaviour                                           */
     uint8_t reserved_[2];
     /* GPU backends (since 0.2). The slot cache of FT_BACKEND_OFFLOAD holds cache_slots experts
      * if > 0, else cache_fraction of all experts if > 0, else as many as the free GPU memory

@@ -1,17 +1,31 @@
 // ISA detection and CPU topology.
 #include <sched.h>
+#if defined(FT_CPU_X86_KERNELS)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "ft/common.hpp"
 #include "ft/knobs.hpp"
 #include "ft/cpu.hpp"
 
 namespace ft::cpu {
+
+#if defined(FT_CPU_X86_KERNELS)
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool cpu_has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+}  // namespace
+#endif
 
 Isa cpu_best_isa() {
 #if defined(FT_CPU_X86_KERNELS)
@@ -22,7 +36,7 @@ Isa cpu_best_isa() {
                             __builtin_cpu_supports("avx512vl");
         if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512bf16;
         if (avx512) return Isa::avx512;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
             return Isa::avx2;  // F16C: the quantised AVX2 kernels convert fp16 (every AVX2 CPU has it)
         return Isa::scalar;
     }();
@@ -116,6 +130,13 @@ std::vector<int> physical_core_cpus() {
         if (seen.insert(siblings).second) reps.push_back(c);
     }
     return reps;
+}
+
+int logical_cpu_count() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 int default_worker_count(bool drives_gpu) {

@@ -86,6 +86,11 @@ size_t nvfp4_q8_act_bytes(int64_t K) { return size_t(2 * round_up(K, 128)); }
 size_t mxfp4_q8_act_bytes(int64_t K) { return size_t(round_up(4 * round_up(K, 64) + 12 * (K / 32), 64)); }
 
 void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2) {
+    // A non-finite block (quantize_q8_0 gave it scale NaN) has zero residual codes too.
+    if (!std::isfinite(d)) {
+        std::memset(q2, 0, 32);
+        return;
+    }
     const float inv = 256.0f * (1.0f / d);
     for (int i = 0; i < 32; ++i) {
         const float r = x[i] - float(q[i]) * d;

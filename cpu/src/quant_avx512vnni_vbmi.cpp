@@ -178,7 +178,9 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
         for (int h = 0; h < 2; ++h) {
             const __m512 a = q[h];
             const __m512 r = _mm512_sub_ps(v[h], _mm512_mul_ps(a, vd));
-            const __m512 c = _mm512_min_ps(_mm512_max_ps(round_away(_mm512_mul_ps(r, vinv2)), -lim), lim);
+            // A non-finite block (d NaN) has zero residual codes, as mxfp4_residual_q8.
+            const __m512 c = d != d ? _mm512_setzero_ps()
+                                    : _mm512_min_ps(_mm512_max_ps(round_away(_mm512_mul_ps(r, vinv2)), -lim), lim);
             const __m512i ai = _mm512_cvtps_epi32(a), ci = _mm512_cvtps_epi32(c);
             _mm_storeu_si128(reinterpret_cast<__m128i *>(q1 + 32 * b + 16 * h), _mm512_cvtepi32_epi8(ai));
             _mm_storeu_si128(reinterpret_cast<__m128i *>(q2 + 32 * b + 16 * h), _mm512_cvtepi32_epi8(ci));

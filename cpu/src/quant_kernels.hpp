@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ft/dequant.hpp"  // kQ8MinAmax of the Q8_0 rule (plain declarations and constants only)
+
 namespace ft::cpu::detail {
 
 struct QuantMatrix {

@@ -94,6 +94,30 @@ void set_log_callback(ft_log_fn fn, void *user_data, int level) {
     s.level.store(level, std::memory_order_relaxed);
 }
 
+uint64_t checked_mul(uint64_t a, uint64_t b, const std::string &what, ft_status status) {
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) fail(status, what, " overflows (", a, " x ", b, ")");
+    return r;
+}
+
+uint64_t checked_add(uint64_t a, uint64_t b, const std::string &what, ft_status status) {
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r)) fail(status, what, " overflows (", a, " + ", b, ")");
+    return r;
+}
+
+int64_t checked_mul(int64_t a, int64_t b, const std::string &what, ft_status status) {
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) fail(status, what, " overflows (", a, " x ", b, ")");
+    return r;
+}
+
+void check_file_size(const std::string &path, uint64_t max_bytes) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
+        fail(FT_ERR_FORMAT, path, ": file size ", st.st_size, " bytes exceeds the limit of ", max_bytes);
+}
+
 float f16_to_f32(uint16_t h) {
     const uint32_t sign = (h >> 15) & 1u;
     const uint32_t exp = (h >> 10) & 0x1fu;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ft/common.hpp"
 
@@ -147,11 +148,21 @@ float round_half_away(float v) { return std::round(v); }
 
 namespace {
 
-// One block of the Q8_0 rule; `order[i]` is the source index of output i.
+// One block of the Q8_0 rule; `order[i]` is the source index of output i. A block holding NaN
+// or +-Inf gets all-zero codes and scale NaN, so every dot product that uses it is NaN.
 void quantize_block_int8(const float *x, const int *order, int n, int8_t *q, float *d) {
     float amax = 0.0f;
-    for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    bool finite = true;
+    for (int i = 0; i < n; ++i) {
+        finite &= std::isfinite(x[i]);
+        amax = std::max(amax, std::fabs(x[i]));
+    }
+    if (!finite) {
+        std::memset(q, 0, static_cast<size_t>(n));
+        *d = std::numeric_limits<float>::quiet_NaN();
+        return;
+    }
+    const float scale = amax >= kQ8MinAmax ? amax / 127.0f : 1.0f;
     const float inv = 1.0f / scale;
     for (int i = 0; i < n; ++i) {
         const float r = round_half_away(x[order[i]] * inv);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ft/common.hpp"
+#include "ft/json_limits.hpp"
 #include "ft/loader.hpp"
 
 namespace ft {
@@ -90,12 +91,12 @@ private:
         if (!v.is_number_integer()) type_error(name, "an integer");
         if (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
                                    : (v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX))
-            fail(FT_ERR_FORMAT, where_, ": field '", name, "' = ", v.dump(), " is out of range");
+            fail(FT_ERR_FORMAT, where_, ": field '", name, "' = ", json_brief(v), " is out of range");
         return static_cast<int32_t>(v.get<int64_t>());
     }
 
     [[noreturn]] void type_error(const char *name, const char *what) const {
-        fail(FT_ERR_FORMAT, where_, ": field '", name, "' must be ", what, ", got ", obj_.at(name).dump());
+        fail(FT_ERR_FORMAT, where_, ": field '", name, "' must be ", what, ", got ", json_brief(obj_.at(name)));
     }
 
     const json &obj_;
@@ -129,12 +130,12 @@ std::vector<int32_t> qwen_moe_layers(const Fields &f, const std::string &where, 
                                      int32_t num_experts) {
     const int32_t step = f.opt_int("decoder_sparse_step", 1);
     if (step <= 0) fail(FT_ERR_FORMAT, where, ": field 'decoder_sparse_step' = ", step, " must be positive");
-    const std::vector<int32_t> mlp_only = f.opt_int_list("mlp_only_layers");
+    std::vector<bool> dense(static_cast<size_t>(total), false);  // total <= limits::kMaxLayers
+    for (int32_t l : f.opt_int_list("mlp_only_layers"))
+        if (l >= 0 && l < total) dense[static_cast<size_t>(l)] = true;
     std::vector<int32_t> out;
-    for (int32_t l = 0; l < total; ++l) {
-        const bool dense = std::find(mlp_only.begin(), mlp_only.end(), l) != mlp_only.end();
-        if (!dense && num_experts > 0 && (l + 1) % step == 0) out.push_back(l);
-    }
+    for (int32_t l = 0; l < total; ++l)
+        if (!dense[static_cast<size_t>(l)] && num_experts > 0 && (l + 1) % step == 0) out.push_back(l);
     return out;
 }
 
@@ -159,7 +160,7 @@ Format declared_format(const json &cfg, const json &fields, const std::string &d
             auto bs = qc->find("weight_block_size");
             if (bs == qc->end() || *bs != json::array({128, 128}))
                 fail(FT_ERR_UNSUPPORTED, where, ": quantization_config: FP8 without weight_block_size [128, 128] "
-                     "is not supported (got ", bs == qc->end() ? std::string("none") : bs->dump(), ")");
+                     "is not supported (got ", bs == qc->end() ? std::string("none") : json_brief(*bs), ")");
             return Format::fp8_block;
         }
         if (method == "mxfp4") return Format::mxfp4;
@@ -176,13 +177,14 @@ Format declared_format(const json &cfg, const json &fields, const std::string &d
              "' is not supported (fp8 with 128 x 128 blocks, modelopt NVFP4, mxfp4)");
     }
     const std::string hq = dir + "/hf_quant_config.json";
+    check_file_size(hq, limits::kMaxJsonFileBytes);
     std::ifstream in(hq, std::ios::binary);
     if (!in) return Format::bf16;
     std::ostringstream text;
     text << in.rdbuf();
     json h;
     try {
-        h = json::parse(text.str());
+        h = json::parse(text.str(), json_depth_guard<json>(hq));
     } catch (const json::exception &e) {
         fail(FT_ERR_FORMAT, hq, ": not valid JSON: ", e.what());
     }
@@ -201,6 +203,7 @@ Format declared_format(const json &cfg, const json &fields, const std::string &d
 
 ModelSpec read_model_config(const std::string &dir) {
     const std::string path = dir + "/config.json";
+    check_file_size(path, limits::kMaxJsonFileBytes);
     errno = 0;
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(FT_ERR_IO, path, ": cannot open: ", errno ? std::strerror(errno) : "reason unknown");
@@ -210,7 +213,7 @@ ModelSpec read_model_config(const std::string &dir) {
 
     json cfg;
     try {
-        cfg = json::parse(text.str());
+        cfg = json::parse(text.str(), json_depth_guard<json>(path));
     } catch (const json::exception &e) {
         fail(FT_ERR_FORMAT, path, ": not valid JSON: ", e.what());
     }
@@ -247,6 +250,10 @@ ModelSpec read_model_config(const std::string &dir) {
     spec.top_k = f.req_int_any({"num_experts_per_tok", "experts_per_token", "n_activated_experts"});
     spec.activation = parse_activation(f.opt_string("hidden_act", "silu"), where);
     if (spec.total_layers <= 0) fail(FT_ERR_FORMAT, where, ": field 'num_hidden_layers' must be positive");
+    // Bounded before the per-layer loops below (docs/limits.md).
+    if (spec.total_layers > limits::kMaxLayers)
+        fail(FT_ERR_FORMAT, where, ": field 'num_hidden_layers' = ", spec.total_layers, " exceeds the limit of ",
+             limits::kMaxLayers);
 
     RoutingSpec &r = spec.routing;
     if (model_type == "qwen3_moe") {
@@ -287,8 +294,13 @@ ModelSpec read_model_config(const std::string &dir) {
 
         const int32_t n_shared = f.opt_int("n_shared_experts", 1);
         if (n_shared < 0) fail(FT_ERR_FORMAT, where, ": field 'n_shared_experts' must not be negative");
-        // GLM-4.x always has a shared expert, of width I * max(1, n_shared_experts).
-        spec.shared_intermediate = spec.intermediate * (glm ? std::max(1, n_shared) : n_shared);
+        // GLM-4.x always has a shared expert , of width I * max(1, n_shared_experts).
+        const int64_t shared = checked_mul(int64_t{spec.intermediate}, int64_t{glm ? std::max(1, n_shared) : n_shared},
+                                           where + ": moe_intermediate_size * n_shared_experts");
+        if (shared > limits::kMaxDim)
+            fail(FT_ERR_FORMAT, where, ": moe_intermediate_size * n_shared_experts = ", shared,
+                 " (the shared expert's width) exceeds the limit of ", limits::kMaxDim);
+        spec.shared_intermediate = static_cast<int32_t>(shared);
 
         r.num_groups = f.opt_int("n_group", glm ? 1 : 8);
         r.topk_groups = f.opt_int("topk_group", glm ? 1 : 4);

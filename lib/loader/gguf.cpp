@@ -266,7 +266,7 @@ void GgufFile::parse() {
         t.numel = 1;
         for (uint32_t d = 0; d < n_dims; ++d) {
             const uint64_t dim = c.read<uint64_t>(tw + " dims");
-            if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(t.numel, dim, &t.numel))
+            if (dim > static_cast<uint64_t>(INT64_MAX) || !mul_fits(t.numel, dim, &t.numel))
                 bad("dimensions overflow the element count");
             t.dims.push_back(dim);
         }
@@ -276,7 +276,7 @@ void GgufFile::parse() {
         if (t.dims[0] % be != 0)
             bad("innermost dimension ", t.dims[0], " is not a multiple of the ", ggml_type_name(t.type), " block of ",
                 be);
-        if (__builtin_mul_overflow(t.numel / be, static_cast<uint64_t>(bb), &t.nbytes))
+        if (!mul_fits(t.numel / be, static_cast<uint64_t>(bb), &t.nbytes))
             bad("dimensions overflow the byte count");
         t.offset = c.read<uint64_t>(tw + " offset");
         if (t.offset % alignment_ != 0) bad("offset ", t.offset, " is not a multiple of the alignment ", alignment_);

@@ -36,6 +36,18 @@ const GgufTensorInfo *first_expert_tensor(const GgufFile &g, int32_t layer) {
     return g.find_tensor(layer_tensor(layer, "ffn_gate_exps.weight"));
 }
 
+// The layer l of a tensor named blk.{l}.ffn_gate_exps.weight or blk.{l}.ffn_gate_up_exps.weight
+// (l in decimal without leading zeros, below 10^9); -1 for any other name.
+int32_t expert_tensor_layer(const std::string &name) {
+    if (name.compare(0, 4, "blk.") != 0) return -1;
+    size_t i = 4;
+    int64_t l = 0;
+    while (i < name.size() && i < 13 && name[i] >= '0' && name[i] <= '9') l = l * 10 + (name[i++] - '0');
+    if (i == 4 || i >= name.size() || name[i] != '.' || (name[4] == '0' && i > 5)) return -1;
+    const std::string rest = name.substr(i + 1);
+    return rest == "ffn_gate_exps.weight" || rest == "ffn_gate_up_exps.weight" ? static_cast<int32_t>(l) : -1;
+}
+
 }  // namespace
 
 ModelSpec read_gguf_config(const GgufFile &g) {
@@ -54,8 +66,16 @@ ModelSpec read_gguf_config(const GgufFile &g) {
     const int32_t leading = opt("leading_dense_block_count", 0);
     const int32_t nextn = opt("nextn_predict_layers", 0);
     if (spec.total_layers <= 0) fail(FT_ERR_FORMAT, g.path(), ": metadata '", a, "block_count' must be positive");
-    for (int32_t l = leading; l < spec.total_layers - nextn; ++l)
-        if (first_expert_tensor(g, l)) spec.moe_layers.push_back(l);
+    if (spec.total_layers > limits::kMaxLayers)
+        fail(FT_ERR_FORMAT, g.path(), ": metadata '", a, "block_count' = ", spec.total_layers, " exceeds the limit of ",
+             limits::kMaxLayers);
+    // MoE layers from the tensors the file holds (work linear in the file, not in the declared count).
+    for (const GgufTensorInfo &t : g.tensors()) {
+        const int32_t l = expert_tensor_layer(t.name);
+        if (l >= leading && l < spec.total_layers - nextn) spec.moe_layers.push_back(l);
+    }
+    std::sort(spec.moe_layers.begin(), spec.moe_layers.end());
+    spec.moe_layers.erase(std::unique(spec.moe_layers.begin(), spec.moe_layers.end()), spec.moe_layers.end());
     if (spec.moe_layers.empty())
         fail(FT_ERR_FORMAT, g.path(), ": no routed expert tensors (blk.N.ffn_gate_exps.weight or "
              "blk.N.ffn_gate_up_exps.weight) in layers ", leading, "..", spec.total_layers - nextn - 1);

@@ -12,8 +12,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unordered_set>
 
 #include "ft/common.hpp"
+#include "ft/json_limits.hpp"
 
 namespace ft {
 
@@ -46,6 +48,7 @@ bool is_regular_file(const std::string &path) {
 
 // Reads a small text file (JSON) whole. FT_ERR_IO if it cannot be read.
 std::string read_text_file(const std::string &path) {
+    check_file_size(path, limits::kMaxJsonFileBytes);
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(FT_ERR_IO, path, ": cannot open: ", errno_text());
     std::ostringstream os;
@@ -119,7 +122,7 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
     const char *text = reinterpret_cast<const char *>(map_ + 8);
     json header;
     try {
-        header = json::parse(text, text + header_len);
+        header = json::parse(text, text + header_len, json_depth_guard<json>(path_ + ": header"));
     } catch (const json::exception &e) {
         fail(FT_ERR_FORMAT, path_, ": header is not valid JSON: ", e.what());
     }
@@ -152,22 +155,22 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
         if (sh == v.end() || !sh->is_array()) bad("missing or non-array 'shape'");
         uint64_t numel = 1;
         for (const json &d : *sh) {
-            if (!d.is_number_integer()) bad("shape entry ", d.dump(), " is not an integer");
-            if (d.is_number_unsigned() ? false : d.get<int64_t>() < 0) bad("negative dimension ", d.dump(), " in shape");
+            if (!d.is_number_integer()) bad("shape entry ", json_brief(d), " is not an integer");
+            if (d.is_number_unsigned() ? false : d.get<int64_t>() < 0) bad("negative dimension ", json_brief(d), " in shape");
             const uint64_t dim = d.get<uint64_t>();
-            if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel))
-                bad("shape ", sh->dump(), " overflows the element count");
+            if (dim > static_cast<uint64_t>(INT64_MAX) || !mul_fits(numel, dim, &numel))
+                bad("shape ", json_brief(*sh), " overflows the element count");
             t.shape.push_back(static_cast<int64_t>(dim));
         }
         t.numel = numel;
         uint64_t expect_bytes = 0;
-        if (__builtin_mul_overflow(numel, st_dtype_size(t.dtype), &expect_bytes))
-            bad("shape ", sh->dump(), " overflows the byte count");
+        if (!mul_fits(numel, st_dtype_size(t.dtype), &expect_bytes))
+            bad("shape ", json_brief(*sh), " overflows the byte count");
 
         auto off = v.find("data_offsets");
         if (off == v.end() || !off->is_array() || off->size() != 2) bad("missing 'data_offsets' [begin, end]");
         for (const json &o : *off)
-            if (!o.is_number_unsigned()) bad("data_offsets ", off->dump(), " are not non-negative integers");
+            if (!o.is_number_unsigned()) bad("data_offsets ", json_brief(*off), " are not non-negative integers");
         t.begin = (*off)[0].get<uint64_t>();
         t.end = (*off)[1].get<uint64_t>();
         if (t.end < t.begin) bad("data_offsets end ", t.end, " is before begin ", t.begin);
@@ -176,7 +179,7 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
                 "-byte data section (file truncated?)");
         if (t.end - t.begin != expect_bytes)
             bad("data_offsets span ", t.end - t.begin, " bytes but ", st_dtype_name(t.dtype), " ",
-                sh->dump(), " needs ", expect_bytes);
+                json_brief(*sh), " needs ", expect_bytes);
         t.file_offset = data_start + t.begin;
         tensors_.push_back(std::move(t));
     }
@@ -219,7 +222,19 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string &dir) : dir_(dir)
     if (is_regular_file(index_path)) {
         json index;
         try {
-            index = json::parse(read_text_file(index_path));
+            // Distinct shard names are counted while parsing: each one opened stays mapped, and a
+            // hostile index is rejected as soon as it passes the limit, before the rest is parsed.
+            const auto depth_ok = json_depth_guard<json>(index_path);
+            std::string top_key;
+            std::unordered_set<std::string> shard_names;
+            index = json::parse(read_text_file(index_path), [&](int depth, json::parse_event_t ev, json &v) {
+                if (ev == json::parse_event_t::key && depth == 1) top_key = v.is_string() ? v.get<std::string>() : "";
+                if (ev == json::parse_event_t::value && depth == 2 && top_key == "weight_map" && v.is_string() &&
+                    shard_names.insert(v.get<std::string>()).second && shard_names.size() > limits::kMaxShards)
+                    fail(FT_ERR_FORMAT, index_path, ": weight_map names more than ", limits::kMaxShards,
+                         " shard files (the limit)");
+                return depth_ok(depth, ev, v);
+            });
         } catch (const json::exception &e) {
             fail(FT_ERR_FORMAT, index_path, ": not valid JSON: ", e.what());
         }

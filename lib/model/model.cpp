@@ -30,8 +30,17 @@ void ModelSpec::validate(bool from_checkpoint) const {
     check(top_k > 0 && top_k <= num_experts, "top_k must be in [1, num_experts]");
     check(hidden > 0, "hidden_size must be positive");
     check(intermediate > 0, "intermediate_size must be positive");
-    check(hidden <= (1 << 20) && intermediate <= (1 << 20), "hidden/intermediate size beyond 2^20");
-    check(num_experts <= (1 << 16), "more than 65536 experts per layer");
+    check(hidden <= limits::kMaxDim && intermediate <= limits::kMaxDim, "hidden/intermediate size beyond 2^20");
+    check(shared_intermediate <= limits::kMaxDim, "shared_intermediate_size beyond 2^20");
+    check(num_experts <= limits::kMaxExperts, "more than 65536 experts per layer");
+    check(num_layers <= limits::kMaxLayers && total_layers <= limits::kMaxLayers, "more than 4096 layers");
+    // An upper bound of the expert bytes (3 bf16 matrices per expert) must fit in 63 bits, so no
+    // size computed from this geometry overflows.
+    uint64_t bytes = 0;
+    const bool fits = mul_fits(static_cast<uint64_t>(num_layers), static_cast<uint64_t>(num_experts), &bytes) &&
+                      mul_fits(bytes, static_cast<uint64_t>(hidden) * static_cast<uint64_t>(intermediate), &bytes) &&
+                      mul_fits(bytes, 6, &bytes) && bytes <= static_cast<uint64_t>(INT64_MAX);
+    check(fits, "the expert weights' size overflows 63 bits");
     check(moe_layers.empty() || static_cast<int32_t>(moe_layers.size()) == num_layers,
           "moe_layers must list every MoE layer");
     check(shared_intermediate >= 0, "shared_intermediate_size must not be negative");

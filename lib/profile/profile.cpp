@@ -13,12 +13,17 @@
 #include <nlohmann/json.hpp>
 
 #include "ft/common.hpp"
+#include "ft/json_limits.hpp"
 
 namespace ft {
 
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+// ordered_json (file order is kept: the first workload wins) inserts each key with a linear
+// search of its object, so the keys of a profile are bounded: real ones have a few hundred.
+constexpr int64_t kMaxProfileKeys = 16384;
 
 // Typed reads that name the offending field.
 struct Reader {
@@ -122,7 +127,13 @@ std::string profile_format_key(Format f) { return f == Format::mxfp4 ? "mxfp4_tr
 Profile profile_from_json(const std::string &text) {
     Json j;
     try {
-        j = Json::parse(text);
+        int64_t keys = 0;
+        const auto depth_ok = json_depth_guard<Json>("profile");
+        j = Json::parse(text, [&](int depth, Json::parse_event_t ev, Json &v) {
+            if (ev == Json::parse_event_t::key && ++keys > kMaxProfileKeys)
+                fail(FT_ERR_FORMAT, "profile: more than ", kMaxProfileKeys, " object keys (the limit)");
+            return depth_ok(depth, ev, v);
+        });
     } catch (const Json::exception &e) {
         fail(FT_ERR_FORMAT, "profile: not valid JSON: ", e.what());
     }
@@ -217,6 +228,7 @@ std::string default_profile_path() {
 }
 
 Profile load_profile(const std::string &path) {
+    check_file_size(path, limits::kMaxJsonFileBytes);
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(FT_ERR_IO, "profile: cannot read ", path, ": ", std::strerror(errno));
     std::ostringstream text;

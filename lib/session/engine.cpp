@@ -22,8 +22,16 @@ Engine::Engine(const ft_engine_params &p) : tuning_(read_tuning()), isa_(cpu::ca
     if (device_ >= 0) device_name_ = cuda::device_name(device_);
 
     physical_cores_ = static_cast<int32_t>(cpu::physical_core_cpus().size());
-    pool_ = std::make_unique<cpu::ThreadPool>(p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device_ >= 0),
-                                               p.pin_threads, tuning_.cpu_spin_us);
+    // More workers than logical CPUs only makes the pass barriers wait on descheduled threads:
+    // an explicit count is clamped to the CPUs this process may run on.
+    int workers = p.cpu_threads > 0 ? p.cpu_threads : cpu::default_worker_count(device_ >= 0);
+    const int cpus = cpu::logical_cpu_count();
+    if (workers > cpus) {
+        log(FT_LOG_WARN, "engine: cpu_threads ", workers, " exceeds the ", cpus,
+            " logical CPUs this process may run on; using ", cpus);
+        workers = cpus;
+    }
+    pool_ = std::make_unique<cpu::ThreadPool>(workers, p.pin_threads, tuning_.cpu_spin_us);
     // Process-wide settings the kernels read: the engine created last sets them.
     cpu::set_prefetch_bytes(tuning_.cpu_prefetch);
     cuda::set_pdl_allowed(tuning_.cuda_pdl);

@@ -704,5 +704,77 @@ TEST(QuantKernels, Fp8NanCodesPropagate) {
     }
 }
 
+// Non-finite and extreme activations (the hidden state when check_finite is off, or the
+// intermediate of an expert whose weights hold NaN) on every kernel and preparation runnable
+// here: preparations stay defined (UBSan checks the conversions in the sanitizer build), a block
+// holding NaN or +-Inf makes the outputs that use it non-finite, tiny and huge finite values give
+// finite codes. A CPU with AVX-512 runs its tiers here too (variants_here).
+TEST(QuantKernels, NonFiniteActivationsGiveNonFiniteOutputs) {
+    std::mt19937 rng(91);
+    const int64_t K = 256, N = 8;
+    const float inf = std::numeric_limits<float>::infinity();
+    for (Format f : {Format::fp8_block, Format::nvfp4, Format::ds_fp4, Format::mxfp4, Format::q4_0}) {
+        const Case c = make_case(rng, f, K, N);
+        for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
+            std::vector<uint16_t> x(K);
+            for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(0.25f + float(k % 5) * 0.125f);
+            x[37] = ft::f32_to_bf16(bad);
+            for (const ft::cpu::QuantOps *ops : variants_here(f)) {
+                std::vector<uint8_t> act(ops->act_bytes(K) + 64);
+                ops->prepare(x.data(), K, act.data());
+                const uint8_t *ap = act.data();
+                std::vector<float> out(N, 0.0f);
+                ops->gemv(c.m(), 0, int(N), &ap, 1, out.data(), size_t(N));
+                for (int64_t r = 0; r < N; ++r)
+                    EXPECT_FALSE(std::isfinite(out[r])) << ops->kernel << " input " << bad << " row " << r;
+            }
+        }
+        // Finite extremes: the largest bf16 and values far below kQ8MinAmax next to zeros.
+        for (float big : {ft::bf16_to_f32(0x7f7f), 1e-38f, 1e-40f}) {
+            std::vector<uint16_t> x(K, 0);
+            for (int64_t k = 0; k < K; k += 3) x[k] = ft::f32_to_bf16(k % 2 ? big : -big);
+            for (const ft::cpu::QuantOps *ops : variants_here(f)) {
+                std::vector<uint8_t> act(ops->act_bytes(K) + 64);
+                ops->prepare(x.data(), K, act.data());
+                const uint8_t *ap = act.data();
+                std::vector<float> out(N, 0.0f);
+                ops->gemv(c.m(), 0, int(N), &ap, 1, out.data(), size_t(N));
+                if (big < 1.0f)
+                    for (int64_t r = 0; r < N; ++r) EXPECT_TRUE(std::isfinite(out[r])) << ops->kernel << " row " << r;
+            }
+        }
+    }
+}
+
+// The Q8_0 rule itself on NaN, +-Inf, out-of-range and tiny blocks: codes in [-127, 127],
+// d NaN exactly for the non-finite blocks, zero codes there.
+TEST(QuantKernels, Q8BlockRuleDefinedForEveryInput) {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> x(32 * 6, 1.0f);
+    x[3] = nan;                                   // block 0
+    x[32 + 5] = inf;                              // block 1
+    x[64 + 7] = -inf;                             // block 2
+    for (int i = 96; i < 128; ++i) x[i] = i % 2 ? 3e38f : -3e38f;  // block 3: huge, finite
+    for (int i = 128; i < 160; ++i) x[i] = i % 4 ? 0.0f : 1e-40f;  // block 4: tiny, below kQ8MinAmax
+    std::vector<int8_t> q(x.size(), 99);
+    std::vector<float> d(6);
+    ft::quantize_q8_0(x.data(), int64_t(x.size()), q.data(), d.data());
+    for (int b = 0; b < 6; ++b) {
+        EXPECT_EQ(std::isnan(d[b]), b < 3) << "block " << b;
+        for (int i = 0; i < 32; ++i) {
+            EXPECT_GE(q[32 * b + i], -127);
+            if (b < 3 || b == 4) {
+                EXPECT_EQ(q[32 * b + i], 0) << "block " << b << " i " << i;
+            }
+        }
+    }
+    EXPECT_EQ(d[4], 1.0f);
+    EXPECT_EQ(q[96], -127);
+    EXPECT_EQ(q[97], 127);
+    int8_t q2[32];
+    ft::cpu::detail::mxfp4_residual_q8(x.data(), q.data(), d[0], q2);
+    for (int8_t v : q2) EXPECT_EQ(v, 0);
+}
+
 }  // namespace kernels
 

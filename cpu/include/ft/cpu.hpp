@@ -45,6 +45,9 @@ bool isa_from_name(const char *name, Isa *out);
 // thread_siblings_list); all allowed CPUs when the topology cannot be read.
 std::vector<int> physical_core_cpus();
 
+// Logical CPUs in the process affinity set (hardware_concurrency when it cannot be read; >= 1).
+int logical_cpu_count();
+
 // The default worker count: one per physical core, less one when a GPU is driven from this
 // process (and at least one). That core is left to the thread that enqueues the GPU work and
 // waits on it (CUDA's default wait spins) and to the hybrid coordinator: a pinned worker sharing

@@ -39,6 +39,31 @@ template <typename... Args>
     throw Error(status, cat(std::forward<Args>(args)...));
 }
 
+// ---- sizes a file or caller declares -------------------------------------------------------
+// Every parser bounds what a file declares with these limits before using it, and computes
+// products and sums of declared sizes with checked_mul / checked_add (docs/limits.md lists them).
+namespace limits {
+constexpr int64_t kMaxLayers = 4096;             // decoder layers of a model (config, GGUF block_count)
+constexpr int64_t kMaxExperts = 1 << 16;         // routed experts per layer
+constexpr int64_t kMaxDim = 1 << 20;             // hidden / intermediate / shared-expert widths
+constexpr uint64_t kMaxJsonFileBytes = 64ull << 20;  // config.json, index.json, profile JSON
+constexpr uint64_t kMaxShards = 1 << 16;         // distinct shard files an index may name
+constexpr int kMaxJsonDepth = 64;                // nesting of any JSON value FreeToken reads
+}  // namespace limits
+
+// a * b and a + b of non-negative declared sizes; FT_ERR_FORMAT "<what> overflows" (or `status`)
+// when the result does not fit in uint64_t / int64_t.
+uint64_t checked_mul(uint64_t a, uint64_t b, const std::string &what, ft_status status = FT_ERR_FORMAT);
+uint64_t checked_add(uint64_t a, uint64_t b, const std::string &what, ft_status status = FT_ERR_FORMAT);
+int64_t checked_mul(int64_t a, int64_t b, const std::string &what, ft_status status = FT_ERR_FORMAT);
+// The same returning false on overflow (no message), for callers that report in their own words.
+inline bool mul_fits(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+inline bool add_fits(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+
+// FT_ERR_FORMAT naming the file when `path` is a regular file larger than `max_bytes`; does
+// nothing when it cannot be examined (opening it then reports why).
+void check_file_size(const std::string &path, uint64_t max_bytes);
+
 // Logging. Level and sink are process-wide (ft_log_set_callback, FT_LOG).
 void log_message(int level, const std::string &message);
 bool log_enabled(int level);

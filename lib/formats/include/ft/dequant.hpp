@@ -83,11 +83,17 @@ void dequant_col_mxfp4(const uint8_t *blocks, const uint8_t *scales, int64_t K, 
 // Rounding to nearest, ties away from zero (what the integer paths use).
 float round_half_away(float v);
 
+// Blocks whose largest magnitude is below this quantise to zero codes with d = 1: below it
+// 1 / d would overflow fp32 (a bf16 input can be that small).
+constexpr float kQ8MinAmax = 0x1p-100f;
+
 // Q8_0 (q4_0's W4A8 path), per block of 32 (K a multiple of 32):
-//   amax = max |x|; d = amax / 127 in fp32, d = 1 when amax == 0;
+//   amax = max |x|; d = amax / 127 in fp32, d = 1 when amax < kQ8MinAmax (zero included);
 //   q = clamp(round_half_away(x * (1 / d)), -127, 127) with 1/d computed once per block in fp32.
 // Multiplying by the reciprocal (not dividing) is part of the definition, so SIMD kernels that
 // do the same are bit-exact. Dequantised value: q * d. |x - q d| <= d / 2 (+ fp32 rounding).
+// A block holding NaN or +-Inf gets zero codes and d = NaN (the dot products using it are NaN:
+// docs/limits.md, non-finite values). No input makes a float -> int conversion undefined.
 void quantize_q8_0(const float *x, int64_t K, int8_t *q, float *d);
 
 // nvfp4 W4A8: the same rule per block of 16, stored per block as [8 even elements, 8 odd
