@@ -44,7 +44,9 @@ public:
     }
     int32_t req_int_any(std::initializer_list<const char *> names) const {
         if (const char *n = first_of(names)) return to_int(n);
-        fail(FT_ERR_FORMAT, where_, ": required field '", *names.begin(), "' is missing");
+        std::string aliases;
+        for (auto it = names.begin() + 1; it != names.end(); ++it) aliases += std::string(" or '") + *it + "'";
+        fail(FT_ERR_FORMAT, where_, ": required field '", *names.begin(), "'", aliases, " is missing");
     }
     int32_t opt_int_any(std::initializer_list<const char *> names, int32_t def) const {
         const char *n = first_of(names);
@@ -258,14 +260,14 @@ ModelSpec read_model_config(const std::string &dir) {
     RoutingSpec &r = spec.routing;
     if (model_type == "qwen3_moe") {
         spec.architecture = "qwen3_moe";
-        spec.num_experts = f.req_int("num_experts");
+        spec.num_experts = f.req_int_any({"num_experts", "num_local_experts"});
         spec.intermediate = f.req_int("moe_intermediate_size");
         r.rule = f.opt_bool("norm_topk_prob", false) ? FT_ROUTING_SOFTMAX_TOPK_RENORM : FT_ROUTING_SOFTMAX_TOPK;
         spec.moe_layers = qwen_moe_layers(f, where, spec.total_layers, spec.num_experts);
     } else if (model_type == "qwen3_5_moe" || model_type == "qwen3_5_moe_text" || model_type == "qwen3_6_moe" ||
                model_type == "qwen3_6_moe_text") {
         spec.architecture = "qwen3_5_moe";
-        spec.num_experts = f.req_int("num_experts");
+        spec.num_experts = f.req_int_any({"num_experts", "num_local_experts"});
         spec.intermediate = f.req_int("moe_intermediate_size");
         spec.shared_intermediate = f.req_int("shared_expert_intermediate_size");
         spec.shared_expert_gate = spec.shared_intermediate > 0;
@@ -273,7 +275,7 @@ ModelSpec read_model_config(const std::string &dir) {
         spec.moe_layers = qwen_moe_layers(f, where, spec.total_layers, spec.num_experts);
     } else if (model_type == "mixtral") {
         spec.architecture = "mixtral";
-        spec.num_experts = f.req_int("num_local_experts");
+        spec.num_experts = f.req_int_any({"num_local_experts", "num_experts"});
         spec.intermediate = f.req_int("intermediate_size");
         r.rule = FT_ROUTING_SOFTMAX_TOPK_RENORM;
         for (int32_t l = 0; l < spec.total_layers; ++l) spec.moe_layers.push_back(l);
@@ -325,7 +327,7 @@ ModelSpec read_model_config(const std::string &dir) {
         // Every layer is MoE; experts use the clamped SwiGLU with alpha 1.702 and biases; the router
         // takes the top-k logits (plus its bias) and softmaxes over those k.
         spec.architecture = "gpt_oss";
-        spec.num_experts = f.req_int("num_local_experts");
+        spec.num_experts = f.req_int_any({"num_local_experts", "num_experts"});
         spec.intermediate = f.req_int("intermediate_size");
         spec.activation = FT_ACT_SWIGLU_CLAMP;
         spec.swiglu_alpha = 1.702f;

@@ -58,6 +58,17 @@ TEST(Config, Qwen3MoeLayerSelection) {
     EXPECT_EQ(read(c, dir).routing.rule, FT_ROUTING_SOFTMAX_TOPK);
 }
 
+TEST(Config, ExpertCountUnderEitherName) {
+    // transformers 5 saves Qwen3-MoE's expert count as num_local_experts; older exports as num_experts.
+    ScratchDir dir;
+    json c = qwen3();
+    c.erase("num_experts");
+    c["num_local_experts"] = 24;
+    EXPECT_EQ(read(c, dir).num_experts, 24);
+    c.erase("num_local_experts");
+    expect_error([&] { read(c, dir); }, FT_ERR_FORMAT, {"num_experts", "num_local_experts"});
+}
+
 TEST(Config, Activations) {
     ScratchDir dir;
     json c = qwen3();
