@@ -132,7 +132,9 @@ TEST(Decode, AllRoutesElsewhereGivesZeros) {
     EXPECT_EQ(st.routes_skipped, 3u);
 }
 
-TEST(Decode, EachExpertIsReadOncePerCall) {
+// The session's statistics count each distinct expert of a call once, with its bytes (the
+// executor's own test, MoeExecutor.ReadsEachDistinctExpertOnce, checks what it reads).
+TEST(Decode, StatsCountEachDistinctExpertOnce) {
     auto engine = make_engine();
     MemoryModel m = build(engine.get(), 1, 16, 4, 128, 64, FT_ACT_SILU, 11);
     auto session = make_session(m.model.get(), 16);
