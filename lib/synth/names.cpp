@@ -155,7 +155,7 @@ void add_mxfp4_experts(LayerTensors &lt, const std::string &b) {
                    kbias = down ? kDownBias : kGateUpBias;
         const uint64_t per_blocks = static_cast<uint64_t>(N * K / 2), per_scales = static_cast<uint64_t>(N * K / 32);
         const Spec sc = s;
-        auto experts_bytes = [sc, l, per_blocks](Kind kind, ByteFn fn, uint64_t per) {
+        auto experts_bytes = [sc, l](Kind kind, ByteFn fn, uint64_t per) {
             return [sc, l, kind, fn, per](uint64_t first, uint64_t count, uint8_t *o) {
                 for (uint64_t i = 0; i < count; ++i) {
                     const uint64_t g = first + i;
