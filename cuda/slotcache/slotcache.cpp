@@ -7,30 +7,44 @@
 
 namespace ft {
 
-int64_t plan_slot_count(const SlotRequest &r, int64_t layers, int64_t experts, uint64_t expert_bytes) {
-    if (layers <= 0 || experts <= 0 || expert_bytes == 0)
-        fail(FT_ERR_INVALID_ARGUMENT, "slot cache: empty model geometry");
+SlotPlan plan_slots(const SlotRequest &r, int64_t layers, int64_t experts, uint64_t expert_bytes) {
+    SlotPlan p;
+    const auto refuse = [&p](ft_status status, auto &&...parts) {
+        p.status = status;
+        p.why = cat("slot cache: ", parts...);
+        return p;
+    };
+    if (layers <= 0 || experts <= 0 || expert_bytes == 0) return refuse(FT_ERR_INVALID_ARGUMENT, "empty model geometry");
     const int64_t all = layers * experts;
     if (r.count < 0 || r.fraction < 0.0 || std::isnan(r.fraction))
-        fail(FT_ERR_INVALID_ARGUMENT, "slot cache: negative slot count or fraction");
+        return refuse(FT_ERR_INVALID_ARGUMENT, "negative slot count or fraction");
     if (r.count > 0) {
         if (r.count < experts)
-            fail(FT_ERR_INVALID_ARGUMENT, "slot cache: ", r.count, " slots cannot hold one layer of ", experts, " experts");
-        return std::min(r.count, all);
+            return refuse(FT_ERR_INVALID_ARGUMENT, r.count, " slots cannot hold one layer of ", experts, " experts");
+        p.slots = std::min(r.count, all);
+        return p;
     }
     if (r.fraction > 0.0) {
         const int64_t n = static_cast<int64_t>(std::ceil(static_cast<double>(all) * std::min(r.fraction, 1.0)));
         if (n < experts)
-            fail(FT_ERR_INVALID_ARGUMENT, "slot cache: fraction ", r.fraction, " gives ", n,
-                 " slots, fewer than one layer of ", experts, " experts");
-        return n;
+            return refuse(FT_ERR_INVALID_ARGUMENT, "fraction ", r.fraction, " gives ", n, " slots, fewer than one layer of ",
+                          experts, " experts");
+        p.slots = n;
+        return p;
     }
     const uint64_t usable = r.free_bytes > r.reserve_bytes ? r.free_bytes - r.reserve_bytes : 0;
     const int64_t fits = static_cast<int64_t>(std::min<uint64_t>(usable / expert_bytes, static_cast<uint64_t>(all)));
     if (fits < experts)
-        fail(FT_ERR_OUT_OF_MEMORY, "slot cache: ", usable, " bytes of device memory hold ", fits,
-             " experts of ", expert_bytes, " bytes; one layer needs ", experts);
-    return fits;
+        return refuse(FT_ERR_OUT_OF_MEMORY, usable, " bytes of device memory hold ", fits, " experts of ", expert_bytes,
+                      " bytes; one layer needs ", experts);
+    p.slots = fits;
+    return p;
+}
+
+int64_t plan_slot_count(const SlotRequest &r, int64_t layers, int64_t experts, uint64_t expert_bytes) {
+    const SlotPlan p = plan_slots(r, layers, experts, expert_bytes);
+    if (p.status != FT_OK) fail(p.status, p.why);
+    return p.slots;
 }
 
 }  // namespace ft

@@ -4,62 +4,18 @@
 #include <cmath>
 #include <cstdio>
 
+#include "ft/backend_registry.hpp"
 #include "ft/common.hpp"
+#include "ft/slotcache.hpp"
 
 namespace ft {
 
 namespace {
 
-struct BackendEntry {
-    int32_t id;
-    const char *name;
-    // Empty string: available. Otherwise the reason it is not.
-    std::string (*unavailable)(const MachineCaps &, const ModelSpec &);
-};
-
-std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
-    // Every expert format has CPU kernels (cpu/README.md); only unknown values are refused.
-    (void)caps;
-    if (!format_known(static_cast<int32_t>(model.format))) return cat("no CPU kernel for format ", static_cast<int32_t>(model.format));
-    return {};
+// The registry's probe of `id` (backend_registry.cpp).
+std::string unavailable(int32_t id, const MachineCaps &caps, const ModelSpec &model) {
+    return find_backend(id)->unavailable(caps, model);
 }
-
-std::string gpu_missing(const MachineCaps &caps) {
-    if (!caps.gpu_kernels) return "this build has no CUDA support";
-    if (!caps.gpu) return "the engine has no GPU";
-    if (caps.shared_experts) return "shared_experts asked for; the GPU backends leave the shared expert to the caller";
-    return {};
-}
-
-uint64_t usable_vram(const MachineCaps &caps) {
-    return caps.gpu_free_bytes > caps.vram_reserve_bytes ? caps.gpu_free_bytes - caps.vram_reserve_bytes : 0;
-}
-
-std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model) {
-    if (std::string why = gpu_missing(caps); !why.empty()) return why;
-    const uint64_t need = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts * model.num_layers;
-    if (need > usable_vram(caps))
-        return cat(need / 1e9, " GB of experts do not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
-    return {};
-}
-
-std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model) {
-    if (std::string why = gpu_missing(caps); !why.empty()) return why;
-    if (model.num_experts > 1024) return cat(model.num_experts, " experts per layer; the slot cache admits at most 1024");
-    const uint64_t layer = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts;
-    if (layer > usable_vram(caps))
-        return cat("one layer of experts (", layer / 1e9, " GB) does not fit the ", usable_vram(caps) / 1e9,
-                   " GB of GPU memory free beyond the reserve");
-    return {};
-}
-
-// The table; `auto` goes through it in select_auto below.
-const BackendEntry kBackends[] = {
-    {FT_BACKEND_GPU, "gpu", resident_unavailable},
-    {FT_BACKEND_CPU, "cpu", cpu_unavailable},
-    {FT_BACKEND_OFFLOAD, "offload", offload_unavailable},
-    {FT_BACKEND_HYBRID, "hybrid", offload_unavailable},
-};
 
 bool positive(const std::optional<double> &v) { return v && std::isfinite(*v) && *v > 0.0; }
 
@@ -78,14 +34,14 @@ std::string gbs(double v) {
 
 BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
     BackendChoice c;
-    const std::string gpu_why = resident_unavailable(caps, model);
+    const std::string gpu_why = unavailable(FT_BACKEND_GPU, caps, model);
     if (gpu_why.empty()) {
         c.backend = FT_BACKEND_GPU;
         c.reason = "auto: gpu, every expert fits the GPU memory beyond the reserve";
         return c;
     }
-    const std::string offload_why = offload_unavailable(caps, model);
-    const std::string cpu_why = cpu_unavailable(caps, model);
+    const std::string offload_why = unavailable(FT_BACKEND_OFFLOAD, caps, model);
+    const std::string cpu_why = unavailable(FT_BACKEND_CPU, caps, model);
     const std::string key = profile_format_key(model.format);
     // Without a GPU (or room for one layer) only the CPU remains; no prediction needed.
     if (!offload_why.empty()) {
@@ -172,43 +128,34 @@ StepPrediction predict_step(const Profile &profile, const ModelSpec &model, doub
 }
 
 double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
-    const double all = double(model.num_layers) * double(model.num_experts);
     const uint64_t eb = expert_bytes(model.format, model.hidden, model.intermediate);
-    if (!(all > 0.0) || eb == 0) return 0.0;
-    double slots = 0.0;
-    if (in.cache_slots > 0) {
-        slots = double(in.cache_slots);
-    } else if (in.cache_fraction > 0.0) {
-        slots = std::ceil(all * std::min(in.cache_fraction, 1.0));
-    } else {
-        const uint64_t usable = usable_vram(caps);
-        const uint64_t prefill = 2 * eb * uint64_t(model.num_experts);  // the two prefill layer buffers
-        slots = usable > prefill ? std::floor(double(usable - prefill) / double(eb)) : 0.0;
-    }
-    slots = std::min(slots, all);
-    return slots < double(model.num_experts) ? 0.0 : slots / all;
+    SlotRequest r;
+    r.count = std::max<int64_t>(in.cache_slots, 0);
+    r.fraction = in.cache_fraction > 0.0 ? in.cache_fraction : 0.0;
+    // The backend allocates its two prefill layer buffers before it sizes the cache.
+    const uint64_t prefill = 2 * eb * uint64_t(std::max(model.num_experts, 0));
+    r.free_bytes = caps.gpu_free_bytes > prefill ? caps.gpu_free_bytes - prefill : 0;
+    r.reserve_bytes = caps.vram_reserve_bytes;
+    const SlotPlan p = plan_slots(r, model.num_layers, model.num_experts, eb);
+    return p.status == FT_OK ? double(p.slots) / (double(model.num_layers) * double(model.num_experts)) : 0.0;
 }
 
 const char *backend_name(int32_t backend) {
     if (backend == FT_BACKEND_AUTO) return "auto";
-    for (const BackendEntry &b : kBackends) {
-        if (b.id == backend) return b.name;
-    }
-    return "unknown";
+    const BackendInfo *b = find_backend(backend);
+    return b ? b->name : "unknown";
 }
 
 BackendChoice select_backend(int32_t requested, const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &inputs) {
     if (requested == FT_BACKEND_AUTO) return select_auto(caps, model, inputs);
-    for (const BackendEntry &b : kBackends) {
-        if (b.id != requested) continue;
-        const std::string why = b.unavailable(caps, model);
-        if (!why.empty()) fail(FT_ERR_UNSUPPORTED, "backend ", b.name, " cannot run this model: ", why);
-        BackendChoice c;
-        c.backend = b.id;
-        c.reason = cat(b.name, " requested");
-        return c;
-    }
-    fail(FT_ERR_INVALID_ARGUMENT, "unknown backend ", requested);
+    const BackendInfo *b = find_backend(requested);
+    if (!b) fail(FT_ERR_INVALID_ARGUMENT, "unknown backend ", requested);
+    const std::string why = b->unavailable(caps, model);
+    if (!why.empty()) fail(FT_ERR_UNSUPPORTED, "backend ", b->name, " cannot run this model: ", why);
+    BackendChoice c;
+    c.backend = b->id;
+    c.reason = cat(b->name, " requested");
+    return c;
 }
 
 BackendChoice select_backend(int32_t requested, const MachineCaps &caps, const ModelSpec &model) {

@@ -1,72 +1,14 @@
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
+#include "ft/backend_registry.hpp"
 #include "ft/common.hpp"
 #include "ft/profile.hpp"
 #include "ft/session.hpp"
-#ifdef FT_HAVE_CUDA_BACKENDS
-#include "ft/cuda_backends.hpp"
-#endif
 
 namespace ft {
 
 namespace {
-
-// Every routed expert computed by the CPU straight from the host banks.
-class CpuBackend final : public Backend {
-public:
-    CpuBackend(Engine &engine, const Model &model, const ft_session_params &p)
-        : model_(model),
-          executor_(engine.pool(), model.spec().format, model.spec().hidden, model.spec().intermediate, model.spec().top_k, p.max_tokens,
-                    cpu::ActivationSpec{model.spec().activation, model.spec().swiglu_alpha, model.spec().swiglu_limit},
-                    p.shared_experts ? model.spec().shared_intermediate : 0, engine.isa(), cpu::moe_tuning(engine.tuning())) {
-        const ModelSpec &s = model.spec();
-        if (p.shared_experts) {
-            if (s.shared_intermediate <= 0) fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but the model has no shared expert");
-            for (int32_t l = 0; l < s.num_layers; ++l) {
-                const LayerExtras &x = model.extras(l);
-                if (x.shared_gate.empty() || x.shared_up.empty() || x.shared_down.empty())
-                    fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but MoE layer ", l, " has no shared expert weights");
-                cpu::SharedExpertView v;
-                v.gate = reinterpret_cast<const uint16_t *>(x.shared_gate.bytes.data());
-                v.up = reinterpret_cast<const uint16_t *>(x.shared_up.bytes.data());
-                v.down = reinterpret_cast<const uint16_t *>(x.shared_down.bytes.data());
-                v.intermediate = s.shared_intermediate;
-                v.gate_proj = s.shared_expert_gate && !x.shared_gate_proj.empty()
-                                  ? reinterpret_cast<const uint16_t *>(x.shared_gate_proj.bytes.data())
-                                  : nullptr;
-                shared_.push_back(v);
-            }
-        }
-    }
-
-    void decode(const DecodeCall &c, ft_session_stats &stats) override {
-        const ExpertBanks &banks = model_.banks();
-        cpu::ExpertSource src;
-        src.format = model_.spec().format;
-        src.num_experts = model_.spec().num_experts;
-        src.num_banks = banks.num_banks();
-        if (src.num_banks > 8) fail(FT_ERR_INTERNAL, "CPU backend: ", src.num_banks, " banks, at most 8 supported");
-        for (int b = 0; b < src.num_banks; ++b) {
-            src.base[b] = banks.layer_base(b, c.layer);
-            src.row_bytes[b] = banks.row_bytes(b);
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        const cpu::MoeStats s = executor_.run(src, shared_.empty() ? nullptr : &shared_[c.layer], c.num_tokens, c.hidden,
-                                              c.ids, c.weights, c.out);
-        stats.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        stats.routes_cpu += s.routes_computed;
-        stats.routes_skipped += s.routes_skipped;
-        stats.experts_cpu += s.experts_read;
-        stats.cpu_bytes += s.bytes_read;
-    }
-
-private:
-    const Model &model_;
-    cpu::MoeExecutor executor_;
-    std::vector<cpu::SharedExpertView> shared_;
-};
 
 // The hybrid fetch fraction the saved profile of this machine gives the model's format
 // (docs/formulas.md, "Bandwidth profile": reader rules), or 0.5 without a usable profile.
@@ -127,29 +69,18 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
     backend_ = choice.backend;
     backend_reason_ = choice.reason;
     log(FT_LOG_INFO, "session: backend ", backend_name(backend_), " (", choice.reason, ")");
-    switch (backend_) {
-        case FT_BACKEND_CPU: impl_ = std::make_unique<CpuBackend>(model.engine(), model.model(), params_); break;
-#ifdef FT_HAVE_CUDA_BACKENDS
-        case FT_BACKEND_GPU:
-        case FT_BACKEND_OFFLOAD:
-        case FT_BACKEND_HYBRID: {
-            if (params_.shared_experts)
-                fail(FT_ERR_UNSUPPORTED, "shared_experts is served by the cpu backend only; compute the shared expert on the caller's side");
-            BackendContext ctx;
-            ctx.device = model.engine().device();
-            ctx.pool = &model.engine().pool();
-            ctx.cpu_isa = static_cast<int>(model.engine().isa());
-            ctx.model = &model.model();
-            ctx.params = params_;
-            ctx.tuning = model.engine().tuning();
-            if (backend_ == FT_BACKEND_HYBRID && params_.hybrid_fraction == 0.0f)
-                ctx.params.hybrid_fraction = static_cast<float>(profiled_fetch_fraction(model.engine(), model.model().spec()));
-            impl_ = make_cuda_backend(backend_, ctx);
-            break;
-        }
-#endif
-        default: fail(FT_ERR_INTERNAL, "selected backend ", backend_, " has no implementation");
-    }
+    const BackendInfo *info = find_backend(backend_);
+    if (!info || !info->make) fail(FT_ERR_INTERNAL, "selected backend ", backend_, " has no implementation");
+    BackendContext ctx;
+    ctx.device = model.engine().device();
+    ctx.pool = &model.engine().pool();
+    ctx.cpu_isa = static_cast<int>(model.engine().isa());
+    ctx.model = &model.model();
+    ctx.params = params_;
+    ctx.tuning = model.engine().tuning();
+    if (backend_ == FT_BACKEND_HYBRID && params_.hybrid_fraction == 0.0f)
+        ctx.params.hybrid_fraction = static_cast<float>(profiled_fetch_fraction(model.engine(), model.model().spec()));
+    impl_ = info->make(ctx);
     reset_stats();
 }
 

@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "freetoken.h"
 #include "ft/hybrid.hpp"
 
 namespace ft {
@@ -19,9 +21,18 @@ struct SlotRequest {
     uint64_t reserve_bytes = 0;   // memory the caller keeps for itself
 };
 
-// Explicit count first, then fraction, else as many slots as free_bytes - reserve_bytes holds.
-// Throws FT_ERR_INVALID_ARGUMENT for an explicit count or fraction below one layer, and
-// FT_ERR_OUT_OF_MEMORY when the memory left cannot hold one layer.
+// The one slot sizing rule, used by the offload/hybrid backends and by the selector's prediction:
+// explicit count first, then fraction, else as many slots as free_bytes - reserve_bytes holds;
+// at most every expert (L * E). Refused (status FT_ERR_INVALID_ARGUMENT) for an explicit count or
+// fraction below one layer, and FT_ERR_OUT_OF_MEMORY when the memory left cannot hold one layer.
+struct SlotPlan {
+    int64_t slots = 0;       // when status is FT_OK
+    ft_status status = FT_OK;
+    std::string why;         // the refusal, "slot cache: ..."
+};
+SlotPlan plan_slots(const SlotRequest &request, int64_t layers, int64_t experts, uint64_t expert_bytes);
+
+// plan_slots, throwing its refusal as ft::Error.
 int64_t plan_slot_count(const SlotRequest &request, int64_t layers, int64_t experts, uint64_t expert_bytes);
 
 }  // namespace ft

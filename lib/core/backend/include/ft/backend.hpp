@@ -1,5 +1,5 @@
-// The interface between a session and the backend that computes its routed experts. Kept apart
-// from session.hpp so the GPU backends (cuda/backends) depend on this small header only.
+// The interface between a session and the backend that computes its routed experts. Below the
+// backends (cpu/, cuda/backends) that implement it and the engine (lib/engine/session) that uses it.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
-// Backend selection. Each backend is a row of a small table: its id and name, and a probe that
-// says whether it can run a model on this machine (and why not). `auto` takes the resident GPU
+// Backend selection over the backend registry (backend_registry.hpp: each backend's id, name,
+// probe and factory). A requested backend runs when its probe says it can run the model on this
+// machine, else the request is refused with the probe's reason. `auto` takes the resident GPU
 // backend when every expert fits the VRAM budget; otherwise, with a profile of this machine, the
 // available backend with the lowest predicted step time (model below), and without one a fixed
 // fallback (select_backend's comment).
@@ -58,9 +59,10 @@ struct StepPrediction {
 // a slot cache holding `slot_fraction` of all experts.
 StepPrediction predict_step(const Profile &profile, const ModelSpec &model, double slot_fraction, double hbm_gbs = 0.0);
 
-// The slots an offload/hybrid session would get (mirrors plan_slot_count of the GPU backends:
-// explicit count, else fraction, else what the free memory beyond the reserve holds after the
-// two prefill layer buffers), as a fraction of all L E experts; 0 if not even one layer fits.
+// The slots an offload/hybrid session would get (plan_slots of the slot cache, the rule the GPU
+// backends size with: explicit count, else fraction, else what the free memory beyond the reserve
+// holds after the two prefill layer buffers), as a fraction of all L E experts; 0 if not even one
+// layer fits.
 double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in);
 
 struct BackendChoice {

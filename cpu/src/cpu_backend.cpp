@@ -1,0 +1,79 @@
+#include "ft/cpu_backend.hpp"
+
+#include <chrono>
+#include <vector>
+
+#include "ft/common.hpp"
+
+namespace ft::cpu {
+
+namespace {
+
+// Every routed expert computed by the CPU straight from the host banks.
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(const BackendContext &ctx)
+        : model_(*ctx.model),
+          executor_(*ctx.pool, model_.spec().format, model_.spec().hidden, model_.spec().intermediate, model_.spec().top_k,
+                    ctx.params.max_tokens,
+                    ActivationSpec{model_.spec().activation, model_.spec().swiglu_alpha, model_.spec().swiglu_limit},
+                    ctx.params.shared_experts ? model_.spec().shared_intermediate : 0, static_cast<Isa>(ctx.cpu_isa),
+                    moe_tuning(ctx.tuning)) {
+        const ModelSpec &s = model_.spec();
+        if (ctx.params.shared_experts) {
+            if (s.shared_intermediate <= 0) fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but the model has no shared expert");
+            for (int32_t l = 0; l < s.num_layers; ++l) {
+                const LayerExtras &x = model_.extras(l);
+                if (x.shared_gate.empty() || x.shared_up.empty() || x.shared_down.empty())
+                    fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but MoE layer ", l, " has no shared expert weights");
+                SharedExpertView v;
+                v.gate = reinterpret_cast<const uint16_t *>(x.shared_gate.bytes.data());
+                v.up = reinterpret_cast<const uint16_t *>(x.shared_up.bytes.data());
+                v.down = reinterpret_cast<const uint16_t *>(x.shared_down.bytes.data());
+                v.intermediate = s.shared_intermediate;
+                v.gate_proj = s.shared_expert_gate && !x.shared_gate_proj.empty()
+                                  ? reinterpret_cast<const uint16_t *>(x.shared_gate_proj.bytes.data())
+                                  : nullptr;
+                shared_.push_back(v);
+            }
+        }
+    }
+
+    void decode(const DecodeCall &c, ft_session_stats &stats) override {
+        const ExpertSource src = expert_source(model_, c.layer);
+        const auto t0 = std::chrono::steady_clock::now();
+        const MoeStats s = executor_.run(src, shared_.empty() ? nullptr : &shared_[c.layer], c.num_tokens, c.hidden, c.ids,
+                                         c.weights, c.out);
+        stats.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats.routes_cpu += s.routes_computed;
+        stats.routes_skipped += s.routes_skipped;
+        stats.experts_cpu += s.experts_read;
+        stats.cpu_bytes += s.bytes_read;
+    }
+
+private:
+    const Model &model_;
+    MoeExecutor executor_;
+    std::vector<SharedExpertView> shared_;
+};
+
+}  // namespace
+
+ExpertSource expert_source(const Model &model, int32_t layer) {
+    const ExpertBanks &banks = model.banks();
+    ExpertSource src;
+    src.format = model.spec().format;
+    src.num_experts = model.spec().num_experts;
+    src.num_banks = banks.num_banks();
+    constexpr int kMaxBanks = static_cast<int>(sizeof src.base / sizeof src.base[0]);
+    if (src.num_banks > kMaxBanks) fail(FT_ERR_INTERNAL, "CPU backend: ", src.num_banks, " banks, at most ", kMaxBanks, " supported");
+    for (int b = 0; b < src.num_banks; ++b) {
+        src.base[b] = banks.layer_base(b, layer);
+        src.row_bytes[b] = banks.row_bytes(b);
+    }
+    return src;
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendContext &ctx) { return std::make_unique<CpuBackend>(ctx); }
+
+}  // namespace ft::cpu

@@ -1,0 +1,93 @@
+#include "ft/backend_registry.hpp"
+
+#include "ft/common.hpp"
+#include "ft/cpu_backend.hpp"
+#include "ft/selector.hpp"
+#ifdef FT_HAVE_CUDA_BACKENDS
+#include "ft/cuda_backends.hpp"
+#endif
+
+namespace ft {
+
+namespace {
+
+std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
+    // Every expert format has CPU kernels (cpu/README.md); only unknown values are refused.
+    (void)caps;
+    if (!format_known(static_cast<int32_t>(model.format))) return cat("no CPU kernel for format ", static_cast<int32_t>(model.format));
+    return {};
+}
+
+std::string gpu_missing(const MachineCaps &caps) {
+    if (!caps.gpu_kernels) return "this build has no CUDA support";
+    if (!caps.gpu) return "the engine has no GPU";
+    if (caps.shared_experts) return "shared_experts asked for; the GPU backends leave the shared expert to the caller";
+    return {};
+}
+
+uint64_t usable_vram(const MachineCaps &caps) {
+    return caps.gpu_free_bytes > caps.vram_reserve_bytes ? caps.gpu_free_bytes - caps.vram_reserve_bytes : 0;
+}
+
+std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model) {
+    if (std::string why = gpu_missing(caps); !why.empty()) return why;
+    const uint64_t need = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts * model.num_layers;
+    if (need > usable_vram(caps))
+        return cat(need / 1e9, " GB of experts do not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
+    return {};
+}
+
+std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model) {
+    if (std::string why = gpu_missing(caps); !why.empty()) return why;
+    if (model.num_experts > 1024) return cat(model.num_experts, " experts per layer; the slot cache admits at most 1024");
+    const uint64_t layer = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts;
+    if (layer > usable_vram(caps))
+        return cat("one layer of experts (", layer / 1e9, " GB) does not fit the ", usable_vram(caps) / 1e9,
+                   " GB of GPU memory free beyond the reserve");
+    return {};
+}
+
+#ifdef FT_HAVE_CUDA_BACKENDS
+template <int32_t Id>
+std::unique_ptr<Backend> make_gpu(const BackendContext &ctx) {
+    if (ctx.params.shared_experts)
+        fail(FT_ERR_UNSUPPORTED, "shared_experts is served by the cpu backend only; compute the shared expert on the caller's side");
+    return make_cuda_backend(Id, ctx);
+}
+constexpr auto kMakeResident = &make_gpu<FT_BACKEND_GPU>;
+constexpr auto kMakeOffload = &make_gpu<FT_BACKEND_OFFLOAD>;
+constexpr auto kMakeHybrid = &make_gpu<FT_BACKEND_HYBRID>;
+#else
+// The probes refuse these backends in a build without CUDA (caps.gpu_kernels is false).
+constexpr std::unique_ptr<Backend> (*kMakeResident)(const BackendContext &) = nullptr;
+constexpr std::unique_ptr<Backend> (*kMakeOffload)(const BackendContext &) = nullptr;
+constexpr std::unique_ptr<Backend> (*kMakeHybrid)(const BackendContext &) = nullptr;
+#endif
+
+}  // namespace
+
+const std::vector<BackendInfo> &backend_registry() {
+    static const std::vector<BackendInfo> kBackends = {
+        {FT_BACKEND_GPU, "gpu", true, resident_unavailable, kMakeResident},
+        {FT_BACKEND_CPU, "cpu", false, cpu_unavailable, cpu::make_cpu_backend},
+        {FT_BACKEND_OFFLOAD, "offload", true, offload_unavailable, kMakeOffload},
+        {FT_BACKEND_HYBRID, "hybrid", true, offload_unavailable, kMakeHybrid},
+    };
+    return kBackends;
+}
+
+const BackendInfo *find_backend(int32_t id) {
+    for (const BackendInfo &b : backend_registry()) {
+        if (b.id == id) return &b;
+    }
+    return nullptr;
+}
+
+const BackendInfo *find_backend(const std::string &name) {
+    for (const BackendInfo &b : backend_registry()) {
+        if (name == b.name) return &b;
+    }
+    return nullptr;
+}
+
+}  // namespace ft
