@@ -5,9 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <numeric>
-#include <random>
 #include <vector>
 
 #include "ft/common.hpp"
@@ -51,29 +48,13 @@ GatherChoice choose_gather_method(const GatherBank *banks, int num_banks, int32_
     if (count < 1 || count > experts_in_layer)
         fail(FT_ERR_INVALID_ARGUMENT, "gather measurement: count ", count, " not in 1..", experts_in_layer);
 
-    // Plan: int64 count first (keeps it aligned), then the slots, then the sources.
-    std::vector<int32_t> sources(static_cast<size_t>(experts_in_layer));
-    std::iota(sources.begin(), sources.end(), 0);
-    std::mt19937 rng(0x6a7e);
-    std::shuffle(sources.begin(), sources.end(), rng);
-    std::vector<int32_t> host(2 + 2 * static_cast<size_t>(count));
-    const int64_t n = count;
-    std::memcpy(host.data(), &n, sizeof n);
-    for (int32_t i = 0; i < count; ++i) {
-        host[2 + static_cast<size_t>(i)] = i;
-        host[2 + static_cast<size_t>(count) + static_cast<size_t>(i)] = sources[static_cast<size_t>(i)];
-    }
-
+    const std::vector<int32_t> host = synthetic_gather_plan(experts_in_layer, count, 0x6a7e);
     Rig rig;
     check(cudaMalloc(&rig.plan, host.size() * sizeof(int32_t)), "cudaMalloc of the plan");
     check(cudaMemcpy(rig.plan, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "plan upload");
     check(cudaEventCreate(&rig.start), "cudaEventCreate");
     check(cudaEventCreate(&rig.stop), "cudaEventCreate");
-    GatherPlan plan;
-    plan.num_indices = static_cast<const int64_t *>(rig.plan);
-    plan.evict_slots = static_cast<const int32_t *>(rig.plan) + 2;
-    plan.src_indices = plan.evict_slots + count;
-    plan.capacity = count;
+    const GatherPlan plan = synthetic_gather_plan_view(rig.plan, count);
     if (const char *why = detail::gather_argument_error(banks, num_banks, plan))
         fail(FT_ERR_INVALID_ARGUMENT, "gather measurement: ", why);
 

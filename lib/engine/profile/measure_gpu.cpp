@@ -3,9 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstring>
-#include <numeric>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -77,23 +74,10 @@ GatherRig::GatherRig(int device, const HostExperts &h, int32_t count) : impl_(st
     }
 
     // Slots 0..count-1 from `count` distinct experts of the window in random order.
-    std::vector<int32_t> sources(static_cast<size_t>(h.experts));
-    std::iota(sources.begin(), sources.end(), 0);
-    std::mt19937 rng(0x9a7e);
-    std::shuffle(sources.begin(), sources.end(), rng);
-    std::vector<int32_t> host(2 + 2 * static_cast<size_t>(count));
-    const int64_t n = count;
-    std::memcpy(host.data(), &n, sizeof n);
-    for (int32_t i = 0; i < count; ++i) {
-        host[2 + static_cast<size_t>(i)] = i;
-        host[2 + static_cast<size_t>(count) + static_cast<size_t>(i)] = sources[static_cast<size_t>(i)];
-    }
+    const std::vector<int32_t> host = cuda::synthetic_gather_plan(h.experts, count, 0x9a7e);
     check(cudaMalloc(&r.plan, host.size() * sizeof(int32_t)), "cudaMalloc of the plan");
     check(cudaMemcpy(r.plan, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "plan upload");
-    r.gplan.num_indices = static_cast<const int64_t *>(r.plan);
-    r.gplan.evict_slots = static_cast<const int32_t *>(r.plan) + 2;
-    r.gplan.src_indices = r.gplan.evict_slots + count;
-    r.gplan.capacity = count;
+    r.gplan = cuda::synthetic_gather_plan_view(r.plan, count);
     if (const char *why = cuda::detail::gather_argument_error(r.banks, r.num_banks, r.gplan))
         fail(FT_ERR_INVALID_ARGUMENT, "profile gather: ", why);
 

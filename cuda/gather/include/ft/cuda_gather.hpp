@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ft::cuda {
 
@@ -88,6 +89,14 @@ struct GatherChoice {
 };
 GatherChoice choose_gather_method(const GatherBank *banks, int num_banks, int32_t experts_in_layer, int32_t count,
                                   cudaStream_t stream);
+
+// The synthetic plan of the measurements (choose_gather_method, the profiler's gather rig), in
+// int32 words as the device plan lays it out: the int64 count first (keeps it aligned), then the
+// `count` destination slots 0..count-1, then their sources: `count` distinct experts of
+// 0..experts-1 in the random order `seed` draws.
+std::vector<int32_t> synthetic_gather_plan(int64_t experts, int32_t count, uint32_t seed);
+// The GatherPlan of such a plan copied to the device at `device_plan`.
+GatherPlan synthetic_gather_plan_view(const void *device_plan, int32_t count);
 
 // ---- Tuning of the zero-copy kernel (for bench_gather and the tests) -----------------------------
 namespace detail {
