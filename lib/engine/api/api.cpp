@@ -24,30 +24,13 @@ FT_API int32_t ft_session_device(const ft_session *session);
 }
 #endif
 #include "ft/common.hpp"
+#include "handles.hpp"
 #include "shim.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/profile.hpp"
 #include "ft/profiler.hpp"
 #include "ft/session.hpp"
-
-struct ft_engine {
-    std::unique_ptr<ft::Engine> impl;
-    std::string last_error;
-};
-
-struct ft_model {
-    ft_engine *engine = nullptr;
-    std::unique_ptr<ft::LoadedModel> impl;
-    std::string architecture;
-    std::string last_error;
-};
-
-struct ft_session {
-    ft_model *model = nullptr;
-    std::unique_ptr<ft::Session> impl;
-    mutable std::string last_error;  // also written by the const statistics readers
-};
 
 // Immutable once made, so it carries no error text: its accessors only return statuses.
 struct ft_profile {

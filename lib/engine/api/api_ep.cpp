@@ -26,6 +26,8 @@
 #include "ft/ep_cuda.hpp"
 #include "ft/ep_probe.hpp"
 #include "ft/ep_session.hpp"
+#include "handles.hpp"
+#include "ft/backend_registry.hpp"
 #endif
 
 namespace {
@@ -367,42 +369,56 @@ FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, 
         if (!session || !model || !out || (tokens > 0 && (!topk_ids || !x)))
             ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): NULL session, model, ids, x or out");
         // Everything the session could refuse is checked here, before the collective starts:
-        // a failure inside the step would leave the peers waiting.
-        ft_model_info mi{};
-        mi.struct_size = sizeof mi;
-        if (ft_model_get_info(model, &mi) != FT_OK)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): ft_model_get_info failed");
+        // a failure inside the step would leave the peers waiting. The session is used through
+        // its C++ object (the handles of handles.hpp), as the other shims do.
+        ft::Session &sess = *session->impl;
+        const ft::ModelSpec &spec = model->impl->model().spec();
         const ft::ep::cuda::EpConfig &cfg = group->rank->config();
         const int32_t S = group->rank->placement().slots_per_rank;
-        if (mi.num_experts != S)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session's model has ", mi.num_experts,
+        if (spec.num_experts != S)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session's model has ", spec.num_experts,
                      " experts per layer, the group has ", S, " slots per rank (expert j = local slot j)");
-        if (mi.hidden_size != cfg.hidden)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): model hidden size ", mi.hidden_size,
+        if (spec.hidden != cfg.hidden)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): model hidden size ", spec.hidden,
                      ", group hidden ", cfg.hidden);
-        if (layer < 0 || layer >= mi.num_layers)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): layer ", layer, " of ", mi.num_layers);
+        if (layer < 0 || layer >= spec.num_layers)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): layer ", layer, " of ", spec.num_layers);
         if (session_max_tokens < 1)
             ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): session_max_tokens ", session_max_tokens,
                      " (pass the session's max_tokens)");
-        const int32_t backend = ft_session_backend(session);
-        if (backend != FT_BACKEND_GPU && backend != FT_BACKEND_OFFLOAD && backend != FT_BACKEND_HYBRID)
+        const int32_t backend = sess.backend();
+        const ft::BackendInfo *info = ft::find_backend(backend);
+        if (!info || !info->device_path)
             ft::fail(FT_ERR_UNSUPPORTED, "EP forward (session): the session's backend ", backend,
                      " has no device path (GPU, OFFLOAD or HYBRID)");
-        if (ft_session_device(session) != group->device)
-            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session runs on device ",
-                     ft_session_device(session), ", the group on ", group->device);
-        if (const ft_status st = ft_session_status(session); st != FT_OK)
-            ft::fail(st, "EP forward (session): the session cannot run: ", ft_session_last_error(session));
+        if (sess.device() != group->device)
+            ft::fail(FT_ERR_INVALID_ARGUMENT, "EP forward (session): the session runs on device ", sess.device(),
+                     ", the group on ", group->device);
+        if (const ft_status st = sess.status(); st != FT_OK)
+            ft::fail(st, "EP forward (session): the session cannot run: ", session->last_error);
         auto &se = group->session_experts;
-        if (!se || se->model_top_k() != mi.top_k || se->rows_per_call() != session_max_tokens)
-            se = std::make_unique<ft::ep::cuda::SessionExperts>(mi.top_k, session_max_tokens);
+        if (!se || se->model_top_k() != spec.top_k || se->rows_per_call() != session_max_tokens)
+            se = std::make_unique<ft::ep::cuda::SessionExperts>(spec.top_k, session_max_tokens);
         const bool exact = cfg.mode == ft::ep::cuda::Mode::Throughput;
+        // What ft_decode_cuda does, without going back out through the C API; a refusal is also
+        // left on the session, as ft_decode_cuda would leave it.
         const ft::ep::cuda::SessionDecodeFn decode = [&](int32_t rows, const uint16_t *xr, const int32_t *ids,
                                                          const float *w, uint16_t *yr, cudaStream_t st) {
-            const ft_status s = ft_decode_cuda(session, layer, rows, xr, ids, w, yr, st);
-            if (s != FT_OK)
-                ft::fail(s, "EP forward (session): ft_decode_cuda of ", rows, " rows: ", ft_session_last_error(session));
+            ft::DecodeCall c;
+            c.layer = layer;
+            c.num_tokens = rows;
+            c.hidden = xr;
+            c.ids = ids;
+            c.weights = w;
+            c.out = yr;
+            c.on_device = true;
+            c.stream = st;
+            std::string why;
+            const ft_status s = guarded([&why](const std::string &m) { why = m; }, [&] { sess.decode(c); });
+            if (s != FT_OK) {
+                session->last_error = why;
+                ft::fail(s, "EP forward (session): ft_decode_cuda of ", rows, " rows: ", why);
+            }
         };
         group->rank->forward(
             topk_ids, topk_weights, x, tokens,
