@@ -275,182 +275,255 @@ void measure_pcie(int device, double budget_s, Profile &prof, const Progress &pr
 
 void add_note(KernelEntry &e, const std::string &note) { e.note += (e.note.empty() ? "" : " | ") + note; }
 
-// The production CPU expert kernels at one token (docs/formulas.md, "Bandwidth profile", step 2)
-// over a rotating window of synthetic experts in the exact bank schema: step i routes to experts (i K + j) mod E, so
-// consecutive steps share no expert and each reads K experts from DRAM. With a GPU (`device` >=
-// 0), then the production gather of the window into device slots (step 1) and both at once for
-// the same wall window (step 4).
-KernelEntry measure_format(cpu::ThreadPool &pool, Format f, int device, double budget_s, size_t mem_cap, size_t llc,
-                           double fill_rate, const Progress &progress) {
-    const char *phase = format_name(f);
-    const bool gpu = device >= 0 && profiler::gather_rig_built();
-    const uint64_t total_units = kWarmupSteps + kMaxTimedSteps + (gpu ? 2 : 0);
-    progress(phase, 0, total_units);
-    const auto t0 = Clock::now();
+// The synthetic window of one format: its geometry and how many experts it holds.
+struct FormatWindow {
+    ProfileGeometry g;
+    size_t eb = 0;    // bytes of one expert
+    int64_t K = 0;    // experts per step (top_k)
+    int64_t E = 0;    // experts in the window
+};
 
-    const ProfileGeometry g = profile_geometry(f);
-    const size_t eb = expert_bytes(f, g.hidden, g.intermediate);
-    const int64_t K = g.top_k;
-    // The window: what a share of the budget can fill, at most 2 GiB (the original's budget) and
-    // the memory cap, at least 4 x LLC so that it is DRAM-bound, and 2K experts so that
-    // consecutive steps are disjoint.
+// The window: what a share of the budget can fill, at most 2 GiB (the original's budget) and
+// the memory cap, at least 4 x LLC so that it is DRAM-bound, and 2K experts so that
+// consecutive steps are disjoint. With a GPU, also at least the gather's window, within the cap.
+FormatWindow plan_window(Format f, bool gpu, double budget_s, size_t mem_cap, size_t llc, double fill_rate) {
+    FormatWindow w;
+    w.g = profile_geometry(f);
+    w.eb = expert_bytes(f, w.g.hidden, w.g.intermediate);
+    w.K = w.g.top_k;
     const double fill_fit = fill_rate * budget_s * kFillShare;
     const size_t window = std::max(static_cast<size_t>(std::min({static_cast<double>(2 * kGiB), static_cast<double>(mem_cap), fill_fit})),
                                    4 * llc);
-    int64_t E = std::clamp<int64_t>(static_cast<int64_t>(window / eb), 2 * K, kMaxExperts);
-    // The gather needs a window of its own size, within the memory cap.
-    if (gpu) E = std::max<int64_t>(E, std::min<int64_t>(kMinGatherExperts, std::max<int64_t>(2 * K, static_cast<int64_t>(mem_cap / eb))));
+    w.E = std::clamp<int64_t>(static_cast<int64_t>(window / w.eb), 2 * w.K, kMaxExperts);
+    if (gpu)
+        w.E = std::max<int64_t>(w.E, std::min<int64_t>(kMinGatherExperts, std::max<int64_t>(2 * w.K, static_cast<int64_t>(mem_cap / w.eb))));
+    return w;
+}
 
-    const std::vector<BankSpec> schema = bank_schema(f, g.hidden, g.intermediate);
-    if (schema.size() > 8) fail(FT_ERR_INTERNAL, "profile: ", phase, " has ", schema.size(), " banks, the executor takes 8");
-    std::vector<HostBuffer> banks;
+// The window's experts in host memory, in the exact bank schema of the format, filled with
+// synthetic values; `src` is the executor's view of them.
+struct SyntheticBanks {
+    std::vector<HostBuffer> buffers;
     cpu::ExpertSource src;
-    src.format = f;
-    src.num_experts = static_cast<int32_t>(E);
-    src.num_banks = static_cast<int>(schema.size());
+};
+
+SyntheticBanks fill_window(cpu::ThreadPool &pool, Format f, const FormatWindow &w, const char *phase) {
+    const std::vector<BankSpec> schema = bank_schema(f, w.g.hidden, w.g.intermediate);
+    if (schema.size() > 8) fail(FT_ERR_INTERNAL, "profile: ", phase, " has ", schema.size(), " banks, the executor takes 8");
+    SyntheticBanks s;
+    s.src.format = f;
+    s.src.num_experts = static_cast<int32_t>(w.E);
+    s.src.num_banks = static_cast<int>(schema.size());
     for (size_t b = 0; b < schema.size(); ++b) {
-        const size_t bytes = schema[b].row_bytes * static_cast<size_t>(E);
-        banks.push_back(alloc_host(bytes, "synthetic expert banks"));
-        fill_bank(pool, fill_of(f, schema[b].name), banks.back().get(), bytes, splitmix64(static_cast<uint64_t>(f) * 16 + b));
-        src.base[b] = banks.back().get();
-        src.row_bytes[b] = schema[b].row_bytes;
+        const size_t bytes = schema[b].row_bytes * static_cast<size_t>(w.E);
+        s.buffers.push_back(alloc_host(bytes, "synthetic expert banks"));
+        fill_bank(pool, fill_of(f, schema[b].name), s.buffers.back().get(), bytes, splitmix64(static_cast<uint64_t>(f) * 16 + b));
+        s.src.base[b] = s.buffers.back().get();
+        s.src.row_bytes[b] = schema[b].row_bytes;
     }
-    const double fill_s = seconds_since(t0);
+    return s;
+}
 
-    cpu::ActivationSpec act;
-    act.kind = g.activation;
-    act.limit = g.swiglu_limit > 0.0f ? g.swiglu_limit : INFINITY;
-    // The kernels a session of an engine created now would run (its knobs, docs/knobs.md).
-    const Tuning knobs = read_tuning(false);
-    cpu::MoeExecutor exec(pool, f, g.hidden, g.intermediate, g.top_k, 1, act, 0, cpu::capped_isa(knobs.cpu_isa),
-                          cpu::moe_tuning(knobs));
+// One-token steps of the production CPU expert kernels over the window: step i routes to
+// experts (i K + j) mod E with weights 1/K, so consecutive steps share no expert and each reads K
+// experts from DRAM. The kernels are those a session of an engine created now would run (its
+// knobs, docs/knobs.md).
+class CpuSteps {
+public:
+    CpuSteps(cpu::ThreadPool &pool, Format f, const FormatWindow &w, const cpu::ExpertSource &src)
+        : w_(w), src_(src), knobs_(read_tuning(false)),
+          exec_(pool, f, w.g.hidden, w.g.intermediate, w.g.top_k, 1, activation(w.g), 0, cpu::capped_isa(knobs_.cpu_isa),
+                cpu::moe_tuning(knobs_)),
+          x_(static_cast<size_t>(w.g.hidden)), y_(static_cast<size_t>(w.g.hidden)), ids_(static_cast<size_t>(w.K)),
+          weights_(static_cast<size_t>(w.K), 1.0f / static_cast<float>(w.K)) {
+        // One token of small activations.
+        for (size_t i = 0; i < x_.size(); ++i) x_[i] = f32_to_bf16(static_cast<float>(splitmix64(i) % 2001) / 10000.0f - 0.1f);
+    }
 
-    // One token of small activations; routing weights 1/K.
-    std::vector<uint16_t> x(static_cast<size_t>(g.hidden)), y(static_cast<size_t>(g.hidden));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(static_cast<float>(splitmix64(i) % 2001) / 10000.0f - 0.1f);
-    std::vector<int32_t> ids(static_cast<size_t>(K));
-    const std::vector<float> w(static_cast<size_t>(K), 1.0f / static_cast<float>(K));
-
-    int64_t step = 0;
-    auto run_step = [&] {
-        for (int64_t j = 0; j < K; ++j) ids[j] = static_cast<int32_t>((step * K + j) % E);
-        ++step;
+    // Runs the next step; its seconds.
+    double run() {
+        for (int64_t j = 0; j < w_.K; ++j) ids_[j] = static_cast<int32_t>((step_ * w_.K + j) % w_.E);
+        ++step_;
         const auto s0 = Clock::now();
-        exec.run(src, nullptr, 1, x.data(), ids.data(), w.data(), y.data());
+        exec_.run(src_, nullptr, 1, x_.data(), ids_.data(), weights_.data(), y_.data());
         return seconds_since(s0);
-    };
+    }
 
+    int64_t steps() const { return step_; }
+    const char *kernel_name() const { return exec_.kernel_name(); }
+    bool output_finite() const {
+        return std::none_of(y_.begin(), y_.end(), [](uint16_t v) { return (v & 0x7f80u) == 0x7f80u; });
+    }
+
+private:
+    static cpu::ActivationSpec activation(const ProfileGeometry &g) {
+        cpu::ActivationSpec act;
+        act.kind = g.activation;
+        act.limit = g.swiglu_limit > 0.0f ? g.swiglu_limit : INFINITY;
+        return act;
+    }
+
+    const FormatWindow &w_;
+    const cpu::ExpertSource &src_;
+    const Tuning knobs_;
+    cpu::MoeExecutor exec_;
+    std::vector<uint16_t> x_, y_;
+    std::vector<int32_t> ids_;
+    const std::vector<float> weights_;
+    int64_t step_ = 0;
+};
+
+// What one format's run has to share between its phases, and where it reports.
+struct FormatClock {
+    const char *phase;
+    uint64_t total_units;
+    Clock::time_point t0;   // the format's start
+    double budget_s;        // the format's share of the run
+    double fill_s = 0.0;    // what the bank fill took
+    double after_fill() const { return std::max(budget_s - fill_s, 0.0); }
+};
+
+// Warm-up steps, then as many timed steps as the rest of the share allows (its CPU part with a
+// GPU), judged from the warm-up steps. Returns the median step time; `timed` the steps timed.
+double time_cpu_steps(CpuSteps &steps, bool gpu, const FormatClock &c, const Progress &progress, int &timed) {
     double warm_s = 0.0;
     for (int i = 0; i < kWarmupSteps; ++i) {
-        progress(phase, static_cast<uint64_t>(step), total_units);
-        warm_s += run_step();
+        progress(c.phase, static_cast<uint64_t>(steps.steps()), c.total_units);
+        warm_s += steps.run();
     }
-    // As many timed steps as the rest of the share allows (its CPU part with a GPU), judged from
-    // the warm-up steps.
     const double per_step = std::max(warm_s / kWarmupSteps, 1e-6);
-    const double after_fill = std::max(budget_s - fill_s, 0.0);
-    const double left = gpu ? kCpuStepShare * after_fill - (seconds_since(t0) - fill_s) : budget_s - seconds_since(t0);
-    const int timed = std::clamp(static_cast<int>(left / per_step), kMinTimedSteps, kMaxTimedSteps);
+    const double left = gpu ? kCpuStepShare * c.after_fill() - (seconds_since(c.t0) - c.fill_s) : c.budget_s - seconds_since(c.t0);
+    timed = std::clamp(static_cast<int>(left / per_step), kMinTimedSteps, kMaxTimedSteps);
     std::vector<double> times;
     times.reserve(static_cast<size_t>(timed));
     for (int i = 0; i < timed; ++i) {
-        progress(phase, static_cast<uint64_t>(step), total_units);
-        times.push_back(run_step());
+        progress(c.phase, static_cast<uint64_t>(steps.steps()), c.total_units);
+        times.push_back(steps.run());
     }
     std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-    const double median = times[times.size() / 2];
+    return times[times.size() / 2];
+}
 
-    for (uint16_t v : y) {
-        if ((v & 0x7f80u) == 0x7f80u) {
-            log(FT_LOG_WARN, "profile: ", phase, " gave a non-finite output on synthetic weights (a bug in the profiler's fill)");
-            break;
+// The gather and the CPU steps over the same wall window: this thread runs CPU steps (on the
+// pool), another loops gathers; each side's rate is its bytes over its own elapsed time.
+struct OverlapRun {
+    profiler::GatherRig::Run gathered;
+    int64_t cpu_steps = 0;
+    double cpu_s = 0.0;
+};
+
+OverlapRun run_overlapped(profiler::GatherRig &rig, CpuSteps &steps, double window_s, int batch) {
+    const auto start = Clock::now() + std::chrono::milliseconds(5);
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
+    std::atomic<bool> stop{false};
+    OverlapRun r;
+    std::exception_ptr gather_error;
+    std::thread gatherer([&] {
+        try {
+            r.gathered = rig.run_until(start, deadline, batch, &stop);
+        } catch (...) {
+            gather_error = std::current_exception();
+            stop = true;
         }
+    });
+    auto cpu_end = start;
+    try {
+        std::this_thread::sleep_until(start);
+        while (Clock::now() < deadline && !stop.load()) {
+            steps.run();
+            ++r.cpu_steps;
+            cpu_end = Clock::now();
+        }
+    } catch (...) {
+        stop = true;
+        gatherer.join();
+        throw;
     }
+    gatherer.join();
+    if (gather_error) std::rethrow_exception(gather_error);
+    r.cpu_s = std::chrono::duration<double>(cpu_end - start).count();
+    return r;
+}
+
+// The production gather of the window into device slots, alone (docs/formulas.md, "Bandwidth
+// profile", step 1) and beside the CPU steps (step 4), into `e`. Throws ft::Error.
+void measure_gather(CpuSteps &steps, const SyntheticBanks &banks, const FormatWindow &w, int device, const FormatClock &c,
+                    const Progress &progress, KernelEntry &e) {
+    uint64_t done = static_cast<uint64_t>(steps.steps());
+    profiler::HostExperts h;
+    h.num_banks = banks.src.num_banks;
+    h.experts = w.E;
+    for (int b = 0; b < banks.src.num_banks; ++b) {
+        h.base[b] = banks.buffers[static_cast<size_t>(b)].get();
+        h.row_bytes[b] = banks.src.row_bytes[b];
+    }
+    const int64_t count = std::min<int64_t>(w.E, profiler::GatherRig::slots_that_fit(device, w.eb));
+    if (count < 1) fail(FT_ERR_OUT_OF_MEMORY, "no room on the GPU for one ", w.eb / 1e6, " MB slot");
+    profiler::GatherRig rig(device, h, static_cast<int32_t>(count));
+    const double bytes = static_cast<double>(rig.bytes_per_call());
+
+    // The gather alone: back-to-back calls bracketed by events, as many as its share allows.
+    const double one = std::max(rig.time_calls(1), 1e-6);
+    const int calls = std::clamp(static_cast<int>(kGatherShare * c.after_fill() / one), 3, 20);
+    const double gather_s = rig.time_calls(calls);
+    if (gather_s > 0) e.pcie_gather_gbs = bytes * calls / gather_s / 1e9;
+    progress(c.phase, ++done, c.total_units);
+
+    const double window_s = std::clamp(c.budget_s - seconds_since(c.t0), kMinOverlapSeconds, kMaxOverlapSeconds);
+    const OverlapRun o = run_overlapped(rig, steps, window_s, std::max(1, static_cast<int>(kOverlapBatchSeconds / one)));
+    if (o.cpu_steps > 0 && o.cpu_s > 0)
+        e.cpu_moe_overlap_gbs = static_cast<double>(o.cpu_steps) * static_cast<double>(w.K) * static_cast<double>(w.eb) / o.cpu_s / 1e9;
+    if (o.gathered.calls > 0 && o.gathered.seconds > 0)
+        e.pcie_gather_overlap_gbs = static_cast<double>(o.gathered.calls) * bytes / o.gathered.seconds / 1e9;
+    log(FT_LOG_INFO, "profile: ", c.phase, " gather ", e.pcie_gather_gbs.value_or(0.0), " GB/s (", count, " experts, ", calls,
+        " calls); overlapped over ", window_s, " s: CPU ", e.cpu_moe_overlap_gbs.value_or(0.0), " GB/s (", o.cpu_steps,
+        " steps) + gather ", e.pcie_gather_overlap_gbs.value_or(0.0), " GB/s (", o.gathered.calls, " calls)");
+    if (count < kMinGatherExperts) add_note(e, cat("gather window of ", count, " experts (GPU memory)"));
+}
+
+// The production CPU expert kernels at one token (docs/formulas.md, "Bandwidth profile", step 2)
+// over a window of synthetic experts in the exact bank schema (CpuSteps). With a GPU (`device` >=
+// 0), then the production gather of the window into device slots (step 1) and both at once for
+// the same wall window (step 4); a failing GPU part is a note, not the end of the profile.
+KernelEntry measure_format(cpu::ThreadPool &pool, Format f, int device, double budget_s, size_t mem_cap, size_t llc,
+                           double fill_rate, const Progress &progress) {
+    const bool gpu = device >= 0 && profiler::gather_rig_built();
+    FormatClock c{format_name(f), static_cast<uint64_t>(kWarmupSteps + kMaxTimedSteps + (gpu ? 2 : 0)), {}, budget_s};
+    progress(c.phase, 0, c.total_units);
+    c.t0 = Clock::now();
+
+    const FormatWindow w = plan_window(f, gpu, budget_s, mem_cap, llc, fill_rate);
+    const SyntheticBanks banks = fill_window(pool, f, w, c.phase);
+    c.fill_s = seconds_since(c.t0);
+
+    CpuSteps steps(pool, f, w, banks.src);
+    int timed = 0;
+    const double median = time_cpu_steps(steps, gpu, c, progress, timed);
+    if (!steps.output_finite())
+        log(FT_LOG_WARN, "profile: ", c.phase, " gave a non-finite output on synthetic weights (a bug in the profiler's fill)");
 
     KernelEntry e;
-    e.expert_bytes = eb;
-    e.synth_experts = E;
-    e.cpu_moe_gbs = static_cast<double>(K) * static_cast<double>(eb) / median / 1e9;
-    e.cpu_moe_isa = exec.kernel_name();
-    log(FT_LOG_INFO, "profile: ", phase, " ", *e.cpu_moe_gbs, " GB/s (", e.cpu_moe_isa, ", ", E, " experts of ", eb / 1e6, " MB, fill ",
-        fill_s, " s, ", timed, " timed steps of ", median * 1e3, " ms median)");
+    e.expert_bytes = w.eb;
+    e.synth_experts = w.E;
+    e.cpu_moe_gbs = static_cast<double>(w.K) * static_cast<double>(w.eb) / median / 1e9;
+    e.cpu_moe_isa = steps.kernel_name();
+    log(FT_LOG_INFO, "profile: ", c.phase, " ", *e.cpu_moe_gbs, " GB/s (", e.cpu_moe_isa, ", ", w.E, " experts of ", w.eb / 1e6,
+        " MB, fill ", c.fill_s, " s, ", timed, " timed steps of ", median * 1e3, " ms median)");
 
     if (!gpu) {
         add_note(e, device >= 0 ? "gather: this build has no CUDA support" : "gather: no GPU measured");
     } else {
-        uint64_t done = static_cast<uint64_t>(step);
-        progress(phase, done, total_units);  // a cancellation point before the GPU part
-        // A failing GPU step is a note, not the end of the profile.
+        progress(c.phase, static_cast<uint64_t>(steps.steps()), c.total_units);  // a cancellation point before the GPU part
         try {
-            profiler::HostExperts h;
-            h.num_banks = src.num_banks;
-            h.experts = E;
-            for (int b = 0; b < src.num_banks; ++b) {
-                h.base[b] = banks[static_cast<size_t>(b)].get();
-                h.row_bytes[b] = src.row_bytes[b];
-            }
-            const int64_t count = std::min<int64_t>(E, profiler::GatherRig::slots_that_fit(device, eb));
-            if (count < 1) fail(FT_ERR_OUT_OF_MEMORY, "no room on the GPU for one ", eb / 1e6, " MB slot");
-            profiler::GatherRig rig(device, h, static_cast<int32_t>(count));
-            const double bytes = static_cast<double>(rig.bytes_per_call());
-
-            // The gather alone: back-to-back calls bracketed by events, as many as its share allows.
-            const double one = std::max(rig.time_calls(1), 1e-6);
-            const int calls = std::clamp(static_cast<int>(kGatherShare * after_fill / one), 3, 20);
-            const double gather_s = rig.time_calls(calls);
-            if (gather_s > 0) e.pcie_gather_gbs = bytes * calls / gather_s / 1e9;
-            progress(phase, ++done, total_units);
-
-            // Both at once: this thread runs CPU steps (on the pool), another loops gathers, over
-            // the same wall window; each side's rate is its bytes over its own elapsed time.
-            const double window_s = std::clamp(budget_s - seconds_since(t0), kMinOverlapSeconds, kMaxOverlapSeconds);
-            const auto start = Clock::now() + std::chrono::milliseconds(5);
-            const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
-            const int batch = std::max(1, static_cast<int>(kOverlapBatchSeconds / one));
-            std::atomic<bool> stop{false};
-            profiler::GatherRig::Run gathered;
-            std::exception_ptr gather_error;
-            std::thread gatherer([&] {
-                try {
-                    gathered = rig.run_until(start, deadline, batch, &stop);
-                } catch (...) {
-                    gather_error = std::current_exception();
-                    stop = true;
-                }
-            });
-            int64_t cpu_steps = 0;
-            auto cpu_end = start;
-            try {
-                std::this_thread::sleep_until(start);
-                while (Clock::now() < deadline && !stop.load()) {
-                    run_step();
-                    ++cpu_steps;
-                    cpu_end = Clock::now();
-                }
-            } catch (...) {
-                stop = true;
-                gatherer.join();
-                throw;
-            }
-            gatherer.join();
-            if (gather_error) std::rethrow_exception(gather_error);
-            const double cpu_s = std::chrono::duration<double>(cpu_end - start).count();
-            if (cpu_steps > 0 && cpu_s > 0)
-                e.cpu_moe_overlap_gbs = static_cast<double>(cpu_steps) * static_cast<double>(K) * static_cast<double>(eb) / cpu_s / 1e9;
-            if (gathered.calls > 0 && gathered.seconds > 0)
-                e.pcie_gather_overlap_gbs = static_cast<double>(gathered.calls) * bytes / gathered.seconds / 1e9;
-            log(FT_LOG_INFO, "profile: ", phase, " gather ", e.pcie_gather_gbs.value_or(0.0), " GB/s (", count, " experts, ", calls,
-                " calls); overlapped over ", window_s, " s: CPU ", e.cpu_moe_overlap_gbs.value_or(0.0), " GB/s (", cpu_steps,
-                " steps) + gather ", e.pcie_gather_overlap_gbs.value_or(0.0), " GB/s (", gathered.calls, " calls)");
-            if (count < kMinGatherExperts) add_note(e, cat("gather window of ", count, " experts (GPU memory)"));
+            measure_gather(steps, banks, w, device, c, progress, e);
         } catch (const Error &err) {
             if (err.status() == FT_ERR_CANCELLED) throw;
-            log(FT_LOG_WARN, "profile: ", phase, " gather not measured: ", err.what());
+            log(FT_LOG_WARN, "profile: ", c.phase, " gather not measured: ", err.what());
             add_note(e, cat("gather: ", err.what()));
         }
     }
     if (e.pcie_gather_gbs && *e.pcie_gather_gbs > 0 && e.cpu_moe_gbs) e.ratio = *e.cpu_moe_gbs / *e.pcie_gather_gbs;
-    progress(phase, total_units, total_units);
+    progress(c.phase, c.total_units, c.total_units);
     return e;
 }
 
