@@ -43,7 +43,7 @@ for b in ${FT_GPU_BENCHES-experts gather admission handoff}; do
 done
 if [ -n "${FT_PY_BENCH:-}" ]; then
   echo "== bench_generate.py $FT_PY_BENCH"
-  FREETOKEN_LIBRARY="$build/lib/api/libfreetoken.so.0" PYTHONUNBUFFERED=1 timeout 400 \
+  FREETOKEN_LIBRARY="$build/lib/engine/api/libfreetoken.so.0" PYTHONUNBUFFERED=1 timeout 400 \
     python3 bench/python/bench_generate.py $FT_PY_BENCH 2>&1 | tee "$out/bench_generate.log" | tail -30
 fi
 echo "== done at $(( $(date +%s) - t0 )) s"

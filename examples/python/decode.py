@@ -3,7 +3,7 @@
 MoE layer from memory, routes random router logits and decodes a batch. Standard library only (numpy
 and torch arrays work the same way). Run with the library's path as the first argument, or with the
 package installed and the library where FREETOKEN_LIBRARY, pkg-config or the system loader finds it:
-  python3 examples/python/decode.py build/lib/api/libfreetoken.so.0"""
+  python3 examples/python/decode.py build/lib/engine/api/libfreetoken.so.0"""
 import array
 import os
 import random

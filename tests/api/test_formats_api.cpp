@@ -1,7 +1,7 @@
 // One end-to-end test per quantised expert format through the public C API: a synthetic
 // checkpoint in the format's real layout (ft::synth), ft_model_load, ft_route, ft_decode on the
 // CPU backend, against the fp64 reference of the dequantised weights (ft::synth::expert_dequant,
-// i.e. the lib/formats scalar reference) with the format's numerics (tests/support).
+// i.e. the lib/core/formats scalar reference) with the format's numerics (tests/support).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// The knob registry (lib/common/include/ft/knobs.hpp): docs/knobs.md is its table, values are read
+// The knob registry (lib/core/common/include/ft/knobs.hpp): docs/knobs.md is its table, values are read
 // from the environment at each read_tuning() (no cached statics), and a value that does not parse
 // keeps the default.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
-// Writes the seed corpora of the fuzz targets: valid checkpoints from lib/synth (safetensors
+// Writes the seed corpora of the fuzz targets: valid checkpoints from lib/core/synth (safetensors
 // directories packed into one input, config.json files, GGUF files single and split), a profile
-// written by lib/profile, and a few API call sequences. Usage: fuzz_seeds OUT_DIR; creates
+// written by lib/engine/profile, and a few API call sequences. Usage: fuzz_seeds OUT_DIR; creates
 // OUT_DIR/{safetensors,config,gguf,profile,api}/.
 #include <sys/stat.h>
 

@@ -1,5 +1,5 @@
 // What the synthetic-checkpoint writers share: the seeded values, the quantised byte classes, the
-// tensor list of a spec, the config.json text, and the file helpers. Private to lib/synth.
+// tensor list of a spec, the config.json text, and the file helpers. Private to lib/core/synth.
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,7 @@
 
 namespace ft {
 
-// Internal code throws Error; the C shims in lib/api turn it into a status and a message.
+// Internal code throws Error; the C shims in lib/engine/api turn it into a status and a message.
 class Error : public std::exception {
 public:
     Error(ft_status status, std::string message) : status_(status), message_(std::move(message)) {}

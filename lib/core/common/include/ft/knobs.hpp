@@ -4,7 +4,7 @@
 //
 // Read at engine creation (read_tuning), never cached in statics: a setenv before the next
 // ft_engine_create takes effect for that engine. FT_LOG is the exception: logging exists before
-// any engine, so it is read once per process (lib/common/common.cpp).
+// any engine, so it is read once per process (lib/core/common/common.cpp).
 #pragma once
 
 #include <cstddef>
