@@ -1,6 +1,6 @@
 // The profiler's GPU figures on a real GPU: the production gather alone and beside the CPU
 // kernels (docs/formulas.md, "Bandwidth profile", steps 1 and 4). Skips without a usable GPU. A bandwidth measurement of
-// gigabytes, so the suite is named *Latency* and stays out of the compute-sanitizer runs.
+// gigabytes with a bound on its duration: ctest label `timing` (tests/profile/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 
 namespace {
 
-TEST(ProfileGpuLatency, GatherAndOverlappedFigures) {
+TEST(ProfileGpu, GatherAndOverlappedFigures) {
     if (ft::cuda::device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
     ft_profile_params p;
     ft_profile_params_init(&p);
