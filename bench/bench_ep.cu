@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../tests/ep/ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/ep.hpp"
 #include "ft/ep_cuda.hpp"
@@ -90,12 +90,12 @@ struct Scene {
     Scene(int64_t hidden, int32_t experts, int64_t tokens, WireDtype dt) : H(hidden), T(tokens), E(experts), dtype(dt) {
         p = contiguous_placement(E, kRanks);
         dp = std::make_unique<epc::PlacementBuffer>(p);
-        ft::ep::test::TraceSpec spec;
+        ft::test::TraceSpec spec;
         spec.experts = E;
         spec.top_k = kTopK;
         spec.tokens = T;
         spec.seed = 3;
-        const std::vector<int32_t> trace = ft::ep::test::routing_trace(spec);
+        const std::vector<int32_t> trace = ft::test::routing_trace(spec);
         const DispatchLayout hl = dispatch_layout(p, trace.data(), nullptr, T, kTopK, 0);
         rows = hl.offset[kRanks];
         expert_rows = std::accumulate(hl.send_n.begin(), hl.send_n.end(), int64_t(0));
@@ -293,12 +293,12 @@ BENCHMARK(BM_ReduceCombine)->Apply(shapes);
 void BM_WireBytesPerToken(benchmark::State &state) {
     const int64_t H = state.range(0);
     const int32_t E = static_cast<int32_t>(state.range(1)), R = static_cast<int32_t>(state.range(2));
-    ft::ep::test::TraceSpec spec;
+    ft::test::TraceSpec spec;
     spec.experts = E;
     spec.top_k = kTopK;
     spec.tokens = 8192;
     spec.seed = 5;
-    const std::vector<int32_t> trace = ft::ep::test::routing_trace(spec);
+    const std::vector<int32_t> trace = ft::test::routing_trace(spec);
     const Placement p = contiguous_placement(E, R);
     WireBytes w;
     for (auto _ : state) w = wire_bytes(p, trace.data(), spec.tokens, kTopK, H);

@@ -17,6 +17,7 @@
 #include "ft/cublas_loader.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/cuda_prefill.hpp"
+#include "moe_reference.hpp"
 #include "random_banks.hpp"
 
 #include "bench_cuda.hpp"
@@ -57,11 +58,16 @@ std::unique_ptr<Layer> make_layer(const Shape &s, std::string &err) {
     const auto schema = ft::bank_schema(s.f, s.H, s.I);
     std::mt19937 rng(42);
     L->dev.format = s.f, L->dev.hidden = s.H, L->dev.inter = s.I, L->dev.num_banks = int(schema.size());
+    std::vector<std::vector<uint8_t>> hosts;
+    for (const auto &spec : schema) hosts.emplace_back(spec.row_bytes * kDistinct);
+    for (int e = 0; e < kDistinct; ++e) {
+        uint8_t *rows[8];
+        for (size_t b = 0; b < schema.size(); ++b) rows[b] = hosts[b].data() + e * schema[b].row_bytes;
+        ft::test::fill_random_expert(s.f, schema, rows, s.H, s.I, rng);
+    }
     for (size_t b = 0; b < schema.size(); ++b) {
         const size_t rb = schema[b].row_bytes;
-        std::vector<uint8_t> host(rb * kDistinct);
-        for (int e = 0; e < kDistinct; ++e)
-            ft::testing::fill_bank_row(s.f, schema[b].name, host.data() + e * rb, rb, rng);
+        const std::vector<uint8_t> &host = hosts[b];
         void *p = nullptr;
         if (cudaMalloc(&p, rb * kExperts) != cudaSuccess) {
             err = "cannot allocate the banks";
@@ -115,7 +121,7 @@ void bm_prefill(benchmark::State &state, Shape s, std::string gemm, int dequant_
         }
     }
     std::vector<uint16_t> x(size_t(kTokens) * H);
-    for (auto &v : x) v = ft::testing::bf16_bits(float(int(rng() % 2001) - 1000) / 1000.0f);
+    for (auto &v : x) v = ft::test::f32_to_bf16_rne(float(int(rng() % 2001) - 1000) / 1000.0f);
 
     uint16_t *d_x = nullptr, *d_y = nullptr;
     int32_t *d_slots = nullptr;

@@ -21,12 +21,13 @@ echo "== tests"
 (cd "$build" && ctest --output-on-failure -j 8 -E abi.consumers ${FT_CTEST_ARGS:-}) > "$out/ctest.log" 2>&1
 grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest.log" | head -30
 echo "== GPU tests, also under compute-sanitizer"
+no_timing=$(bash scripts/timing-filter.sh "$build")
 for t in "$build"/tests/*/test_gpu "$build"/tests/*/test_*_gpu; do
   [ -x "$t" ] || continue
   "$t" 2>&1 | tail -4
   [ -n "${FT_NO_SANITIZER:-}" ] && continue
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$t" --gtest_filter=-*Latency* > "$out/sanitizer-$tool-$(basename "$t").log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 9 "$t" --gtest_filter="$no_timing" > "$out/sanitizer-$tool-$(basename "$t").log" 2>&1
     echo "$(basename "$t") $tool: exit $? ($(grep -E 'ERROR SUMMARY' "$out/sanitizer-$tool-$(basename "$t").log" | tail -1))"
   done
 done

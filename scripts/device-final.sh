@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root (with .deps carried): a
-# fresh sm_90 build, the GPU tests (the timing-sensitive *Latency* ones one at a time), the CPU
+# fresh sm_90 build, the GPU tests (those labelled `timing` one at a time), the CPU
 # tests, then the benchmarks behind the issues' tables, each bounded in time. About 6 minutes.
 # Logs under $OUT; the tables go to stdout.
 set -uo pipefail
@@ -15,9 +15,9 @@ clean() { grep -vE "^\*\*\*WARNING|^Run on|^CPU Caches|^  L[123]|^Load Average|^
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps" > $out/configure.log 2>&1 || { tail -30 $out/configure.log; exit 1; }
 cmake --build $b -j 16 > $out/build.log 2>&1 || { grep -E "error|FAILED" $out/build.log | head -30; exit 1; }
 step built
-(cd $b && timeout 150 ctest -L gpu -E "Latency|abi.consumers" -j 4 --timeout 140 --output-on-failure) > $out/ctest_gpu.log 2>&1
+(cd $b && timeout 150 ctest -L gpu -LE timing -E abi.consumers -j 4 --timeout 140 --output-on-failure) > $out/ctest_gpu.log 2>&1
 grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run" $out/ctest_gpu.log | head -20
-(cd $b && timeout 90 ctest -R "Latency" -j 1 --timeout 80 --output-on-failure) > $out/ctest_lat.log 2>&1
+(cd $b && timeout 90 ctest -L timing -j 1 --timeout 80 --output-on-failure) > $out/ctest_lat.log 2>&1
 grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|^fixed f|^adaptive from" $out/ctest_lat.log | head -20
 (cd $b && timeout 80 ctest -L cpu -E abi.consumers -j 12 --timeout 70) > $out/ctest_cpu.log 2>&1
 grep -E "tests passed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout" $out/ctest_cpu.log | head -10
@@ -39,9 +39,9 @@ timeout 40 $b/bench/bench_ep --benchmark_filter='DecodePhaseGraph' --benchmark_m
 step ep
 # Several GPUs (issue 8): correctness with and without peer-to-peer, then the speed table without.
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
-  timeout 120 $b/tests/ep_cuda/ep_multi_gpu --check-only > $out/ep_multi_p2p.log 2>&1; echo "ep_multi_gpu P2P check rc=$?"
+  timeout 120 $b/bench/bench_ep_multi_gpu --check-only > $out/ep_multi_p2p.log 2>&1; echo "ep_multi_gpu P2P check rc=$?"
   grep -E "FAIL|transport|failure" $out/ep_multi_p2p.log | head -12
-  NCCL_P2P_DISABLE=1 timeout 240 $b/tests/ep_cuda/ep_multi_gpu ${FT_FINAL_EP_QUICK:+--quick} > $out/ep_multi_nop2p.log 2>&1; echo "ep_multi_gpu no-P2P rc=$?"
+  NCCL_P2P_DISABLE=1 timeout 240 $b/bench/bench_ep_multi_gpu ${FT_FINAL_EP_QUICK:+--quick} > $out/ep_multi_nop2p.log 2>&1; echo "ep_multi_gpu no-P2P rc=$?"
   grep -vE "^checked" $out/ep_multi_nop2p.log | head -40
   step ep-multi
 fi

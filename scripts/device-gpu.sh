@@ -24,10 +24,11 @@ if [ -z "${FT_SKIP_TESTS:-}" ]; then
   grep -hE "^(fixed f|adaptive from)" "$out/ctest.log" | head -20
   echo "== tests done at $(( $(date +%s) - t0 )) s"
 fi
+no_timing=$(bash scripts/timing-filter.sh "$build")
 for t in ${FT_SANITIZE:-}; do
   exe=$(ls "$build"/tests/*/"$t" 2>/dev/null | head -1)
   [ -x "$exe" ] || { echo "$t: not built"; continue; }
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$exe" --gtest_filter=-*Latency* > "$out/memcheck-$t.log" 2>&1
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$exe" --gtest_filter="$no_timing" > "$out/memcheck-$t.log" 2>&1
   echo "$t memcheck: exit $? ($(grep -E 'ERROR SUMMARY' "$out/memcheck-$t.log" | tail -1))"
 done
 mt=${FT_BENCH_MIN_TIME:-0.1}

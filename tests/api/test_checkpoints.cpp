@@ -5,15 +5,15 @@
 
 #include <cmath>
 
-#include "api_test_util.hpp"
+#include "api_handles.hpp"
 #include "ft/synth.hpp"
 #include "routing_reference.hpp"
 
 namespace {
 
-using namespace ft::apitest;
-using ft::testing::ActivationRef;
-using ft::testing::ExpertRef;
+using namespace ft::test;
+using ft::test::ActivationRef;
+using ft::test::ExpertRef;
 
 struct ArchCase {
     const char *name;
@@ -91,7 +91,7 @@ class Checkpoint : public ::testing::TestWithParam<ArchCase> {};
 TEST_P(Checkpoint, RouteAndDecodeMatchTheReference) {
     const ArchCase &c = GetParam();
     const ft::synth::Spec &s = c.spec;
-    TempDir dir;
+    ScratchDir dir;
     ft::synth::write_checkpoint(dir.path(), s);
 
     auto engine = make_engine();
@@ -180,10 +180,10 @@ TEST_P(Checkpoint, RouteAndDecodeMatchTheReference) {
             std::vector<uint16_t> out(static_cast<size_t>(T) * H, 0x7fc0);
             ASSERT_EQ(ft_decode(session.get(), l, T, x.data(), ids.data(), w.data(), out.data()), FT_OK)
                 << ft_session_last_error(session.get());
-            const auto ref = ft::testing::moe_reference(
+            const auto ref = ft::test::moe_reference(
                 [&](int32_t e) { return ExpertRef{g[e].data(), u[e].data(), d[e].data(), s.intermediate}; }, E, ActivationRef{act},
                 H, T, K, x.data(), ids.data(), w.data(), shared ? &shared_ref : nullptr, sgate.empty() ? nullptr : sgate.data());
-            EXPECT_LT(ft::testing::relative_error_bf16(out, ref), 1e-2) << c.name << " layer " << l << " T " << T;
+            EXPECT_LT(ft::test::relative_error_bf16(out, ref), 1e-2) << c.name << " layer " << l << " T " << T;
         }
     }
 }

@@ -5,13 +5,13 @@
 #include <set>
 #include <thread>
 
-#include "api_test_util.hpp"
+#include "api_handles.hpp"
 
 namespace {
 
-using namespace ft::apitest;
-using ft::testing::ActivationRef;
-using ft::testing::ExpertRef;
+using namespace ft::test;
+using ft::test::ActivationRef;
+using ft::test::ExpertRef;
 
 struct MemoryModel {
     int L, E, K, H, I;
@@ -83,7 +83,7 @@ Batch random_batch(std::mt19937 &rng, int T, int K, int E, int H) {
 
 std::vector<double> reference(const MemoryModel &m, int layer, const Batch &b, int T) {
     ActivationRef act{m.act, 1.702, 1.5};
-    return ft::testing::moe_reference([&](int32_t e) { return m.expert(layer, e); }, m.E, act, m.H, T, m.K, b.x.data(),
+    return ft::test::moe_reference([&](int32_t e) { return m.expert(layer, e); }, m.E, act, m.H, T, m.K, b.x.data(),
                                       b.ids.data(), b.w.data());
 }
 
@@ -102,7 +102,7 @@ TEST_P(DecodeVsReference, EveryBatchSizeAndLayer) {
             std::vector<uint16_t> out(static_cast<size_t>(T) * m.H, 0x7fc0);  // NaN poison
             ASSERT_EQ(ft_decode(session.get(), layer, T, b.x.data(), b.ids.data(), b.w.data(), out.data()), FT_OK)
                 << ft_session_last_error(session.get());
-            const double err = ft::testing::relative_error_bf16(out, reference(m, layer, b, T));
+            const double err = ft::test::relative_error_bf16(out, reference(m, layer, b, T));
             EXPECT_LT(err, 1e-2) << "act " << act << " T " << T << " layer " << layer;
         }
     }
@@ -133,7 +133,7 @@ TEST(Decode, AllRoutesElsewhereGivesZeros) {
 }
 
 // The session's statistics count each distinct expert of a call once, with its bytes (the
-// executor's own test, MoeExecutor.ReadsEachDistinctExpertOnce, checks what it reads).
+// executor's counters behind them: MoeExecutor.StatsCountEachDistinctExpertOnce).
 TEST(Decode, StatsCountEachDistinctExpertOnce) {
     auto engine = make_engine();
     MemoryModel m = build(engine.get(), 1, 16, 4, 128, 64, FT_ACT_SILU, 11);
@@ -187,7 +187,7 @@ TEST(Decode, ConcurrentSessionsShareTheEngine) {
                 *worst = INFINITY;
                 return;
             }
-            *worst = std::max(*worst, ft::testing::relative_error_bf16(out, reference(m, layer, b, 4)));
+            *worst = std::max(*worst, ft::test::relative_error_bf16(out, reference(m, layer, b, 4)));
         }
     };
     double w1 = 0, w2 = 0;

@@ -8,12 +8,12 @@
 #include <fstream>
 #include <mutex>
 
-#include "api_test_util.hpp"
+#include "api_handles.hpp"
 #include "ft/synth.hpp"
 
 namespace {
 
-using namespace ft::apitest;
+using namespace ft::test;
 
 ModelPtr tiny_model(ft_engine *engine, bool finalize = true) {
     ft_model_desc d;
@@ -298,7 +298,7 @@ TEST(Errors, BadCheckpoints) {
     EXPECT_TRUE(contains(err, "/nonexistent/freetoken/model")) << err;
     EXPECT_TRUE(contains(err, std::strerror(ENOENT))) << err;  // the OS's reason, named
 
-    TempDir dir;
+    ScratchDir dir;
     // A directory without config.json (nor a .gguf file): the missing file and the OS's reason.
     EXPECT_EQ(ft_model_load(engine.get(), dir.path().c_str(), nullptr, &m, err, sizeof err), FT_ERR_IO);
     EXPECT_TRUE(contains(err, "config.json")) << err;
@@ -334,7 +334,7 @@ TEST(Errors, BadCheckpoints) {
 
 TEST(Errors, LoadCanBeCancelled) {
     auto engine = make_engine();
-    TempDir dir;
+    ScratchDir dir;
     ft::synth::Spec s;
     s.num_experts = 8;
     s.hidden = 256;

@@ -6,14 +6,14 @@
 
 #include <cmath>
 
-#include "api_test_util.hpp"
+#include "api_handles.hpp"
 #include "synth_reference.hpp"
 #include "ft/dequant.hpp"
 #include "ft/synth.hpp"
 
 namespace {
 
-using namespace ft::apitest;
+using namespace ft::test;
 
 struct FormatCase {
     const char *name;
@@ -53,7 +53,7 @@ class Formats : public ::testing::TestWithParam<FormatCase> {};
 TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
     const FormatCase &c = GetParam();
     const ft::synth::Spec &s = c.spec;
-    TempDir dir;
+    ScratchDir dir;
     const std::string path = write_synth_model(dir.path(), s);
     auto engine = make_engine();
     ft_model *raw = nullptr;
@@ -67,8 +67,8 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
     auto session = make_session(raw, 16, false);
     ASSERT_TRUE(session);
 
-    ft::testing::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
-    ft::testing::FormatNumerics fmt;
+    ft::test::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
+    ft::test::FormatNumerics fmt;
     if (c.format == FT_FORMAT_DS_FP4) {
         fmt.ds_fp4 = true;
         fmt.ds_limit = info.activation == FT_ACT_SILU && std::isfinite(info.swiglu_limit) ? info.swiglu_limit : 0.0;
@@ -91,8 +91,8 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
             std::vector<uint16_t> out(size_t(T) * H, 0x7fc0);
             ASSERT_EQ(ft_decode(session.get(), l, T, x.data(), ids.data(), w.data(), out.data()), FT_OK)
                 << ft_session_last_error(session.get());
-            const auto ref = ft::testing::moe_reference_f32([&](int32_t e) { return layer_ref.expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
-            EXPECT_LT(ft::testing::relative_error_bf16(out, ref), c.bound) << c.name << " layer " << l << " T " << T;
+            const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return layer_ref.expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
+            EXPECT_LT(ft::test::relative_error_bf16(out, ref), c.bound) << c.name << " layer " << l << " T " << T;
         }
     }
 }

@@ -8,12 +8,12 @@
 #include <cstring>
 #include <thread>
 
-#include "api_test_util.hpp"
+#include "api_handles.hpp"
 #include "ft/synth.hpp"
 
 namespace {
 
-using namespace ft::apitest;
+using namespace ft::test;
 
 bool bf16_is_nan(uint16_t v) { return (v & 0x7f80) == 0x7f80 && (v & 0x7f) != 0; }
 bool bf16_finite(uint16_t v) { return (v & 0x7f80) != 0x7f80; }
@@ -74,7 +74,7 @@ SessionPtr session(ft_model *m, bool check_finite) {
 // Policy: weights are not scanned at load; a NaN block scale makes the outputs of the tokens
 // routed to that expert NaN, whatever check_finite says (it checks the inputs).
 TEST(HostileInputs, NanQ4_0ScaleLoadsAndPoisonsItsExpertOnly) {
-    TempDir dir;
+    ScratchDir dir;
     auto engine = make_engine();
     auto model = load(engine.get(), write_q4_0_gguf(dir.path(), true));
     ASSERT_TRUE(model);
@@ -94,7 +94,7 @@ TEST(HostileInputs, NanQ4_0ScaleLoadsAndPoisonsItsExpertOnly) {
 // A valid Q4_0 model, NaN and +-Inf hidden states: check_finite rejects them; off, the token's
 // outputs are non-finite and the other token's are not.
 TEST(HostileInputs, NonFiniteHiddenStatesWithCheckFiniteOff) {
-    TempDir dir;
+    ScratchDir dir;
     auto engine = make_engine();
     auto model = load(engine.get(), write_q4_0_gguf(dir.path(), false));
     ASSERT_TRUE(model);
@@ -140,7 +140,7 @@ TEST(HostileInputs, WorkerCountBoundedByTheMachine) {
 // Four threads, one session each, one shared quantised model and engine: every result equals
 // the one computed serially first (bit for bit).
 TEST(HostileInputs, SharedModelFromFourThreads) {
-    TempDir dir;
+    ScratchDir dir;
     auto engine = make_engine(2);
     auto model = load(engine.get(), write_q4_0_gguf(dir.path(), false));
     ASSERT_TRUE(model);

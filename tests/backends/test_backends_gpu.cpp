@@ -13,15 +13,15 @@
 #include <string>
 #include <vector>
 
-#include "../api/api_test_util.hpp"
-#include "../api/synth_reference.hpp"
+#include "api_handles.hpp"
+#include "synth_reference.hpp"
 #include "freetoken_cuda.h"
 #include "ft/dequant.hpp"
 #include "ft/synth.hpp"
 
 namespace {
 
-using namespace ft::apitest;
+using namespace ft::test;
 
 bool gpu_engine(ft_engine *engine) {
     ft_engine_info info;
@@ -88,7 +88,7 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     auto engine = make_engine();
     if (!gpu_engine(engine.get())) GTEST_SKIP() << "no usable GPU";
     const ft::synth::Spec &s = c.spec;
-    TempDir dir;
+    ScratchDir dir;
     const std::string path = write_synth_model(dir.path(), s);
     ft_model *raw = nullptr;
     char err[512];
@@ -109,8 +109,8 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     EXPECT_EQ(ft_session_backend(gpu.get()), FT_BACKEND_GPU);
     EXPECT_EQ(ft_session_backend(off.get()), FT_BACKEND_OFFLOAD);
 
-    ft::testing::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
-    ft::testing::FormatNumerics fmt;
+    ft::test::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
+    ft::test::FormatNumerics fmt;
     if (info.format == FT_FORMAT_DS_FP4) {
         fmt.ds_fp4 = true;
         fmt.ds_limit = info.activation == FT_ACT_SILU && std::isfinite(info.swiglu_limit) ? info.swiglu_limit : 0.0;
@@ -148,13 +148,13 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
             for (int32_t id : ids) valid_routes += id >= 0 ? 1 : 0;
             for (uint16_t v : y_off) ASSERT_NE(v & 0x7f80, 0x7f80) << "non-finite output: a poisoned slot was read";
             std::vector<double> cpu_ref(y_cpu.size());
-            for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::testing::bf16_to_f64(y_cpu[i]);
-            EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, cpu_ref), c.bound) << c.name << " gpu vs cpu, T " << T;
-            const auto ref = ft::testing::moe_reference_f32([&](int32_t e) { return layer_ref[l].expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
-            EXPECT_LT(ft::testing::relative_error_bf16(y_gpu, ref), c.bound) << c.name << " gpu vs reference, T " << T;
+            for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::test::bf16_to_f64(y_cpu[i]);
+            EXPECT_LT(ft::test::relative_error_bf16(y_gpu, cpu_ref), c.bound) << c.name << " gpu vs cpu, T " << T;
+            const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return layer_ref[l].expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
+            EXPECT_LT(ft::test::relative_error_bf16(y_gpu, ref), c.bound) << c.name << " gpu vs reference, T " << T;
             // Hybrid adds a CPU partial sum rounded to bf16 once more: within the same bound.
-            EXPECT_LT(ft::testing::relative_error_bf16(y_hyb, ref), c.bound) << c.name << " hybrid vs reference, T " << T;
-            EXPECT_LT(ft::testing::relative_error_bf16(y_hyb, cpu_ref), c.bound) << c.name << " hybrid vs cpu, T " << T;
+            EXPECT_LT(ft::test::relative_error_bf16(y_hyb, ref), c.bound) << c.name << " hybrid vs reference, T " << T;
+            EXPECT_LT(ft::test::relative_error_bf16(y_hyb, cpu_ref), c.bound) << c.name << " hybrid vs cpu, T " << T;
             if (T < 64) {
                 std::set<int32_t> distinct;
                 for (int32_t id : ids)
@@ -234,7 +234,7 @@ struct DeviceCall {
 
 struct Fixture {
     EnginePtr engine;
-    TempDir dir;
+    ScratchDir dir;
     ModelPtr model;
     ft_model_info info{};
     bool ok = false;
@@ -485,8 +485,8 @@ TEST(Hybrid, HandoffTimeoutFailsTheSessionInsteadOfHanging) {
 
 // Adaptive f: from a bad start (almost everything on the CPU, or almost everything fetched) the
 // session's own measurements move f to within the sweep's step of the best fixed f (or to a step
-// time within 10 % of its). Timing-based, so named *Latency* (kept out of the sanitizer runs).
-TEST(Hybrid, AdaptiveFractionConvergesLatency) {
+// time within 10 % of its). Timing-based: ctest label `timing` (tests/backends/CMakeLists.txt).
+TEST(Hybrid, AdaptiveFractionConverges) {
     Fixture f(4, 32, 2048, 768, 8);
     if (!f.ok) GTEST_SKIP() << "no usable GPU";
     const int L = f.info.num_layers, E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size, T = 1;

@@ -7,13 +7,13 @@
 
 #include <vector>
 
-#include "../api/api_test_util.hpp"
+#include "api_handles.hpp"
 #include "freetoken_cuda.h"
 #include "ft/synth.hpp"
 
 namespace {
 
-using namespace ft::apitest;
+using namespace ft::test;
 
 __global__ void fault(int *p) { *p = 1; }
 
@@ -22,7 +22,7 @@ TEST(DeviceLost, StickyFaultIsReportedNotFatal) {
     ft_engine_info ei;
     ei.struct_size = sizeof ei;
     if (!engine || ft_engine_get_info(engine.get(), &ei) != FT_OK || ei.device < 0) GTEST_SKIP() << "no usable GPU";
-    TempDir dir;
+    ScratchDir dir;
     ft::synth::Spec s;
     s.num_layers = 2;
     s.num_experts = 8;

@@ -10,15 +10,11 @@
 #include <string>
 
 #include "ft/knobs.hpp"
+#include "scratch_dir.hpp"
 
 namespace {
 
-std::string read_file(const std::string &path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
+using ft::test::read_file;
 
 // Sets a variable for its scope and restores the previous value.
 class ScopedEnv {

@@ -17,7 +17,7 @@
 namespace {
 
 using ft::cpu::Isa;
-using ft::testing::bf16_to_f64;
+using ft::test::bf16_to_f64;
 
 constexpr uint16_t kNaNBf16 = 0x7fc0;
 
@@ -165,7 +165,7 @@ struct Layer {
         s.row_bytes[1] = down_row;
         return s;
     }
-    ft::testing::ExpertRef expert(int32_t e) const {
+    ft::test::ExpertRef expert(int32_t e) const {
         auto gu = reinterpret_cast<const uint16_t *>(gate_up.data() + e * gu_row);
         return {gu, gu + size_t(I) * H, reinterpret_cast<const uint16_t *>(down.data() + e * down_row), I};
     }
@@ -208,9 +208,9 @@ std::vector<uint16_t> run_executor(ft::cpu::MoeExecutor &ex, const Layer &L, con
 
 std::vector<double> reference(const Layer &L, const Batch &b, const ft::cpu::ActivationSpec &act, bool shared,
                               bool gated) {
-    ft::testing::ActivationRef a{act.kind, act.alpha, act.limit};
-    ft::testing::ExpertRef sh{L.sh_gate.data(), L.sh_up.data(), L.sh_down.data(), L.Is};
-    return ft::testing::moe_reference([&](int32_t e) { return L.expert(e); }, L.E, a, L.H, b.T, b.K, b.x.data(),
+    ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
+    ft::test::ExpertRef sh{L.sh_gate.data(), L.sh_up.data(), L.sh_down.data(), L.Is};
+    return ft::test::moe_reference([&](int32_t e) { return L.expert(e); }, L.E, a, L.H, b.T, b.K, b.x.data(),
                                       b.ids.data(), b.w.data(), shared ? &sh : nullptr,
                                       shared && gated ? L.sh_gate_proj.data() : nullptr);
 }
@@ -234,7 +234,7 @@ TEST(MoeExecutor, MatchesReferenceEveryActivation) {
                 ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, K, 16, act, L.Is, ft::cpu::cpu_best_isa());
                 Batch b = random_batch(rng, L, T, K);
                 auto y = run_executor(ex, L, b, nullptr);
-                const double err = ft::testing::relative_error_bf16(y, reference(L, b, act, false, false));
+                const double err = ft::test::relative_error_bf16(y, reference(L, b, act, false, false));
                 EXPECT_LT(err, 1e-2) << "act " << act.kind << " limit " << act.limit << " T=" << T << " K=" << K;
                 if (T >= 2) {
                     for (int32_t h = 0; h < L.H; ++h) {
@@ -255,7 +255,7 @@ TEST(MoeExecutor, SharedExpertWithAndWithoutGate) {
                 Batch b = random_batch(rng, L, T, 4);
                 auto sh = L.shared(gated);
                 auto y = run_executor(ex, L, b, &sh);
-                EXPECT_LT(ft::testing::relative_error_bf16(y, reference(L, b, act, true, gated)), 1e-2)
+                EXPECT_LT(ft::test::relative_error_bf16(y, reference(L, b, act, true, gated)), 1e-2)
                     << "act " << act.kind << " gated " << gated << " T=" << T;
             }
 }
@@ -270,7 +270,7 @@ TEST(MoeExecutor, EveryTierMatchesReference) {
     auto ref = reference(L, b, act, true, true);
     for (Isa isa : supported_tiers()) {
         ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 8, 6, act, L.Is, isa);
-        EXPECT_LT(ft::testing::relative_error_bf16(run_executor(ex, L, b, &sh), ref), 1e-2) << ft::cpu::isa_name(isa);
+        EXPECT_LT(ft::test::relative_error_bf16(run_executor(ex, L, b, &sh), ref), 1e-2) << ft::cpu::isa_name(isa);
     }
 }
 
@@ -310,12 +310,13 @@ TEST(MoeExecutor, OnednnPathMatchesReference) {
             Batch b = random_batch(rng, L, T, 4);
             auto sh = L.shared(true);
             auto y = run_executor(ex, L, b, &sh);
-            EXPECT_LT(ft::testing::relative_error_bf16(y, reference(L, b, act, true, true)), 1e-2)
+            EXPECT_LT(ft::test::relative_error_bf16(y, reference(L, b, act, true, true)), 1e-2)
                 << "act " << act.kind << " T=" << T;
         }
 }
 
-TEST(MoeExecutor, ReadsEachDistinctExpertOnce) {
+// The executor groups routes by expert (one group, one pass over its weights); these are its counters.
+TEST(MoeExecutor, StatsCountEachDistinctExpertOnce) {
     std::mt19937 rng(3);
     Layer L(rng, 64, 32, 16, 0);
     ft::cpu::ThreadPool pool(2, false);

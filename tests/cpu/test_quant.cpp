@@ -33,7 +33,7 @@ std::vector<Isa> tiers_here() {
 
 void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
 
-using QLayer = ft::testing::RandomExpertLayer;
+using QLayer = ft::test::RandomExpertLayer;
 
 struct Batch {
     int32_t T, K;
@@ -59,14 +59,14 @@ Batch random_batch(std::mt19937 &rng, int32_t E, int32_t H, int32_t T, int32_t K
 }
 
 std::vector<double> reference(const QLayer &L, const Batch &b, const ft::cpu::ActivationSpec &act) {
-    ft::testing::ActivationRef a{act.kind, act.alpha, act.limit};
-    ft::testing::FormatNumerics fmt;
+    ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
+    ft::test::FormatNumerics fmt;
     if (L.f == Format::ds_fp4) {
         fmt.ds_fp4 = true;
         fmt.ds_limit = act.kind == FT_ACT_SILU && std::isfinite(act.limit) ? act.limit : 0.0;
         fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
     }
-    return ft::testing::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H, L.I, b.T, b.K,
+    return ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H, L.I, b.T, b.K,
                                           b.x.data(), b.ids.data(), b.w.data());
 }
 
@@ -135,7 +135,7 @@ TEST_P(QuantMoe, MatchesDequantisedReference) {
                 std::vector<uint16_t> y(size_t(T) * L.H, 0x7fc0);
                 auto src = L.cpu_source();
                 ex.run(src, nullptr, T, b.x.data(), b.ids.data(), b.w.data(), y.data());
-                const double err = ft::testing::relative_error_bf16(y, reference(L, b, act));
+                const double err = ft::test::relative_error_bf16(y, reference(L, b, act));
                 EXPECT_LT(err, bound_of(geo.f, ex.kernel_name())) << ft::format_name(geo.f) << " H=" << L.H << " I=" << L.I << " "
                                                 << ex.kernel_name() << " act " << act.kind << " limit " << act.limit
                                                 << " T=" << T;
@@ -170,13 +170,13 @@ TEST(QuantMoe, SharedBf16ExpertNextToQuantisedRoutes) {
     auto src = L.cpu_source();
     ex.run(src, &sh, 3, b.x.data(), b.ids.data(), b.w.data(), y.data());
     auto ref = reference(L, b, {});
-    ft::testing::ExpertRef shr{sg.data(), su.data(), sd.data(), Is};
+    ft::test::ExpertRef shr{sg.data(), su.data(), sd.data(), Is};
     for (int32_t t = 0; t < 3; ++t) {
         std::vector<double> o(L.H, 0.0);
-        ft::testing::expert_ref(shr, {}, L.H, b.x.data() + t * L.H, 1.0, o.data());
+        ft::test::expert_ref(shr, {}, L.H, b.x.data() + t * L.H, 1.0, o.data());
         for (int32_t h = 0; h < L.H; ++h) ref[t * L.H + h] += o[h];
     }
-    EXPECT_LT(ft::testing::relative_error_bf16(y, ref), 3e-2);
+    EXPECT_LT(ft::test::relative_error_bf16(y, ref), 3e-2);
 }
 
 TEST(QuantMoe, IdenticalAcrossPoolSizesAndDedupCounts) {
@@ -226,7 +226,7 @@ TEST(QuantMoe, BatchedPathMatchesReference) {
                     std::vector<uint16_t> y(size_t(13) * L.H, 0x7fc0);
                     auto src = L.cpu_source();
                     ex.run(src, nullptr, 13, b.x.data(), b.ids.data(), b.w.data(), y.data());
-                    EXPECT_LT(ft::testing::relative_error_bf16(y, reference(L, b, act)), bound_of(geo.f, ex.kernel_name()))
+                    EXPECT_LT(ft::test::relative_error_bf16(y, reference(L, b, act)), bound_of(geo.f, ex.kernel_name()))
                         << ft::format_name(geo.f) << " " << ex.kernel_name() << " bmin " << bmin << " batched from "
                         << ex.quant_batched_min_tokens();
                     if (first.empty()) first = y;

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
 #include "ft/ep.hpp"
@@ -19,7 +19,7 @@ namespace {
 using namespace ft::ep;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
-using ft::ep::test::Rng;
+using ft::test::Rng;
 
 uint64_t fresh_seed() {
     std::random_device rd;
@@ -212,7 +212,7 @@ TEST(EpCombineFp8, SourceSumsDecodedRowsInRankOrder) {
     const int32_t R = 5, K = 8;
     const int64_t H = 512, T = 40;
     const Placement p = contiguous_placement(4 * R, R);
-    const std::vector<int32_t> ids = ft::ep::test::random_routing(rng, T, K, p.num_experts);
+    const std::vector<int32_t> ids = ft::test::random_routing(rng, T, K, p.num_experts);
     for (int32_t src = 0; src < R; ++src)
         for (WireDtype d : {WireDtype::Fp8Fp32, WireDtype::Fp8Ue8m0, WireDtype::Bf16}) {
             SCOPED_TRACE(ft::cat("source ", src, " dtype ", static_cast<int>(d)));

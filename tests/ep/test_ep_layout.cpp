@@ -7,14 +7,14 @@
 #include <set>
 #include <tuple>
 
-#include "ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/common.hpp"
 #include "ft/ep.hpp"
 
 namespace {
 
 using namespace ft::ep;
-using ft::ep::test::Rng;
+using ft::test::Rng;
 
 // ---- naive reference -----------------------------------------------------------------------
 
@@ -118,7 +118,7 @@ Placement random_placement(Rng &rng, int32_t E, int32_t R, int32_t replicas) {
         std::vector<int32_t> copies(E);
         for (int32_t e = 0; e < E; ++e) copies[e] = e;
         for (int32_t i = 0; i < replicas; ++i) copies.push_back(static_cast<int32_t>(rng.below(E)));
-        ft::ep::test::shuffle(copies, rng);
+        ft::test::shuffle(copies, rng);
         try {
             return make_placement(E, R, copies);
         } catch (const ft::Error &) {
@@ -234,7 +234,7 @@ TEST(EpLayout, MatchesNaiveReferenceOnRandomRoutings) {
             const Placement p = random_placement(rng, E, R, replicas);
             const int32_t K = 1 + static_cast<int32_t>(rng.below(std::min(E, 8)));
             const int64_t T = trial % 7 == 0 ? 0 : 1 + rng.below(200);
-            const auto ids = ft::ep::test::random_routing(rng, T, K, E);
+            const auto ids = ft::test::random_routing(rng, T, K, E);
             std::vector<float> w(T * K);
             for (float &v : w) v = static_cast<float>(rng.uniform());
             const int32_t src = static_cast<int32_t>(rng.below(R));
@@ -258,7 +258,7 @@ TEST(EpLayout, SendsOnlyWhereAnExpertIsAndAtMostOnce) {
         const Placement p = random_placement(rng, 4 * R - 2, R, 2);
         const int32_t K = 6;
         const int64_t T = 300;
-        const auto ids = ft::ep::test::random_routing(rng, T, K, p.num_experts);
+        const auto ids = ft::test::random_routing(rng, T, K, p.num_experts);
         const DispatchLayout L = dispatch_layout(p, ids.data(), nullptr, T, K, 0);
         for (int64_t t = 0; t < T; ++t)
             for (int32_t r = 0; r < R; ++r) {

@@ -6,14 +6,14 @@
 #include <functional>
 #include <numeric>
 
-#include "ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/common.hpp"
 #include "ft/ep.hpp"
 
 namespace {
 
 using namespace ft::ep;
-using ft::ep::test::Rng;
+using ft::test::Rng;
 
 PlannerInput input(int32_t E, int32_t R, std::vector<double> load, int32_t replicas = 0) {
     PlannerInput in;
@@ -109,17 +109,17 @@ TEST(EpPlanner, InvariantsOnTraces) {
     for (int32_t R : {2, 4, 8})
         for (int32_t E : {16, 64, 128})
             for (int32_t replicas : {0, R, 2 * R}) {
-                ft::ep::test::TraceSpec spec;
+                ft::test::TraceSpec spec;
                 spec.experts = E;
                 spec.top_k = std::min(8, E / 2);
                 spec.tokens = 2000;
                 spec.seed = 1000 + static_cast<uint64_t>(R * 1000 + E + replicas);
-                const auto ids = ft::ep::test::routing_trace(spec);
+                const auto ids = ft::test::routing_trace(spec);
                 PlannerInput in;
                 in.num_experts = E;
                 in.num_ranks = R;
                 in.replicas = replicas;
-                ft::ep::test::routing_stats(ids, E, spec.top_k, in.load, in.coactivation);
+                ft::test::routing_stats(ids, E, spec.top_k, in.load, in.coactivation);
                 in.rank_bandwidth.resize(R);
                 for (int32_t r = 0; r < R; ++r) in.rank_bandwidth[r] = r % 3 == 2 ? 12e9 : 25e9;
                 const PlanResult a = plan_placement(in);
@@ -152,17 +152,17 @@ TEST(EpPlanner, InvariantsOnTraces) {
 TEST(EpPlanner, AffinityLowersTheFractionOfRanksATokenNeeds) {
     // On a trace with strongly paired experts, keeping pairs together must send tokens to fewer
     // ranks than packing by load alone.
-    ft::ep::test::TraceSpec spec;
+    ft::test::TraceSpec spec;
     spec.experts = 64;
     spec.top_k = 4;
     spec.tokens = 8000;
     spec.pair_probability = 0.9;
     spec.seed = 77;
-    const auto ids = ft::ep::test::routing_trace(spec);
+    const auto ids = ft::test::routing_trace(spec);
     PlannerInput in;
     in.num_experts = 64;
     in.num_ranks = 8;
-    ft::ep::test::routing_stats(ids, 64, 4, in.load, in.coactivation);
+    ft::test::routing_stats(ids, 64, 4, in.load, in.coactivation);
     const PlanResult with = plan_placement(in);
     const std::vector<double> coact = in.coactivation;
     in.coactivation.clear();

@@ -11,7 +11,7 @@
 #include <map>
 #include <set>
 
-#include "ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/common.hpp"
 #include "ft/ep.hpp"
 
@@ -20,8 +20,8 @@ namespace {
 using namespace ft::ep;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
-using ft::ep::test::MemcpyTransport;
-using ft::ep::test::Rng;
+using ft::test::MemcpyTransport;
+using ft::test::Rng;
 
 // A tiny expert that still mixes channels (so a payload shifted by one channel is caught):
 // y[h] = bf16(a_e x[h] + b_e x[h+1 mod H]).
@@ -180,7 +180,7 @@ std::vector<RankInput> make_inputs(Rng &rng, int32_t R, int32_t E, int32_t K, in
     for (int32_t r = 0; r < R; ++r) {
         RankInput &ri = in[r];
         ri.tokens = r == 1 ? 0 : rng.below(max_tokens + 1);  // rank 1 has no tokens at all
-        ri.ids = ft::ep::test::random_routing(rng, ri.tokens, K, E);
+        ri.ids = ft::test::random_routing(rng, ri.tokens, K, E);
         ri.weights.resize(ri.tokens * K);
         for (float &w : ri.weights) w = static_cast<float>(rng.uniform());
         ri.x.resize(ri.tokens * H);
@@ -239,18 +239,18 @@ TEST(EpStep, ValueEncodedTokensArriveExactlyOnceWhereTheyShould) {
         const int32_t E = 4 * R, K = 4;
         const int64_t H = 256;
         // Planned placement with replicas, so replica choice is exercised too.
-        ft::ep::test::TraceSpec spec;
+        ft::test::TraceSpec spec;
         spec.experts = E;
         spec.top_k = K;
         spec.tokens = 500;
         spec.seed = 50 + R;
-        const auto trace = ft::ep::test::routing_trace(spec);
+        const auto trace = ft::test::routing_trace(spec);
         PlannerInput pin;
         pin.num_experts = E - R;  // the last R "experts" come back as replicas: S = 4
         pin.num_ranks = R;
         pin.replicas = R;
         std::vector<double> coact;
-        ft::ep::test::routing_stats(trace, E, K, pin.load, coact);
+        ft::test::routing_stats(trace, E, K, pin.load, coact);
         pin.load.resize(E - R);
         const Placement p = plan_placement(pin).placement;
         std::vector<RankInput> in = make_inputs(rng, R, E - R, K, H, 300);

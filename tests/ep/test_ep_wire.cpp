@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-#include "ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
 #include "ft/ep.hpp"
@@ -16,7 +16,7 @@ namespace {
 using namespace ft::ep;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
-using ft::ep::test::Rng;
+using ft::test::Rng;
 
 std::vector<uint16_t> bf16_row(const std::vector<float> &v) {
     std::vector<uint16_t> r(v.size());
@@ -234,7 +234,7 @@ TEST(EpRecord, PackCarriesPayloadAndMetadata) {
     const Placement p = contiguous_placement(16, 4);
     const int32_t K = 4;
     const int64_t T = 50, H = 256;
-    const auto ids = ft::ep::test::random_routing(rng, T, K, 16);
+    const auto ids = ft::test::random_routing(rng, T, K, 16);
     std::vector<float> w(T * K);
     for (float &v : w) v = static_cast<float>(rng.uniform());
     std::vector<uint16_t> x(T * H);

@@ -13,8 +13,8 @@
 #include <cstring>
 #include <thread>
 
-#include "../ep/ep_test_util.hpp"
-#include "ep_cuda_test_util.cuh"
+#include "ep_traces.hpp"
+#include "ep_toy_expert.cuh"
 #include "ep_sim_reference.cuh"
 #include "freetoken_ep.h"
 #include "ft/common.hpp"
@@ -26,7 +26,7 @@
 namespace {
 
 using namespace ft::ep;
-using namespace ft::ep::test;
+using namespace ft::test;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
 namespace epc = ft::ep::cuda;

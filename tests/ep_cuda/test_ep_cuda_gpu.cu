@@ -13,9 +13,9 @@
 #include <set>
 #include <thread>
 
-#include "../ep/ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "freetoken_ep.h"
-#include "ep_cuda_test_util.cuh"
+#include "ep_toy_expert.cuh"
 #include "ft/common.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/ep.hpp"
@@ -28,10 +28,10 @@ namespace {
 using namespace ft::ep;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
-using ft::ep::test::DeviceArray;
-using ft::ep::test::fetch;
-using ft::ep::test::Rng;
-using namespace ft::ep::test;
+using ft::test::DeviceArray;
+using ft::test::fetch;
+using ft::test::Rng;
+using namespace ft::test;
 namespace epc = ft::ep::cuda;
 
 #define REQUIRE_GPU()                                              \
@@ -71,8 +71,8 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
     int64_t T = 1;
     for (const RankInput &ri : in) T = std::max(T, ri.tokens);
     const bool threaded = run == Run::Throughput || run == Run::LatencyThreaded;
-    ft::ep::test::SimHub hub(R, threaded);
-    std::vector<std::unique_ptr<ft::ep::test::SimTransport>> net;
+    ft::test::SimHub hub(R, threaded);
+    std::vector<std::unique_ptr<ft::test::SimTransport>> net;
     std::vector<std::unique_ptr<epc::EpRank>> ranks;
     std::vector<DeviceRank> dev(R);
     epc::EpConfig cfg;
@@ -84,7 +84,7 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
     cfg.chunks = chunks;
     cfg.max_expert_rows = max_rows;
     for (int32_t r = 0; r < R; ++r) {
-        net.push_back(std::make_unique<ft::ep::test::SimTransport>(hub, r));
+        net.push_back(std::make_unique<ft::test::SimTransport>(hub, r));
         ranks.push_back(std::make_unique<epc::EpRank>(*net[r], p, cfg));
         const std::vector<RankInput> &src = graph_capture_inputs ? *graph_capture_inputs : in;
         dev[r].ids = DeviceArray<int32_t>(src[r].ids);
@@ -95,7 +95,7 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
         dev[r].a = DeviceArray<float>(ex.a);
         dev[r].b = DeviceArray<float>(ex.b);
     }
-    auto expert = [&](int32_t r) { return ft::ep::test::toy_expert(dev[r].phy2log.ptr, dev[r].a.ptr, dev[r].b.ptr); };
+    auto expert = [&](int32_t r) { return ft::test::toy_expert(dev[r].phy2log.ptr, dev[r].a.ptr, dev[r].b.ptr); };
     auto tokens = [&](int32_t r) { return (graph_capture_inputs ? *graph_capture_inputs : in)[r].tokens; };
 
     if (threaded) {
@@ -105,10 +105,10 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
             threads.emplace_back([&, r] {
                 try {
                     cudaStream_t st;
-                    ft::ep::test::cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+                    ft::test::cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
                     ranks[r]->forward(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, tokens(r), expert(r),
                                       dev[r].out.ptr, st);
-                    ft::ep::test::cuda_ok(cudaStreamSynchronize(st), "sync");
+                    ft::test::cuda_ok(cudaStreamSynchronize(st), "sync");
                     cudaStreamDestroy(st);
                 } catch (const std::exception &e) {
                     errors[r] = e.what();
@@ -119,7 +119,7 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
         for (int32_t r = 0; r < R; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
     } else {
         cudaStream_t st;
-        ft::ep::test::cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+        ft::test::cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
         auto step = [&] {
             for (int32_t r = 0; r < R; ++r)
                 ranks[r]->dispatch_send(dev[r].ids.ptr, dev[r].weights.ptr, dev[r].x.ptr, tokens(r), st);
@@ -133,27 +133,27 @@ DeviceResult run_device(const Placement &p, const std::vector<RankInput> &in, in
         if (run == Run::LatencyGraph) {
             cudaGraph_t graph;
             cudaGraphExec_t exec;
-            ft::ep::test::cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+            ft::test::cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
             step();
-            ft::ep::test::cuda_ok(cudaStreamEndCapture(st, &graph), "end capture");
-            ft::ep::test::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+            ft::test::cuda_ok(cudaStreamEndCapture(st, &graph), "end capture");
+            ft::test::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
             // Captured on other inputs: the replay must read the buffers' current contents.
             for (int32_t r = 0; r < R; ++r) {
                 dev[r].ids.upload(in[r].ids);
                 dev[r].weights.upload(in[r].weights);
                 dev[r].x.upload(in[r].x);
             }
-            ft::ep::test::cuda_ok(cudaGraphLaunch(exec, st), "replay");
-            ft::ep::test::cuda_ok(cudaStreamSynchronize(st), "sync");
+            ft::test::cuda_ok(cudaGraphLaunch(exec, st), "replay");
+            ft::test::cuda_ok(cudaStreamSynchronize(st), "sync");
             cudaGraphExecDestroy(exec);
             cudaGraphDestroy(graph);
         } else {
             step();
-            ft::ep::test::cuda_ok(cudaStreamSynchronize(st), "sync");
+            ft::test::cuda_ok(cudaStreamSynchronize(st), "sync");
         }
         cudaStreamDestroy(st);
     }
-    ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "EP step");
+    ft::test::cuda_ok(cudaDeviceSynchronize(), "EP step");
 
     DeviceResult res;
     res.sim_remote_bytes = hub.remote_bytes();
@@ -503,7 +503,7 @@ LayoutDump layout_on_device(const Placement &p, const RankInput &ri, int32_t r, 
     epc::PlacementBuffer dp(p);
     DeviceArray<uint8_t> lmem(epc::layout_bytes(R, S, K, T));
     // Poison first: both paths must write the same bytes, not rely on what is there.
-    ft::ep::test::cuda_ok(cudaMemset(lmem.ptr, 0xa5, epc::layout_bytes(R, S, K, T)), "poison");
+    ft::test::cuda_ok(cudaMemset(lmem.ptr, 0xa5, epc::layout_bytes(R, S, K, T)), "poison");
     const epc::LayoutBuffers L = epc::carve_layout(lmem.ptr, R, S, K, T);
     DeviceArray<int32_t> ids(ri.ids);
     DeviceArray<float> w(ri.weights);
@@ -512,10 +512,10 @@ LayoutDump layout_on_device(const Placement &p, const RankInput &ri, int32_t r, 
     if (rank_load) load.upload(std::vector<int64_t>(rank_load, rank_load + R));
     const size_t peer = epc::latency_peer_bytes(H, K, dtype, T);
     DeviceArray<uint8_t> regions(peer * R);
-    ft::ep::test::cuda_ok(cudaMemset(regions.ptr, 0x5a, peer * R), "poison");
+    ft::test::cuda_ok(cudaMemset(regions.ptr, 0x5a, peer * R), "poison");
     epc::launch_layout(dp.view(), ids.ptr, w.ptr, ri.tokens, K, r, rank_load ? load.ptr : nullptr, L, nullptr);
     epc::launch_pack(L, R * T, x.ptr, H, dtype, r, {regions.ptr, peer}, nullptr);
-    ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "layout");
+    ft::test::cuda_ok(cudaDeviceSynchronize(), "layout");
     LayoutDump d = read_layout(L, ri.tokens, rank_load != nullptr);
     d.regions = regions.download(peer * R);
     return d;
@@ -593,14 +593,14 @@ LayoutDump layout_dump(const epc::PlacementBuffer &dp, const Placement &p, const
     const int32_t R = p.num_ranks, S = p.slots_per_rank;
     const int64_t T = std::max<int64_t>(tokens, 1);
     DeviceArray<uint8_t> lmem(epc::layout_bytes(R, S, K, T));
-    ft::ep::test::cuda_ok(cudaMemset(lmem.ptr, 0xa5, epc::layout_bytes(R, S, K, T)), "poison");
+    ft::test::cuda_ok(cudaMemset(lmem.ptr, 0xa5, epc::layout_bytes(R, S, K, T)), "poison");
     const epc::LayoutBuffers L = epc::carve_layout(lmem.ptr, R, S, K, T);
     DeviceArray<int32_t> ids(ids_h);
     DeviceArray<float> w(w_h);
     DeviceArray<int64_t> load(std::vector<int64_t>(R, 0));
     if (rank_load) load.upload(std::vector<int64_t>(rank_load, rank_load + R));
     epc::launch_layout(dp.view(), ids.ptr, w.ptr, tokens, K, r, rank_load ? load.ptr : nullptr, L, nullptr);
-    ft::ep::test::cuda_ok(cudaDeviceSynchronize(), "layout");
+    ft::test::cuda_ok(cudaDeviceSynchronize(), "layout");
     return read_layout(L, tokens, rank_load != nullptr);
 }
 
@@ -687,7 +687,7 @@ void c_expert(const ft_ep_expert_batch *batch, void *stream, void *user) {
     b.offset = batch->offset;
     b.x = batch->x;
     b.y = batch->y;
-    ft::ep::test::toy_expert(e->phy2log, e->a, e->b)(b, static_cast<cudaStream_t>(stream));
+    ft::test::toy_expert(e->phy2log, e->a, e->b)(b, static_cast<cudaStream_t>(stream));
 }
 
 TEST(EpCudaCApi, OneRankGroupMatchesHost) {

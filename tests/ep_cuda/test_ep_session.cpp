@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "../ep/ep_test_util.hpp"
-#include "ep_device_array.hpp"
+#include "ep_traces.hpp"
+#include "device_array.hpp"
 #include "freetoken.h"
 #include "freetoken_cuda.h"
 #include "freetoken_ep.h"
@@ -34,11 +34,11 @@ namespace {
 using namespace ft::ep;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
-using ft::ep::test::Rng;
+using ft::test::Rng;
 namespace epc = ft::ep::cuda;
 
-using ft::ep::test::cuda_ok;
-using ft::ep::test::DeviceArray;
+using ft::test::cuda_ok;
+using ft::test::DeviceArray;
 
 constexpr int32_t kL = 2, kK = 4, kH = 256, kI = 128;
 
@@ -236,7 +236,7 @@ void run_case(const SessionCase &c) {
     for (int32_t r = 0; r < c.R; ++r) {
         RankData &d = data[r];
         d.tokens = r == 1 ? std::max<int64_t>(c.T / 3, 1) : c.T;
-        d.ids = ft::ep::test::random_routing(rng, d.tokens, kK, E);
+        d.ids = ft::test::random_routing(rng, d.tokens, kK, E);
         d.weights.resize(d.ids.size());
         for (float &x : d.weights) x = static_cast<float>(rng.uniform());
         d.x.resize(size_t(d.tokens) * kH);
@@ -244,8 +244,8 @@ void run_case(const SessionCase &c) {
     }
 
     const bool threaded = c.drive == Drive::Throughput;
-    ft::ep::test::SimHub hub(c.R, threaded);
-    std::vector<std::unique_ptr<ft::ep::test::SimTransport>> net;
+    ft::test::SimHub hub(c.R, threaded);
+    std::vector<std::unique_ptr<ft::test::SimTransport>> net;
     std::vector<std::unique_ptr<epc::EpRank>> ranks;
     std::vector<std::unique_ptr<epc::SessionExperts>> adapters;
     epc::EpConfig cfg;
@@ -259,7 +259,7 @@ void run_case(const SessionCase &c) {
     std::vector<DeviceArray<float>> wts;
     std::vector<DeviceArray<uint16_t>> xs, outs;
     for (int32_t r = 0; r < c.R; ++r) {
-        net.push_back(std::make_unique<ft::ep::test::SimTransport>(hub, r));
+        net.push_back(std::make_unique<ft::test::SimTransport>(hub, r));
         ranks.push_back(std::make_unique<epc::EpRank>(*net[r], p, cfg));
         ft_model_info mi;
         mi.struct_size = sizeof mi;
@@ -388,7 +388,7 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
     if (::testing::Test::HasFatalFailure()) return;
     RankData d;
     d.tokens = 20;
-    d.ids = ft::ep::test::random_routing(rng, d.tokens, kK, E);
+    d.ids = ft::test::random_routing(rng, d.tokens, kK, E);
     d.weights.resize(d.ids.size());
     for (float &x : d.weights) x = static_cast<float>(rng.uniform());
     d.x.resize(size_t(d.tokens) * kH);
@@ -445,9 +445,9 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
 TEST(EpCudaSession, ProbeTopologyOverSimulatedRanks) {
     REQUIRE_GPU();
     for (int32_t R : {2, 4}) {
-        ft::ep::test::SimHub hub(R, true);
-        std::vector<std::unique_ptr<ft::ep::test::SimTransport>> net;
-        for (int32_t r = 0; r < R; ++r) net.push_back(std::make_unique<ft::ep::test::SimTransport>(hub, r));
+        ft::test::SimHub hub(R, true);
+        std::vector<std::unique_ptr<ft::test::SimTransport>> net;
+        for (int32_t r = 0; r < R; ++r) net.push_back(std::make_unique<ft::test::SimTransport>(hub, r));
         std::vector<epc::RankTopology> topo(R);
         std::vector<std::string> errors(R);
         std::vector<std::thread> threads;

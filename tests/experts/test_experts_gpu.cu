@@ -74,7 +74,7 @@ std::vector<T> get(const DevBuf &b, size_t count) {
 }
 
 // Random banks of E experts plus one extra slot (index E) of NaN bytes that routes never name.
-struct Layer : ft::testing::RandomExpertLayer {
+struct Layer : ft::test::RandomExpertLayer {
     Layer(std::mt19937 &rng, Format fmt, int32_t h, int32_t i, int32_t e) : RandomExpertLayer(rng, fmt, h, i, e, 1) {}
 };
 
@@ -125,14 +125,14 @@ Batch random_batch(std::mt19937 &rng, int32_t E, int32_t H, int32_t T, int32_t K
 }
 
 std::vector<double> reference(const Layer &L, const Batch &b, const ft::cuda::DeviceActivation &act) {
-    ft::testing::ActivationRef a{act.kind, act.alpha, act.limit};
-    ft::testing::FormatNumerics fmt;
+    ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
+    ft::test::FormatNumerics fmt;
     if (L.f == Format::ds_fp4) {
         fmt.ds_fp4 = true;
         fmt.ds_limit = act.kind == FT_ACT_SILU && std::isfinite(act.limit) ? act.limit : 0.0;
         fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
     }
-    std::vector<double> ref = ft::testing::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H,
+    std::vector<double> ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H,
                                                              L.I, b.T, b.K, b.x.data(), b.ids.data(), b.w.data());
     if (!b.addend.empty())
         for (size_t i = 0; i < ref.size(); ++i) ref[i] += ft::bf16_to_f32(b.addend[i]);
@@ -203,7 +203,7 @@ void matches_reference_every_format() {
                 CUDA_OK(cudaDeviceSynchronize());
                 const std::vector<uint16_t> yg = get<uint16_t>(y, size_t(T) * L.H);
                 const std::vector<double> ref = reference(L, b, act);
-                const double err = ft::testing::relative_error_bf16(yg, ref);
+                const double err = ft::test::relative_error_bf16(yg, ref);
                 EXPECT_LT(err, gpu_bound(geo.f)) << label(geo, act, T) << " " << dec.kernel_name();
                 if (T >= 2)  // all routes skipped, no addend: zeros
                     for (int32_t h = 0; h < L.H && b.addend.empty(); ++h)
@@ -213,7 +213,7 @@ void matches_reference_every_format() {
                 if (b.addend.empty()) {
                     std::vector<uint16_t> yc(size_t(T) * L.H);
                     cpu.run(L.cpu_source(), nullptr, T, b.x.data(), b.ids.data(), b.w.data(), yc.data());
-                    const double cerr = ft::testing::relative_error(to_f64(yg), to_f64(yc));
+                    const double cerr = ft::test::relative_error(to_f64(yg), to_f64(yc));
                     EXPECT_LT(cerr, cpu_bound(geo.f)) << label(geo, act, T) << " vs CPU " << cpu.kernel_name();
                 }
 
@@ -245,7 +245,7 @@ void misaligned_input_and_many_routes() {
         ids.put(b.ids), w.put(b.w);
         CUDA_OK(dec.decode(D.dx, xm, ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T, nullptr));
         CUDA_OK(cudaDeviceSynchronize());
-        const double err = ft::testing::relative_error_bf16(get<uint16_t>(y, size_t(T) * L.H), reference(L, b, act));
+        const double err = ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * L.H), reference(L, b, act));
         EXPECT_LT(err, gpu_bound(f)) << ft::format_name(f);
     }
 }
@@ -321,7 +321,7 @@ void graph_replay_equals_eager() {
                                y.as<uint16_t>(), T, s));
             CUDA_OK(cudaStreamSynchronize(s));
             EXPECT_EQ(get<uint16_t>(y, size_t(T) * L.H), yg) << ft::format_name(f) << " replay " << rep;
-            EXPECT_LT(ft::testing::relative_error_bf16(yg, reference(L, b, act)), gpu_bound(f)) << ft::format_name(f);
+            EXPECT_LT(ft::test::relative_error_bf16(yg, reference(L, b, act)), gpu_bound(f)) << ft::format_name(f);
         }
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);

@@ -1,12 +1,13 @@
-// With a GPU: the engine takes it by default and host expert banks are page-locked for it.
+// With a GPU: the engine takes it by default and a loaded model reports its expert banks
+// page-locked for it (ft_model_info.pinned_bytes), decodes from them, and pins nothing off the GPU.
 #include <gtest/gtest.h>
 
-#include "../api/api_test_util.hpp"
+#include "api_handles.hpp"
 #include "ft/synth.hpp"
 
 namespace {
 
-using namespace ft::apitest;
+using namespace ft::test;
 
 bool have_gpu(ft_engine *engine) {
     ft_engine_info info;
@@ -28,10 +29,11 @@ TEST(Gpu, EngineTakesTheFirstDeviceByDefault) {
     EXPECT_GT(std::strlen(info.device_name), 0u);
 }
 
-TEST(Gpu, LoadedAndBuiltModelsArePageLocked) {
+// What the C API reports; test_pinned_banks.cpp checks the registrations with the CUDA runtime.
+TEST(Gpu, LoadedModelReportsEveryBankBytePinned) {
     auto engine = make_engine();
     if (!have_gpu(engine.get())) GTEST_SKIP() << "no usable GPU";
-    TempDir dir;
+    ScratchDir dir;
     ft::synth::Spec s;
     s.num_layers = 3;
     s.num_experts = 8;

@@ -13,7 +13,7 @@
 #include "ft/gguf.hpp"
 #include "ft/loader.hpp"
 #include "ft/synth.hpp"
-#include "loader_test_util.hpp"
+#include "scratch_files.hpp"
 
 namespace ft {
 namespace {

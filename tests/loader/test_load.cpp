@@ -12,7 +12,7 @@
 
 #include "ft/loader.hpp"
 #include "ft/synth.hpp"
-#include "loader_test_util.hpp"
+#include "scratch_files.hpp"
 
 namespace ft {
 namespace {
@@ -361,47 +361,6 @@ TEST(LoadCallbacks, SingleReaderAndErrorsFromCallbacks) {
     // An exception thrown by on_layer_filled on a worker ends the load with it.
     opts.on_layer_filled = [](int l) { fail(FT_ERR_DEVICE, "cannot pin layer ", l); };
     expect_error([&] { load_checkpoint(dir.path(), opts); }, FT_ERR_DEVICE, {"cannot pin layer"});
-}
-
-// Load throughput from the page cache. Skipped unless FT_LOADER_BENCH_MB is set (e.g. 1500):
-// writing the checkpoint takes longer than the whole rest of the suite.
-TEST(LoadThroughput, FromPageCache) {
-    const std::string mb_text = env_string("FT_LOADER_BENCH_MB");
-    if (mb_text.empty()) GTEST_SKIP() << "set FT_LOADER_BENCH_MB to measure";
-    const uint64_t target = std::stoull(mb_text) << 20;
-    for (Spec::Layout layout : {Spec::Layout::fused, Spec::Layout::per_expert}) {
-        Spec s;
-        s.architecture = "qwen3_moe";
-        s.layout = layout;
-        s.hidden = 2048;
-        s.intermediate = 768;
-        s.num_experts = 64;
-        s.top_k = 8;
-        s.shards = 4;
-        const uint64_t per_layer = 3ull * s.hidden * s.intermediate * 2 * s.num_experts;
-        s.num_layers = static_cast<int>(std::max<uint64_t>(1, target / per_layer));
-        ScratchDir dir;
-        auto t0 = std::chrono::steady_clock::now();
-        synth::write_checkpoint(dir.path(), s);
-        auto t1 = std::chrono::steady_clock::now();
-        LoadOptions opts;  // all cores
-        std::unique_ptr<Model> m = load_checkpoint(dir.path(), opts);  // first: faults the page cache in if needed
-        m.reset();
-        auto t2 = std::chrono::steady_clock::now();
-        m = load_checkpoint(dir.path(), opts);
-        auto t3 = std::chrono::steady_clock::now();
-        const double gb = m->banks().total_bytes() / 1e9;
-        const double write_s = std::chrono::duration<double>(t1 - t0).count();
-        const double load_s = std::chrono::duration<double>(t3 - t2).count();
-        std::printf("[ throughput ] %s: %.2f GB, synth write %.2f s (%.2f GB/s), load %.3f s (%.2f GB/s)\n",
-                    layout == Spec::Layout::fused ? "fused" : "per-expert", gb, write_s, gb / write_s, load_s,
-                    gb / load_s);
-        RecordProperty(layout == Spec::Layout::fused ? "fused_GBps" : "per_expert_GBps", std::to_string(gb / load_s));
-        EXPECT_EQ(std::memcmp(m->gate(m->spec().num_layers - 1, 63),
-                              synth::expert_weight(s, m->spec().num_layers - 1, 63, FT_PROJ_GATE).data(),
-                              static_cast<size_t>(s.hidden) * s.intermediate * 2),
-                  0);
-    }
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 #include "ft/safetensors.hpp"
 #include "ft/synth.hpp"
-#include "loader_test_util.hpp"
+#include "scratch_files.hpp"
 
 namespace ft {
 namespace {

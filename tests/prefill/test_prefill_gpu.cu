@@ -109,10 +109,12 @@ struct Banks {
         std::mt19937 rng(seed);
         for (size_t b = 0; b < schema.size(); ++b) {
             row_bytes[b] = (schema[b].row_bytes + 15) / 16 * 16 + kRowPad;  // the decode kernels want 16
-            std::vector<uint8_t> v(size_t(E) * row_bytes[b], 0xff);
-            for (int32_t s = 0; s < E - 1; ++s)  // slot E-1 stays all 0xFF (NaN in every format)
-                ft::testing::fill_bank_row(f, schema[b].name, v.data() + s * row_bytes[b], schema[b].row_bytes, rng);
-            host.push_back(std::move(v));
+            host.emplace_back(size_t(E) * row_bytes[b], uint8_t(0xff));
+        }
+        for (int32_t s = 0; s < E - 1; ++s) {  // slot E-1 stays all 0xFF (NaN in every format)
+            uint8_t *r[8];
+            for (size_t b = 0; b < schema.size(); ++b) r[b] = host[b].data() + s * row_bytes[b];
+            ft::test::fill_random_expert(f, schema, r, H, I, rng);
         }
     }
     ~Banks() {
@@ -163,7 +165,7 @@ std::vector<int32_t> skewed_slots(int32_t T, int32_t E, std::mt19937 &rng) {
 std::vector<uint16_t> random_bf16(size_t n, float scale, std::mt19937 &rng) {
     std::uniform_real_distribution<float> u(-1, 1);
     std::vector<uint16_t> v(n);
-    for (auto &x : v) x = ft::testing::bf16_bits(scale * u(rng));
+    for (auto &x : v) x = ft::test::f32_to_bf16_rne(scale * u(rng));
     return v;
 }
 
@@ -192,22 +194,22 @@ std::vector<double> reference(const Banks &bk, const DeviceActivation &act, int3
             ft::projection_bias(bk.f, rows.data(), H, I, FT_PROJ_DOWN, d.bd.data());
         }
     }
-    ft::testing::ActivationRef a;
+    ft::test::ActivationRef a;
     a.kind = act.kind, a.alpha = act.alpha, a.limit = act.limit;
-    ft::testing::FormatNumerics fmt;
+    ft::test::FormatNumerics fmt;
     fmt.ds_fp4 = bk.f == Format::ds_fp4;
     fmt.ds_limit = act.limit;
     fmt.fp8_round_trip = [](const float *in, int64_t n, float *out) { ft::fp8_round_trip_per128(in, n, out); };
     auto expert = [&](int32_t s) {
         const Deq &d = cache.at(s);
-        ft::testing::ExpertF32 e{d.gate.data(), d.up.data(), d.down.data()};
+        ft::test::ExpertF32 e{d.gate.data(), d.up.data(), d.down.data()};
         if (d.bias) e.bias_gate = d.bg.data(), e.bias_up = d.bu.data(), e.bias_down = d.bd.data();
         return e;
     };
     std::vector<double> ref =
-        ft::testing::moe_reference_f32(expert, bk.E, a, fmt, H, I, T, kTopK, x.data(), slots.data(), w.data());
+        ft::test::moe_reference_f32(expert, bk.E, a, fmt, H, I, T, kTopK, x.data(), slots.data(), w.data());
     if (addend)
-        for (size_t i = 0; i < ref.size(); ++i) ref[i] += ft::testing::bf16_to_f64((*addend)[i]);
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += ft::test::bf16_to_f64((*addend)[i]);
     return ref;
 }
 
@@ -259,9 +261,9 @@ void run_case(Format f, int32_t T, int32_t E, bool with_addend, uint32_t seed, d
     CUDA_OK(cudaMemcpy(y.data(), c.y, y.size() * 2, cudaMemcpyDeviceToHost));
 
     for (size_t i = 0; i < y.size(); ++i)
-        ASSERT_TRUE(std::isfinite(ft::testing::bf16_to_f64(y[i]))) << "non-finite output at " << i;
+        ASSERT_TRUE(std::isfinite(ft::test::bf16_to_f64(y[i]))) << "non-finite output at " << i;
     const std::vector<double> ref = reference(bk, act, T, x, slots, w, with_addend ? &addend : nullptr);
-    const double err = ft::testing::relative_error_bf16(y, ref);
+    const double err = ft::test::relative_error_bf16(y, ref);
     EXPECT_LE(err, bound(f)) << ft::format_name(f) << " T=" << T << " E=" << E;
     if (err_out) *err_out = err;
     ::testing::Test::RecordProperty("rel_error", std::to_string(err));
@@ -277,8 +279,8 @@ void run_case(Format f, int32_t T, int32_t E, bool with_addend, uint32_t seed, d
         cudaFree(y2);
         ASSERT_EQ(e, cudaSuccess) << "ExpertDecoder::decode: " << cudaGetErrorString(e);
         std::vector<double> dv(yd.size());
-        for (size_t i = 0; i < yd.size(); ++i) dv[i] = ft::testing::bf16_to_f64(yd[i]);
-        EXPECT_LE(ft::testing::relative_error_bf16(y, dv), bound(f)) << "prefill vs decode, " << ft::format_name(f);
+        for (size_t i = 0; i < yd.size(); ++i) dv[i] = ft::test::bf16_to_f64(yd[i]);
+        EXPECT_LE(ft::test::relative_error_bf16(y, dv), bound(f)) << "prefill vs decode, " << ft::format_name(f);
     }
 }
 
@@ -365,14 +367,14 @@ TEST(PrefillGpuDequant, BitExactAgainstReference) {
                     const size_t row = i < size_t(2) * I * H ? i / H : size_t(2) * I + (i - size_t(2) * I * H) / I;
                     const uint8_t *gl = row < size_t(2) * I ? rows[2] + row * 2 : rows[5] + (row - 2 * I) * 2;
                     const float g = ft::f16_to_f32(uint16_t(gl[0] | (gl[1] << 8)));
-                    ok = float(ft::testing::bf16_to_f64(got)) * g == ref[i];
+                    ok = float(ft::test::bf16_to_f64(got)) * g == ref[i];
                 } else {
-                    ok = got == ft::testing::f32_to_bf16_rne(ref[i]);
+                    ok = got == ft::test::f32_to_bf16_rne(ref[i]);
                 }
                 if (!ok) {
                     ++bad;
                     ADD_FAILURE() << ft::format_name(f) << " expert " << slots[j] << " element " << i << ": got "
-                                  << ft::testing::bf16_to_f64(got) << ", reference " << ref[i];
+                                  << ft::test::bf16_to_f64(got) << ", reference " << ref[i];
                 }
             }
         }

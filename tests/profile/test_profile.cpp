@@ -7,6 +7,7 @@
 
 #include "ft/common.hpp"
 #include "ft/profile.hpp"
+#include "scratch_dir.hpp"
 
 namespace {
 
@@ -125,21 +126,10 @@ TEST(Profile, CorruptProfilesAreFormatErrors) {
     }
 }
 
-class TempFolder {
-public:
-    TempFolder() {
-        char t[] = "/tmp/ft-profile-XXXXXX";
-        path_ = mkdtemp(t) ? t : "/tmp";
-    }
-    ~TempFolder() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-    const std::string &path() const { return path_; }
-
-private:
-    std::string path_;
-};
+using ft::test::ScratchDir;
 
 TEST(Profile, SaveIsAtomicAndUsableProfilesMatchTheGpu) {
-    TempFolder dir;
+    ScratchDir dir;
     const std::string path = dir.path() + "/sub/benchbw.json";
     ft::Profile p = ft::profile_from_json(kOriginal);
     ft::save_profile(p, path);

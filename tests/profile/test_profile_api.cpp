@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "freetoken.h"
+#include "scratch_dir.hpp"
 
 namespace {
 
@@ -24,29 +25,8 @@ struct ProfileDeleter {
     void operator()(ft_profile *p) const { ft_profile_free(p); }
 };
 using ProfilePtr = std::unique_ptr<ft_profile, ProfileDeleter>;
-
-class TempDir {
-public:
-    TempDir() {
-        char t[] = "/tmp/ft-profile-api-XXXXXX";
-        path_ = mkdtemp(t) ? t : "/tmp";
-    }
-    ~TempDir() {
-        if (std::system(("rm -rf '" + path_ + "'").c_str()) != 0) {
-        }
-    }
-    const std::string &path() const { return path_; }
-
-private:
-    std::string path_;
-};
-
-std::string read_file(const std::string &path) {
-    std::ifstream in(path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
+using ft::test::read_file;
+using ft::test::ScratchDir;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -162,7 +142,7 @@ TEST_F(MeasuredProfile, CpuOnlyFiguresArePositiveAndGatherIsAbsent) {
 
 TEST_F(MeasuredProfile, SaveLoadRoundTrip) {
     ASSERT_EQ(status_, FT_OK) << err_;
-    TempDir dir;
+    ScratchDir dir;
     const std::string a = dir.path() + "/deep/er/a.json", b = dir.path() + "/b.json";
     char err[512];
     ASSERT_EQ(ft_profile_save(profile_, a.c_str(), err, sizeof err), FT_OK) << err;
@@ -341,7 +321,7 @@ std::string original_profile_json() {
 }
 
 TEST(ProfileApi, ReadsTheOriginalShapeAndItsFetchFractions) {
-    TempDir dir;
+    ScratchDir dir;
     const std::string path = dir.path() + "/benchbw.json";
     std::ofstream(path) << original_profile_json();
     ft_profile *raw = nullptr;
@@ -381,7 +361,7 @@ TEST(ProfileApi, ReadsTheOriginalShapeAndItsFetchFractions) {
 }
 
 TEST(ProfileApi, DefaultPathComesFromTheEnvironment) {
-    TempDir dir;
+    ScratchDir dir;
     const std::string path = dir.path() + "/env/benchbw.json";
     std::ofstream(dir.path() + "/orig.json") << original_profile_json();
     ft_profile *raw = nullptr;
@@ -401,7 +381,7 @@ TEST(ProfileApi, DefaultPathComesFromTheEnvironment) {
 }
 
 TEST(ProfileApi, CorruptAndMissingFiles) {
-    TempDir dir;
+    ScratchDir dir;
     const std::string bad = dir.path() + "/bad.json";
     std::ofstream(bad) << "{\"version\": 4, \"ceilings\": {\"cpu_stream_read_gbs\": \"fast\"}}";
     ft_profile *out = nullptr;
@@ -494,7 +474,7 @@ TEST(ProfileApi, NullArguments) {
     f.struct_size = sizeof f;
     EXPECT_EQ(ft_profile_get_format(nullptr, FT_FORMAT_BF16, &f), FT_ERR_INVALID_ARGUMENT);
 
-    TempDir dir;
+    ScratchDir dir;
     std::ofstream(dir.path() + "/p.json") << original_profile_json();
     ft_profile *raw = nullptr;
     ASSERT_EQ(ft_profile_load((dir.path() + "/p.json").c_str(), &raw, nullptr, 0), FT_OK);

@@ -1,6 +1,6 @@
 // The profiler's GPU figures on a real GPU: the production gather alone and beside the CPU
 // kernels (docs/formulas.md, "Bandwidth profile", steps 1 and 4). Skips without a usable GPU. A bandwidth measurement of
-// gigabytes, so the suite is named *Latency* and stays out of the compute-sanitizer runs.
+// gigabytes with a bound on its duration: ctest label `timing` (tests/profile/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,10 +11,11 @@
 
 #include "freetoken.h"
 #include "ft/cuda_device.hpp"
+#include "scratch_dir.hpp"
 
 namespace {
 
-TEST(ProfileGpuLatency, GatherAndOverlappedFigures) {
+TEST(ProfileGpu, GatherAndOverlappedFigures) {
     if (ft::cuda::device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
     ft_profile_params p;
     ft_profile_params_init(&p);
@@ -51,22 +52,15 @@ TEST(ProfileGpuLatency, GatherAndOverlappedFigures) {
         EXPECT_LE(e.fetch_fraction, 1.0) << f;
     }
     // The verdicts are written for the original engine too.
-    char path[] = "/tmp/ft-profile-gpu-XXXXXX";
-    ASSERT_NE(mkdtemp(path), nullptr);
-    const std::string file = std::string(path) + "/benchbw.json";
+    const ft::test::ScratchDir dir;
+    const std::string file = dir / "benchbw.json";
     ASSERT_EQ(ft_profile_save(prof, file.c_str(), err, sizeof err), FT_OK) << err;
     ft_profile_free(prof);
-    std::FILE *in = std::fopen(file.c_str(), "r");
-    ASSERT_NE(in, nullptr);
-    std::string text;
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) text.append(buf, n);
-    std::fclose(in);
+    const std::string text = ft::test::read_file(file);
+    ASSERT_FALSE(text.empty()) << file;
     const bool verdict = text.find("\"recommended\": \"hybrid\"") != std::string::npos ||
                          text.find("\"recommended\": \"offload\"") != std::string::npos;
     EXPECT_TRUE(verdict) << text;
-    std::remove(file.c_str());
-    rmdir(path);
 }
 
 }  // namespace

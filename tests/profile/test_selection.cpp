@@ -12,6 +12,7 @@
 #include "ft/common.hpp"
 #include "ft/profile.hpp"
 #include "ft/selector.hpp"
+#include "scratch_dir.hpp"
 
 namespace {
 
@@ -202,9 +203,8 @@ TEST(Selection, ExplicitRequestsAreUnchanged) {
 // A profile of another GPU is not used: the session's path (load_usable_profile) returns nothing
 // and `auto` falls back.
 TEST(Selection, ProfileOfAnotherGpuFallsBack) {
-    char t[] = "/tmp/ft-selection-XXXXXX";
-    ASSERT_NE(mkdtemp(t), nullptr);
-    const std::string path = std::string(t) + "/benchbw.json";
+    const ft::test::ScratchDir dir;
+    const std::string path = dir / "benchbw.json";
     ft::save_profile(profile_with("bf16", entry(60, 50, 40, 45)), path);
     const auto same = ft::load_usable_profile(path, "NVIDIA Test GPU");
     ASSERT_TRUE(same.has_value());
@@ -213,8 +213,6 @@ TEST(Selection, ProfileOfAnotherGpuFallsBack) {
     EXPECT_FALSE(other.has_value());
     const ft::BackendChoice c = choose(other ? &*other : nullptr, gpu_caps(24.0));
     EXPECT_EQ(c.backend, FT_BACKEND_OFFLOAD) << c.reason;
-    std::remove(path.c_str());
-    rmdir(t);
 }
 
 TEST(ProfileJson, GatherAndOverlapFiguresRoundTrip) {

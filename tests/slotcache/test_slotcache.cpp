@@ -9,7 +9,7 @@
 
 #include "ft/common.hpp"
 #include "ft/slotcache.hpp"
-#include "slotcache_test_util.hpp"
+#include "slotcache_steps.hpp"
 
 namespace {
 
@@ -72,7 +72,7 @@ TEST(SlotCacheState, LayoutIsAlignedAndResetMatchesSpec) {
     HostSlotCache fresh(st.shape);
     std::mt19937 rng(3);
     for (int i = 0; i < 50; ++i) {
-        auto step = sctest::random_step(rng, st.shape, i % 2 == 1, 8);
+        auto step = ft::test::random_step(rng, st.shape, i % 2 == 1, 8);
         for (auto &id : step.ids) id = std::min(id, 7);
         if (step.hybrid) hybrid(st, step.layer, step.ids, step.fetch);
         else lru(st, step.layer, step.ids);
@@ -106,7 +106,7 @@ TEST(AdmitLru, EmptyCacheFillsLowestSlotsInAscendingIdOrder) {
     EXPECT_EQ(lru(st, 1, {0, 3}), (std::vector<int32_t>{3, 4}));
     EXPECT_EQ(st.id_of_slot[3], 8);
     EXPECT_EQ(st.slot_for_id[11], 4);
-    EXPECT_TRUE(sctest::check_maps(st).empty()) << sctest::check_maps(st);
+    EXPECT_TRUE(ft::test::check_maps(st).empty()) << ft::test::check_maps(st);
 }
 
 TEST(AdmitLru, AscendingIdsPairWithAscendingUsageThenSlot) {
@@ -129,7 +129,7 @@ TEST(AdmitLru, AscendingIdsPairWithAscendingUsageThenSlot) {
     EXPECT_EQ(st.slot_for_id[8 + 1], -1);
     EXPECT_EQ(st.slot_for_id[8 + 2], 2);  // the tie partner at usage 3 stays
     EXPECT_EQ(st.usage[4], 11);
-    EXPECT_TRUE(sctest::check_maps(st).empty()) << sctest::check_maps(st);
+    EXPECT_TRUE(ft::test::check_maps(st).empty()) << ft::test::check_maps(st);
 }
 
 TEST(AdmitLru, DuplicatesCollapseAndShareTheirSlot) {
@@ -280,14 +280,14 @@ TEST(AdmitHybrid, FullFetchByLowestIdEqualsLru) {
     HostSlotCache a(s), b(s);
     std::mt19937 rng(11);
     for (int i = 0; i < 300; ++i) {
-        sctest::Step step = sctest::random_step(rng, s, false, 16);
+        ft::test::Step step = ft::test::random_step(rng, s, false, 16);
         std::vector<int32_t> x = step.ids, y = step.ids;
         ft::admit_lru(a.state(), step.layer, x.data(), x.data(), static_cast<int64_t>(x.size()));
         ft::admit_hybrid(b.state(), step.layer, y.data(), y.data(), static_cast<int64_t>(y.size()),
                          fraction(1.0, FetchOrder::LowestId));
         ASSERT_EQ(x, y) << "step " << i;
         ASSERT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0)
-            << "step " << i << "\n" << sctest::describe_difference(a.state(), b.state());
+            << "step " << i << "\n" << ft::test::describe_difference(a.state(), b.state());
     }
 }
 
@@ -301,14 +301,14 @@ TEST(AdmitRandom, InvariantsHoldOverManySteps) {
             HostSlotCache c(s);
             const SlotCacheState &st = c.state();
             for (int i = 0; i < 300; ++i) {
-                const sctest::Step step = sctest::random_step(rng, s, hyb, 256);
+                const ft::test::Step step = ft::test::random_step(rng, s, hyb, 256);
                 std::vector<int32_t> out(step.ids.size());
                 if (hyb)
                     ft::admit_hybrid(st, step.layer, step.ids.data(), out.data(), static_cast<int64_t>(out.size()),
                                      step.fetch);
                 else
                     ft::admit_lru(st, step.layer, step.ids.data(), out.data(), static_cast<int64_t>(out.size()));
-                const std::string maps = sctest::check_maps(st), call = sctest::check_call(st, step, out);
+                const std::string maps = ft::test::check_maps(st), call = ft::test::check_call(st, step, out);
                 ASSERT_TRUE(maps.empty() && call.empty())
                     << "L=" << s.layers << " E=" << s.experts << " S=" << s.slots << (hyb ? " hybrid" : " lru")
                     << " step " << i << ": " << maps << call;

@@ -1,14 +1,13 @@
 // Device admission kernels against the host mirror, bit for bit: random runs for
 // both algorithms over many shapes, crafted large caches (S up to 65536) with heavy usage ties and
 // miss counts up to E, the clock across the fast path's packing limit, CUDA-graph replays with new
-// ids, and a latency printout (bench_admission times the same calls with Google Benchmark).
+// ids (bench/bench_admission times the admission calls).
 // Skips where no CUDA device is usable.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -16,7 +15,7 @@
 
 #include "ft/slotcache.hpp"
 #include "ft/slotcache_cuda.hpp"
-#include "slotcache_test_util.hpp"
+#include "slotcache_steps.hpp"
 
 namespace {
 
@@ -86,7 +85,7 @@ public:
         const cudaError_t e = cudaMemcpy(const_cast<void *>(copy.data()), buffer_, bytes_, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) return ::testing::AssertionFailure() << "download: " << cudaGetErrorString(e);
         if (std::memcmp(copy.data(), mirror.data(), bytes_) == 0) return ::testing::AssertionSuccess();
-        const std::string diff = sctest::describe_difference(mirror.state(), copy.state());
+        const std::string diff = ft::test::describe_difference(mirror.state(), copy.state());
         return ::testing::AssertionFailure() << "device state differs from the mirror:\n"
                                              << (diff.empty() ? std::string("(padding bytes only)\n") : diff);
     }
@@ -131,7 +130,7 @@ std::string first_route_difference(const std::vector<int32_t> &ids, const std::v
     return "";
 }
 
-std::string describe(const sctest::Step &s) {
+std::string describe(const ft::test::Step &s) {
     std::string out = (s.hybrid ? "hybrid" : "lru");
     out += " layer " + std::to_string(s.layer) + ", " + std::to_string(s.ids.size()) + " ids";
     if (s.hybrid)
@@ -150,7 +149,7 @@ void run_random(const SlotCacheShape &s, bool hybrid, int steps, uint32_t seed, 
     ASSERT_NE(d_ids.get(), nullptr);
     std::mt19937 rng(seed);
     for (int i = 0; i < steps; ++i) {
-        const sctest::Step step = sctest::random_step(rng, s, hybrid, max_ids);
+        const ft::test::Step step = ft::test::random_step(rng, s, hybrid, max_ids);
         const auto n = static_cast<int64_t>(step.ids.size());
         std::vector<int32_t> want(step.ids.size()), got(step.ids.size());
         if (hybrid) ft::admit_hybrid(mirror.state(), step.layer, step.ids.data(), want.data(), n, step.fetch);
@@ -167,7 +166,7 @@ void run_random(const SlotCacheShape &s, bool hybrid, int steps, uint32_t seed, 
                              << (out == d_ids.get() ? "in place" : "separate output")
                              << "): " << first_route_difference(step.ids, want, got);
         ASSERT_TRUE(device.matches(mirror)) << describe(s) << ", step " << i << " (" << describe(step) << ")";
-        const std::string call = sctest::check_call(mirror.state(), step, want);
+        const std::string call = ft::test::check_call(mirror.state(), step, want);
         ASSERT_TRUE(call.empty()) << describe(s) << ", step " << i << ": mirror broke an invariant: " << call;
     }
 }
@@ -221,7 +220,7 @@ TEST(SlotCacheGpu, HybridMatchesMirrorOverRandomSteps) {
 // every array compared.
 ::testing::AssertionResult same_call(const HostSlotCache &mirror, const DeviceCache &device,
                                      const DeviceArray<int32_t> &d_ids, const DeviceArray<int32_t> &d_out,
-                                     const sctest::Step &step, bool in_place) {
+                                     const ft::test::Step &step, bool in_place) {
     const auto n = static_cast<int64_t>(step.ids.size());
     std::vector<int32_t> want(step.ids.size()), got(step.ids.size());
     if (step.hybrid) ft::admit_hybrid(mirror.state(), step.layer, step.ids.data(), want.data(), n, step.fetch);
@@ -331,7 +330,7 @@ TEST(SlotCacheGpu, CraftedLargeCachesWithTiesMatchTheMirror) {
             for (int32_t misses : miss_counts) {
                 if (misses > c.shape.experts) continue;
                 for (int rep = 0; rep < 3; ++rep, ++call) {
-                    sctest::Step step;
+                    ft::test::Step step;
                     step.hybrid = variant == 1;
                     step.layer = std::uniform_int_distribution<int32_t>(0, c.shape.layers - 1)(rng);
                     const int32_t count = misses <= 8 ? 64 : std::min(1024, 2 * misses);
@@ -372,7 +371,7 @@ TEST(SlotCacheGpu, VictimsSharingAThreadMatchTheMirror) {
             ASSERT_TRUE(device.ok());
             int call = 0;
             for (int32_t misses : {8, 3, 33, 8, 64, 8}) {
-                sctest::Step step;
+                ft::test::Step step;
                 step.hybrid = variant == 1;
                 step.layer = std::uniform_int_distribution<int32_t>(0, sh.layers - 1)(rng);
                 step.ids = controlled_ids(mirror.state(), step.layer, 8, misses, std::min(1024, 2 * misses + 16), rng);
@@ -411,7 +410,7 @@ TEST(SlotCacheGpu, ThresholdPathAndItsFallbackMatchTheMirror) {
             ASSERT_TRUE(device.ok());
             int call = 0;
             for (int32_t misses : {1, 8, 9, 32, 8, 2, 31, 8}) {
-                sctest::Step step;
+                ft::test::Step step;
                 step.hybrid = variant == 1;
                 step.layer = std::uniform_int_distribution<int32_t>(0, s.layers - 1)(rng);
                 step.ids = controlled_ids(st, step.layer, 16, misses, std::max(64, 2 * misses + 16), rng);
@@ -444,7 +443,7 @@ TEST(SlotCacheGpu, ClockNearThePackingLimitAndOddUsagesMatchTheMirror) {
         ASSERT_TRUE(device.ok());
         DeviceArray<int32_t> d_ids(64), d_out(64);
         for (int call = 0; call < 12; ++call) {  // the clock passes the limit half-way
-            sctest::Step step;
+            ft::test::Step step;
             step.hybrid = call % 3 == 2;
             step.layer = call % s.layers;
             step.ids = controlled_ids(st, step.layer, 4, 1 + call % 8, 64, rng);
@@ -462,7 +461,7 @@ TEST(SlotCacheGpu, ClockNearThePackingLimitAndOddUsagesMatchTheMirror) {
         DeviceCache odd_device(odd);
         ASSERT_TRUE(odd_device.ok());
         for (int call = 0; call < 6; ++call) {
-            sctest::Step step;
+            ft::test::Step step;
             step.hybrid = call % 2 == 1;
             step.layer = call % s.layers;
             step.ids = controlled_ids(odd.state(), step.layer, 4, 8, 64, rng);
@@ -492,7 +491,7 @@ TEST(SlotCacheGpu, DecodeRunsOnLargeCachesMatchTheMirror) {
             DeviceCache device(mirror);
             ASSERT_TRUE(device.ok());
             for (int call = 0; call < c.calls; ++call) {
-                sctest::Step step;
+                ft::test::Step step;
                 step.hybrid = hybrid;
                 step.layer = call % c.shape.layers;
                 step.ids = controlled_ids(mirror.state(), step.layer, 56, 1 + call % 16, 64, rng);
@@ -541,7 +540,7 @@ TEST(SlotCacheGpu, EmptyCallsResetAndClearStatsMatchTheMirror) {
     DeviceArray<int32_t> d_ids(64);
     std::mt19937 rng(9);
     for (int i = 0; i < 40; ++i) {
-        const sctest::Step step = sctest::random_step(rng, s, i % 2 == 1, 64);
+        const ft::test::Step step = ft::test::random_step(rng, s, i % 2 == 1, 64);
         std::vector<int32_t> ids = step.ids;
         const auto n = static_cast<int64_t>(ids.size());
         if (step.hybrid) ft::admit_hybrid(mirror.state(), step.layer, ids.data(), ids.data(), n, step.fetch);
@@ -680,113 +679,6 @@ TEST(SlotCacheGpu, LruGraphReplaysEqualEagerCalls) {
 TEST(SlotCacheGpu, HybridGraphReplaysEqualEagerCalls) {
     SKIP_WITHOUT_GPU();
     run_graph(true);
-}
-
-// Latency of one admission call in graph replay, printed, never asserted. Calls walk every
-// (layer, group of 8 experts) of a model with L * E = 2 S in order, so under LRU each call misses
-// all 8 of its experts; the statistics confirm it. The all-hit figure replays 64 calls that fit.
-struct Timing {
-    double miss_us, hit_us, misses_per_call;
-};
-
-void time_admission(int32_t layers, int32_t experts, int32_t slots, bool hybrid, int replays, Timing *t) {
-    const SlotCacheShape s = shape(layers, experts, slots, 8);
-    HostSlotCache host(s);
-    DeviceCache cache(host);
-    ASSERT_TRUE(cache.ok());
-    const int groups = experts / 8, calls = layers * groups;
-    DeviceArray<int32_t> d_ids(static_cast<size_t>(calls) * 8), d_out(static_cast<size_t>(calls) * 8);
-    std::vector<int32_t> ids(static_cast<size_t>(calls) * 8);
-    for (int c = 0; c < calls; ++c)
-        for (int j = 0; j < 8; ++j) ids[c * 8 + j] = (c / layers) * 8 + j;  // call c: layer c % L
-    CUDA_OK(d_ids.upload(ids));
-    HybridFetch fetch;
-    fetch.fraction_q16 = 65536;  // fetch all: the same work as LRU plus the recency ranking
-
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    auto capture = [&](int n, cudaGraphExec_t *exec) -> cudaError_t {
-        cudaGraph_t g;
-        cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-        for (int c = 0; c < n && e == cudaSuccess; ++c) {
-            const int32_t *in = d_ids.get() + c * 8;
-            int32_t *out = d_out.get() + c * 8;
-            e = hybrid ? ft::cuda::launch_admit_hybrid(cache.state(), c % layers, in, out, 8, fetch, stream)
-                       : ft::cuda::launch_admit_lru(cache.state(), c % layers, in, out, 8, stream);
-        }
-        const cudaError_t end = cudaStreamEndCapture(stream, &g);
-        if (e != cudaSuccess) return e;
-        if (end != cudaSuccess) return end;
-        e = cudaGraphInstantiate(exec, g, 0);
-        cudaGraphDestroy(g);
-        return e;
-    };
-    cudaEvent_t start, stop;
-    CUDA_OK(cudaEventCreate(&start));
-    CUDA_OK(cudaEventCreate(&stop));
-    float ms = 0;
-
-    cudaGraphExec_t all_miss;
-    CUDA_OK(capture(calls, &all_miss));
-    CUDA_OK(cudaGraphLaunch(all_miss, stream));  // warm: fills the cache
-    CUDA_OK(ft::cuda::launch_slot_cache_clear_stats(cache.state(), stream));
-    CUDA_OK(cudaEventRecord(start, stream));
-    for (int r = 0; r < replays; ++r) CUDA_OK(cudaGraphLaunch(all_miss, stream));
-    CUDA_OK(cudaEventRecord(stop, stream));
-    CUDA_OK(cudaEventSynchronize(stop));
-    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
-    t->miss_us = 1000.0 * ms / (static_cast<double>(replays) * calls);
-    std::vector<int64_t> stats(static_cast<size_t>(layers) * ft::kStatColumns);
-    CUDA_OK(cudaMemcpy(stats.data(), cache.state().stats, stats.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
-    int64_t fetched = 0, n = 0;
-    for (int l = 0; l < layers; ++l) {
-        fetched += stats[l * ft::kStatColumns + ft::kStatFetched];
-        n += stats[l * ft::kStatColumns + ft::kStatCalls];
-    }
-    t->misses_per_call = n ? static_cast<double>(fetched) / n : 0;
-
-    // All hits: the first 64 calls again, 1000 replays.
-    cudaGraphExec_t all_hit;
-    CUDA_OK(capture(64, &all_hit));
-    CUDA_OK(cudaGraphLaunch(all_hit, stream));
-    CUDA_OK(cudaEventRecord(start, stream));
-    for (int r = 0; r < 1000; ++r) CUDA_OK(cudaGraphLaunch(all_hit, stream));
-    CUDA_OK(cudaEventRecord(stop, stream));
-    CUDA_OK(cudaEventSynchronize(stop));
-    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
-    t->hit_us = 1000.0 * ms / (1000.0 * 64);
-
-    cudaGraphExecDestroy(all_miss);
-    cudaGraphExecDestroy(all_hit);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaStreamDestroy(stream);
-}
-
-TEST(SlotCacheGpu, AdmissionLatencyPrintout) {
-    SKIP_WITHOUT_GPU();
-    cudaDeviceProp prop{};
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("admission latency per call, graph replay, %s (target: <= 5 us at S=8192 with 8 misses)\n", prop.name);
-    std::printf("%-7s %6s %6s %-9s %14s %10s %12s\n", "kernel", "S", "L*E", "path", "8 misses (us)", "hits (us)",
-                "misses/call");
-    struct Row {
-        int32_t layers, experts, slots;
-        int replays;
-    };
-    // L * E = 2 S; replays of the whole walk (2 * S / 8 calls each).
-    const Row rows[] = {{16, 256, 2048, 16}, {64, 256, 8192, 8}, {128, 256, 16384, 4}, {512, 256, 65536, 1}};
-    for (bool hybrid : {false, true}) {
-        for (const Row &r : rows) {
-            Timing t{};
-            time_admission(r.layers, r.experts, r.slots, hybrid, r.replays, &t);
-            if (HasFatalFailure()) return;
-            std::printf("%-7s %6d %6d %-9s %14.2f %10.2f %12.2f\n", hybrid ? "hybrid" : "lru", r.slots,
-                        r.layers * r.experts, r.slots <= 8192 ? "registers" : "global", t.miss_us, t.hit_us,
-                        t.misses_per_call);
-        }
-    }
-    std::fflush(stdout);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 
 #include "freetoken.h"
 
-namespace ft::testing {
+namespace ft::test {
 
 inline double bf16_to_f64(uint16_t v) {
     uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -132,9 +132,9 @@ inline double relative_error_bf16(const std::vector<uint16_t> &a, const std::vec
     return relative_error(v, ref);
 }
 
-}  // namespace ft::testing
+}  // namespace ft::test
 
-namespace ft::testing {
+namespace ft::test {
 
 // Dequantised weights of one expert (fp32, row-major: gate/up [I,H], down [H,I]) and optional
 // per-output biases (mxfp4: gate/up [I], down [H]).
@@ -193,4 +193,4 @@ inline std::vector<double> moe_reference_f32(const std::function<ExpertF32(int32
     return out;
 }
 
-}  // namespace ft::testing
+}  // namespace ft::test

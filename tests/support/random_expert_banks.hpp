@@ -1,7 +1,5 @@
-// Random but valid expert banks of one layer in any format, with their fp64-reference
-// dequantisation: fp4 codes uniform, scales from the ranges real quantisers produce (no NaN codes,
-// e8m0 scales near 2^0 scaled so outputs stay O(1), finite fp16 globals), with e8m0 code 0 and
-// e4m3 subnormal scales mixed in. Optionally followed by slots filled with 0xFF bytes, which is NaN
+// Random but valid expert banks of one layer in any format (random_banks.hpp's generator), with
+// their fp64-reference dequantisation. Optionally followed by slots filled with 0xFF bytes, which is NaN
 // in every element and scale encoding (bf16, fp16, e4m3, e8m0): routes must never read them.
 // Shared by the CPU kernel tests and the GPU decode tests.
 #pragma once
@@ -17,12 +15,9 @@
 #include "ft/dequant.hpp"
 #include "ft/formats.hpp"
 #include "moe_reference.hpp"
+#include "random_banks.hpp"
 
-namespace ft::testing {
-
-namespace detail {
-inline void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
-}  // namespace detail
+namespace ft::test {
 
 // E experts (slots 0..E-1) then `poisoned_slots` NaN-filled slots in every bank.
 struct RandomExpertLayer {
@@ -63,65 +58,11 @@ struct RandomExpertLayer {
         }
     }
 
-    // Valid codes from the ranges real quantisers produce (no NaN codes, e8m0 scales near 2^0
-    // scaled so outputs stay O(1), finite fp16 globals), with e8m0 0 and e4m3 subnormals mixed in.
+    // Valid codes for expert x (the shared generator, random_banks.hpp).
     void fix_expert(std::mt19937 &rng, int32_t x) {
-        auto row = [&](int b) { return banks[b].data() + x * schema[b].row_bytes; };
-        auto len = [&](int b) { return schema[b].row_bytes; };
-        std::uniform_int_distribution<int> coin(0, 15);
-        auto e8m0_fill = [&](int b, int64_t K) {
-            const int center = 127 - int(std::lround(std::log2(std::sqrt(double(K))))) - 2;
-            std::uniform_int_distribution<int> c(center - 1, center + 1);
-            for (size_t i = 0; i < len(b); ++i) row(b)[i] = coin(rng) == 0 ? 0 : uint8_t(c(rng));
-        };
-        auto bf16_fill = [&](int b, double mag) {
-            std::uniform_real_distribution<float> d(float(mag) * 0.5f, float(mag));
-            for (size_t i = 0; i < len(b); i += 2)
-                detail::put_u16(row(b) + i, f32_to_bf16(d(rng) * (coin(rng) & 1 ? 1.0f : -1.0f)));
-        };
-        switch (f) {
-            case Format::bf16: {
-                std::normal_distribution<float> d(0.0f, 1.0f);
-                const float sg = float(1.0 / std::sqrt(double(H))), sd = float(1.0 / std::sqrt(double(I)));
-                for (size_t i = 0; i < len(0); i += 2) detail::put_u16(row(0) + i, f32_to_bf16(d(rng) * sg));
-                for (size_t i = 0; i < len(1); i += 2) detail::put_u16(row(1) + i, f32_to_bf16(d(rng) * sd));
-                break;
-            }
-            case Format::fp8_block:
-                for (int b : {0, 2})
-                    for (size_t i = 0; i < len(b); ++i)
-                        if ((row(b)[i] & 0x7f) == 0x7f) row(b)[i] ^= 1;  // no NaN codes
-                bf16_fill(1, 1.0 / (40 * std::sqrt(double(H))));
-                bf16_fill(3, 1.0 / (40 * std::sqrt(double(I))));
-                break;
-            case Format::nvfp4: {
-                std::uniform_int_distribution<int> c(0x02, 0x40);  // subnormal to 2.0
-                for (int b : {1, 4})
-                    for (size_t i = 0; i < len(b); ++i) row(b)[i] = uint8_t(c(rng));
-                for (int b : {2, 5})
-                    for (size_t i = 0; i < len(b); i += 2)
-                        detail::put_u16(row(b) + i, f32_to_f16(float(0.3 / std::sqrt(double(b == 2 ? H : I)))));
-                break;
-            }
-            case Format::mxfp4:
-                e8m0_fill(1, H);
-                e8m0_fill(4, I);
-                bf16_fill(2, 0.1);
-                bf16_fill(5, 0.1);
-                break;
-            case Format::ds_fp4:
-                e8m0_fill(1, H);
-                e8m0_fill(3, I);
-                break;
-            case Format::q4_0:
-                for (int b : {0, 1}) {
-                    const int64_t K = b == 0 ? H : I;
-                    std::uniform_real_distribution<float> d(0.02f / float(std::sqrt(double(K))),
-                                                            0.1f / float(std::sqrt(double(K))));
-                    for (size_t i = 0; i < len(b); i += 18) detail::put_u16(row(b) + i, f32_to_f16(d(rng)));
-                }
-                break;
-        }
+        uint8_t *rows[8];
+        for (size_t b = 0; b < schema.size(); ++b) rows[b] = banks[b].data() + x * schema[b].row_bytes;
+        make_valid_expert(f, schema, rows, H, I, rng);
     }
 
     cpu::ExpertSource cpu_source() const {
@@ -143,4 +84,4 @@ struct RandomExpertLayer {
     }
 };
 
-}  // namespace ft::testing
+}  // namespace ft::test

@@ -51,30 +51,31 @@ double step_seconds_per_gb(double f, double cpu_gbs, double gather_gbs) {
     return std::max(f / gather_gbs, (1.0 - f) / cpu_gbs);
 }
 
-std::string render_svg(const PlotData &d) {
-    struct Bar {
-        std::string label;
-        double gbs;
-        const char *color;
-    };
+namespace {
+
+struct Bar {
+    std::string label;
+    double gbs;
+    const char *color;
+};
+
+// Every bandwidth of the profile: the machine's three, then each format's CPU and gather figures.
+std::vector<Bar> bandwidth_bars(const PlotData &d) {
     std::vector<Bar> bars = {{"CPU read", d.read_gbs, "#555555"}, {"H2D pinned", d.h2d_gbs, "#888888"}, {"D2H pinned", d.d2h_gbs, "#aaaaaa"}};
     for (size_t i = 0; i < d.formats.size(); ++i) {
         const char *c = kColors[i % 6];
         bars.push_back({d.formats[i].name + " CPU", d.formats[i].cpu_gbs, c});
         if (d.formats[i].gather_gbs > 0) bars.push_back({d.formats[i].name + " gather", d.formats[i].gather_gbs, c});
     }
+    return bars;
+}
+
+// The bars, one `row` apart from bars_top down, scaled to the largest.
+std::string bars_svg(const std::vector<Bar> &bars, double bars_top, double row) {
+    const double bar_x = 170, bar_w = 480;
     double max_gbs = 1e-9;
     for (const Bar &b : bars) max_gbs = std::max(max_gbs, b.gbs);
-
-    const double W = 760, row = 24, bars_top = 60, bar_x = 170, bar_w = 480;
-    const double chart_top = bars_top + row * bars.size() + 40, chart_h = 260;
-    const double H = chart_top + chart_h + 106;
     std::string s;
-    s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W, "%.0f") + "\" height=\"" + num(H, "%.0f") +
-         "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-    s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-    s += text(10, 22, d.title, " font-size=\"15\" font-weight=\"bold\"");
-    s += text(10, 44, "Bandwidths (GB/s = 1e9 B/s)", " font-weight=\"bold\"");
     for (size_t i = 0; i < bars.size(); ++i) {
         const double y = bars_top + row * i;
         s += text(10, y + 15, bars[i].label);
@@ -87,8 +88,13 @@ std::string render_svg(const PlotData &d) {
             s += text(bar_x, y + 15, "not measured", " fill=\"#999999\"");
         }
     }
+    return s;
+}
 
-    // The step-time curves.
+// The step-time chart from chart_top down (chart_h high): one curve per format with both a CPU and
+// a gather figure, or a note saying why there is none.
+std::string curves_svg(const PlotData &d, double chart_top, double chart_h) {
+    std::string s;
     s += text(10, chart_top - 12, "Predicted MoE step time against the fetch fraction f (share of misses fetched over PCIe)",
               " font-weight=\"bold\"");
     std::vector<size_t> curves;
@@ -107,7 +113,6 @@ std::string render_svg(const PlotData &d) {
         s += text(10, chart_top + 56, "it has no gather bandwidth and no fetch fraction; the step time t(f) = max(f B / gather,",
                   " fill=\"#aa0000\"");
         s += text(10, chart_top + 74, "(1 - f) B / cpu) cannot be predicted.", " fill=\"#aa0000\"");
-        s += "</svg>\n";
         return s;
     }
     const double x0 = 70, x1 = 620, y0 = chart_top + chart_h, y1 = chart_top + 10;
@@ -153,6 +158,24 @@ std::string render_svg(const PlotData &d) {
               " fill=\"#555555\"");
     s += text(10, y0 + 74, "dashed: offload (all misses by the gather alone). Hybrid wins where its dot lies below the dashes.",
               " fill=\"#555555\"");
+    return s;
+}
+
+}  // namespace
+
+std::string render_svg(const PlotData &d) {
+    const std::vector<Bar> bars = bandwidth_bars(d);
+    const double W = 760, row = 24, bars_top = 60;
+    const double chart_top = bars_top + row * bars.size() + 40, chart_h = 260;
+    const double H = chart_top + chart_h + 106;
+    std::string s;
+    s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W, "%.0f") + "\" height=\"" + num(H, "%.0f") +
+         "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+    s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    s += text(10, 22, d.title, " font-size=\"15\" font-weight=\"bold\"");
+    s += text(10, 44, "Bandwidths (GB/s = 1e9 B/s)", " font-weight=\"bold\"");
+    s += bars_svg(bars, bars_top, row);
+    s += curves_svg(d, chart_top, chart_h);
     s += "</svg>\n";
     return s;
 }

@@ -91,6 +91,64 @@ std::string figure(double v, const char *fmt = "%.1f") {
     return buf;
 }
 
+// The profile as the table `ft profile` prints (and the verdicts of the file saved at `path`).
+void print_profile_table(const ft_profile_machine &m, const std::vector<ft_profile_format> &rows, const std::string &path) {
+    std::printf("cpu         %s, %d physical cores, %d threads measured\n", *m.cpu_model ? m.cpu_model : "unknown CPU",
+                m.physical_cores, m.threads_used);
+    std::printf("memory      %.1f GB/s read\n", m.cpu_read_gbs);
+    if (*m.gpu_name)
+        std::printf("gpu         %s: %.1f GB/s host-to-device, %.1f GB/s device-to-host (pinned)\n", m.gpu_name, m.h2d_gbs, m.d2h_gbs);
+    else
+        std::printf("gpu         none measured\n");
+    // The verdicts as the saved file holds them (what the original engine reads too).
+    ft::Profile saved;
+    try {
+        saved = ft::load_profile(path);
+    } catch (const ft::Error &) {
+    }
+    std::printf("\n%-10s %9s %9s %9s %17s %6s %8s %8s %9s  %s\n", "format", "expert MB", "CPU GB/s", "gather", "overlap cpu+gather",
+                "fetch", "vs read", "backend", "cpu if h<", "CPU kernel");
+    for (const ft_profile_format &e : rows) {
+        const std::string overlap = e.cpu_overlap_gbs > 0 && e.gather_overlap_gbs > 0
+                                        ? figure(e.cpu_overlap_gbs) + " + " + figure(e.gather_overlap_gbs)
+                                        : "-";
+        const auto verdict = ft::backend_recommendation(saved, ft::profile_format_key(static_cast<ft::Format>(e.format)));
+        const double below = cpu_below_hit_rate(e);
+        std::printf("%-10s %9.2f %9s %9s %17s %6s %8s %8s %9s  %s\n", format_label(e.format), e.expert_bytes / 1e6,
+                    figure(e.cpu_gbs).c_str(), figure(e.gather_gbs).c_str(), overlap.c_str(),
+                    e.fetch_fraction >= 0 ? figure(e.fetch_fraction, "%.2f").c_str() : "-",
+                    m.cpu_read_gbs > 0 && e.cpu_gbs > 0 ? figure(e.cpu_gbs / m.cpu_read_gbs, "%.2f").c_str() : "-",
+                    verdict ? verdict->c_str() : (*m.gpu_name ? "-" : "cpu"),
+                    below >= 0 ? (below > 0 ? figure(100 * below, "%.0f%%").c_str() : "never") : "-", e.cpu_kernel);
+    }
+    std::printf("\nbackend: hybrid when the CPU and the gather running together move missed experts faster than the\n"
+                "          gather alone, else offload; without all experts on the GPU, `auto` also weighs the cpu,\n"
+                "          which wins while the slot cache's hit rate h stays below 'cpu if h<'\n"
+                "          (see ft_session_backend_reason)\n");
+    std::printf("saved       %s\n", path.c_str());
+}
+
+// Draws the profile as SVG into o.plot; 1 if the file cannot be written.
+int write_plot(const ProfileOptions &o, const ft_profile_machine &m, const std::vector<ft_profile_format> &rows) {
+    PlotData d;
+    d.title = std::string("FreeToken bandwidth profile: ") + (*m.cpu_model ? m.cpu_model : "CPU") + (*m.gpu_name ? std::string(", ") + m.gpu_name : "");
+    d.read_gbs = m.cpu_read_gbs;
+    d.h2d_gbs = m.h2d_gbs;
+    d.d2h_gbs = m.d2h_gbs;
+    for (const ft_profile_format &e : rows) {
+        d.formats.push_back({format_label(e.format), e.cpu_gbs, e.gather_gbs, e.cpu_overlap_gbs, e.gather_overlap_gbs, e.fetch_fraction});
+    }
+    std::ofstream out(o.plot);
+    out << render_svg(d);
+    out.flush();
+    if (!out) {
+        std::fprintf(stderr, "ft: cannot write %s: %s\n", o.plot.c_str(), std::strerror(errno));
+        return 1;
+    }
+    std::fprintf(o.json ? stderr : stdout, "plot        %s\n", o.plot.c_str());
+    return 0;
+}
+
 }  // namespace
 
 int cmd_profile(const ProfileOptions &o) {
@@ -135,59 +193,10 @@ int cmd_profile(const ProfileOptions &o) {
         std::ifstream in(path);
         std::fputs(std::string(std::istreambuf_iterator<char>(in), {}).c_str(), stdout);
     } else {
-        std::printf("cpu         %s, %d physical cores, %d threads measured\n", *m.cpu_model ? m.cpu_model : "unknown CPU",
-                    m.physical_cores, m.threads_used);
-        std::printf("memory      %.1f GB/s read\n", m.cpu_read_gbs);
-        if (*m.gpu_name)
-            std::printf("gpu         %s: %.1f GB/s host-to-device, %.1f GB/s device-to-host (pinned)\n", m.gpu_name, m.h2d_gbs, m.d2h_gbs);
-        else
-            std::printf("gpu         none measured\n");
-        // The verdicts as the saved file holds them (what the original engine reads too).
-        ft::Profile saved;
-        try {
-            saved = ft::load_profile(path);
-        } catch (const ft::Error &) {
-        }
-        std::printf("\n%-10s %9s %9s %9s %17s %6s %8s %8s %9s  %s\n", "format", "expert MB", "CPU GB/s", "gather", "overlap cpu+gather",
-                    "fetch", "vs read", "backend", "cpu if h<", "CPU kernel");
-        for (const ft_profile_format &e : rows) {
-            const std::string overlap = e.cpu_overlap_gbs > 0 && e.gather_overlap_gbs > 0
-                                            ? figure(e.cpu_overlap_gbs) + " + " + figure(e.gather_overlap_gbs)
-                                            : "-";
-            const auto verdict = ft::backend_recommendation(saved, ft::profile_format_key(static_cast<ft::Format>(e.format)));
-            const double below = cpu_below_hit_rate(e);
-            std::printf("%-10s %9.2f %9s %9s %17s %6s %8s %8s %9s  %s\n", format_label(e.format), e.expert_bytes / 1e6,
-                        figure(e.cpu_gbs).c_str(), figure(e.gather_gbs).c_str(), overlap.c_str(),
-                        e.fetch_fraction >= 0 ? figure(e.fetch_fraction, "%.2f").c_str() : "-",
-                        m.cpu_read_gbs > 0 && e.cpu_gbs > 0 ? figure(e.cpu_gbs / m.cpu_read_gbs, "%.2f").c_str() : "-",
-                        verdict ? verdict->c_str() : (*m.gpu_name ? "-" : "cpu"),
-                        below >= 0 ? (below > 0 ? figure(100 * below, "%.0f%%").c_str() : "never") : "-", e.cpu_kernel);
-        }
-        std::printf("\nbackend: hybrid when the CPU and the gather running together move missed experts faster than the\n"
-                    "          gather alone, else offload; without all experts on the GPU, `auto` also weighs the cpu,\n"
-                    "          which wins while the slot cache's hit rate h stays below 'cpu if h<'\n"
-                    "          (see ft_session_backend_reason)\n");
-        std::printf("saved       %s\n", path.c_str());
+        print_profile_table(m, rows, path);
     }
 
-    if (!o.plot.empty()) {
-        PlotData d;
-        d.title = std::string("FreeToken bandwidth profile: ") + (*m.cpu_model ? m.cpu_model : "CPU") + (*m.gpu_name ? std::string(", ") + m.gpu_name : "");
-        d.read_gbs = m.cpu_read_gbs;
-        d.h2d_gbs = m.h2d_gbs;
-        d.d2h_gbs = m.d2h_gbs;
-        for (const ft_profile_format &e : rows) {
-            d.formats.push_back({format_label(e.format), e.cpu_gbs, e.gather_gbs, e.cpu_overlap_gbs, e.gather_overlap_gbs, e.fetch_fraction});
-        }
-        std::ofstream out(o.plot);
-        out << render_svg(d);
-        out.flush();
-        if (!out) {
-            std::fprintf(stderr, "ft: cannot write %s: %s\n", o.plot.c_str(), std::strerror(errno));
-            return 1;
-        }
-        std::fprintf(o.json ? stderr : stdout, "plot        %s\n", o.plot.c_str());
-    }
+    if (!o.plot.empty() && write_plot(o, m, rows)) return 1;
     return 0;
 }
 

@@ -1,10 +1,9 @@
-// Helpers of the API tests: RAII handles, random data, temporary directories.
+// Helpers of the tests that go through the public C API: RAII handles, engines and sessions
+// made the way the tests want them, random bf16 data (scratch directories: scratch_dir.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -12,8 +11,9 @@
 
 #include "freetoken.h"
 #include "moe_reference.hpp"
+#include "scratch_dir.hpp"
 
-namespace ft::apitest {
+namespace ft::test {
 
 struct EngineDeleter { void operator()(ft_engine *e) const { ft_engine_free(e); } };
 struct ModelDeleter { void operator()(ft_model *m) const { ft_model_free(m); } };
@@ -50,26 +50,9 @@ inline SessionPtr make_session(ft_model *m, int max_tokens = 64, bool shared = f
 inline std::vector<uint16_t> random_bf16(std::mt19937 &rng, size_t n, float scale) {
     std::uniform_real_distribution<float> u(-scale, scale);
     std::vector<uint16_t> v(n);
-    for (auto &x : v) x = testing::f32_to_bf16_rne(u(rng));
+    for (auto &x : v) x = f32_to_bf16_rne(u(rng));
     return v;
 }
 
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/ft-test-XXXXXX";
-        const char *p = mkdtemp(tmpl);
-        path_ = p ? p : "/tmp";
-    }
-    ~TempDir() {
-        const std::string cmd = "rm -rf '" + path_ + "'";
-        if (std::system(cmd.c_str()) != 0) {
-        }
-    }
-    const std::string &path() const { return path_; }
 
-private:
-    std::string path_;
-};
-
-}  // namespace ft::apitest
+}  // namespace ft::test

@@ -21,7 +21,7 @@
 
 #include "ft/ep_cuda.hpp"
 
-namespace ft::ep::test {
+namespace ft::test {
 
 class SimHub {
 public:
@@ -57,7 +57,7 @@ public:
         p.stream = stream;
         post(rank, std::move(p));
     }
-    void exchange(int32_t rank, const void *send, void *recv, const cuda::PeerRange *ranges, cudaStream_t stream) {
+    void exchange(int32_t rank, const void *send, void *recv, const ep::cuda::PeerRange *ranges, cudaStream_t stream) {
         Post p;
         p.send = send;
         p.recv = recv;
@@ -72,7 +72,7 @@ private:
         const void *send = nullptr;
         void *recv = nullptr;
         size_t bytes = 0;
-        std::vector<cuda::PeerRange> ranges;
+        std::vector<ep::cuda::PeerRange> ranges;
         cudaStream_t stream = nullptr;
     };
 
@@ -129,7 +129,7 @@ private:
         } else {
             for (int32_t s = 0; s < ranks_; ++s)
                 for (int32_t d = 0; d < ranks_; ++d) {
-                    const cuda::PeerRange &out = posts_[s].ranges[d], &in = posts_[d].ranges[s];
+                    const ep::cuda::PeerRange &out = posts_[s].ranges[d], &in = posts_[d].ranges[s];
                     if (out.send_bytes != in.recv_bytes)
                         fail_locked("sim transport: rank " + std::to_string(s) + " sends " + std::to_string(out.send_bytes) +
                                     " bytes to " + std::to_string(d) + ", which expects " + std::to_string(in.recv_bytes));
@@ -155,7 +155,7 @@ private:
     std::string error_;
 };
 
-class SimTransport : public cuda::Transport {
+class SimTransport : public ep::cuda::Transport {
 public:
     SimTransport(SimHub &hub, int32_t rank) : hub_(hub), rank_(rank) {}
     int32_t rank() const override { return rank_; }
@@ -163,7 +163,7 @@ public:
     void all_gather(const void *send, void *recv, size_t bytes, cudaStream_t stream) override {
         hub_.all_gather(rank_, send, recv, bytes, stream);
     }
-    void exchange(const void *send, void *recv, const cuda::PeerRange *ranges, cudaStream_t stream) override {
+    void exchange(const void *send, void *recv, const ep::cuda::PeerRange *ranges, cudaStream_t stream) override {
         hub_.exchange(rank_, send, recv, ranges, stream);
     }
     std::string describe() const override { return "simulated rank " + std::to_string(rank_) + " (device copies)"; }
@@ -173,4 +173,4 @@ private:
     int32_t rank_;
 };
 
-}  // namespace ft::ep::test
+}  // namespace ft::test

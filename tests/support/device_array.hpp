@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace ft::ep::test {
+namespace ft::test {
 
 inline void cuda_ok(cudaError_t e, const char *what) {
     if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -50,4 +50,4 @@ std::vector<T> fetch(const T *device, size_t count) {
     return v;
 }
 
-}  // namespace ft::ep::test
+}  // namespace ft::test

@@ -1,7 +1,7 @@
 // Expert parallelism on every visible GPU of one process through the NCCL transport (issue 8):
 // correctness across ranks, then dispatch + combine speed against NCCL baselines.
 //
-//   ep_multi_gpu [--check-only | --bench-only] [--quick | --prefill-only] [--max-ctas N]
+//   bench_ep_multi_gpu [--check-only | --bench-only] [--quick | --prefill-only] [--max-ctas N]
 //
 // Correctness: tokens that encode (source, index) arrive exactly once where the layout says;
 // every local expert receives exactly its routes; each rank's output equals the host reference
@@ -15,8 +15,8 @@
 // and H=2048 top-8 of 128 at decode (1..64 tokens per GPU) and prefill (4K..32K) sizes, with the
 // bytes each GPU sent against the layout's prediction and the dedup factor.
 //
-// Exits 0 with a note when fewer than two GPUs or no libnccl.so.2 are usable (CI builds and runs
-// it anywhere); NCCL_NVLS_ENABLE is forced to 0.
+// Exits 0 with a note when fewer than two GPUs or no libnccl.so.2 are usable, so it runs
+// anywhere; NCCL_NVLS_ENABLE is forced to 0.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -45,7 +45,7 @@
 namespace {
 
 using namespace ft::ep;
-using namespace ft::ep::test;
+using namespace ft::test;
 namespace epc = ft::ep::cuda;
 
 int g_failures = 0;
@@ -692,7 +692,7 @@ int main(int argc, char **argv) {
     const bool check = !has(argc, argv, "--bench-only"), bench = !has(argc, argv, "--check-only");
     const int n = ft::cuda::device_count();
     if (n < 2) {
-        std::printf("ep_multi_gpu: %d usable GPU(s); the multi-GPU runs need 2 or more, nothing to do\n", n);
+        std::printf("bench_ep_multi_gpu: %d usable GPU(s); the multi-GPU runs need 2 or more, nothing to do\n", n);
         return 0;
     }
     setenv("NCCL_NVLS_ENABLE", "0", 1);  // this workplace's rule for its multi-GPU machines
@@ -706,18 +706,18 @@ int main(int argc, char **argv) {
     // After the environment: NCCL reads NCCL_DEBUG* once, possibly at the first call.
     std::string why;
     if (!epc::NcclTransport::available(&why)) {
-        std::printf("ep_multi_gpu: NCCL unavailable (%s); nothing to do\n", why.c_str());
+        std::printf("bench_ep_multi_gpu: NCCL unavailable (%s); nothing to do\n", why.c_str());
         return 0;
     }
     std::vector<int32_t> devices(n);
     for (int i = 0; i < n; ++i) devices[i] = i;
-    std::printf("ep_multi_gpu: %d GPUs (%s), NCCL_P2P_DISABLE=%s\n", n, ft::cuda::device_name(0).c_str(),
+    std::printf("bench_ep_multi_gpu: %d GPUs (%s), NCCL_P2P_DISABLE=%s\n", n, ft::cuda::device_name(0).c_str(),
                 std::getenv("NCCL_P2P_DISABLE") ? std::getenv("NCCL_P2P_DISABLE") : "unset");
     std::vector<std::unique_ptr<epc::NcclTransport>> nets;
     try {
         nets = epc::NcclTransport::init_all(devices, value(argc, argv, "--max-ctas", 0));
     } catch (const std::exception &e) {
-        std::printf("ep_multi_gpu: NCCL init failed: %s\n", e.what());
+        std::printf("bench_ep_multi_gpu: NCCL init failed: %s\n", e.what());
         return 1;
     }
     std::printf("%s, NCCL SM budget %s\n", nets[0]->describe().c_str(),

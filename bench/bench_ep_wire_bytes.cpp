@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "ep_test_util.hpp"
+#include "ep_traces.hpp"
 #include "ft/ep.hpp"
 
 namespace {
@@ -41,17 +41,17 @@ int main(int argc, char **argv) {
                 "combine bf16 | combine FP8 | vs AG |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Shape &sh : shapes)
         for (const Trace &tr : traces) {
-            ft::ep::test::TraceSpec spec;
+            ft::test::TraceSpec spec;
             spec.experts = sh.experts;
             spec.top_k = sh.top_k;
             spec.tokens = tokens;
             spec.zipf_exponent = tr.zipf;
             spec.pair_probability = tr.pairs;
             spec.seed = seed;
-            const auto ids = ft::ep::test::routing_trace(spec);
+            const auto ids = ft::test::routing_trace(spec);
             PlannerInput in;
             in.num_experts = sh.experts;
-            ft::ep::test::routing_stats(ids, sh.experts, sh.top_k, in.load, in.coactivation);
+            ft::test::routing_stats(ids, sh.experts, sh.top_k, in.load, in.coactivation);
             for (int32_t R : {2, 4, 8}) {
                 in.num_ranks = R;
                 const Placement linear = contiguous_placement(sh.experts, R);

@@ -1,4 +1,4 @@
-// Shared by the EP tests and ep_wire_bytes: a seeded routing trace with Zipf-like expert
+// Shared by the EP tests and benchmarks: a seeded routing trace with Zipf-like expert
 // popularity and co-activated pairs, random routings with masked and repeated routes, and the
 // memcpy transport double that stands in for NCCL's grouped send/recv.
 #pragma once
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace ft::ep::test {
+namespace ft::test {
 
 // Uniform doubles and integers from mt19937_64's raw bits (std:: distributions differ between
 // standard libraries; the traces must not).
@@ -183,4 +183,4 @@ private:
     int64_t groups_ = 0;
 };
 
-}  // namespace ft::ep::test
+}  // namespace ft::test

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "ep_device_array.hpp"
+#include "device_array.hpp"
 #include "ft/common.hpp"
 #include "ft/ep_cuda.hpp"
 
-namespace ft::ep::test {
+namespace ft::test {
 
 // Host twin: each product and the sum rounded once (volatile stops a contraction into fma).
 inline uint16_t toy_expert_host(float a, float b, float x0, float x1) {
@@ -29,7 +29,7 @@ inline uint16_t toy_expert_host(float a, float b, float x0, float x1) {
 
 // One block per expert row; the slot from the batch's offsets, the logical expert from phy2log.
 // Internal linkage: several test translation units include this header.
-static __global__ void toy_expert_kernel(cuda::ExpertBatch b, const int32_t *phy2log_rank, const float *a, const float *bb) {
+static __global__ void toy_expert_kernel(ep::cuda::ExpertBatch b, const int32_t *phy2log_rank, const float *a, const float *bb) {
     const int64_t rows = min(b.offset[b.slots], b.max_rows);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         int32_t slot = 0;
@@ -47,11 +47,11 @@ static __global__ void toy_expert_kernel(cuda::ExpertBatch b, const int32_t *phy
 }
 
 // The ExpertFn running the toy expert of one rank (device arrays owned by the caller).
-inline cuda::ExpertFn toy_expert(const int32_t *phy2log_rank, const float *a, const float *b) {
-    return [=](const cuda::ExpertBatch &batch, cudaStream_t stream) {
+inline ep::cuda::ExpertFn toy_expert(const int32_t *phy2log_rank, const float *a, const float *b) {
+    return [=](const ep::cuda::ExpertBatch &batch, cudaStream_t stream) {
         const int grid = static_cast<int>(std::min<int64_t>(std::max<int64_t>(batch.max_rows, 1), 4096));
         toy_expert_kernel<<<grid, 256, 0, stream>>>(batch, phy2log_rank, a, b);
     };
 }
 
-}  // namespace ft::ep::test
+}  // namespace ft::test

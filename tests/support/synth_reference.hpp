@@ -9,7 +9,7 @@
 #include "ft/synth.hpp"
 #include "moe_reference.hpp"
 
-namespace ft::apitest {
+namespace ft::test {
 
 // Writes `s` into `dir` (a GGUF file when s.gguf, else a Hugging Face checkpoint) and returns the
 // path ft_model_load takes.
@@ -39,11 +39,11 @@ struct SynthLayerRef {
         }
     }
 
-    ft::testing::ExpertF32 expert(int32_t e) const {
-        ft::testing::ExpertF32 x{gate[e].data(), up[e].data(), down[e].data()};
+    ft::test::ExpertF32 expert(int32_t e) const {
+        ft::test::ExpertF32 x{gate[e].data(), up[e].data(), down[e].data()};
         if (!bias_gate[e].empty()) x.bias_gate = bias_gate[e].data(), x.bias_up = bias_up[e].data(), x.bias_down = bias_down[e].data();
         return x;
     }
 };
 
-}  // namespace ft::apitest
+}  // namespace ft::test

@@ -1,4 +1,4 @@
-// Helpers shared by the slot cache tests: random routing steps and checks of the cache invariants.
+// Shared by the slot cache tests: random routing steps and checks of the cache invariants.
 #pragma once
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 
 #include "ft/slotcache.hpp"
 
-namespace sctest {
+namespace ft::test {
 
 // One admission call: a layer, its routed ids and, for hybrid, the fetch rule.
 struct Step {
@@ -141,4 +141,4 @@ inline std::string describe_difference(const ft::SlotCacheState &want, const ft:
     return err.str();
 }
 
-}  // namespace sctest
+}  // namespace ft::test

@@ -9,13 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "../ep/ep_test_util.hpp"
-#include "ep_cuda_test_util.cuh"
+#include "ep_traces.hpp"
+#include "ep_toy_expert.cuh"
 #include "ft/common.hpp"
 #include "ft/ep.hpp"
 
-namespace ft::ep::test {
+namespace ft::test {
 
+using namespace ft::ep;  // the reference is written in the EP module's vocabulary
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
 
@@ -221,4 +222,4 @@ inline MoeCheck check_against_moe(const RankInput &ri, const Experts &ex, int64_
     return m;
 }
 
-}  // namespace ft::ep::test
+}  // namespace ft::test

@@ -1,0 +1,124 @@
+// How ft names and prints what the library reports (report.hpp).
+#include "report.hpp"
+
+#include <cstdio>
+
+#include "progress.hpp"
+
+namespace ft::tool {
+
+int check(ft_status s, const char *what, const char *detail) {
+    if (s == FT_OK) return 0;
+    std::fprintf(stderr, "ft: %s failed: %s: %s\n", what, ft_status_string(s), detail && *detail ? detail : "(no detail)");
+    return 1;
+}
+
+bool progress_cb(void *user, const char *, uint64_t done, uint64_t total) {
+    static_cast<ProgressBar *>(user)->update(done, total);
+    return true;
+}
+
+const char *backend_name(int32_t b) {
+    switch (b) {
+        case FT_BACKEND_CPU: return "cpu";
+        case FT_BACKEND_GPU: return "gpu (every expert resident)";
+        case FT_BACKEND_OFFLOAD: return "offload (GPU slot cache)";
+        case FT_BACKEND_HYBRID: return "hybrid (GPU slot cache + CPU)";
+        default: return "?";
+    }
+}
+
+const char *act_name(int32_t a) {
+    switch (a) {
+        case FT_ACT_SILU: return "silu";
+        case FT_ACT_GELU: return "gelu";
+        case FT_ACT_GELU_TANH: return "gelu_tanh";
+        case FT_ACT_SWIGLU_CLAMP: return "swiglu_clamp";
+        default: return "?";
+    }
+}
+
+const char *format_name(int32_t f) {
+    static const char *names[] = {"?", "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
+    return f >= 1 && f <= 6 ? names[f] : "?";
+}
+
+const char *routing_name(int32_t r) {
+    switch (r) {
+        case FT_ROUTING_SOFTMAX_TOPK: return "softmax top-k";
+        case FT_ROUTING_SOFTMAX_TOPK_RENORM: return "softmax top-k, renormalised";
+        case FT_ROUTING_SIGMOID_GROUP_TOPK: return "sigmoid + bias, group-limited top-k";
+        case FT_ROUTING_TOPK_SOFTMAX: return "top-k, softmax over k";
+        case FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK: return "sqrt(softplus) + bias, group-limited top-k";
+        default: return "?";
+    }
+}
+
+void print_model(const ft_model_info &m) {
+    std::printf("model       %s: %d MoE layers (first at layer %d of %d), %d experts, top-%d\n", m.architecture, m.num_layers,
+                m.first_moe_layer, m.total_layers, m.num_experts, m.top_k);
+    std::printf("            H=%d I=%d, %s, %s, routing %s", m.hidden_size, m.intermediate_size, format_name(m.format),
+                act_name(m.activation), routing_name(m.routing));
+    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK)
+        std::printf(" (%d groups, keep %d, scale %.3g)", m.num_groups, m.topk_groups, m.routed_scaling_factor);
+    std::printf("\n            %.2f MB per expert, %.2f GB of routed experts", m.expert_bytes / 1e6, m.bank_bytes / 1e9);
+    if (m.shared_intermediate_size) std::printf(", shared expert width %d", m.shared_intermediate_size);
+    std::printf("\n");
+}
+
+void print_engine(ft_engine *engine) {
+    ft_engine_info e;
+    e.struct_size = sizeof e;
+    ft_engine_get_info(engine, &e);
+    std::printf("engine      %d CPU workers (%d physical cores), kernels %s, %s%s\n", e.cpu_threads, e.physical_cores, e.cpu_isa,
+                e.device >= 0 ? "GPU " : "no GPU", e.device >= 0 ? e.device_name : "");
+}
+
+bool gpu_backend(int32_t b) { return b == FT_BACKEND_GPU || b == FT_BACKEND_OFFLOAD || b == FT_BACKEND_HYBRID; }
+
+const char *backend_key(int32_t b) {
+    switch (b) {
+        case FT_BACKEND_CPU: return "cpu";
+        case FT_BACKEND_GPU: return "gpu";
+        case FT_BACKEND_OFFLOAD: return "offload";
+        case FT_BACKEND_HYBRID: return "hybrid";
+        default: return "?";
+    }
+}
+
+nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool synthetic) {
+    nlohmann::json j = {{"path", path},
+                        {"synthetic", synthetic},
+                        {"architecture", m.architecture},
+                        {"moe_layers", m.num_layers},
+                        {"first_moe_layer", m.first_moe_layer},
+                        {"total_layers", m.total_layers},
+                        {"experts", m.num_experts},
+                        {"top_k", m.top_k},
+                        {"hidden_size", m.hidden_size},
+                        {"intermediate_size", m.intermediate_size},
+                        {"format", format_name(m.format)},
+                        {"activation", act_name(m.activation)},
+                        {"routing", routing_name(m.routing)},
+                        {"expert_bytes", m.expert_bytes},
+                        {"bank_bytes", m.bank_bytes},
+                        {"shared_intermediate_size", m.shared_intermediate_size}};
+    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK) {
+        j["num_groups"] = m.num_groups;
+        j["topk_groups"] = m.topk_groups;
+        j["routed_scaling_factor"] = m.routed_scaling_factor;
+    }
+    return j;
+}
+
+nlohmann::json profile_json(const ProfileStatus &p) {
+    nlohmann::json j = {{"path", p.path}, {"state", p.state}};
+    if (!p.detail.empty()) j["detail"] = p.detail;
+    if (p.state == "applies") {
+        j["cpu_gbs"] = p.cpu_gbs;
+        if (p.fetch_fraction >= 0) j["fetch_fraction"] = p.fetch_fraction;
+    }
+    return j;
+}
+
+}  // namespace ft::tool
