@@ -92,8 +92,6 @@ def base_overrides(p, num_experts=8, top_k=2):
         "bos_token_id": 1,
         "eos_token_id": 2,
         "use_cache": False,
-        "router_jitter_noise": 0.0,
-        "input_jitter_noise": 0.0,
         "output_router_logits": False,
     }
 
@@ -137,7 +135,9 @@ CASES = {
     "granitemoeshared": ("granitemoeshared", {}, {}),
     "granitemoehybrid": ("granitemoehybrid", {"layer_types": None}, {}),
     "jetmoe": ("jetmoe", {"kv_channels": 8, "num_key_value_heads": 2}, {}),
-    "phimoe": ("phimoe", {}, {}),
+    # PhiMoE keeps experts whose logit is within 2 * router_jitter_noise (relative) of the best
+    # one in its softmax; 0.2 makes that mask keep several experts.
+    "phimoe": ("phimoe", {"router_jitter_noise": 0.2, "input_jitter_noise": 0.0}, {}),
     "ernie4_5_moe": ("ernie4_5_moe", {"moe_layer_start_index": 1, "moe_layer_interval": 1,
                                       "moe_num_shared_experts": 1, "use_bias": False}, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_shared_expert": 1}, {}),
@@ -443,14 +443,59 @@ def describe(out):
             for t in flatten(out)]
 
 
+SHARED_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
+
+
+def routes_from_expert_calls(calls, shared_out, x2, out, K):
+    """Routes of an implementation with one module per expert (nn.ModuleList, called per expert):
+    the tokens each expert saw (its input rows matched exactly to the hidden states) and the
+    weights that make sum_k w_k expert_k(x) (+ c * shared(x)) equal the block's output, solved
+    by least squares per token (the residual must vanish)."""
+    import torch
+    T, H = x2.shape
+    per_tok = [[] for _ in range(T)]
+    for e, inp, o in calls:
+        inp = inp.reshape(-1, H).float()
+        o = o.reshape(-1, H).float()
+        for r in range(inp.shape[0]):
+            hit = (inp[r] == x2).all(dim=1).nonzero()
+            if hit.numel() and bool(inp[r].abs().sum() > 0):
+                per_tok[int(hit[0])].append((e, o[r]))
+    ids, ws = [], []
+    for t in range(T):
+        if len(per_tok[t]) != K:
+            raise RuntimeError(f"token {t} reached {len(per_tok[t])} experts, not top_k {K} "
+                               f"(dropped by an expert capacity limit?)")
+        cols = [o for _, o in per_tok[t]] + ([shared_out[t]] if shared_out is not None else [])
+        A = torch.stack(cols, dim=1).double()
+        sol = torch.linalg.lstsq(A, out[t].double().unsqueeze(1)).solution.squeeze(1)
+        res = (A @ sol - out[t].double()).norm() / max(out[t].double().norm(), 1e-30)
+        if res > 1e-4:
+            raise RuntimeError(f"token {t}: expert outputs do not explain the block output (residual {res:.2e})")
+        order = sorted(range(K), key=lambda k: -float(sol[k]))
+        ids.append([per_tok[t][k][0] for k in order])
+        ws.append([float(sol[k]) for k in order])
+    return torch.tensor(ids), torch.tensor(ws)
+
+
 def run_block(block, x, E, K):
-    """Calls the MoE block on x [1, T, H]; returns (out [T, H], ids [T, K], weights [T, K])."""
+    """Calls the MoE block on x [1, T, H]; returns (out [T, H], ids [T, K], weights [T, K], how)."""
     import torch
     T = x.shape[1]
     captured = {}
     hooks = []
     experts = getattr(block, "experts", None)
-    if isinstance(experts, torch.nn.Module):
+    calls, shared_out = [], []
+    if isinstance(experts, torch.nn.ModuleList):
+        for e, m in enumerate(experts):
+            hooks.append(m.register_forward_hook(
+                lambda _m, a, o, e=e: calls.append((e, a[0].detach().clone(), o.detach().clone()))))
+        for n in SHARED_NAMES:
+            m = getattr(block, n, None)
+            if isinstance(m, torch.nn.Module):
+                hooks.append(m.register_forward_hook(lambda _m, _a, o: shared_out.append(o)))
+                break
+    elif isinstance(experts, torch.nn.Module):
         def pre(_mod, args, kwargs):
             if "experts" not in captured:
                 r = routes_from_args(list(args[1:]) + list(kwargs.values()), T, E, K)
@@ -473,19 +518,23 @@ def run_block(block, x, E, K):
     if not isinstance(out, torch.Tensor):
         raise RuntimeError(f"{type(block).__name__} returned {type(out).__name__}, not a tensor")
     out = out.reshape(T, -1).float()
-    r = captured.get("experts")
+    r, how = captured.get("experts"), "arguments of the experts module"
     if r is None:
         for o in router_out:
-            r = routes_from_router(o, T, E, K)
+            r, how = routes_from_router(o, T, E, K), "output of the router module"
             if r is not None:
                 break
+    if r is None and calls:
+        so = flatten(shared_out[0])[0].reshape(T, -1).float() if shared_out else None
+        r = routes_from_expert_calls(calls, so, x.reshape(T, -1).float(), out, K)
+        how = "per-expert module calls (weights by least squares)"
     if r is None:
         raise RuntimeError(
             f"cannot read the routes of {type(block).__name__}: experts called with "
             f"{'nothing captured' if experts is not None else 'no experts module'}, router outputs "
             f"{[describe(o) for o in router_out]}")
     ids, w = r
-    return out, ids, w
+    return out, ids, w, how
 
 
 def first_attr(cfg, names, default=None):
@@ -544,7 +593,16 @@ def make_case(name, model_type, extra, opts, outdir, dtype_name):
         bname, block = moe_block_of(layer)
         if block is None:
             continue
-        y, ids, w = run_block(block, x, E, K)
+        y, ids, w, how = run_block(block, x, E, K)
+        # GraniteMoeShared adds its shared MLP beside the MoE block, in the decoder layer.
+        layer_shared = None
+        for n in SHARED_NAMES:
+            m = getattr(layer, n, None)
+            if isinstance(m, torch.nn.Module) and m is not block:
+                with torch.no_grad():
+                    y = y + flatten(m(x))[0].reshape(TOKENS, -1).float()
+                layer_shared = n
+                break
         if tuple(y.shape) != (TOKENS, H):
             raise RuntimeError(f"layer {li}: output shape {tuple(y.shape)}, expected {(TOKENS, H)}")
         stem = f"layer{li}"
@@ -553,7 +611,8 @@ def make_case(name, model_type, extra, opts, outdir, dtype_name):
         w.numpy().astype("<f4").tofile(os.path.join(out, stem + ".weights.f32"))
         entries.append({"layer": li, "module": f"{lname}.{li}.{bname}", "class": type(block).__name__,
                         "output": stem + ".out.f32", "ids": stem + ".ids.i32", "weights": stem + ".weights.f32",
-                        "k": int(ids.shape[1])})
+                        "k": int(ids.shape[1]), "routes_from": how,
+                        "output_includes": f"{bname} + {layer_shared}" if layer_shared else bname})
     if not entries:
         raise RuntimeError(f"no MoE block found in {lname} ({type(layers[0]).__name__} children: "
                            f"{[n for n, _ in layers[0].named_children()]})")
