@@ -39,6 +39,7 @@ public:
                 shared_.push_back(v);
             }
         }
+        executor_.set_weight_on_input(s.route_weight == FT_ROUTE_WEIGHT_INPUT);
     }
 
     void decode(const DecodeCall &c, ft_session_stats &stats) override {
@@ -51,6 +52,11 @@ public:
         for (int b = 0; b < src.num_banks; ++b) {
             src.base[b] = banks.layer_base(b, c.layer);
             src.row_bytes[b] = banks.row_bytes(b);
+        }
+        if (model_.spec().expert_biases) {
+            const LayerExtras &x = model_.extras(c.layer);
+            src.gate_up_bias = reinterpret_cast<const float *>(x.expert_gate_up_bias.bytes.data());
+            src.down_bias = reinterpret_cast<const float *>(x.expert_down_bias.bytes.data());
         }
         const auto t0 = std::chrono::steady_clock::now();
         const cpu::MoeStats s = executor_.run(src, shared_.empty() ? nullptr : &shared_[c.layer], c.num_tokens, c.hidden,
