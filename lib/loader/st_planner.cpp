@@ -279,12 +279,13 @@ void Planner::plan_extras(int l, const std::string &layer_prefix, const std::str
         }
     } else {
         // The selection-only correction bias: under the router (DeepSeek-V3 family), the block
-        // (MiniMax-M2) or ERNIE's moe_statics ([1, E]).
+        // (MiniMax-M2) or ERNIE's moe_statics ([1, E]; under the router in newer exports).
         // Loaded only for the rules that select with it.
         const int32_t rule = spec_.routing.rule;
         const bool needs_bias = rule == FT_ROUTING_SIGMOID_GROUP_TOPK || rule == FT_ROUTING_SOFTMAX_BIASED_TOPK;
         const Entry *bias = needs_bias ? first_present({block + "gate.e_score_correction_bias",
                                                         block + "e_score_correction_bias",
+                                                        block + "gate.moe_statics.e_score_correction_bias",
                                                         block + "moe_statics.e_score_correction_bias"})
                                        : nullptr;
         if (bias) {
