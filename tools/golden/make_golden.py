@@ -138,9 +138,12 @@ CASES = {
     # PhiMoE keeps experts whose logit is within 2 * router_jitter_noise (relative) of the best
     # one in its softmax; 0.2 makes that mask keep several experts.
     "phimoe": ("phimoe", {"router_jitter_noise": 0.2, "input_jitter_noise": 0.0}, {}),
-    "ernie4_5_moe": ("ernie4_5_moe", {"moe_layer_start_index": 1, "moe_layer_interval": 1,
-                                      "moe_num_shared_experts": 1, "use_bias": False}, {}),
-    "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_shared_expert": 1}, {}),
+    "ernie4_5_moe": ("ernie4_5_moe", {"moe_layer_start_index": 1, "moe_layer_end_index": "last",
+                                      "moe_layer_interval": 1, "moe_num_shared_experts": 1, "use_bias": False}, {}),
+    # Hunyuan's top-k > 1 gating drops tokens beyond an expert capacity of top_k * T / E; top-1
+    # keeps every token, so it is the case whose routes are fully defined.
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", {}, {"top_k": 1}),
+    "hunyuan_v1_moe_top2": ("hunyuan_v1_moe", {}, {}),
     "jamba": ("jamba", {"expert_layer_period": 1, "expert_layer_offset": 0, "attn_layer_period": 2,
                         "attn_layer_offset": 1, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 1,
                         "mamba_dt_rank": 4, "use_mamba_kernels": False}, {}),
@@ -558,6 +561,9 @@ def make_case(name, model_type, extra, opts, outdir, dtype_name):
     for preset in SIZE_PRESETS:
         overrides = base_overrides(preset, opts.get("num_experts", 8), opts.get("top_k", 2))
         overrides.update(extra)
+        for k, v in list(overrides.items()):
+            if v == "last":  # the last decoder layer of this geometry
+                overrides[k] = preset["layers"] - 1
         torch.manual_seed(seed)
         model, tcfg = build_model(transformers, model_type, overrides, opts.get("composite", False))
         model.eval()
