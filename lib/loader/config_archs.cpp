@@ -257,18 +257,15 @@ void read_ernie(ReadContext &c) {
         if ((l + 1) % interval == 0) s.moe_layers.push_back(l);
 }
 
-// Hunyuan-A13B (hunyuan_v1_moe): softmax; top-1 keeps the probability, top-k > 1 renormalises;
-// every layer has the routed experts and one shared MLP, both of width intermediate_size.
+// Hunyuan-A13B (hunyuan_v1_moe): softmax top-k, renormalised (a top-1 route weighs 1); every
+// layer has the routed experts and one shared MLP, both of width intermediate_size.
 void read_hunyuan(ReadContext &c) {
     ModelSpec &s = c.spec;
     s.num_experts = c.f.req_uniform_int("num_experts");
     s.intermediate = c.f.req_int("intermediate_size");
-    s.routing.rule = softmax_rule(s.top_k > 1);
+    s.routing.rule = FT_ROUTING_SOFTMAX_TOPK_RENORM;
     s.shared_intermediate = s.intermediate;
     all_layers(s);
-    if (s.top_k > 1)
-        log(FT_LOG_INFO, c.where(), ": hunyuan_v1_moe's expert capacity (tokens dropped when an expert is "
-            "over-subscribed within a batch) is not modelled; every route is computed");
 }
 
 // DeepSeek-V4: field names as transformers writes them, or as DeepSeek's own inference configs

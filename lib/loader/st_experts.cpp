@@ -53,21 +53,24 @@ void Planner::plan_fused_bf16(int l, const Entry &gu, const Entry &dn, bool tran
     check_float(gu);
     check_float(dn);
     const std::vector<int64_t> &gs = gu.info->shape, &ds = dn.info->shape;
-    const bool gu_std = !transposed_only && gs == std::vector<int64_t>{E, 2 * I, H};
-    const bool gu_tr = gs == std::vector<int64_t>{E, H, 2 * I};
+    bool gu_std = !transposed_only && gs == std::vector<int64_t>{E, 2 * I, H};
+    bool gu_tr = gs == std::vector<int64_t>{E, H, 2 * I};
     if (!gu_std && !gu_tr)
         fail(FT_ERR_FORMAT, gu.file->path(), ": tensor '", fused_gu, "': expected shape ",
              transposed_only ? shape_str({E, H, 2 * I}) : shape_str({E, 2 * I, H}) + " (or transposed " +
              shape_str({E, H, 2 * I}) + ")", ", got ", shape_str(gs));
-    if (gu_std && gu_tr)
-        fail(FT_ERR_FORMAT, gu.file->path(), ": tensor '", fused_gu, "': shape ", shape_str(gs),
-             " is ambiguous (hidden_size == 2 * intermediate_size): cannot tell [E, 2I, H] from [E, H, 2I]");
     const bool dn_std = !transposed_only && ds == std::vector<int64_t>{E, H, I};
     const bool dn_tr = ds == std::vector<int64_t>{E, I, H};
     if (!dn_std && !dn_tr)
         fail(FT_ERR_FORMAT, dn.file->path(), ": tensor '", fused_dn, "': expected shape ",
              transposed_only ? shape_str({E, I, H}) : shape_str({E, H, I}) + " (or transposed " +
              shape_str({E, I, H}) + ")", ", got ", shape_str(ds));
+    if (gu_std && gu_tr) {
+        // hidden_size == 2 * intermediate_size: both readings of gate_up fit, but not of down
+        // (H != I then), whose orientation decides.
+        gu_std = dn_std;
+        gu_tr = dn_tr;
+    }
     // With H == I both readings fit down_proj; then it follows gate_up_proj's orientation.
     if ((gu_std && !dn_std) || (gu_tr && !dn_tr))
         fail(FT_ERR_FORMAT, dn.file->path(), ": tensor '", fused_dn, "' ", shape_str(ds), " is ",

@@ -223,3 +223,42 @@ TEST(ArchDecode, RouteWeightOnTheInputNeedsBf16AndAKnownRule) {
 }
 
 }  // namespace
+
+namespace {
+
+// ft_route through a session applies each new rule with the model's fields (the correction bias of
+// FT_ROUTING_SOFTMAX_BIASED_TOPK included), the same as the routing tests' hand-computed values.
+TEST(ArchDecode, FtRouteUsesTheModelsRuleAndBias) {
+    auto engine = cpu_engine();
+    ft_model_desc d;
+    ft_model_desc_init(&d);
+    d.num_layers = 1;
+    d.num_experts = 4;
+    d.top_k = 2;
+    d.hidden_size = 32;
+    d.intermediate_size = 16;
+    d.routing = FT_ROUTING_SOFTMAX_BIASED_TOPK;
+    ft_model *mp = nullptr;
+    char err[512] = "";
+    ASSERT_EQ(ft_model_create(engine.get(), &d, &mp, err, sizeof err), FT_OK) << err;
+    std::unique_ptr<ft_model, ModelDeleter> model(mp);
+    const std::vector<uint16_t> zeros(size_t(16) * 32, 0);
+    for (int32_t e = 0; e < 4; ++e)
+        for (int32_t proj = 1; proj <= 3; ++proj)
+            ASSERT_EQ(ft_model_set_expert(model.get(), 0, e, proj, zeros.data(), zeros.size() * 2), FT_OK);
+    const float bias[4] = {0.5f, 0.f, 0.f, 0.f};
+    ASSERT_EQ(ft_model_set_router_bias(model.get(), 0, bias, 4), FT_OK);
+    ASSERT_EQ(ft_model_finalize(model.get()), FT_OK);
+    auto session = cpu_session(model.get(), 1);
+    // softmax = [0.1, 0.2, 0.3, 0.4]; the bias selects expert 0 over 3, the weights stay unbiased.
+    const float logits[4] = {0.f, std::log(2.f), std::log(3.f), std::log(4.f)};
+    int32_t ids[2];
+    float w[2];
+    ASSERT_EQ(ft_route(session.get(), 0, 1, logits, ids, w), FT_OK) << ft_session_last_error(session.get());
+    EXPECT_EQ(ids[0], 0);
+    EXPECT_EQ(ids[1], 3);
+    EXPECT_NEAR(w[0], 0.2, 1e-6);
+    EXPECT_NEAR(w[1], 0.8, 1e-6);
+}
+
+}  // namespace

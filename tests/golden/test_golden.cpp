@@ -79,6 +79,10 @@ const char *backend_name(int32_t b) {
     }
 }
 
+void PrintTo(const Case &c, std::ostream *os) {
+    *os << std::filesystem::path(c.dir).filename().string() << " on " << backend_name(c.backend);
+}
+
 class Golden : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Golden, MatchesTransformers) {

@@ -214,7 +214,7 @@ TEST(ArchLayouts, ErnieMoeStaticsBiasAndHunyuanGateWg) {
     }
     synth::write_safetensors(hy / "model.safetensors", t);
     m = load_checkpoint(hy.path());
-    EXPECT_EQ(m->spec().routing.rule, FT_ROUTING_SOFTMAX_TOPK);
+    EXPECT_EQ(m->spec().routing.rule, FT_ROUTING_SOFTMAX_TOPK_RENORM);
     EXPECT_EQ(m->extras(0).shared_down.shape, (std::vector<int64_t>{H, I}));
     EXPECT_EQ(m->extras(0).router_weight.shape, (std::vector<int64_t>{E, H}));
     EXPECT_TRUE(m->extras(0).router_bias.empty());  // a correction bias the rule does not use is not loaded

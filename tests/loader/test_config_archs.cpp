@@ -193,7 +193,7 @@ TEST(ConfigArchs, HunyuanPerLayerListsMustBeUniform) {
     EXPECT_EQ(s.routing.rule, FT_ROUTING_SOFTMAX_TOPK_RENORM);
     EXPECT_EQ(s.shared_intermediate, 16);
     c["moe_topk"] = 1;
-    EXPECT_EQ(read(c, dir).routing.rule, FT_ROUTING_SOFTMAX_TOPK);  // top-1 keeps the probability
+    EXPECT_EQ(read(c, dir).routing.rule, FT_ROUTING_SOFTMAX_TOPK_RENORM);  // a top-1 route weighs 1
     c["num_experts"] = {8, 8, 16, 8};
     expect_error([&] { read(c, dir); }, FT_ERR_UNSUPPORTED, {"num_experts", "differs between layers"});
 }
