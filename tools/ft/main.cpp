@@ -296,6 +296,10 @@ const char *routing_name(int32_t r) {
         case FT_ROUTING_SIGMOID_GROUP_TOPK: return "sigmoid + bias, group-limited top-k";
         case FT_ROUTING_TOPK_SOFTMAX: return "top-k, softmax over k";
         case FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK: return "sqrt(softplus) + bias, group-limited top-k";
+        case FT_ROUTING_TOPK_SIGMOID: return "top-k, sigmoid weights";
+        case FT_ROUTING_SOFTMAX_GROUP_TOPK: return "softmax, group-limited top-k";
+        case FT_ROUTING_SOFTMAX_BIASED_TOPK: return "softmax + bias, top-k";
+        case FT_ROUTING_SPARSEMIXER: return "sparsemixer (top-2)";
         default: return "?";
     }
 }
