@@ -82,7 +82,7 @@ def base_overrides(p, num_experts=8, top_k=2):
         "linear_value_head_dim": 8,
         "linear_conv_kernel_dim": 4,
         "mamba_n_heads": 2,
-        "mamba_d_head": 8,
+        "mamba_d_head": h // 2,  # mamba_n_heads * mamba_d_head == mamba_expand * hidden_size
         "mamba_d_state": 8,
         "mamba_n_groups": 1,
         "mamba_expand": 1,
@@ -134,7 +134,6 @@ CASES = {
     "granitemoe": ("granitemoe", {}, {}),
     "granitemoeshared": ("granitemoeshared", {}, {}),
     "granitemoehybrid": ("granitemoehybrid", {"layer_types": None}, {}),
-    "jetmoe": ("jetmoe", {"kv_channels": 8, "num_key_value_heads": 2}, {}),
     # PhiMoE keeps experts whose logit is within 2 * router_jitter_noise (relative) of the best
     # one in its softmax; 0.2 makes that mask keep several experts.
     "phimoe": ("phimoe", {"router_jitter_noise": 0.2, "input_jitter_noise": 0.0}, {}),
@@ -147,11 +146,13 @@ CASES = {
     "jamba": ("jamba", {"expert_layer_period": 1, "expert_layer_offset": 0, "attn_layer_period": 2,
                         "attn_layer_offset": 1, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 1,
                         "mamba_dt_rank": 4, "use_mamba_kernels": False}, {}),
-    "dbrx": ("dbrx", {}, {}),
 }
 
-# MoE model types whose experts are not gated MLPs of the kind FreeToken serves; discovery skips them.
-NOT_GATED = {"switch_transformers", "nllb_moe", "gptsan-japanese", "gptsan_japanese", "longcat_flash"}
+# MoE model types whose experts are not gated MLPs of the kind FreeToken serves, or whose MoE
+# block adds what FreeToken does not compute (dbrx: fused w1/v1/w2 experts with a p-norm
+# renormalisation; jetmoe: a learned bias after the expert sum); discovery skips them.
+NOT_GATED = {"switch_transformers", "nllb_moe", "gptsan-japanese", "gptsan_japanese", "longcat_flash", "dbrx",
+             "jetmoe"}
 
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 BLOCK_CHILD_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "moe", "ffn", "ff")
@@ -551,35 +552,45 @@ def first_attr(cfg, names, default=None):
 # ---------------------------------------------------------------------------------------------
 
 def make_case(name, model_type, extra, opts, outdir, dtype_name):
+    """Tries the geometries of SIZE_PRESETS in turn until the whole directory fits MAX_DIR_BYTES."""
+    last_err = None
+    for preset in SIZE_PRESETS:
+        try:
+            return make_case_with(name, model_type, extra, opts, outdir, dtype_name, preset)
+        except TooBig as e:
+            last_err = str(e)
+            log(f"  {name}: {e}; trying a smaller geometry")
+    raise RuntimeError(f"no geometry fits {MAX_DIR_BYTES} bytes (last: {last_err})")
+
+
+class TooBig(Exception):
+    pass
+
+
+def make_case_with(name, model_type, extra, opts, outdir, dtype_name, preset):
     import torch
     import transformers
 
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
     seed = zlib.crc32(name.encode())
     out = os.path.join(outdir, name)
-    last_err = None
-    for preset in SIZE_PRESETS:
-        overrides = base_overrides(preset, opts.get("num_experts", 8), opts.get("top_k", 2))
-        overrides.update(extra)
-        for k, v in list(overrides.items()):
-            if v == "last":  # the last decoder layer of this geometry
-                overrides[k] = preset["layers"] - 1
-        torch.manual_seed(seed)
-        model, tcfg = build_model(transformers, model_type, overrides, opts.get("composite", False))
-        model.eval()
-        model.to(torch.float32)
-        redraw(model, seed)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.makedirs(out)
-        save_checkpoint(model, out, dtype)
-        size = dir_bytes(out)
-        if size <= MAX_DIR_BYTES:
-            break
-        last_err = f"{size} bytes with {preset}"
-        log(f"  {name}: checkpoint is {size} bytes with {preset}; trying a smaller geometry")
-    else:
-        raise RuntimeError(f"no geometry fits {MAX_DIR_BYTES} bytes (last: {last_err})")
+    overrides = base_overrides(preset, opts.get("num_experts", 8), opts.get("top_k", 2))
+    overrides.update(extra)
+    for k, v in list(overrides.items()):
+        if v == "last":  # the last decoder layer of this geometry
+            overrides[k] = preset["layers"] - 1
+    torch.manual_seed(seed)
+    model, tcfg = build_model(transformers, model_type, overrides, opts.get("composite", False))
+    model.eval()
+    model.to(torch.float32)
+    redraw(model, seed)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    save_checkpoint(model, out, dtype)
+    size = dir_bytes(out)
+    if size > MAX_DIR_BYTES:
+        raise TooBig(f"the checkpoint is {size} bytes with {preset}")
 
     H = tcfg.hidden_size
     E = first_attr(tcfg, EXPERT_COUNT_FIELDS)
@@ -643,7 +654,7 @@ def make_case(name, model_type, extra, opts, outdir, dtype_name):
         json.dump(manifest, f, indent=1, sort_keys=True)
     size = dir_bytes(out)
     if size > MAX_DIR_BYTES:
-        raise RuntimeError(f"the golden directory is {size} bytes (limit {MAX_DIR_BYTES})")
+        raise TooBig(f"the golden directory is {size} bytes with {preset}")
     return f"{len(entries)} MoE layers, H={H} E={E} K={K}, {size} bytes, saved as " \
            f"'{manifest['saved_model_type']}'"
 
