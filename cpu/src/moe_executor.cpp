@@ -265,7 +265,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         }
         Group &g = s.groups[ng++];
         g = Group{shared->gate, shared->up, shared->down, shared_inter_, int32_t(nvalid), int32_t(T), shared_inter, false,
-                  false, false, {}};
+                  false, false, {}, nullptr, nullptr};
         stats.bytes_read += uint64_t(3 * Is * H) * 2;
         if (shared->gate_proj) {
             // sigmoid(gate_proj . x[t]): one row against all tokens, done here because it is tiny.
