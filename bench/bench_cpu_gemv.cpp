@@ -55,7 +55,7 @@ struct Buffer {
     uint16_t *data = nullptr;
     size_t elems = 0;
     explicit Buffer(size_t n) : elems(n) {
-        // Transparent huge pages as the library's banks ask for them (lib/bank: MADV_HUGEPAGE
+        // Transparent huge pages as the library's banks ask for them (lib/core/bank: MADV_HUGEPAGE
         // above 2 MiB), before the first touch. Without them mxfp4's transposed layout, one
         // 64-byte line per K row of an item at a stride of N bytes, takes a TLB miss per line.
         // FT_BENCH_HUGEPAGES=0: 4 KiB pages (the earlier runs).

@@ -138,6 +138,26 @@ FT_API const char *ft_status_string(ft_status status);
 #define FT_ROUTING_TOPK_SOFTMAX        4 /* top-k of the logits, softmax over the k (gpt-oss)  */
 #define FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK 5 /* as FT_ROUTING_SIGMOID_GROUP_TOPK with scores
                                             sqrt(softplus(logit)) (DeepSeek-V4)                */
+#define FT_ROUTING_TOPK_SIGMOID        6 /* top-k of the logits, weight sigmoid(logit), no
+                                            renormalisation (Llama-4)                          */
+#define FT_ROUTING_SOFTMAX_GROUP_TOPK  7 /* softmax; top-k within the topk_groups groups whose best
+                                            probability is highest; weights the probabilities,
+                                            renormalised if renormalize, times
+                                            routed_scaling_factor (DeepSeek-V2; num_groups 1 is
+                                            its greedy variant)                                */
+#define FT_ROUTING_SOFTMAX_BIASED_TOPK 8 /* as FT_ROUTING_SIGMOID_GROUP_TOPK with softmax scores:
+                                            selection on probability + correction bias, weights
+                                            the unbiased probabilities (ERNIE-4.5)             */
+#define FT_ROUTING_SPARSEMIXER         9 /* PhiMoE inference routing, top_k 2: route j takes the
+                                            best logit m_j not yet taken; its weight is the
+                                            softmax of m_j among the logits s (the earlier
+                                            routes' excluded) with (m_j - s) / max(|s|, m_j)
+                                            <= 2 * router_jitter_eps                            */
+
+/* How ft_decode applies a route's weight (ft_model_info.route_weight). */
+#define FT_ROUTE_WEIGHT_OUTPUT 0 /* w * expert(x): every model but Llama-4                     */
+#define FT_ROUTE_WEIGHT_INPUT  1 /* expert(w * x): the weight scales the expert's input
+                                    (Llama-4); x * w is rounded to bf16 before the expert      */
 
 /* Backends. */
 #define FT_BACKEND_AUTO    0 /* the best backend this engine can run for the model          */
@@ -290,6 +310,9 @@ typedef struct ft_model_desc {
     float routed_scaling_factor; /* default 1.0                                                */
     bool renormalize;          /* FT_ROUTING_SIGMOID_GROUP_TOPK: renormalise (default true)    */
     uint8_t reserved_[3];
+    /* since 0.5 */
+    int32_t route_weight;      /* FT_ROUTE_WEIGHT_* (default FT_ROUTE_WEIGHT_OUTPUT)           */
+    float router_jitter_eps;   /* FT_ROUTING_SPARSEMIXER margin (default 0.01)                 */
 } ft_model_desc;
 
 FT_API void ft_model_desc_init(ft_model_desc *desc);
@@ -345,6 +368,13 @@ typedef struct ft_model_info {
     uint64_t bank_bytes;       /* bytes of all routed experts of all layers                    */
     const char *architecture;  /* e.g. "qwen3_moe", "custom" (valid while the model lives)     */
     uint64_t pinned_bytes;     /* bank bytes page-locked for the engine's GPU (0 without one)  */
+    /* since 0.5 */
+    int32_t route_weight;      /* FT_ROUTE_WEIGHT_*                                            */
+    float router_jitter_eps;   /* FT_ROUTING_SPARSEMIXER margin                                */
+    int32_t expert_biases;     /* 1: the routed experts carry biases (gpt-oss; see
+                                  FT_TENSOR_EXPERT_GATE_UP_BIAS), added by ft_decode          */
+    int32_t shared_expert_gate; /* 1: the shared expert's output is scaled by
+                                   sigmoid(FT_TENSOR_SHARED_GATE_PROJ . x)                     */
 } ft_model_info;
 
 FT_API ft_status ft_model_get_info(const ft_model *model, ft_model_info *info);
@@ -360,7 +390,10 @@ FT_API int32_t ft_model_moe_layer(const ft_model *model, int32_t model_layer);
 #define FT_TENSOR_SHARED_GATE      3 /* [Is, H]  shared expert gate_proj                       */
 #define FT_TENSOR_SHARED_UP        4 /* [Is, H]  shared expert up_proj                         */
 #define FT_TENSOR_SHARED_DOWN      5 /* [H, Is]  shared expert down_proj                       */
-#define FT_TENSOR_SHARED_GATE_PROJ 6 /* [1, H]   sigmoid gate of the shared expert (Qwen3.5)   */
+#define FT_TENSOR_SHARED_GATE_PROJ 6 /* [1, H]   sigmoid gate of the shared expert (Qwen2/3.5)  */
+#define FT_TENSOR_EXPERT_GATE_UP_BIAS 7 /* [E, 2I] f32 biases of the routed experts' gate (first
+                                           I of a row) and up (last I) projections (bf16 gpt-oss) */
+#define FT_TENSOR_EXPERT_DOWN_BIAS 8 /* [E, H]  f32 biases of the routed experts' down projection */
 
 typedef struct ft_tensor_view {
     uint32_t struct_size;

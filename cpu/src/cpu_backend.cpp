@@ -37,6 +37,7 @@ public:
                 shared_.push_back(v);
             }
         }
+        executor_.set_weight_on_input(s.route_weight == FT_ROUTE_WEIGHT_INPUT);
     }
 
     void decode(const DecodeCall &c, ft_session_stats &stats) override {
@@ -70,6 +71,11 @@ ExpertSource expert_source(const Model &model, int32_t layer) {
     for (int b = 0; b < src.num_banks; ++b) {
         src.base[b] = banks.layer_base(b, layer);
         src.row_bytes[b] = banks.row_bytes(b);
+    }
+    if (model.spec().expert_biases) {
+        const LayerExtras &x = model.extras(layer);
+        src.gate_up_bias = reinterpret_cast<const float *>(x.expert_gate_up_bias.bytes.data());
+        src.down_bias = reinterpret_cast<const float *>(x.expert_down_bias.bytes.data());
     }
     return src;
 }

@@ -158,6 +158,18 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
 
 MoeExecutor::~MoeExecutor() = default;
 
+void MoeExecutor::set_weight_on_input(bool on) {
+    if (on && quant_)
+        fail(FT_ERR_UNSUPPORTED, "MoE executor: route weights on the expert input are served for bf16 experts only, not ",
+             format_name(format_));
+    weight_on_input_ = on;
+    try {
+        s_->scaled_x.assign(on ? size_t(max_tokens_) * top_k_ * hidden_ : 0, 0);
+    } catch (const std::bad_alloc &) {
+        fail(FT_ERR_OUT_OF_MEMORY, "MoE executor: cannot allocate the scaled inputs of ", max_tokens_, " tokens");
+    }
+}
+
 const char *MoeExecutor::kernel_name() const { return quant_ ? quant_->kernel : isa_name(isa_); }
 
 MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *shared, int32_t num_tokens,
@@ -182,6 +194,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
             fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: rows of bank ", b, " are ", src.row_bytes[b],
                  " bytes, smaller than one expert's ", s.bank_bytes[b]);
     }
+    if ((src.gate_up_bias || src.down_bias) && quant_)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert biases beside the banks are for bf16 experts only");
     if (shared) {
         if (shared_inter_ == 0 || shared->intermediate != shared_inter_)
             fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: shared expert intermediate ", shared->intermediate,
@@ -207,6 +221,13 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         const int64_t r = int64_t(s.keys[slot] & 0xffffffffu);
         s.route_slot[r] = int32_t(slot);
         s.xptr[slot] = x + (r / K) * H;
+        if (weight_on_input_) {
+            // The expert sees w * x, rounded to bf16 like any input row.
+            uint16_t *xs = s.scaled_x.data() + slot * H;
+            const uint16_t *xt = x + (r / K) * H;
+            for (int64_t h = 0; h < H; ++h) xs[h] = f32_to_bf16(w[r] * bf16_to_f32(xt[h]));
+            s.xptr[slot] = xs;
+        }
         s.iptr[slot] = s.inter.data() + slot * I;
         if (quant_) {
             s.aptr[slot] = s.act_in.data() + size_t(r / K) * s.act_in_bytes;
@@ -226,6 +247,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
             g.first_slot = int32_t(slot);
             g.count = 0;
             g.inter_out = s.inter.data() + slot * I;
+            g.gu_bias = src.gate_up_bias ? src.gate_up_bias + size_t(e) * 2 * I : nullptr;
+            g.dn_bias = src.down_bias ? src.down_bias + size_t(e) * H : nullptr;
         }
         s.groups[ng - 1].count++;
     }
@@ -242,7 +265,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         }
         Group &g = s.groups[ng++];
         g = Group{shared->gate, shared->up, shared->down, shared_inter_, int32_t(nvalid), int32_t(T), shared_inter, false,
-                  false, false, {}};
+                  false, false, {}, nullptr, nullptr};
         stats.bytes_read += uint64_t(3 * Is * H) * 2;
         if (shared->gate_proj) {
             // sigmoid(gate_proj . x[t]): one row against all tokens, done here because it is tiny.
@@ -259,7 +282,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     s.p1_prefix[0] = s.p2_prefix[0] = 0;
     for (int32_t gi = 0; gi < ng; ++gi) {
         Group &g = s.groups[gi];
-        g.onednn = !g.quant && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
+        // The oneDNN path adds no biases: experts with biases stay on the SIMD kernels.
+        g.onednn = !g.quant && !g.gu_bias && !g.dn_bias && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
         g.batched = g.quant && quant_batched_min_tokens_ > 0 && g.count >= quant_batched_min_tokens_;
         any_onednn |= g.onednn;
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, int64_t(kRowBlock) * p1_blocks(g)));
@@ -442,6 +466,10 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
                 } else {
                     gv = gate_tile[j * kRowBlock + i];
                     uv = up_tile[j * kRowBlock + i];
+                    if (g.gu_bias) {
+                        gv += g.gu_bias[i0 + i];
+                        uv += g.gu_bias[inter_ + i0 + i];
+                    }
                 }
                 if (g.quant && format_ == Format::ds_fp4) {
                     // DeepSeek-V4 keeps the GEMM outputs in bf16, then clamps at swiglu_limit.
@@ -479,6 +507,9 @@ void MoeExecutor::run_item_pass2(int worker, int64_t it) {
         float *out = s.route_out.data() + int64_t(g.first_slot + c0) * H + h0;
         if (!g.quant) {
             gemv_(g.down + h0 * g.inter, g.inter, nh, g.inter, &s.iptr[g.first_slot + c0], n, out, H);
+            if (g.dn_bias)
+                for (int j = 0; j < n; ++j)
+                    for (int h = 0; h < nh; ++h) out[j * H + h] += g.dn_bias[h0 + h];
             continue;
         }
         if (g.batched) {
@@ -509,7 +540,7 @@ void MoeExecutor::reduce_rows(int64_t item) {
     for (int64_t k = 0; k < K; ++k) {
         const int32_t slot = s.route_slot[t * K + k];
         if (slot < 0) continue;
-        const float wk = s.w[t * K + k];
+        const float wk = weight_on_input_ ? 1.0f : s.w[t * K + k];
         const float *o = s.route_out.data() + int64_t(slot) * H + h0;
         if (format_ == Format::ds_fp4) {
             // DeepSeek-V4 rounds each route's weighted output to bf16 before the sum.

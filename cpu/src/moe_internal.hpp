@@ -48,6 +48,8 @@ struct MoeExecutor::Group {
     bool quant;                        // routed expert in a quantised format: banks in `rows`
     bool batched;                      // quantised, dequantised tile by tile for the bf16 GEMV
     const uint8_t *rows[8];            // the expert's row of each bank (quantised formats)
+    const float *gu_bias = nullptr;    // bf16 experts with biases: [2I] gate then up, [H] down
+    const float *dn_bias = nullptr;
 };
 
 // Where each quantised format keeps its matrices in the bank schema (-1: none).
@@ -85,6 +87,7 @@ struct MoeExecutor::Scratch {
     std::vector<uint16_t> deq;               // batched path, per worker: 2 * kRowBlock rows of deq_ld
     std::vector<float> deq_scale;            // batched path, per worker: 2 * kRowBlock row factors
     size_t deq_ld = 0;                       // bf16 elements per dequantised row
+    std::vector<uint16_t> scaled_x;          // weight on input: [routes, H] bf16 w * x per slot
     std::vector<uint16_t> gathered_x;        // oneDNN path: [routes of one expert, H]
     std::vector<float> gate_up_f32;          // oneDNN path: [routes of one expert, 2 * I]
 

@@ -1,5 +1,5 @@
 // Quantised expert formats: decode tables, activation preparation, the scalar kernels (a direct
-// transcription of the lib/formats reference) and the choice of kernel per tier.
+// transcription of the lib/core/formats reference) and the choice of kernel per tier.
 //
 // Prepared activation layouts (one per format, shared by every tier):
 //   fp8_block, mxfp4  float[K] as is.
@@ -98,7 +98,7 @@ void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2) {
     }
 }
 
-// The scalar kernels dequantise each weight exactly as lib/formats does and accumulate in fp32.
+// The scalar kernels dequantise each weight exactly as lib/core/formats does and accumulate in fp32.
 void fp8_block_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                       float *out, size_t ldo) {
     const int64_t K = m.K, kb = K / 128;

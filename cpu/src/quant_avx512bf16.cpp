@@ -5,7 +5,7 @@
 // 16 lanes. Activations are bf16 in the pass inputs already (x, and the bf16 intermediate), so
 // every product is exact and only the fp32 summation order differs from the reference.
 //
-// Decodes (tables filled from the lib/formats reference decoders in quant.cpp):
+// Decodes (tables filled from the lib/core/formats reference decoders in quant.cpp):
 //   e2m1   `vpermw` with a 32-entry table (the 16 codes twice) reads only the low 5 bits of each
 //          word, so a nibble needs no mask: nvfp4/ds_fp4 permute the 64-byte chunk shifted by
 //          0/4/8/12 bits (see e2m1_rows_x), mxfp4 the words b | b << 12 of zero-extended bytes.

@@ -28,7 +28,7 @@ struct QuantMatrix {
 using QuantGemv = void (*)(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                            float *out, size_t ldo);
 
-// Element decode tables filled once from the lib/formats reference decoders (so every edge case,
+// Element decode tables filled once from the lib/core/formats reference decoders (so every edge case,
 // e4m3 NaN codes and e8m0 code 0 = 2^-127 included, is the reference's by construction).
 extern float g_e2m1[16];
 extern float g_e4m3[256];

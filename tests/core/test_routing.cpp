@@ -165,3 +165,86 @@ TEST(Routing, MatchesReferenceOnRandomLogits) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Routing, TopkSigmoidWeighsEachRouteBySigmoidOfItsLogit) {
+    const Routed o = run(spec(FT_ROUTING_TOPK_SIGMOID, 4, 1), {0.5f, -1.f, 2.f, 1.f, /* token 2 */ -3.f, -2.f, -4.f, -5.f});
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{2, 1}));
+    EXPECT_NEAR(o.w[0], 1.0 / (1.0 + std::exp(-2.0)), 1e-7);
+    EXPECT_NEAR(o.w[1], 1.0 / (1.0 + std::exp(2.0)), 1e-7);  // no renormalisation: a lone route keeps sigmoid(-2)
+}
+
+TEST(Routing, SoftmaxGroupTopkGreedyScalesWithoutRenormalising) {
+    // softmax([0, ln2, ln3, ln4]) = [0.1, 0.2, 0.3, 0.4]
+    ft::RoutingSpec r = spec(FT_ROUTING_SOFTMAX_GROUP_TOPK, 4, 2);
+    r.routed_scaling_factor = 2.0f;
+    r.renormalize = false;
+    const Routed o = run(r, {0.f, std::log(2.f), std::log(3.f), std::log(4.f)});
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{3, 2}));
+    EXPECT_NEAR(o.w[0], 0.8, 1e-6);
+    EXPECT_NEAR(o.w[1], 0.6, 1e-6);
+}
+
+TEST(Routing, SoftmaxGroupTopkRanksGroupsByTheirBestProbability) {
+    // Groups {0,1}, {2,3}, {4,5}. Probabilities p ~ exp(logits): group 0 has the best single
+    // expert (0) but group 1 has the best pair sum; DeepSeek-V2 scores groups by their maximum, so
+    // with one group kept the routes are experts 0 and 1, not 2 and 3.
+    ft::RoutingSpec r = spec(FT_ROUTING_SOFTMAX_GROUP_TOPK, 6, 2);
+    r.num_groups = 3;
+    r.topk_groups = 1;
+    r.renormalize = false;
+    const std::vector<float> logits = {3.0f, 0.0f, 2.8f, 2.8f, -1.f, -1.f};
+    const Routed o = run(r, logits);
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{0, 1}));
+    double z = 0;
+    for (float v : logits) z += std::exp(double(v));
+    EXPECT_NEAR(o.w[0], std::exp(3.0) / z, 1e-6);
+    EXPECT_NEAR(o.w[1], 1.0 / z, 1e-6);
+    r.renormalize = true;
+    const Routed n = run(r, logits);
+    EXPECT_NEAR(n.w[0] + n.w[1], 1.0, 1e-6);
+}
+
+TEST(Routing, SoftmaxBiasedTopkSelectsOnBiasedProbabilityAndWeighsUnbiased) {
+    // p = [0.1, 0.2, 0.3, 0.4]; the bias lifts expert 0 above expert 3 for selection only.
+    ft::RoutingSpec r = spec(FT_ROUTING_SOFTMAX_BIASED_TOPK, 4, 2);
+    const Routed o = run(r, {0.f, std::log(2.f), std::log(3.f), std::log(4.f)}, {0.5f, 0.f, 0.f, 0.f});
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{0, 3}));
+    EXPECT_NEAR(o.w[0], 0.1 / 0.5, 1e-6);
+    EXPECT_NEAR(o.w[1], 0.4 / 0.5, 1e-6);
+}
+
+TEST(Routing, SparsemixerHandComputed) {
+    // eps 0.1: a logit s stays in a route's softmax when (m - s) / max(|s|, m) <= 0.2.
+    ft::RoutingSpec r = spec(FT_ROUTING_SPARSEMIXER, 4, 2);
+    r.jitter_eps = 0.1f;
+    const Routed o = run(r, {1.0f, 0.9f, 0.5f, 0.85f});
+    // Route 1: m = 1.0 (expert 0); 0.9 and 0.85 are within 20 %, 0.5 is not.
+    EXPECT_EQ(o.ids[0], 0);
+    EXPECT_NEAR(o.w[0], 1.0 / (1.0 + std::exp(-0.1) + std::exp(-0.15)), 1e-6);
+    // Route 2: expert 0 excluded, m = 0.9 (expert 1); 0.85 is within, 0.5 is not.
+    EXPECT_EQ(o.ids[1], 1);
+    EXPECT_NEAR(o.w[1], 1.0 / (1.0 + std::exp(-0.05)), 1e-6);
+    // With a zero margin each route is its own softmax: weight 1.
+    r.jitter_eps = 0.0f;
+    const Routed z = run(r, {1.0f, 0.9f, 0.5f, 0.85f});
+    EXPECT_EQ(z.ids, (std::vector<int32_t>{0, 1}));
+    EXPECT_FLOAT_EQ(z.w[0], 1.0f);
+    EXPECT_FLOAT_EQ(z.w[1], 1.0f);
+}
+
+TEST(Routing, SparsemixerNeedsTwoRoutes) {
+    ft::RoutingSpec r = spec(FT_ROUTING_SPARSEMIXER, 4, 1);
+    std::vector<int32_t> ids(1);
+    std::vector<float> w(1);
+    const std::vector<float> logits = {1.f, 2.f, 3.f, 4.f};
+    try {
+        ft::route(r, nullptr, 1, logits.data(), ids.data(), w.data());
+        FAIL() << "top_k 1 accepted";
+    } catch (const ft::Error &e) {
+        EXPECT_EQ(e.status(), FT_ERR_INVALID_ARGUMENT);
+    }
+}
+
+}  // namespace

@@ -312,7 +312,7 @@ TEST(QuantKernels, Q4_0MatchesExactW4A8) {
 }  // namespace
 
 // ---- kernel level: every kernel this CPU can run (each tier, with and without VNNI) against the
-// lib/formats reference on fresh random data, outputs NaN-poisoned first --------------------
+// lib/core/formats reference on fresh random data, outputs NaN-poisoned first --------------------
 
 namespace kernels {
 

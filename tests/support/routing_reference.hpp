@@ -1,4 +1,4 @@
-// An fp64 reference of the routing rules (docs/formulas.md, "Routing"), written independently of lib/model/routing.cpp:
+// An fp64 reference of the routing rules (docs/formulas.md, "Routing"), written independently of lib/core/model/routing.cpp:
 // full sorts and explicit masks instead of partial selection.
 #pragma once
 

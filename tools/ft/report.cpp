@@ -50,6 +50,10 @@ const char *routing_name(int32_t r) {
         case FT_ROUTING_SIGMOID_GROUP_TOPK: return "sigmoid + bias, group-limited top-k";
         case FT_ROUTING_TOPK_SOFTMAX: return "top-k, softmax over k";
         case FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK: return "sqrt(softplus) + bias, group-limited top-k";
+        case FT_ROUTING_TOPK_SIGMOID: return "top-k, sigmoid weights";
+        case FT_ROUTING_SOFTMAX_GROUP_TOPK: return "softmax, group-limited top-k";
+        case FT_ROUTING_SOFTMAX_BIASED_TOPK: return "softmax + bias, top-k";
+        case FT_ROUTING_SPARSEMIXER: return "sparsemixer (top-2)";
         default: return "?";
     }
 }
@@ -59,7 +63,8 @@ void print_model(const ft_model_info &m) {
                 m.first_moe_layer, m.total_layers, m.num_experts, m.top_k);
     std::printf("            H=%d I=%d, %s, %s, routing %s", m.hidden_size, m.intermediate_size, format_name(m.format),
                 act_name(m.activation), routing_name(m.routing));
-    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK)
+    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK ||
+        m.routing == FT_ROUTING_SOFTMAX_GROUP_TOPK)
         std::printf(" (%d groups, keep %d, scale %.3g)", m.num_groups, m.topk_groups, m.routed_scaling_factor);
     std::printf("\n            %.2f MB per expert, %.2f GB of routed experts", m.expert_bytes / 1e6, m.bank_bytes / 1e9);
     if (m.shared_intermediate_size) std::printf(", shared expert width %d", m.shared_intermediate_size);
@@ -103,7 +108,8 @@ nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool 
                         {"expert_bytes", m.expert_bytes},
                         {"bank_bytes", m.bank_bytes},
                         {"shared_intermediate_size", m.shared_intermediate_size}};
-    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK) {
+    if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK ||
+        m.routing == FT_ROUTING_SOFTMAX_GROUP_TOPK) {
         j["num_groups"] = m.num_groups;
         j["topk_groups"] = m.topk_groups;
         j["routed_scaling_factor"] = m.routed_scaling_factor;

@@ -54,6 +54,13 @@ FT_ROUTING_SOFTMAX_TOPK_RENORM = 2
 FT_ROUTING_SIGMOID_GROUP_TOPK = 3
 FT_ROUTING_TOPK_SOFTMAX = 4
 FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK = 5
+FT_ROUTING_TOPK_SIGMOID = 6
+FT_ROUTING_SOFTMAX_GROUP_TOPK = 7
+FT_ROUTING_SOFTMAX_BIASED_TOPK = 8
+FT_ROUTING_SPARSEMIXER = 9
+
+FT_ROUTE_WEIGHT_OUTPUT = 0
+FT_ROUTE_WEIGHT_INPUT = 1
 
 FT_BACKEND_AUTO = 0
 FT_BACKEND_CPU = 1
@@ -80,6 +87,8 @@ FT_TENSOR_SHARED_GATE = 3
 FT_TENSOR_SHARED_UP = 4
 FT_TENSOR_SHARED_DOWN = 5
 FT_TENSOR_SHARED_GATE_PROJ = 6
+FT_TENSOR_EXPERT_GATE_UP_BIAS = 7
+FT_TENSOR_EXPERT_DOWN_BIAS = 8
 
 FT_EP_MODE_THROUGHPUT = 0
 FT_EP_MODE_LATENCY = 1
@@ -124,7 +133,7 @@ class ft_model_desc(Structure):
                 ("format", c_int32), ("activation", c_int32), ("swiglu_alpha", c_float),
                 ("swiglu_limit", c_float), ("routing", c_int32), ("num_groups", c_int32),
                 ("topk_groups", c_int32), ("routed_scaling_factor", c_float), ("renormalize", c_bool),
-                ("reserved_", c_uint8 * 3)]
+                ("reserved_", c_uint8 * 3), ("route_weight", c_int32), ("router_jitter_eps", c_float)]
 
 
 class ft_model_info(Structure):
@@ -134,7 +143,8 @@ class ft_model_info(Structure):
                 ("topk_groups", c_int32), ("routed_scaling_factor", c_float), ("swiglu_alpha", c_float),
                 ("swiglu_limit", c_float), ("first_moe_layer", c_int32), ("total_layers", c_int32),
                 ("shared_intermediate_size", c_int32), ("expert_bytes", c_uint64), ("bank_bytes", c_uint64),
-                ("architecture", c_char_p), ("pinned_bytes", c_uint64)]
+                ("architecture", c_char_p), ("pinned_bytes", c_uint64), ("route_weight", c_int32),
+                ("router_jitter_eps", c_float), ("expert_biases", c_int32), ("shared_expert_gate", c_int32)]
 
 
 class ft_tensor_view(Structure):

@@ -169,6 +169,10 @@ struct ExpertSource {
     int num_banks = 0;
     const uint8_t *base[8] = {};
     size_t row_bytes[8] = {};
+    // bf16 only: per-expert biases in f32, gate_up_bias [E, 2I] (gate then up), down_bias [E, H],
+    // added before the activation and to the down output (bf16 gpt-oss). nullptr: none.
+    const float *gate_up_bias = nullptr;
+    const float *down_bias = nullptr;
 };
 
 // Shared expert(s) of a layer, applied to every token: gate/up [Is,H], down [H,Is] (bf16).
@@ -231,6 +235,11 @@ public:
     MoeStats run(const ExpertSource &src, const SharedExpertView *shared, int32_t num_tokens,
                  const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y);
 
+    // With `on`, a route's weight scales its expert's input instead of its output:
+    // y[t] = sum_k down_e(act(gate_e x') * (up_e x')) with x' = bf16(w[t,k] * x[t]) (Llama-4).
+    // bf16 experts only (FT_ERR_UNSUPPORTED otherwise); allocates its scratch here.
+    void set_weight_on_input(bool on);
+
     Isa isa() const { return isa_; }
     Format format() const { return format_; }
     // The kernel of the routed experts, e.g. "bf16" or "q4_0-w4a8-avx512".
@@ -261,6 +270,7 @@ private:
     const QuantOps *quant_ = nullptr;  // nullptr for bf16
     int32_t onednn_min_tokens_;
     int32_t quant_batched_min_tokens_ = 0;
+    bool weight_on_input_ = false;
     std::unique_ptr<Scratch> s_;
 };
 

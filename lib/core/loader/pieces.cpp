@@ -91,6 +91,14 @@ void run_piece(const Piece &p) {
         case Op::to_f32: {
             float *out = reinterpret_cast<float *>(p.dst);
             const uint64_t n = p.src_bytes / es;
+            if (p.deinterleave) {
+                const uint64_t cols = static_cast<uint64_t>(p.cols), half = cols / 2;
+                for (uint64_t i = 0; i < n; ++i) {
+                    const uint64_t row = i / cols, c = i % cols;
+                    out[row * cols + (c % 2) * half + c / 2] = element_to_f32(p.src, src + i * es);
+                }
+                return;
+            }
             for (uint64_t i = 0; i < n; ++i) out[i] = element_to_f32(p.src, src + i * es);
             return;
         }
@@ -105,11 +113,12 @@ void run_piece(const Piece &p) {
                 for (int64_t c0 = 0; c0 < p.cols; c0 += tile) {
                     const int64_t c1 = std::min(c0 + tile, p.cols);
                     for (int64_t c = c0; c < c1; ++c) {
+                        const int64_t dc = p.deinterleave ? (c % 2) * (p.cols / 2) + c / 2 : c;
                         for (int64_t r = r0; r < r1; ++r) {
                             if (p.op == Op::transpose_u8) {
-                                p.dst[c * p.rows + r] = base[r * p.cols + c];
+                                p.dst[dc * p.rows + r] = base[r * p.cols + c];
                             } else {
-                                reinterpret_cast<uint16_t *>(p.dst)[c * p.rows + r] =
+                                reinterpret_cast<uint16_t *>(p.dst)[dc * p.rows + r] =
                                     element_to_bf16(p.src, base + (r * p.cols + c) * es);
                             }
                         }

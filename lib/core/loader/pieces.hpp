@@ -49,6 +49,9 @@ struct Piece {
     uint64_t dst_bytes = 0;   // bytes this piece writes
     Op op = Op::copy;
     bool check_e8m0 = false;
+    // transpose: source column c goes to destination row (c % 2) * cols / 2 + c / 2 (gate/up
+    // columns interleaved -> gate rows then up rows). to_f32: the same within each row of `cols`.
+    bool deinterleave = false;
     int64_t rows = 0, cols = 0, row_begin = 0, row_end = 0;  // transposes, fp8_to_bf16
     Src src2 = Src::BF16;     // fp8_to_bf16: the scale tensor
     uint64_t src2_offset = 0; //   (absolute offset of its first element)

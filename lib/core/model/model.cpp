@@ -9,9 +9,7 @@ namespace ft {
 namespace {
 
 bool routing_rule_valid(int32_t rule) {
-    return rule == FT_ROUTING_SOFTMAX_TOPK || rule == FT_ROUTING_SOFTMAX_TOPK_RENORM ||
-           rule == FT_ROUTING_SIGMOID_GROUP_TOPK || rule == FT_ROUTING_TOPK_SOFTMAX ||
-           rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
+    return rule >= FT_ROUTING_SOFTMAX_TOPK && rule <= FT_ROUTING_SPARSEMIXER;
 }
 
 bool activation_valid(int32_t act) {
@@ -53,7 +51,17 @@ void ModelSpec::validate(bool from_checkpoint) const {
     check(routing.num_experts == num_experts && routing.top_k == top_k, "routing spec disagrees with geometry");
     check(std::isfinite(routing.routed_scaling_factor) && routing.routed_scaling_factor > 0.0f,
           "routed_scaling_factor must be positive and finite");
-    if (routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK || routing.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK) {
+    check(route_weight == FT_ROUTE_WEIGHT_OUTPUT || route_weight == FT_ROUTE_WEIGHT_INPUT,
+          "route_weight must be FT_ROUTE_WEIGHT_OUTPUT or FT_ROUTE_WEIGHT_INPUT");
+    check(route_weight == FT_ROUTE_WEIGHT_OUTPUT || format == Format::bf16,
+          "FT_ROUTE_WEIGHT_INPUT is served for bf16 experts only");
+    if (routing.rule == FT_ROUTING_SPARSEMIXER) {
+        check(top_k == 2, "FT_ROUTING_SPARSEMIXER routes exactly 2 experts per token");
+        check(std::isfinite(routing.jitter_eps) && routing.jitter_eps >= 0.0f,
+              "router_jitter_eps must be finite and not negative");
+    }
+    if (routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK || routing.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK ||
+        routing.rule == FT_ROUTING_SOFTMAX_GROUP_TOPK || routing.rule == FT_ROUTING_SOFTMAX_BIASED_TOPK) {
         check(routing.num_groups >= 1 && num_experts % routing.num_groups == 0,
               "num_groups must divide num_experts");
         check(routing.topk_groups >= 1 && routing.topk_groups <= routing.num_groups,

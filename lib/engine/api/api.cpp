@@ -215,6 +215,8 @@ void ft_model_desc_init(ft_model_desc *d) {
     d->topk_groups = 1;
     d->routed_scaling_factor = 1.0f;
     d->renormalize = true;
+    d->route_weight = FT_ROUTE_WEIGHT_OUTPUT;
+    d->router_jitter_eps = 0.01f;
 }
 
 ft_status ft_model_create(ft_engine *engine, const ft_model_desc *desc, ft_model **out, char *err, size_t err_size) {
@@ -245,6 +247,8 @@ ft_status ft_model_create(ft_engine *engine, const ft_model_desc *desc, ft_model
         s.routing.topk_groups = d.topk_groups;
         s.routing.routed_scaling_factor = d.routed_scaling_factor;
         s.routing.renormalize = d.renormalize;
+        s.routing.jitter_eps = d.router_jitter_eps;
+        s.route_weight = d.route_weight;
         auto m = std::make_unique<ft_model>();
         m->engine = engine;
         m->impl = std::make_unique<ft::LoadedModel>(*engine->impl, std::make_unique<ft::Model>(s));
@@ -297,6 +301,10 @@ ft_status ft_model_get_info(const ft_model *model, ft_model_info *info) {
     i.bank_bytes = m.banks().total_bytes();
     i.architecture = model->architecture.c_str();
     i.pinned_bytes = model->impl->pinned_bytes();
+    i.route_weight = s.route_weight;
+    i.router_jitter_eps = s.routing.jitter_eps;
+    i.expert_biases = s.expert_biases ? 1 : 0;
+    i.shared_expert_gate = s.shared_expert_gate ? 1 : 0;
     return write_out(info, i);
 }
 
@@ -318,6 +326,8 @@ ft_status ft_model_tensor(const ft_model *model, int32_t layer, int32_t which, f
         case FT_TENSOR_SHARED_UP: t = &x.shared_up; break;
         case FT_TENSOR_SHARED_DOWN: t = &x.shared_down; break;
         case FT_TENSOR_SHARED_GATE_PROJ: t = &x.shared_gate_proj; break;
+        case FT_TENSOR_EXPERT_GATE_UP_BIAS: t = &x.expert_gate_up_bias; break;
+        case FT_TENSOR_EXPERT_DOWN_BIAS: t = &x.expert_down_bias; break;
         default: return FT_ERR_INVALID_ARGUMENT;
     }
     if (t->empty() || t->shape.size() > 4) return FT_ERR_UNSUPPORTED;

@@ -18,10 +18,13 @@ std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     return {};
 }
 
-std::string gpu_missing(const MachineCaps &caps) {
+std::string gpu_missing(const MachineCaps &caps, const ModelSpec &model) {
     if (!caps.gpu_kernels) return "this build has no CUDA support";
     if (!caps.gpu) return "the engine has no GPU";
     if (caps.shared_experts) return "shared_experts asked for; the GPU backends leave the shared expert to the caller";
+    if (model.expert_biases) return "the routed experts carry biases (bf16 gpt-oss), which only the cpu backend adds";
+    if (model.route_weight == FT_ROUTE_WEIGHT_INPUT)
+        return "route weights scale the expert input (Llama-4), which only the cpu backend does";
     return {};
 }
 
@@ -30,7 +33,7 @@ uint64_t usable_vram(const MachineCaps &caps) {
 }
 
 std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model) {
-    if (std::string why = gpu_missing(caps); !why.empty()) return why;
+    if (std::string why = gpu_missing(caps, model); !why.empty()) return why;
     const uint64_t need = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts * model.num_layers;
     if (need > usable_vram(caps))
         return cat(need / 1e9, " GB of experts do not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
@@ -38,7 +41,7 @@ std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model
 }
 
 std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model) {
-    if (std::string why = gpu_missing(caps); !why.empty()) return why;
+    if (std::string why = gpu_missing(caps, model); !why.empty()) return why;
     if (model.num_experts > 1024) return cat(model.num_experts, " experts per layer; the slot cache admits at most 1024");
     const uint64_t layer = uint64_t(expert_bytes(model.format, model.hidden, model.intermediate)) * model.num_experts;
     if (layer > usable_vram(caps))

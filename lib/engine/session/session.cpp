@@ -115,8 +115,9 @@ void Session::route(int32_t layer, int32_t num_tokens, const float *logits, int3
     if (!logits || !ids || !weights) fail(FT_ERR_INVALID_ARGUMENT, "logits, expert_ids and expert_weights must not be NULL");
     const Tensor &bias = m.extras(layer).router_bias;
     const float *b = nullptr;
-    const bool biased_selection =
-        s.routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK || s.routing.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
+    const bool biased_selection = s.routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK ||
+                                  s.routing.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK ||
+                                  s.routing.rule == FT_ROUTING_SOFTMAX_BIASED_TOPK;
     if (biased_selection && !bias.empty()) b = reinterpret_cast<const float *>(bias.bytes.data());
     ft::route(s.routing, b, num_tokens, logits, ids, weights);
 }

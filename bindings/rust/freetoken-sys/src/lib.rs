@@ -92,6 +92,14 @@ pub const FT_ROUTING_SOFTMAX_TOPK_RENORM: i32 = 2;
 pub const FT_ROUTING_SIGMOID_GROUP_TOPK: i32 = 3;
 pub const FT_ROUTING_TOPK_SOFTMAX: i32 = 4;
 pub const FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK: i32 = 5;
+pub const FT_ROUTING_TOPK_SIGMOID: i32 = 6;
+pub const FT_ROUTING_SOFTMAX_GROUP_TOPK: i32 = 7;
+pub const FT_ROUTING_SOFTMAX_BIASED_TOPK: i32 = 8;
+pub const FT_ROUTING_SPARSEMIXER: i32 = 9;
+
+/// How `ft_decode` applies a route's weight (`ft_model_info.route_weight`).
+pub const FT_ROUTE_WEIGHT_OUTPUT: i32 = 0;
+pub const FT_ROUTE_WEIGHT_INPUT: i32 = 1;
 
 /// Backends.
 pub const FT_BACKEND_AUTO: i32 = 0;
@@ -213,6 +221,8 @@ pub struct ft_model_desc {
     pub routed_scaling_factor: f32,
     pub renormalize: bool,
     pub reserved_: [u8; 3],
+    pub route_weight: i32,
+    pub router_jitter_eps: f32,
 }
 
 /// Which projection `ft_model_set_expert` writes: gate_proj / w1, [I, H].
@@ -247,6 +257,10 @@ pub struct ft_model_info {
     pub bank_bytes: u64,
     pub architecture: *const c_char,
     pub pinned_bytes: u64,
+    pub route_weight: i32,
+    pub router_jitter_eps: f32,
+    pub expert_biases: i32,
+    pub shared_expert_gate: i32,
 }
 
 /// Tensors a model carries besides the routed experts (`ft_model_tensor`).
@@ -256,6 +270,8 @@ pub const FT_TENSOR_SHARED_GATE: i32 = 3;
 pub const FT_TENSOR_SHARED_UP: i32 = 4;
 pub const FT_TENSOR_SHARED_DOWN: i32 = 5;
 pub const FT_TENSOR_SHARED_GATE_PROJ: i32 = 6;
+pub const FT_TENSOR_EXPERT_GATE_UP_BIAS: i32 = 7;
+pub const FT_TENSOR_EXPERT_DOWN_BIAS: i32 = 8;
 
 /// A tensor owned by a model (`ft_model_tensor`).
 #[repr(C)]

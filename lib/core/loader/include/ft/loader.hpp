@@ -1,21 +1,21 @@
 // Hugging Face checkpoint directory -> Model: config.json gives the geometry and routing rule,
 // the safetensors shards give the routed experts (copied into the host banks) and the per-layer
-// tensors beside them (router, correction bias, shared expert). Spec sections 3.3 and 7.
+// tensors beside them (router, correction bias, shared expert).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ft/model.hpp"
 
 namespace ft {
 
-// Reads <dir>/config.json. Supported model_type values: qwen3_moe, qwen3_5_moe (and the
-// Qwen3.5/3.6 variants qwen3_5_moe_text, qwen3_6_moe, qwen3_6_moe_text; fields may be nested
-// under text_config), mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss (clamped SwiGLU, top-k
-// softmax routing), deepseek_v4 (ds_fp4 experts; DeepSeek inference-config field names accepted).
+// Reads <dir>/config.json. Supported model_type values: supported_model_types() (each with its
+// transformers field names and aliases; the language model's fields may be nested under
+// text_config or thinker_config.text_config; docs/ARCHITECTURE.md has each routing rule).
 // spec.format is what quantization_config (or ModelOpt's hf_quant_config.json) declares: fp8
 // with weight_block_size [128, 128] -> fp8_block, modelopt NVFP4 -> nvfp4, mxfp4 -> mxfp4,
 // nothing -> bf16; other methods are FT_ERR_UNSUPPORTED. load_checkpoint checks it against the
@@ -24,6 +24,9 @@ namespace ft {
 // typed field (named), FT_ERR_UNSUPPORTED for an unknown model_type or activation (named).
 // Optional fields take the defaults of the matching transformers config class.
 ModelSpec read_model_config(const std::string &dir);
+
+// Every model_type read_model_config accepts, in the order its error message lists them.
+std::vector<std::string> supported_model_types();
 
 struct LoadOptions {
     int io_threads = 0;  // parallel readers; 0 = std::thread::hardware_concurrency()

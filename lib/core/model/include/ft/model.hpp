@@ -19,11 +19,12 @@ struct RoutingSpec {
     int32_t num_groups = 1;    // FT_ROUTING_SIGMOID_GROUP_TOPK
     int32_t topk_groups = 1;
     float routed_scaling_factor = 1.0f;
-    bool renormalize = true;   // FT_ROUTING_SIGMOID_GROUP_TOPK only
+    bool renormalize = true;   // the biased and grouped rules (FT_ROUTING_*_GROUP_TOPK, _BIASED_TOPK)
+    float jitter_eps = 0.01f;  // FT_ROUTING_SPARSEMIXER
 };
 
 struct ModelSpec {
-    std::string architecture = "custom";  // qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe
+    std::string architecture = "custom";  // the canonical name of a supported_architectures() entry
     int32_t num_layers = 0;               // MoE layers, L
     std::vector<int32_t> moe_layers;      // checkpoint layer of each MoE layer (size L)
     int32_t total_layers = 0;             // decoder layers of the checkpoint (0: built in memory)
@@ -37,7 +38,9 @@ struct ModelSpec {
     float swiglu_limit = 7.0f;
     RoutingSpec routing;
     int32_t shared_intermediate = 0;      // total width of the shared expert(s); 0 = none
-    bool shared_expert_gate = false;      // out += sigmoid(gate_proj . x) * shared(x)  (Qwen3.5)
+    bool shared_expert_gate = false;      // out += sigmoid(gate_proj . x) * shared(x)  (Qwen2/3.5/3-Next)
+    int32_t route_weight = FT_ROUTE_WEIGHT_OUTPUT;  // FT_ROUTE_WEIGHT_INPUT: expert(w x) (Llama-4)
+    bool expert_biases = false;           // LayerExtras carries expert_gate_up_bias / expert_down_bias
 
     // Throws FT_ERR_INVALID_ARGUMENT (or FT_ERR_FORMAT when from_checkpoint) naming the field.
     void validate(bool from_checkpoint) const;
@@ -60,6 +63,8 @@ struct LayerExtras {
     Tensor shared_up;          // [Is, H] bf16
     Tensor shared_down;        // [H, Is] bf16
     Tensor shared_gate_proj;   // [1, H] bf16 (sigmoid gate of the shared expert)
+    Tensor expert_gate_up_bias;  // [E, 2I] f32: gate biases then up biases of each routed expert
+    Tensor expert_down_bias;     // [E, H] f32
 };
 
 class Model {
