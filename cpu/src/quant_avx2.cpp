@@ -88,7 +88,26 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
 
 // ---- nvfp4 / ds_fp4 -------------------------------------------------------------------------
 
-// One row; B = 16 (nvfp4, e4m3 scale per 8 packed bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
+// The 32 weights of chunk c of a row (16 packed bytes), scaled: w[0..1] the 16 even elements
+// (low nibbles), w[2..3] the 16 odd ones, as the [16 even, 16 odd] activation layout. B = 16
+// (nvfp4, e4m3 scale per 8 packed bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
+template <int B>
+inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, __m256 w[4]) {
+    const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
+    const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
+    const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
+                               : _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
+    float s0, s1;
+    if (B == 32) s0 = s1 = 0.5f * g_e8m0[sc[c / 32]];
+    else s0 = 0.5f * g_e4m3[sc[c / 16]], s1 = half ? 0.0f : 0.5f * g_e4m3[sc[c / 16 + 1]];
+    i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(bytes, m15)), w[0], w[1]);
+    i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), m15)), w[2], w[3]);
+    const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
+    w[0] = _mm256_mul_ps(w[0], vs0), w[1] = _mm256_mul_ps(w[1], vs1);
+    w[2] = _mm256_mul_ps(w[2], vs0), w[3] = _mm256_mul_ps(w[3], vs1);
+}
+
+// One row x NT tokens.
 template <int B>
 struct E2m1Row {
     template <int NT>
@@ -96,7 +115,6 @@ struct E2m1Row {
         static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *p, const uint8_t *sc, int64_t K,
                         float row_scale, int pf) {
             constexpr int S = acc_sets<NT>();
-            const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
             const float *x[NT];
             __m256 acc[NT][S];
             for (int t = 0; t < NT; ++t) {
@@ -105,27 +123,11 @@ struct E2m1Row {
             }
             for (int64_t c = 0; c < K; c += 32) {
                 if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
-                const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
-                const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
-                                           : _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
-                float s0, s1;
-                if (B == 32) s0 = s1 = 0.5f * g_e8m0[sc[c / 32]];
-                else s0 = 0.5f * g_e4m3[sc[c / 16]], s1 = half ? 0.0f : 0.5f * g_e4m3[sc[c / 16 + 1]];
-                const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(bytes, m15));
-                const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), m15));
-                const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
-                // Layout per 32: [16 even (low nibbles of bytes 0..15), 16 odd (high nibbles)].
-                __m256 w0, w1, w2, w3;
-                i8x16_to_ps(lo, w0, w1);
-                i8x16_to_ps(hi, w2, w3);
-                w0 = _mm256_mul_ps(w0, vs0), w1 = _mm256_mul_ps(w1, vs1);
-                w2 = _mm256_mul_ps(w2, vs0), w3 = _mm256_mul_ps(w3, vs1);
+                __m256 w[4];
+                e2m1_chunk<B>(p, sc, c, K, w);
                 for (int t = 0; t < NT; ++t) {
                     const float *xt = x[t] + c;
-                    acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), acc[t][0]);
-                    acc[t][1 % S] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), acc[t][1 % S]);
-                    acc[t][2 % S] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), acc[t][2 % S]);
-                    acc[t][3 % S] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), acc[t][3 % S]);
+                    for (int i = 0; i < 4; ++i) acc[t][i % S] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i % S]);
                 }
             }
             for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(sum_sets<S>(acc[t])) * row_scale;
@@ -133,106 +135,180 @@ struct E2m1Row {
     };
 };
 
+// Two rows x one token: two weight streams per core, each activation vector loaded once for both.
+template <int B>
+void e2m1_pair(const float *x, float *out0, float *out1, const uint8_t *const p[2], const uint8_t *const sc[2],
+               int64_t K, const float rs[2], int pf) {
+    __m256 acc[2][2];
+    for (int r = 0; r < 2; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += 32) {
+        __m256 w[2][4];
+        for (int r = 0; r < 2; ++r) {
+            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
+            e2m1_chunk<B>(p[r], sc[r], c, K, w[r]);
+        }
+        for (int i = 0; i < 4; ++i) {
+            const __m256 xv = _mm256_loadu_ps(x + c + 8 * i);
+            for (int r = 0; r < 2; ++r) acc[r][i & 1] = _mm256_fmadd_ps(w[r][i], xv, acc[r][i & 1]);
+        }
+    }
+    *out0 = hsum(_mm256_add_ps(acc[0][0], acc[0][1])) * rs[0];
+    *out1 = hsum(_mm256_add_ps(acc[1][0], acc[1][1])) * rs[1];
+}
+
 template <int B>
 void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
+    auto row_scale = [&](int64_t r) { return B == 16 ? f16(m.global + r * 2) : 1.0f; };
+    if (ntok == 1) {  // row j together with row j + count / 2
+        const float *x = reinterpret_cast<const float *>(act[0]);
+        for_row_pairs(count, [&](int R, const int *cols) {
+            const int64_t r0 = first + cols[0], r1 = first + cols[R - 1];
+            if (R == 1) {
+                E2m1Row<B>::template Row<1>::run(act, out + cols[0], ldo, m.data + r0 * (K / 2), m.scale + r0 * (K / B), K,
+                                                 row_scale(r0), pf);
+                return;
+            }
+            const uint8_t *const p[2] = {m.data + r0 * (K / 2), m.data + r1 * (K / 2)};
+            const uint8_t *const sc[2] = {m.scale + r0 * (K / B), m.scale + r1 * (K / B)};
+            const float rs[2] = {row_scale(r0), row_scale(r1)};
+            e2m1_pair<B>(x, out + cols[0], out + cols[1], p, sc, K, rs, pf);
+        });
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
-        const float g = B == 16 ? f16(m.global + r * 2) : 1.0f;
-        per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K, g,
-                                             pf);
+        per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K,
+                                             row_scale(r), pf);
     }
 }
 
 // ---- fp8_block ------------------------------------------------------------------------------
 
+// R rows (R = 2 only for one token: two weight streams, shared activation loads) x NT tokens.
+// A 128-chunk holding a NaN code in any of the R rows is summed from the reference table.
+template <int NT, int R>
+void fp8_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const w[R],
+              const uint8_t *const band[R], int64_t K, int pf) {
+    const __m256i m80 = _mm256_set1_epi8(char(0x80)), ff = _mm256_set1_epi8(char(0xff));
+    const __m256i fp16_mask = _mm256_set1_epi16(int16_t(0xbf80)), zero = _mm256_setzero_si256();
+    constexpr int S = R == 2 ? 2 : acc_sets<NT>();
+    const float *x[NT];
+    __m256 acc[R][NT][S];
+    float nan_part[R][NT] = {};
+    for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const float *>(act[t]);
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t)
+            for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += 128) {
+        float s[R];
+        __m256i nan = zero;
+        for (int r = 0; r < R; ++r) {
+            s[r] = bf16(band[r] + (c / 128) * 2);
+            if (pf) {
+                _mm_prefetch(reinterpret_cast<const char *>(w[r] + c) + pf, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char *>(w[r] + c + 64) + pf, _MM_HINT_T0);
+            }
+            for (int q = 0; q < 4; ++q) {
+                const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[r] + c + 32 * q));
+                nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_or_si256(b, m80), ff));
+            }
+        }
+        if (!_mm256_testz_si256(nan, nan)) {  // the reference's NaN must reach the output; the table has it
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < NT; ++t)
+                    for (int i = 0; i < 128; ++i) nan_part[r][t] += g_e4m3[w[r][c + i]] * s[r] * x[t][c + i];
+            continue;
+        }
+        for (int q = 0; q < 4; ++q) {
+            __m256 f[R][4];
+            for (int r = 0; r < R; ++r) {
+                // Words (byte << 8) >> 1 (arithmetic), bit 14 cleared: fp16 bits of value * 2^-8.
+                // unpacklo holds elements 0..7 | 16..23 of the 32, unpackhi 8..15 | 24..31.
+                const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[r] + c + 32 * q));
+                const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 1), fp16_mask);
+                const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 1), fp16_mask);
+                const __m256 sv = _mm256_set1_ps(s[r]);
+                f[r][0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), sv);
+                f[r][1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), sv);
+                f[r][2] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)), sv);
+                f[r][3] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), sv);
+            }
+            for (int t = 0; t < NT; ++t) {
+                const float *xt = x[t] + c + 32 * q;
+                for (int i = 0; i < 4; ++i) {
+                    const __m256 xv = _mm256_loadu_ps(xt + 8 * i);
+                    for (int r = 0; r < R; ++r) acc[r][t][i % S] = _mm256_fmadd_ps(f[r][i], xv, acc[r][t][i % S]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) out[r][t * ldo] = hsum(sum_sets<S>(acc[r][t])) * 256.0f + nan_part[r][t];
+}
+
 template <int NT>
 struct Fp8Row {
     static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *w, const uint8_t *band, int64_t K,
                     int pf) {
-        const __m256i m80 = _mm256_set1_epi8(char(0x80)), ff = _mm256_set1_epi8(char(0xff));
-        const __m256i fp16_mask = _mm256_set1_epi16(int16_t(0xbf80)), zero = _mm256_setzero_si256();
-        constexpr int S = acc_sets<NT>();
-        const float *x[NT];
-        __m256 acc[NT][S];
-        float nan_part[NT] = {};
-        for (int t = 0; t < NT; ++t) {
-            x[t] = reinterpret_cast<const float *>(act[t]);
-            for (int i = 0; i < S; ++i) acc[t][i] = _mm256_setzero_ps();
-        }
-        for (int64_t c = 0; c < K; c += 128) {
-            const float s = bf16(band + (c / 128) * 2);
-            if (pf) {
-                _mm_prefetch(reinterpret_cast<const char *>(w + c) + pf, _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char *>(w + c + 64) + pf, _MM_HINT_T0);
-            }
-            __m256i b[4], nan = zero;
-            for (int q = 0; q < 4; ++q) {
-                b[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + c + 32 * q));
-                nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_or_si256(b[q], m80), ff));
-            }
-            if (!_mm256_testz_si256(nan, nan)) {  // the reference's NaN must reach the output; the table has it
-                for (int t = 0; t < NT; ++t)
-                    for (int i = 0; i < 128; ++i) nan_part[t] += g_e4m3[w[c + i]] * s * x[t][c + i];
-                continue;
-            }
-            const __m256 sv = _mm256_set1_ps(s);
-            for (int q = 0; q < 4; ++q) {
-                // Words (byte << 8) >> 1 (arithmetic), bit 14 cleared: fp16 bits of value * 2^-8.
-                // unpacklo holds elements 0..7 | 16..23 of the 32, unpackhi 8..15 | 24..31.
-                const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b[q]), 1), fp16_mask);
-                const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b[q]), 1), fp16_mask);
-                const __m256 f0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), sv);
-                const __m256 f2 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)), sv);
-                const __m256 f1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), sv);
-                const __m256 f3 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), sv);
-                for (int t = 0; t < NT; ++t) {
-                    const float *xt = x[t] + c + 32 * q;
-                    acc[t][0] = _mm256_fmadd_ps(f0, _mm256_loadu_ps(xt), acc[t][0]);
-                    acc[t][1 % S] = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xt + 8), acc[t][1 % S]);
-                    acc[t][2 % S] = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xt + 16), acc[t][2 % S]);
-                    acc[t][3 % S] = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xt + 24), acc[t][3 % S]);
-                }
-            }
-        }
-        for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(sum_sets<S>(acc[t])) * 256.0f + nan_part[t];
+        float *const o[1] = {out};
+        const uint8_t *const wr[1] = {w}, *const br[1] = {band};
+        fp8_rows<NT, 1>(act, o, ldo, wr, br, K, pf);
     }
 };
 
 // ---- q4_0 x Q8_0 ----------------------------------------------------------------------------
 
+// R rows (R = 2 only for one token) x NT tokens.
+template <int NT, int R>
+void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const row[R], int64_t nb,
+             int64_t qbytes, int pf) {
+    const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    const __m128i m15 = _mm_set1_epi8(0x0f);
+    constexpr int S = NT <= 2 ? 2 : 1;  // blocks alternate between S accumulators
+    const int8_t *q[NT];
+    const float *d[NT];
+    __m256 acc[R][NT][S];
+    for (int t = 0; t < NT; ++t) {
+        for (int r = 0; r < R; ++r)
+            for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_setzero_ps();
+        q[t] = reinterpret_cast<const int8_t *>(act[t]);
+        d[t] = reinterpret_cast<const float *>(act[t] + qbytes);
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i w[R], aw[R];
+        __m256 dw[R];
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *blk = row[r] + b * 18;
+            if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
+            const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
+            w[r] = _mm256_sub_epi8(u, eight), aw[r] = _mm256_abs_epi8(w[r]);
+            dw[r] = _mm256_set1_ps(f16(blk));
+        }
+        for (int t = 0; t < NT; ++t) {
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
+            const __m256 da = _mm256_broadcast_ss(d[t] + b);
+            for (int r = 0; r < R; ++r) {
+                const __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(a, w[r])), ones);
+                __m256 &a_t = acc[r][t][b % S];
+                a_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw[r], da), a_t);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) out[r][t * ldo] = hsum(sum_sets<S>(acc[r][t]));
+}
+
 template <int NT>
 struct Q4Row {
     static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *row, int64_t nb, int64_t qbytes,
                     int pf) {
-        const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-        const __m128i m15 = _mm_set1_epi8(0x0f);
-        constexpr int S = NT <= 2 ? 2 : 1;  // blocks alternate between S accumulators
-        const int8_t *q[NT];
-        const float *d[NT];
-        __m256 acc[NT][S];
-        for (int t = 0; t < NT; ++t) {
-            for (int i = 0; i < S; ++i) acc[t][i] = _mm256_setzero_ps();
-            q[t] = reinterpret_cast<const int8_t *>(act[t]);
-            d[t] = reinterpret_cast<const float *>(act[t] + qbytes);
-        }
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t *blk = row + b * 18;
-            if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
-            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
-            const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
-            const __m256i w = _mm256_sub_epi8(u, eight), aw = _mm256_abs_epi8(w);
-            const __m256 dw = _mm256_set1_ps(f16(blk));
-            for (int t = 0; t < NT; ++t) {
-                const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
-                const __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w)), ones);
-                __m256 &a_t = acc[t][b % S];
-                a_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_broadcast_ss(d[t] + b)), a_t);
-            }
-        }
-        for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(sum_sets<S>(acc[t]));
+        float *const o[1] = {out};
+        const uint8_t *const rr[1] = {row};
+        q4_rows<NT, 1>(act, o, ldo, rr, nb, qbytes, pf);
     }
 };
 
@@ -319,9 +395,20 @@ void fp8_block_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_
                     size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
+    auto band = [&](int64_t r) { return m.scale + (r / 128) * (K / 128) * 2; };
+    if (ntok == 1) {  // row j together with row j + count / 2
+        for_row_pairs(count, [&](int R, const int *cols) {
+            const int64_t r0 = first + cols[0], r1 = first + cols[R - 1];
+            if (R == 1) return Fp8Row<1>::run(act, out + cols[0], ldo, m.data + r0 * K, band(r0), K, pf);
+            float *const o[2] = {out + cols[0], out + cols[1]};
+            const uint8_t *const w[2] = {m.data + r0 * K, m.data + r1 * K}, *const b[2] = {band(r0), band(r1)};
+            fp8_rows<1, 2>(act, o, ldo, w, b, K, pf);
+        });
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
-        per_tokens<Fp8Row>(ntok, act, out + j, ldo, m.data + r * K, m.scale + (r / 128) * (K / 128) * 2, K, pf);
+        per_tokens<Fp8Row>(ntok, act, out + j, ldo, m.data + r * K, band(r), K, pf);
     }
 }
 
@@ -329,6 +416,16 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
                size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
+    if (ntok == 1) {  // row j together with row j + count / 2
+        for_row_pairs(count, [&](int R, const int *cols) {
+            const uint8_t *r0 = m.data + (first + cols[0]) * nb * 18, *r1 = m.data + (first + cols[R - 1]) * nb * 18;
+            if (R == 1) return Q4Row<1>::run(act, out + cols[0], ldo, r0, nb, qbytes, pf);
+            float *const o[2] = {out + cols[0], out + cols[1]};
+            const uint8_t *const rr[2] = {r0, r1};
+            q4_rows<1, 2>(act, o, ldo, rr, nb, qbytes, pf);
+        });
+        return;
+    }
     for (int j = 0; j < count; ++j)
         per_tokens<Q4Row>(ntok, act, out + j, ldo, m.data + (first + j) * nb * 18, nb, qbytes, pf);
 }
