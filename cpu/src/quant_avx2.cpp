@@ -188,15 +188,18 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
 // ---- fp8_block ------------------------------------------------------------------------------
 
 // R rows (R = 2 only for one token: two weight streams, shared activation loads) x NT tokens.
-// A 128-chunk holding a NaN code in any of the R rows is summed from the reference table.
+// A 128-chunk holding a NaN code in any of the R rows is summed from the reference table. Up to
+// 4 (row, token) pairs sum each 128-chunk unscaled and apply its scale once per pair (fewer
+// operations); larger tiles scale the decoded weights once for all their tokens.
 template <int NT, int R>
 void fp8_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const w[R],
               const uint8_t *const band[R], int64_t K, int pf) {
     const __m256i m80 = _mm256_set1_epi8(char(0x80)), ff = _mm256_set1_epi8(char(0xff));
     const __m256i fp16_mask = _mm256_set1_epi16(int16_t(0xbf80)), zero = _mm256_setzero_si256();
     constexpr int S = R == 2 ? 2 : acc_sets<NT>();
+    constexpr bool chunk_sums = R * NT <= 4;
     const float *x[NT];
-    __m256 acc[R][NT][S];
+    __m256 acc[R][NT][S], blk[R][NT][S];
     float nan_part[R][NT] = {};
     for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const float *>(act[t]);
     for (int r = 0; r < R; ++r)
@@ -222,6 +225,10 @@ void fp8_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const 
                     for (int i = 0; i < 128; ++i) nan_part[r][t] += g_e4m3[w[r][c + i]] * s[r] * x[t][c + i];
             continue;
         }
+        if (chunk_sums)
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < NT; ++t)
+                    for (int i = 0; i < S; ++i) blk[r][t][i] = _mm256_setzero_ps();
         for (int q = 0; q < 4; ++q) {
             __m256 f[R][4];
             for (int r = 0; r < R; ++r) {
@@ -230,20 +237,32 @@ void fp8_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const 
                 const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[r] + c + 32 * q));
                 const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 1), fp16_mask);
                 const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 1), fp16_mask);
-                const __m256 sv = _mm256_set1_ps(s[r]);
-                f[r][0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), sv);
-                f[r][1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), sv);
-                f[r][2] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)), sv);
-                f[r][3] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), sv);
+                f[r][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+                f[r][1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+                f[r][2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+                f[r][3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
+                if (!chunk_sums) {
+                    const __m256 sv = _mm256_set1_ps(s[r]);
+                    for (int i = 0; i < 4; ++i) f[r][i] = _mm256_mul_ps(f[r][i], sv);
+                }
             }
             for (int t = 0; t < NT; ++t) {
                 const float *xt = x[t] + c + 32 * q;
                 for (int i = 0; i < 4; ++i) {
                     const __m256 xv = _mm256_loadu_ps(xt + 8 * i);
-                    for (int r = 0; r < R; ++r) acc[r][t][i % S] = _mm256_fmadd_ps(f[r][i], xv, acc[r][t][i % S]);
+                    for (int r = 0; r < R; ++r) {
+                        __m256 &a = chunk_sums ? blk[r][t][i % S] : acc[r][t][i % S];
+                        a = _mm256_fmadd_ps(f[r][i], xv, a);
+                    }
                 }
             }
         }
+        if (chunk_sums)
+            for (int r = 0; r < R; ++r) {
+                const __m256 sv = _mm256_set1_ps(s[r]);
+                for (int t = 0; t < NT; ++t)
+                    for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_fmadd_ps(blk[r][t][i], sv, acc[r][t][i]);
+            }
     }
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) out[r][t * ldo] = hsum(sum_sets<S>(acc[r][t])) * 256.0f + nan_part[r][t];
