@@ -88,11 +88,13 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
 
 // ---- nvfp4 / ds_fp4 -------------------------------------------------------------------------
 
-// The 32 weights of chunk c of a row (16 packed bytes), scaled: w[0..1] the 16 even elements
-// (low nibbles), w[2..3] the 16 odd ones, as the [16 even, 16 odd] activation layout. B = 16
-// (nvfp4, e4m3 scale per 8 packed bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
-template <int B>
-inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, __m256 w[4]) {
+// The 32 weights of chunk c of a row (16 packed bytes): w[0..1] the 16 even elements (low
+// nibbles), w[2..3] the 16 odd ones, as the [16 even, 16 odd] activation layout; w[0], w[2] take
+// block scale vs[0], w[1], w[3] vs[1] (half the e4m3 / e8m0 value: the table holds 2 * value).
+// Scaled: multiplied in; else left to the caller (vs). B = 16 (nvfp4, e4m3 scale per 8 packed
+// bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
+template <int B, bool Scaled = true>
+inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, __m256 w[4], __m256 *vs = nullptr) {
     const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
     const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
     const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
@@ -103,6 +105,10 @@ inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K
     i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(bytes, m15)), w[0], w[1]);
     i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), m15)), w[2], w[3]);
     const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
+    if (!Scaled) {
+        vs[0] = vs0, vs[1] = vs1;
+        return;
+    }
     w[0] = _mm256_mul_ps(w[0], vs0), w[1] = _mm256_mul_ps(w[1], vs1);
     w[2] = _mm256_mul_ps(w[2], vs0), w[3] = _mm256_mul_ps(w[3], vs1);
 }
@@ -135,25 +141,30 @@ struct E2m1Row {
     };
 };
 
-// Two rows x one token: two weight streams per core, each activation vector loaded once for both.
-template <int B>
-void e2m1_pair(const float *x, float *out0, float *out1, const uint8_t *const p[2], const uint8_t *const sc[2],
-               int64_t K, const float rs[2], int pf) {
-    __m256 acc[2][2];
-    for (int r = 0; r < 2; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+// R rows x one token (R = 2: two weight streams per core, each activation vector loaded once for
+// both): each chunk is summed unscaled per block scale (w[0] + w[2] and w[1] + w[3]), then one
+// FMA per scale, fewer operations than scaling the weights when they serve one token.
+template <int B, int R>
+void e2m1_one_token(const float *x, float *const out[R], const uint8_t *const p[R], const uint8_t *const sc[R],
+                    int64_t K, const float rs[R], int pf) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < K; c += 32) {
-        __m256 w[2][4];
-        for (int r = 0; r < 2; ++r) {
+        __m256 w[R][4], vs[R][2];
+        for (int r = 0; r < R; ++r) {
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
-            e2m1_chunk<B>(p[r], sc[r], c, K, w[r]);
+            e2m1_chunk<B, false>(p[r], sc[r], c, K, w[r], vs[r]);
         }
+        __m256 blk[R][2];
         for (int i = 0; i < 4; ++i) {
             const __m256 xv = _mm256_loadu_ps(x + c + 8 * i);
-            for (int r = 0; r < 2; ++r) acc[r][i & 1] = _mm256_fmadd_ps(w[r][i], xv, acc[r][i & 1]);
+            for (int r = 0; r < R; ++r)
+                blk[r][i & 1] = i < 2 ? _mm256_mul_ps(w[r][i], xv) : _mm256_fmadd_ps(w[r][i], xv, blk[r][i & 1]);
         }
+        for (int r = 0; r < R; ++r)
+            for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_fmadd_ps(blk[r][h], vs[r][h], acc[r][h]);
     }
-    *out0 = hsum(_mm256_add_ps(acc[0][0], acc[0][1])) * rs[0];
-    *out1 = hsum(_mm256_add_ps(acc[1][0], acc[1][1])) * rs[1];
+    for (int r = 0; r < R; ++r) *out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * rs[r];
 }
 
 template <int B>
@@ -166,15 +177,12 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         const float *x = reinterpret_cast<const float *>(act[0]);
         for_row_pairs(count, [&](int R, const int *cols) {
             const int64_t r0 = first + cols[0], r1 = first + cols[R - 1];
-            if (R == 1) {
-                E2m1Row<B>::template Row<1>::run(act, out + cols[0], ldo, m.data + r0 * (K / 2), m.scale + r0 * (K / B), K,
-                                                 row_scale(r0), pf);
-                return;
-            }
+            float *const o[2] = {out + cols[0], out + cols[R - 1]};
             const uint8_t *const p[2] = {m.data + r0 * (K / 2), m.data + r1 * (K / 2)};
             const uint8_t *const sc[2] = {m.scale + r0 * (K / B), m.scale + r1 * (K / B)};
             const float rs[2] = {row_scale(r0), row_scale(r1)};
-            e2m1_pair<B>(x, out + cols[0], out + cols[1], p, sc, K, rs, pf);
+            if (R == 1) e2m1_one_token<B, 1>(x, o, p, sc, K, rs, pf);
+            else e2m1_one_token<B, 2>(x, o, p, sc, K, rs, pf);
         });
         return;
     }
