@@ -9,13 +9,15 @@
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
 //          NaN reaches the output;
 //   e8m0   s << 23 with code 0 -> 2^-127 and 255 -> NaN blended in;
-//   q4_0   w = u - 8 as int8; per token `vpmaddubsw(|w|, sign(a, w))` then `vpmaddwd` by ones: exact
-//          int32 per 4 elements (|w a| <= 8 * 127, pairs fit int16), x fp16 d x activation d.
+//   q4_0   tiles of 3+ tokens: w = u - 8 as int8, per token `vpmaddubsw(|w|, sign(a, w))`; one or
+//          two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`; then `vpmaddwd` by ones: exact int32
+//          per 4 elements (pairs fit int16), x fp16 d x activation d.
 // Products are exact (e2m1 x e4m3 / e8m0 scales and e4m3 x bf16 fit fp32), so only the fp32
 // summation order differs from the reference (Q8_0 activations for q4_0 by definition).
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels.hpp"
 #include "quant_kernels.hpp"
@@ -295,6 +297,10 @@ void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const u
     const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
     const __m128i m15 = _mm_set1_epi8(0x0f);
     constexpr int S = NT <= 2 ? 2 : 1;  // blocks alternate between S accumulators
+    // Tiles of 3+ tokens: w = u - 8 as int8, vpmaddubsw(|w|, sign(a, w)) per token (the sign and
+    // abs are per row). One or two tokens: vpmaddubsw(u, a) - vpmaddubsw(8, a), the second shared
+    // by the R rows (fewer operations there).
+    constexpr bool kSignTrick = NT >= 3;
     const int8_t *q[NT];
     const float *d[NT];
     __m256 acc[R][NT][S];
@@ -304,7 +310,9 @@ void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const u
         q[t] = reinterpret_cast<const int8_t *>(act[t]);
         d[t] = reinterpret_cast<const float *>(act[t] + qbytes);
     }
-    for (int64_t b = 0; b < nb; ++b) {
+    // Block b into accumulator set A (a constant, so the accumulators stay in registers).
+    auto block = [&](int64_t b, auto set) {
+        constexpr int A = decltype(set)::value;
         __m256i w[R], aw[R];
         __m256 dw[R];
         for (int r = 0; r < R; ++r) {
@@ -312,19 +320,29 @@ void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const u
             if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
             const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
             const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
-            w[r] = _mm256_sub_epi8(u, eight), aw[r] = _mm256_abs_epi8(w[r]);
+            if (kSignTrick) w[r] = _mm256_sub_epi8(u, eight), aw[r] = _mm256_abs_epi8(w[r]);
+            else aw[r] = u;
             dw[r] = _mm256_set1_ps(f16(blk));
         }
         for (int t = 0; t < NT; ++t) {
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
             const __m256 da = _mm256_broadcast_ss(d[t] + b);
+            const __m256i corr = kSignTrick ? a : _mm256_maddubs_epi16(eight, a);  // 8 * pair sums of a
             for (int r = 0; r < R; ++r) {
-                const __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(a, w[r])), ones);
-                __m256 &a_t = acc[r][t][b % S];
+                const __m256i p16 = kSignTrick ? _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(a, w[r]))
+                                               : _mm256_sub_epi16(_mm256_maddubs_epi16(aw[r], a), corr);
+                const __m256i i32 = _mm256_madd_epi16(p16, ones);
+                __m256 &a_t = acc[r][t][A];
                 a_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw[r], da), a_t);
             }
         }
+    };
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        block(b, std::integral_constant<int, 0>{});
+        block(b + 1, std::integral_constant<int, S - 1>{});
     }
+    if (b < nb) block(b, std::integral_constant<int, 0>{});
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) out[r][t * ldo] = hsum(sum_sets<S>(acc[r][t]));
 }
