@@ -361,8 +361,8 @@ struct Q4Row {
 
 // Columns [first, first + count) (count <= 8 * G) for NT tokens: per K row the 8 * G bytes (two
 // weights each) are decoded once, scaled by the columns' e8m0 scales of the 32-row block, and
-// used for all NT tokens. G = 4 for one token (32 columns, as many accumulators as registers
-// allow), 2 for tiles of 2..4 tokens.
+// used for all NT tokens. G = 4 (32 columns) for one or two tokens, 2 for tiles of 3..4 tokens
+// (as many accumulators as registers allow).
 template <int NT, int G>
 void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
                 int pf_rows) {
@@ -475,14 +475,17 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         per_tokens<Q4Row>(ntok, act, out + j, ldo, m.data + (first + j) * nb * 18, nb, qbytes, pf);
 }
 
-// One token: tiles of 32 columns; several: 16 columns x up to 4 tokens (16 ymm registers: 8
-// accumulators, 2 scales, 4 weights, 2 activations).
+// One or two tokens: tiles of 32 columns; more: 16 columns x up to 4 tokens (16 ymm registers:
+// 8 accumulators, 2 scales, 4 weights, 2 activations).
 void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                 size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
-    if (ntok == 1) {
-        for (int c = 0; c < count; c += 32)
-            mxfp4_tile<1, 4>(m, first + c, count - c < 32 ? count - c : 32, act, out + c, ldo, pf_rows);
+    if (ntok <= 2) {
+        for (int c = 0; c < count; c += 32) {
+            const int n = count - c < 32 ? count - c : 32;
+            if (ntok == 1) mxfp4_tile<1, 4>(m, first + c, n, act, out + c, ldo, pf_rows);
+            else mxfp4_tile<2, 4>(m, first + c, n, act, out + c, ldo, pf_rows);
+        }
         return;
     }
     for (int c = 0; c < count; c += 16) {
