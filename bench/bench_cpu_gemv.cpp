@@ -4,6 +4,10 @@
 // (ratio_to_read). Flags (removed before Google Benchmark sees argv):
 //   --short            small windows (also FT_BENCH_SHORT=1), for CI-sized machines
 //   --threads=N        pool size (default: one per physical core; also FT_BENCH_THREADS)
+//   --budget=S         seconds for the whole run (default 140): a benchmark that would start
+//                      later is skipped and named in the summary
+// --benchmark_min_time defaults to 0.2 s per benchmark. After the run a summary table lists, per
+// format and batch, GB/s, the interleaved read bound, their ratio, bs / bs=1 and µs per token.
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
 // FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format),
 // FT_BENCH_DS_FP4_SCALE=c ds_fp4's.
@@ -13,7 +17,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -29,6 +35,35 @@ using Clock = std::chrono::steady_clock;
 
 bool g_short = false;
 int g_threads = 0;
+double g_budget_s = 140;
+const Clock::time_point g_start = Clock::now();
+
+// One summary row per default-path layer benchmark (moe_layer, moe_layer_<format>), the last run
+// of each (Google Benchmark may call a benchmark more than once), in the order they first ran.
+struct SummaryRow {
+    std::string format, shape, kernel;
+    int64_t bs;
+    double gbps, read, us_per_layer;
+};
+std::vector<SummaryRow> g_summary;
+std::vector<std::string> g_skipped;
+
+void add_summary(const SummaryRow &r) {
+    for (SummaryRow &o : g_summary)
+        if (o.format == r.format && o.shape == r.shape && o.bs == r.bs) {
+            o = r;
+            return;
+        }
+    g_summary.push_back(r);
+}
+
+// False (and the benchmark skipped, named in the summary) once the run is past its budget.
+bool within_budget(benchmark::State &state, const std::string &name) {
+    if (std::chrono::duration<double>(Clock::now() - g_start).count() < g_budget_s) return true;
+    if (std::find(g_skipped.begin(), g_skipped.end(), name) == g_skipped.end()) g_skipped.push_back(name);
+    state.SkipWithError("past the run's --budget");
+    return false;
+}
 
 // FT_BENCH_WINDOW_MB overrides, e.g. to check that a larger window does not change the result
 // (a last-level cache that keeps part of a cyclic scan would make small windows look faster).
@@ -117,13 +152,23 @@ void BM_stream_read(benchmark::State &state) {
 // is read from `probe` (part of the same window, its own rotating cursor) in the read shape that
 // won the probe before the loop, so the bound and the kernel see the same moments of a shared
 // machine; ratio_to_read is the ratio of the two totals. read_best_GBps is the best single probe
-// before or after the loop (the earlier bound: a maximum over ~40 samples, so it reads high when
-// the machine's bandwidth moves).
+// of the window when it was filled (a maximum over ~40 samples, so it reads high when the
+// machine's bandwidth moves).
+struct WindowBound {
+    double best = 0;            // best single probe of the window when it was filled
+    ft::cpu::ReadProbe shape;   // its read shape, used for the interleaved bound
+};
+
+WindowBound probe_window(const void *probe, size_t probe_bytes) {
+    WindowBound b;
+    b.best = window_read_gbps(probe, probe_bytes, &b.shape);
+    return b;
+}
+
 void time_rotating_layers(benchmark::State &state, ft::cpu::MoeExecutor &ex, const ft::cpu::ExpertSource &src,
-                          int32_t H, int32_t T, const void *probe, size_t probe_bytes) {
+                          int32_t H, int32_t T, const void *probe, size_t probe_bytes, const WindowBound &wb) {
     const int32_t K = 8, P = 16, E = src.num_experts;
-    ft::cpu::ReadProbe shape;
-    const double read_before = window_read_gbps(probe, probe_bytes, &shape);
+    const ft::cpu::ReadProbe shape = wb.shape;
     const size_t window = std::min(probe_bytes, size_t(2) << 30) / 4096 * 4096;
     size_t read_at = 0;
     double read_bytes = 0, read_secs = 0;
@@ -158,7 +203,7 @@ void time_rotating_layers(benchmark::State &state, ft::cpu::MoeExecutor &ex, con
     }
     const double gbps = bytes / secs / 1e9;
     const double read = read_secs > 0 ? read_bytes / read_secs / 1e9 : 0.0;
-    const double best = std::max(read_before, window_read_gbps(probe, probe_bytes));
+    const double best = wb.best;
     state.counters["GBps"] = gbps;
     state.counters["read_GBps"] = read;
     state.counters["ratio_to_read"] = read > 0 ? gbps / read : 0.0;
@@ -172,10 +217,13 @@ void time_rotating_layers(benchmark::State &state, ft::cpu::MoeExecutor &ex, con
 void BM_moe_layer(benchmark::State &state) {
     const int32_t H = int32_t(state.range(0)), I = int32_t(state.range(1)), T = int32_t(state.range(2));
     const bool onednn = state.range(3) != 0;
+    if (!within_budget(state, "moe_layer " + std::to_string(H) + "x" + std::to_string(I) + " bs=" + std::to_string(T) +
+                                  (onednn ? " onednn" : ""))) return;
     const int32_t K = 8, P = 16;
     const size_t expert_elems = size_t(3) * H * I;
     const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / (expert_elems * 2)));
     Buffer gate_up(size_t(E) * 2 * H * I), down(size_t(E) * H * I);
+    const WindowBound wb = probe_window(gate_up.data, gate_up.elems * 2);
     ft::cpu::ExpertSource src;
     src.format = ft::Format::bf16;
     src.num_experts = E;
@@ -188,24 +236,38 @@ void BM_moe_layer(benchmark::State &state) {
     ft::cpu::MoeTuning tuning = ft::cpu::moe_tuning(ft::read_tuning(false));
     tuning.onednn_min_tokens = onednn ? 16 : 0;
     ft::cpu::MoeExecutor ex(pool(), ft::Format::bf16, H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
-    time_rotating_layers(state, ex, src, H, T, gate_up.data, gate_up.elems * 2);
-    state.SetLabel(std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (onednn ? "+onednn" : ""));
+    time_rotating_layers(state, ex, src, H, T, gate_up.data, gate_up.elems * 2, wb);
+    const std::string label = std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (onednn ? "+onednn" : "");
+    state.SetLabel(label);
+    if (!onednn)
+        add_summary({"bf16", std::to_string(H) + "x" + std::to_string(I), label, T, state.counters["GBps"],
+                             state.counters["read_GBps"], state.counters["us_per_layer"]});
 }
 
-// BM_moe_layer for a quantised format: the same rotating window and routing, banks in the
-// format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, no e8m0 255, moderate
-// scales). Args: format id (ft::Format), H, I, tokens, and optionally the batched-path threshold
-// (MoeTuning::quant_batched_min_tokens: 0 = direct kernels only, 1 = batched path for every expert;
-// absent = the default).
-void BM_moe_layer_format(benchmark::State &state) {
-    const ft::Format f = ft::Format(state.range(0));
-    const int32_t H = int32_t(state.range(1)), I = int32_t(state.range(2)), T = int32_t(state.range(3));
-    const int32_t K = 8, P = 16;
+// The window of a quantised format: the same rotating window and routing as BM_moe_layer, banks
+// in the format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, no e8m0 255,
+// moderate scales). Kept for the next benchmark of the same (format, H, I) (the batch sizes of a
+// format run one after another), so each window is filled and probed once.
+struct FormatWindow {
+    ft::Format f;
+    int64_t H = 0, I = 0;
+    std::vector<std::unique_ptr<Buffer>> banks;
+    ft::cpu::ExpertSource src;
+    WindowBound bound;
+};
+
+const FormatWindow &format_window(ft::Format f, int32_t H, int32_t I) {
+    static std::unique_ptr<FormatWindow> cur;
+    if (cur && cur->f == f && cur->H == H && cur->I == I) return *cur;
+    cur.reset();  // free the previous window before filling the next
+    cur = std::make_unique<FormatWindow>();
+    cur->f = f, cur->H = H, cur->I = I;
+    const int32_t P = 16;
     const auto schema = ft::bank_schema(f, H, I);
     const size_t per_expert = ft::expert_bytes(f, H, I);
     const int32_t E = int32_t(std::max<size_t>(2 * P, window_bytes() / per_expert));
-    std::vector<std::unique_ptr<Buffer>> banks;
-    ft::cpu::ExpertSource src;
+    std::vector<std::unique_ptr<Buffer>> &banks = cur->banks;
+    ft::cpu::ExpertSource &src = cur->src;
     src.format = f;
     src.num_experts = E;
     src.num_banks = int(schema.size());
@@ -228,14 +290,34 @@ void BM_moe_layer_format(benchmark::State &state) {
         src.base[b] = p;
         src.row_bytes[b] = schema[b].row_bytes;
     }
+    cur->bound = probe_window(src.base[0], src.row_bytes[0] * E);
+    return *cur;
+}
+
+// BM_moe_layer for a quantised format (window: format_window). Args: format id (ft::Format), H,
+// I, tokens, and the batched-path threshold (MoeTuning::quant_batched_min_tokens: 0 = direct
+// kernels only, 1 = batched path for every expert; -1 = the default).
+void BM_moe_layer_format(benchmark::State &state) {
+    const ft::Format f = ft::Format(state.range(0));
+    const int32_t H = int32_t(state.range(1)), I = int32_t(state.range(2)), T = int32_t(state.range(3));
+    if (!within_budget(state, std::string("moe_layer_") + ft::format_name(f) + " bs=" + std::to_string(T) +
+                                  " bmin=" + std::to_string(state.range(4)))) return;
+    const int32_t K = 8;
+    const FormatWindow &win = format_window(f, H, I);
+    const ft::cpu::ExpertSource &src = win.src;
+    const int32_t E = src.num_experts;
     ft::cpu::ActivationSpec act;
     if (f == ft::Format::mxfp4) act = {FT_ACT_SWIGLU_CLAMP, 1.702f, 7.0f};
     ft::cpu::MoeTuning tuning = ft::cpu::moe_tuning(ft::read_tuning(false));
     if (state.range(4) >= 0) tuning.quant_batched_min_tokens = int32_t(state.range(4));
     ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa(), tuning);
-    time_rotating_layers(state, ex, src, H, T, src.base[0], src.row_bytes[0] * E);
-    state.SetLabel(std::string(ex.kernel_name()) +
-                   (ex.quant_batched_min_tokens() > 0 ? "+batched>=" + std::to_string(ex.quant_batched_min_tokens()) : ""));
+    time_rotating_layers(state, ex, src, H, T, src.base[0], src.row_bytes[0] * E, win.bound);
+    const std::string label = std::string(ex.kernel_name()) +
+        (ex.quant_batched_min_tokens() > 0 ? "+batched>=" + std::to_string(ex.quant_batched_min_tokens()) : "");
+    state.SetLabel(label);
+    if (state.range(4) < 0)
+        add_summary({ft::format_name(f), std::to_string(H) + "x" + std::to_string(I), label, T,
+                             state.counters["GBps"], state.counters["read_GBps"], state.counters["us_per_layer"]});
 }
 
 // M=1 GEMV of one expert's gate_up matrix [2I, H] over a rotating window: the SIMD kernel on the
@@ -278,7 +360,28 @@ void BM_gemv_m1(benchmark::State &state) {
 
 const int64_t kShapes[][2] = {{2048, 768}, {4096, 1536}, {7168, 2048}};
 
+// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4 and a
+// GGUF Q4_0 model.
+struct FormatShape {
+    ft::Format f;
+    int64_t H, I;
+};
+const FormatShape kFormatShapes[] = {{ft::Format::mxfp4, 2880, 2880},
+                                     {ft::Format::fp8_block, 7168, 2048},
+                                     {ft::Format::nvfp4, 5120, 1536},
+                                     {ft::Format::ds_fp4, 4096, 2048},
+                                     {ft::Format::q4_0, 2816, 704}};
+
 void register_all() {
+    // The per-format rows of the summary first, so a --budget cut falls on the secondary ones.
+    // bs 1, 2, 8, 32: every token picks 8 of 16 experts, so an expert gets ~bs / 2 tokens.
+    for (const auto &fs : kFormatShapes)
+        for (int64_t bs : {1, 2, 8, 32})
+            benchmark::RegisterBenchmark((std::string("moe_layer_") + ft::format_name(fs.f)).c_str(), BM_moe_layer_format)
+                ->Args({int64_t(fs.f), fs.H, fs.I, bs, -1})
+                ->ArgNames({"fmt", "H", "I", "bs", "bmin"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("stream_read", BM_stream_read)->UseManualTime()->Unit(benchmark::kMillisecond);
     for (auto &s : kShapes)
         for (int64_t bs : {1, 8}) {
@@ -296,22 +399,10 @@ void register_all() {
                 ->ArgNames({"H", "I", "bs", "onednn"})
                 ->UseManualTime()
                 ->Unit(benchmark::kMicrosecond);
-    // Real expert shapes per quantised format (issue 3): gpt-oss-120b, DeepSeek-V3, GLM-4.x,
-    // DeepSeek-V4 and a GGUF Q4_0 model.
-    const struct { ft::Format f; int64_t H, I; } format_shapes[] = {
-        {ft::Format::mxfp4, 2880, 2880}, {ft::Format::fp8_block, 7168, 2048}, {ft::Format::nvfp4, 5120, 1536},
-        {ft::Format::ds_fp4, 4096, 2048}, {ft::Format::q4_0, 2816, 704}};
-    for (const auto &fs : format_shapes)
-        for (int64_t bs : {1, 8})
-            benchmark::RegisterBenchmark((std::string("moe_layer_") + ft::format_name(fs.f)).c_str(), BM_moe_layer_format)
-                ->Args({int64_t(fs.f), fs.H, fs.I, bs, -1})
-                ->ArgNames({"fmt", "H", "I", "bs", "bmin"})
-                ->UseManualTime()
-                ->Unit(benchmark::kMicrosecond);
     // Batched path of the quantised formats (many tokens per expert, tokens per expert ~ bs / 2
     // here): direct kernels (bmin 0) against dequantise-to-bf16 + bf16 GEMV for every expert
     // (bmin 1); decides the default threshold. Formats without a dequantiser run direct either way.
-    for (const auto &fs : format_shapes)
+    for (const auto &fs : kFormatShapes)
         for (int64_t bs : {16, 32, 64})
             for (int64_t bmin : {0, 1})
                 benchmark::RegisterBenchmark((std::string("moe_layer_batched_") + ft::format_name(fs.f)).c_str(),
@@ -329,6 +420,28 @@ void register_all() {
                 ->Unit(benchmark::kMicrosecond);
 }
 
+// The comparison table: per format and batch, GB/s, the interleaved read bound of the same
+// benchmark, their ratio, GB/s relative to the same format's bs=1 row, and µs per token.
+void print_summary() {
+    std::printf("\nsummary (isa %s, %d threads; bs/bs1 = GB/s relative to bs=1 of the same format and shape)\n",
+                ft::cpu::isa_name(ft::cpu::default_isa()), pool().size());
+    std::printf("%-10s %-10s %4s %8s %8s %6s %7s %10s  %s\n", "format", "shape", "bs", "GB/s", "read", "ratio",
+                "bs/bs1", "us/token", "kernel");
+    std::map<std::string, double> bs1;
+    for (const SummaryRow &r : g_summary)
+        if (r.bs == 1) bs1[r.format + r.shape] = r.gbps;
+    for (const SummaryRow &r : g_summary) {
+        const auto it = bs1.find(r.format + r.shape);
+        const double rel = it != bs1.end() && it->second > 0 ? r.gbps / it->second : 0.0;
+        std::printf("%-10s %-10s %4lld %8.2f %8.2f %6.2f %7.2f %10.1f  %s\n", r.format.c_str(), r.shape.c_str(),
+                    static_cast<long long>(r.bs), r.gbps, r.read, r.read > 0 ? r.gbps / r.read : 0.0, rel,
+                    r.us_per_layer / double(r.bs), r.kernel.c_str());
+    }
+    // A benchmark cut after its first (one-iteration) call keeps that row above.
+    for (const std::string &n : g_skipped) std::printf("skipped (past --budget=%g s): %s\n", g_budget_s, n.c_str());
+    std::printf("total %.1f s\n", std::chrono::duration<double>(Clock::now() - g_start).count());
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -336,10 +449,13 @@ int main(int argc, char **argv) {
     ft::cpu::set_prefetch_bytes(ft::read_tuning().cpu_prefetch);
     g_short = !ft::env_string("FT_BENCH_SHORT").empty() && ft::env_string("FT_BENCH_SHORT") != "0";
     if (!ft::env_string("FT_BENCH_THREADS").empty()) g_threads = std::atoi(ft::env_string("FT_BENCH_THREADS").c_str());
-    std::vector<char *> args;
-    for (int i = 0; i < argc; ++i) {
+    // 0.2 s per benchmark unless the command line says otherwise (a later flag wins).
+    static char min_time[] = "--benchmark_min_time=0.2";
+    std::vector<char *> args{argv[0], min_time};
+    for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--short") == 0) g_short = true;
         else if (std::strncmp(argv[i], "--threads=", 10) == 0) g_threads = std::atoi(argv[i] + 10);
+        else if (std::strncmp(argv[i], "--budget=", 9) == 0) g_budget_s = std::atof(argv[i] + 9);
         else args.push_back(argv[i]);
     }
     int n = int(args.size());
@@ -350,6 +466,7 @@ int main(int argc, char **argv) {
     benchmark::AddCustomContext("read_GBps", std::to_string(read_bandwidth()));
     benchmark::AddCustomContext("window_MiB", std::to_string(window_bytes() >> 20));
     benchmark::RunSpecifiedBenchmarks();
+    print_summary();
     benchmark::Shutdown();
     return 0;
 }

@@ -1,20 +1,23 @@
 // AVX2 + FMA (+ F16C) kernels of every quantised format, fp32 activations in the layouts of the
 // scalar kernels (quant.cpp): fp8_block / mxfp4 float[K], nvfp4 / ds_fp4 float per 32 elements
-// [16 even, 16 odd], q4_0 Q8_0. Weights are decoded exactly in registers and never stored:
-//   e2m1   `vpermps` of an 8-entry magnitude table (it reads only the low 3 bits of each index),
-//          the sign from bit 3 (code << 28, masked) xor-ed in;
-//   e4m3   bits moved into fp16 (sign -> 15, exponent/mantissa -> 13..7), `vcvtph2ps`: the e4m3
-//          value * 2^-8, subnormals exact; 2^8 applied per row; a 128-chunk holding a NaN code
-//          (0x7F/0xFF) is summed from the reference table so the NaN reaches the output;
+// [16 even, 16 odd], q4_0 Q8_0. Each weight vector is decoded once per tile of up to 8 tokens
+// (mxfp4: 4) and used for all of them; weights are decoded exactly in registers, never stored:
+//   e2m1   `vpshufb` of a 16-entry int8 table of 2 * value (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12),
+//          sign-extended and converted to fp32, times half the block scale (exact);
+//   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
+//          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
+//          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
+//          NaN reaches the output;
 //   e8m0   s << 23 with code 0 -> 2^-127 and 255 -> NaN blended in;
-//   q4_0   `vpmaddubsw(u, a) - vpmaddubsw(8, a)` then `vpmaddwd` by ones: exact int32 per 4
-//          elements (|u a| <= 15 * 127, pairs fit int16), x fp16 d x activation d in fp32.
-// The CPU has no AVX-VNNI here (Zen 4: AVX-512-VNNI only), so q4_0 has no vpdpbusd variant in
-// this tier. Products are exact (e2m1 x e4m3 / e8m0 scales fit fp32), so only the fp32 summation
-// order differs from the reference.
+//   q4_0   tiles of 3+ tokens: w = u - 8 as int8, per token `vpmaddubsw(|w|, sign(a, w))`; one or
+//          two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`; then `vpmaddwd` by ones: exact int32
+//          per 4 elements (pairs fit int16), x fp16 d x activation d.
+// Products are exact (e2m1 x e4m3 / e8m0 scales and e4m3 x bf16 fit fp32), so only the fp32
+// summation order differs from the reference (Q8_0 activations for q4_0 by definition).
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels.hpp"
 #include "quant_kernels.hpp"
@@ -32,12 +35,20 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// 8 e2m1 codes (low 4 bits of each 32-bit lane; higher bits must be 0 above bit 3 or be
-// masked by the caller) -> fp32.
-inline __m256 e2m1x8(__m256i c, __m256 mag) {
-    const __m256 m = _mm256_permutevar8x32_ps(mag, c);
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(c, 28), _mm256_set1_epi32(int(0x80000000u)));
-    return _mm256_xor_ps(m, _mm256_castsi256_ps(sign));
+// 2 * e2m1(code) as int8 for codes 0..15 (the pshufb table).
+inline __m128i e2m1x2_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
+
+// 16 int8 -> two fp32 vectors (elements 0..7, 8..15).
+inline void i8x16_to_ps(__m128i v, __m256 &a, __m256 &b) {
+    a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+}
+
+template <int S>
+inline __m256 sum_sets(const __m256 *a) {
+    __m256 r = a[0];
+    for (int i = 1; i < S; ++i) r = _mm256_add_ps(r, a[i]);
+    return r;
 }
 
 inline __m256 e8m0x8(__m256i s) {
@@ -47,9 +58,31 @@ inline __m256 e8m0x8(__m256i s) {
                             _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, _mm256_set1_epi32(255))));
 }
 
+// Independent accumulators per token: one FMA chain per token would be latency-bound below 4-5
+// tokens (4 cycles per FMA), so small tiles spread a token's sums over several registers.
+template <int NT>
+constexpr int acc_sets() { return NT == 1 ? 4 : NT <= 4 ? 2 : 1; }
+
+// body(TokenTile<NT>{}, t) for tiles of up to Max tokens: full tiles, then one of the rest.
+template <int Max, typename Body>
+inline void for_tiles(int ntok, Body &&body) {
+    int t = 0;
+    for (; t + Max <= ntok; t += Max) body(TokenTile<Max>{}, t);
+    switch (ntok - t) {
+        case 7: if constexpr (Max > 7) body(TokenTile<7>{}, t); break;
+        case 6: if constexpr (Max > 6) body(TokenTile<6>{}, t); break;
+        case 5: if constexpr (Max > 5) body(TokenTile<5>{}, t); break;
+        case 4: if constexpr (Max > 4) body(TokenTile<4>{}, t); break;
+        case 3: body(TokenTile<3>{}, t); break;
+        case 2: body(TokenTile<2>{}, t); break;
+        case 1: body(TokenTile<1>{}, t); break;
+        default: break;
+    }
+}
+
 template <template <int> class Row, class... A>
 void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A... a) {
-    for_token_tiles(ntok, [&](auto tile_n, int t) {
+    for_tiles<8>(ntok, [&](auto tile_n, int t) {
         using NT = decltype(tile_n);
         Row<NT::value>::run(act + t, out + t * ldo, ldo, a...);
     });
@@ -57,176 +90,338 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
 
 // ---- nvfp4 / ds_fp4 -------------------------------------------------------------------------
 
-// One row; B = 16 (nvfp4, e4m3 scale per 8 packed bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
+// The 32 weights of chunk c of a row (16 packed bytes): w[0..1] the 16 even elements (low
+// nibbles), w[2..3] the 16 odd ones, as the [16 even, 16 odd] activation layout; w[0], w[2] take
+// block scale vs[0], w[1], w[3] vs[1] (half the e4m3 / e8m0 value: the table holds 2 * value).
+// Scaled: multiplied in; else left to the caller (vs). B = 16 (nvfp4, e4m3 scale per 8 packed
+// bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
+template <int B, bool Scaled = true>
+inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, __m256 w[4], __m256 *vs = nullptr) {
+    const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
+    const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
+    const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
+                               : _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
+    float s0, s1;
+    if (B == 32) s0 = s1 = 0.5f * g_e8m0[sc[c / 32]];
+    else s0 = 0.5f * g_e4m3[sc[c / 16]], s1 = half ? 0.0f : 0.5f * g_e4m3[sc[c / 16 + 1]];
+    i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(bytes, m15)), w[0], w[1]);
+    i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), m15)), w[2], w[3]);
+    const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
+    if (!Scaled) {
+        vs[0] = vs0, vs[1] = vs1;
+        return;
+    }
+    w[0] = _mm256_mul_ps(w[0], vs0), w[1] = _mm256_mul_ps(w[1], vs1);
+    w[2] = _mm256_mul_ps(w[2], vs0), w[3] = _mm256_mul_ps(w[3], vs1);
+}
+
+// One row x NT tokens.
 template <int B>
 struct E2m1Row {
     template <int NT>
     struct Row {
         static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *p, const uint8_t *sc, int64_t K,
                         float row_scale, int pf) {
-            const __m256 mag = _mm256_loadu_ps(g_e2m1);  // codes 0..7
-            __m256 acc[NT];
-            for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+            constexpr int S = acc_sets<NT>();
+            const float *x[NT];
+            __m256 acc[NT][S];
+            for (int t = 0; t < NT; ++t) {
+                x[t] = reinterpret_cast<const float *>(act[t]);
+                for (int i = 0; i < S; ++i) acc[t][i] = _mm256_setzero_ps();
+            }
             for (int64_t c = 0; c < K; c += 32) {
                 if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
-                const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
-                const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
-                                           : _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
-                float s0, s1;
-                if (B == 32) s0 = s1 = g_e8m0[sc[c / 32]];
-                else s0 = g_e4m3[sc[c / 16]], s1 = half ? 0.0f : g_e4m3[sc[c / 16 + 1]];
-                const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
-                const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
-                const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
-                // Layout per 32: [16 even (low nibbles of bytes 0..15), 16 odd (high nibbles)].
-                const __m256 w0 = _mm256_mul_ps(e2m1x8(_mm256_cvtepu8_epi32(lo), mag), vs0);
-                const __m256 w1 = _mm256_mul_ps(e2m1x8(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), mag), vs1);
-                const __m256 w2 = _mm256_mul_ps(e2m1x8(_mm256_cvtepu8_epi32(hi), mag), vs0);
-                const __m256 w3 = _mm256_mul_ps(e2m1x8(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), mag), vs1);
+                __m256 w[4];
+                e2m1_chunk<B>(p, sc, c, K, w);
                 for (int t = 0; t < NT; ++t) {
-                    const float *x = reinterpret_cast<const float *>(act[t]) + c;
-                    acc[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), acc[t]);
-                    acc[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), acc[t]);
-                    acc[t] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), acc[t]);
-                    acc[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), acc[t]);
+                    const float *xt = x[t] + c;
+                    for (int i = 0; i < 4; ++i) acc[t][i % S] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i % S]);
                 }
             }
-            for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(acc[t]) * row_scale;
+            for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(sum_sets<S>(acc[t])) * row_scale;
         }
     };
 };
+
+// R rows x one token (R = 2: two weight streams per core, each activation vector loaded once for
+// both): each chunk is summed unscaled per block scale (w[0] + w[2] and w[1] + w[3]), then one
+// FMA per scale, fewer operations than scaling the weights when they serve one token.
+template <int B, int R>
+void e2m1_one_token(const float *x, float *const out[R], const uint8_t *const p[R], const uint8_t *const sc[R],
+                    int64_t K, const float rs[R], int pf) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += 32) {
+        __m256 w[R][4], vs[R][2];
+        for (int r = 0; r < R; ++r) {
+            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
+            e2m1_chunk<B, false>(p[r], sc[r], c, K, w[r], vs[r]);
+        }
+        __m256 blk[R][2];
+        for (int i = 0; i < 4; ++i) {
+            const __m256 xv = _mm256_loadu_ps(x + c + 8 * i);
+            for (int r = 0; r < R; ++r)
+                blk[r][i & 1] = i < 2 ? _mm256_mul_ps(w[r][i], xv) : _mm256_fmadd_ps(w[r][i], xv, blk[r][i & 1]);
+        }
+        for (int r = 0; r < R; ++r)
+            for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_fmadd_ps(blk[r][h], vs[r][h], acc[r][h]);
+    }
+    for (int r = 0; r < R; ++r) *out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * rs[r];
+}
 
 template <int B>
 void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
+    auto row_scale = [&](int64_t r) { return B == 16 ? f16(m.global + r * 2) : 1.0f; };
+    if (ntok == 1) {  // row j together with row j + count / 2
+        const float *x = reinterpret_cast<const float *>(act[0]);
+        for_row_pairs(count, [&](int R, const int *cols) {
+            const int64_t r0 = first + cols[0], r1 = first + cols[R - 1];
+            float *const o[2] = {out + cols[0], out + cols[R - 1]};
+            const uint8_t *const p[2] = {m.data + r0 * (K / 2), m.data + r1 * (K / 2)};
+            const uint8_t *const sc[2] = {m.scale + r0 * (K / B), m.scale + r1 * (K / B)};
+            const float rs[2] = {row_scale(r0), row_scale(r1)};
+            if (R == 1) e2m1_one_token<B, 1>(x, o, p, sc, K, rs, pf);
+            else e2m1_one_token<B, 2>(x, o, p, sc, K, rs, pf);
+        });
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
-        const float g = B == 16 ? f16(m.global + r * 2) : 1.0f;
-        per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K, g,
-                                             pf);
+        per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K,
+                                             row_scale(r), pf);
     }
 }
 
 // ---- fp8_block ------------------------------------------------------------------------------
 
-inline __m256 e4m3x8(const uint8_t *p) {  // value * 2^-8
-    const __m128i u = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x7f)), 7),
-                                   _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x80)), 8));
-    return _mm256_cvtph_ps(h);
+// R rows (R = 2 only for one token: two weight streams, shared activation loads) x NT tokens.
+// A 128-chunk holding a NaN code in any of the R rows is summed from the reference table. Up to
+// 4 (row, token) pairs sum each 128-chunk unscaled and apply its scale once per pair (fewer
+// operations); larger tiles scale the decoded weights once for all their tokens.
+template <int NT, int R>
+void fp8_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const w[R],
+              const uint8_t *const band[R], int64_t K, int pf) {
+    const __m256i m80 = _mm256_set1_epi8(char(0x80)), ff = _mm256_set1_epi8(char(0xff));
+    const __m256i fp16_mask = _mm256_set1_epi16(int16_t(0xbf80)), zero = _mm256_setzero_si256();
+    constexpr int S = R == 2 ? 2 : acc_sets<NT>();
+    constexpr bool chunk_sums = R * NT <= 4;
+    const float *x[NT];
+    __m256 acc[R][NT][S], blk[R][NT][S];
+    float nan_part[R][NT] = {};
+    for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const float *>(act[t]);
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t)
+            for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += 128) {
+        float s[R];
+        __m256i nan = zero;
+        for (int r = 0; r < R; ++r) {
+            s[r] = bf16(band[r] + (c / 128) * 2);
+            if (pf) {
+                _mm_prefetch(reinterpret_cast<const char *>(w[r] + c) + pf, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char *>(w[r] + c + 64) + pf, _MM_HINT_T0);
+            }
+            for (int q = 0; q < 4; ++q) {
+                const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[r] + c + 32 * q));
+                nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_or_si256(b, m80), ff));
+            }
+        }
+        if (!_mm256_testz_si256(nan, nan)) {  // the reference's NaN must reach the output; the table has it
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < NT; ++t)
+                    for (int i = 0; i < 128; ++i) nan_part[r][t] += g_e4m3[w[r][c + i]] * s[r] * x[t][c + i];
+            continue;
+        }
+        if (chunk_sums)
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < NT; ++t)
+                    for (int i = 0; i < S; ++i) blk[r][t][i] = _mm256_setzero_ps();
+        for (int q = 0; q < 4; ++q) {
+            __m256 f[R][4];
+            for (int r = 0; r < R; ++r) {
+                // Words (byte << 8) >> 1 (arithmetic), bit 14 cleared: fp16 bits of value * 2^-8.
+                // unpacklo holds elements 0..7 | 16..23 of the 32, unpackhi 8..15 | 24..31.
+                const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[r] + c + 32 * q));
+                const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 1), fp16_mask);
+                const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 1), fp16_mask);
+                f[r][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+                f[r][1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+                f[r][2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+                f[r][3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
+                if (!chunk_sums) {
+                    const __m256 sv = _mm256_set1_ps(s[r]);
+                    for (int i = 0; i < 4; ++i) f[r][i] = _mm256_mul_ps(f[r][i], sv);
+                }
+            }
+            for (int t = 0; t < NT; ++t) {
+                const float *xt = x[t] + c + 32 * q;
+                for (int i = 0; i < 4; ++i) {
+                    const __m256 xv = _mm256_loadu_ps(xt + 8 * i);
+                    for (int r = 0; r < R; ++r) {
+                        __m256 &a = chunk_sums ? blk[r][t][i % S] : acc[r][t][i % S];
+                        a = _mm256_fmadd_ps(f[r][i], xv, a);
+                    }
+                }
+            }
+        }
+        if (chunk_sums)
+            for (int r = 0; r < R; ++r) {
+                const __m256 sv = _mm256_set1_ps(s[r]);
+                for (int t = 0; t < NT; ++t)
+                    for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_fmadd_ps(blk[r][t][i], sv, acc[r][t][i]);
+            }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) out[r][t * ldo] = hsum(sum_sets<S>(acc[r][t])) * 256.0f + nan_part[r][t];
 }
 
 template <int NT>
 struct Fp8Row {
     static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *w, const uint8_t *band, int64_t K,
                     int pf) {
-        const __m256i m7f = _mm256_set1_epi8(0x7f);
-        __m256 acc[NT];
-        float nan_part[NT] = {};
-        for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < K; c += 128) {
-            const float s = bf16(band + (c / 128) * 2);
-            if (pf) {
-                _mm_prefetch(reinterpret_cast<const char *>(w + c) + pf, _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char *>(w + c + 64) + pf, _MM_HINT_T0);
-            }
-            int nan = 0;
-            for (int q = 0; q < 128; q += 32) {
-                const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + c + q));
-                nan |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(b, m7f), m7f));
-            }
-            if (nan) {  // the reference's NaN must reach the output; the table has it
-                for (int t = 0; t < NT; ++t) {
-                    const float *x = reinterpret_cast<const float *>(act[t]) + c;
-                    for (int i = 0; i < 128; ++i) nan_part[t] += g_e4m3[w[c + i]] * s * x[i];
-                }
-                continue;
-            }
-            __m256 blk[NT];
-            for (int t = 0; t < NT; ++t) blk[t] = _mm256_setzero_ps();
-            for (int q = 0; q < 128; q += 8) {
-                const __m256 f = e4m3x8(w + c + q);
-                for (int t = 0; t < NT; ++t)
-                    blk[t] = _mm256_fmadd_ps(f, _mm256_loadu_ps(reinterpret_cast<const float *>(act[t]) + c + q), blk[t]);
-            }
-            const __m256 sv = _mm256_set1_ps(s);
-            for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(blk[t], sv, acc[t]);
-        }
-        for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(acc[t]) * 256.0f + nan_part[t];
+        float *const o[1] = {out};
+        const uint8_t *const wr[1] = {w}, *const br[1] = {band};
+        fp8_rows<NT, 1>(act, o, ldo, wr, br, K, pf);
     }
 };
 
 // ---- q4_0 x Q8_0 ----------------------------------------------------------------------------
 
+// R rows (R = 2 only for one token) x NT tokens.
+template <int NT, int R>
+void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const row[R], int64_t nb,
+             int64_t qbytes, int pf) {
+    const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    const __m128i m15 = _mm_set1_epi8(0x0f);
+    constexpr int S = NT <= 2 ? 2 : 1;  // blocks alternate between S accumulators
+    // Tiles of 3+ tokens: w = u - 8 as int8, vpmaddubsw(|w|, sign(a, w)) per token (the sign and
+    // abs are per row). One or two tokens: vpmaddubsw(u, a) - vpmaddubsw(8, a), the second shared
+    // by the R rows (fewer operations there).
+    constexpr bool kSignTrick = NT >= 3;
+    const int8_t *q[NT];
+    const float *d[NT];
+    __m256 acc[R][NT][S];
+    for (int t = 0; t < NT; ++t) {
+        for (int r = 0; r < R; ++r)
+            for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_setzero_ps();
+        q[t] = reinterpret_cast<const int8_t *>(act[t]);
+        d[t] = reinterpret_cast<const float *>(act[t] + qbytes);
+    }
+    // Block b into accumulator set A (a constant, so the accumulators stay in registers).
+    auto block = [&](int64_t b, auto set) {
+        constexpr int A = decltype(set)::value;
+        __m256i w[R], aw[R];
+        __m256 dw[R];
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *blk = row[r] + b * 18;
+            if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
+            const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
+            if (kSignTrick) w[r] = _mm256_sub_epi8(u, eight), aw[r] = _mm256_abs_epi8(w[r]);
+            else aw[r] = u;
+            dw[r] = _mm256_set1_ps(f16(blk));
+        }
+        for (int t = 0; t < NT; ++t) {
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
+            const __m256 da = _mm256_broadcast_ss(d[t] + b);
+            const __m256i corr = kSignTrick ? a : _mm256_maddubs_epi16(eight, a);  // 8 * pair sums of a
+            for (int r = 0; r < R; ++r) {
+                const __m256i p16 = kSignTrick ? _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(a, w[r]))
+                                               : _mm256_sub_epi16(_mm256_maddubs_epi16(aw[r], a), corr);
+                const __m256i i32 = _mm256_madd_epi16(p16, ones);
+                __m256 &a_t = acc[r][t][A];
+                a_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw[r], da), a_t);
+            }
+        }
+    };
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        block(b, std::integral_constant<int, 0>{});
+        block(b + 1, std::integral_constant<int, S - 1>{});
+    }
+    if (b < nb) block(b, std::integral_constant<int, 0>{});
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) out[r][t * ldo] = hsum(sum_sets<S>(acc[r][t]));
+}
+
 template <int NT>
 struct Q4Row {
     static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *row, int64_t nb, int64_t qbytes,
                     int pf) {
-        const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-        const __m128i m15 = _mm_set1_epi8(0x0f);
-        __m256 acc[NT];
-        for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t *blk = row + b * 18;
-            if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
-            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
-            const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
-            const float dw = f16(blk);
-            for (int t = 0; t < NT; ++t) {
-                const int8_t *q = reinterpret_cast<const int8_t *>(act[t]);
-                const float *d = reinterpret_cast<const float *>(act[t] + qbytes);
-                const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + b * 32));
-                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(w, a), _mm256_maddubs_epi16(eight, a));
-                const __m256i i32 = _mm256_madd_epi16(p16, ones);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(dw * d[b]), acc[t]);
-            }
-        }
-        for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(acc[t]);
+        float *const o[1] = {out};
+        const uint8_t *const rr[1] = {row};
+        q4_rows<NT, 1>(act, o, ldo, rr, nb, qbytes, pf);
     }
 };
 
-// ---- mxfp4: K-outer over a tile of up to 32 columns, one token --------------------------------
+// ---- mxfp4: K-outer over a tile of 8 * G columns x NT tokens -----------------------------------
 
-void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const float *x, float *out, int pf_rows) {
+// Columns [first, first + count) (count <= 8 * G) for NT tokens: per K row the 8 * G bytes (two
+// weights each) are decoded once, scaled by the columns' e8m0 scales of the 32-row block, and
+// used for all NT tokens. G = 4 (32 columns) for one or two tokens, 2 for tiles of 3..4 tokens
+// (as many accumulators as registers allow).
+template <int NT, int G>
+void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
+                int pf_rows) {
+    constexpr int W = 8 * G;
+    constexpr int S = NT <= 2 && G == 2 ? 2 : 1;  // k = 2kb and 2kb + 1 in separate accumulators
     const int64_t K = m.K, N = m.N;
-    const __m256 mag = _mm256_loadu_ps(g_e2m1);
-    const __m256i m15 = _mm256_set1_epi32(15);
-    __m256 acc[4];
-    for (int g = 0; g < 4; ++g) acc[g] = _mm256_setzero_ps();
-    const bool full = count == 32;
+    const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
+    const float *x[NT];
+    __m256 acc[NT][G][S];
+    for (int t = 0; t < NT; ++t) {
+        x[t] = reinterpret_cast<const float *>(act[t]);
+        for (int g = 0; g < G; ++g)
+            for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_setzero_ps();
+    }
+    const bool full = count == W;
+    const __m256 half = _mm256_set1_ps(0.5f);
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        __m256 blk[4];
-        for (int g = 0; g < 4; ++g) blk[g] = _mm256_setzero_ps();
+        alignas(16) uint8_t st[W] = {};
+        std::memcpy(st, m.scale + (k0 / 32) * N + first, size_t(count));
+        __m256 sc[G];
+        for (int g = 0; g < G; ++g)
+            sc[g] = _mm256_mul_ps(e8m0x8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g)))),
+                                  half);
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
-            alignas(32) uint8_t tmp[32];
+            alignas(16) uint8_t tmp[W];
             const uint8_t *src = row;
             if (!full) {
-                std::memset(tmp, 0, 32);
+                std::memset(tmp, 0, W);
                 std::memcpy(tmp, row, size_t(count));
                 src = tmp;
             }
-            const __m256 x0 = _mm256_set1_ps(x[2 * kb]), x1 = _mm256_set1_ps(x[2 * kb + 1]);
-            for (int g = 0; g < 4; ++g) {
-                const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(src + 8 * g)));
-                blk[g] = _mm256_fmadd_ps(e2m1x8(_mm256_and_si256(v, m15), mag), x0, blk[g]);
-                blk[g] = _mm256_fmadd_ps(e2m1x8(_mm256_srli_epi32(v, 4), mag), x1, blk[g]);
+            __m256 xa[NT], xb[NT];
+            for (int t = 0; t < NT; ++t)
+                xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
+            for (int h = 0; h < G / 2; ++h) {  // 16 columns: groups 2h, 2h + 1
+                const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 16 * h));
+                __m256 l0, l1, h0, h1;  // k = 2kb (low nibbles) and 2kb + 1
+                i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(v, m15)), l0, l1);
+                i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m15)), h0, h1);
+                l0 = _mm256_mul_ps(l0, sc[2 * h]), l1 = _mm256_mul_ps(l1, sc[2 * h + 1]);
+                h0 = _mm256_mul_ps(h0, sc[2 * h]), h1 = _mm256_mul_ps(h1, sc[2 * h + 1]);
+                for (int t = 0; t < NT; ++t) {
+                    __m256 *a = acc[t][2 * h];
+                    a[0] = _mm256_fmadd_ps(l0, xa[t], a[0]);
+                    a[S - 1] = _mm256_fmadd_ps(h0, xb[t], a[S - 1]);
+                    __m256 *b = acc[t][2 * h + 1];
+                    b[0] = _mm256_fmadd_ps(l1, xa[t], b[0]);
+                    b[S - 1] = _mm256_fmadd_ps(h1, xb[t], b[S - 1]);
+                }
             }
         }
-        const uint8_t *srow = m.scale + (k0 / 32) * N + first;
-        alignas(32) uint8_t st[32] = {};
-        std::memcpy(st, srow, size_t(count));
-        for (int g = 0; g < 4; ++g) {
-            const __m256 s = e8m0x8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g))));
-            acc[g] = _mm256_fmadd_ps(blk[g], s, acc[g]);
-        }
     }
-    alignas(32) float o[32];
-    for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, acc[g]);
-    std::memcpy(out, o, size_t(count) * 4);
+    for (int t = 0; t < NT; ++t) {
+        alignas(32) float o[W];
+        for (int g = 0; g < G; ++g) _mm256_store_ps(o + 8 * g, sum_sets<S>(acc[t][g]));
+        std::memcpy(out + t * ldo, o, size_t(count) * 4);
+    }
 }
 
 }  // namespace
@@ -245,9 +440,20 @@ void fp8_block_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_
                     size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
+    auto band = [&](int64_t r) { return m.scale + (r / 128) * (K / 128) * 2; };
+    if (ntok == 1) {  // row j together with row j + count / 2
+        for_row_pairs(count, [&](int R, const int *cols) {
+            const int64_t r0 = first + cols[0], r1 = first + cols[R - 1];
+            if (R == 1) return Fp8Row<1>::run(act, out + cols[0], ldo, m.data + r0 * K, band(r0), K, pf);
+            float *const o[2] = {out + cols[0], out + cols[1]};
+            const uint8_t *const w[2] = {m.data + r0 * K, m.data + r1 * K}, *const b[2] = {band(r0), band(r1)};
+            fp8_rows<1, 2>(act, o, ldo, w, b, K, pf);
+        });
+        return;
+    }
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
-        per_tokens<Fp8Row>(ntok, act, out + j, ldo, m.data + r * K, m.scale + (r / 128) * (K / 128) * 2, K, pf);
+        per_tokens<Fp8Row>(ntok, act, out + j, ldo, m.data + r * K, band(r), K, pf);
     }
 }
 
@@ -255,18 +461,39 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
                size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
+    if (ntok == 1) {  // row j together with row j + count / 2
+        for_row_pairs(count, [&](int R, const int *cols) {
+            const uint8_t *r0 = m.data + (first + cols[0]) * nb * 18, *r1 = m.data + (first + cols[R - 1]) * nb * 18;
+            if (R == 1) return Q4Row<1>::run(act, out + cols[0], ldo, r0, nb, qbytes, pf);
+            float *const o[2] = {out + cols[0], out + cols[1]};
+            const uint8_t *const rr[2] = {r0, r1};
+            q4_rows<1, 2>(act, o, ldo, rr, nb, qbytes, pf);
+        });
+        return;
+    }
     for (int j = 0; j < count; ++j)
         per_tokens<Q4Row>(ntok, act, out + j, ldo, m.data + (first + j) * nb * 18, nb, qbytes, pf);
 }
 
-// Tiles of 32 columns, one token at a time (16 ymm registers: 4 accumulators, 4 block sums).
+// One or two tokens: tiles of 32 columns; more: 16 columns x up to 4 tokens (16 ymm registers:
+// 8 accumulators, 2 scales, 4 weights, 2 activations).
 void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                 size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
-    for (int c = 0; c < count; c += 32) {
-        const int n = count - c < 32 ? count - c : 32;
-        for (int t = 0; t < ntok; ++t)
-            mxfp4_tile(m, first + c, n, reinterpret_cast<const float *>(act[t]), out + t * ldo + c, pf_rows);
+    if (ntok <= 2) {
+        for (int c = 0; c < count; c += 32) {
+            const int n = count - c < 32 ? count - c : 32;
+            if (ntok == 1) mxfp4_tile<1, 4>(m, first + c, n, act, out + c, ldo, pf_rows);
+            else mxfp4_tile<2, 4>(m, first + c, n, act, out + c, ldo, pf_rows);
+        }
+        return;
+    }
+    for (int c = 0; c < count; c += 16) {
+        const int n = count - c < 16 ? count - c : 16;
+        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+            using NT = decltype(tile_n);
+            mxfp4_tile<NT::value, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+        });
     }
 }
 

@@ -412,8 +412,11 @@ Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N) {
 
 // Runs every kernel of c.f on rows/columns [first, first + count) for ntok tokens and checks
 // each output against the fp64 sum of reference weights x the activation the kernel's numerics
-// define (bf16 x; ds_fp4 FP8 round trip; q4_0 Q8_0). bound: relative to sum |w x|.
-void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound, float xscale = 1.0f) {
+// define (bf16 x; ds_fp4 FP8 round trip; q4_0 Q8_0). bound: relative to sum |w x|. dup: every
+// odd token repeats the previous one through the same activation pointer (a token routed twice to
+// one expert, as duplicate ids give the kernels).
+void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound, float xscale = 1.0f,
+           bool dup = false) {
     std::uniform_real_distribution<float> xd(-xscale, xscale);
     std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
     // xr: the activation of the format's numerics; xq: Q8_0 of bf16 x (per 32) for the W4A8
@@ -423,7 +426,7 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
         std::vector<float> xf(c.K), y(c.K);
         for (int64_t k = 0; k < c.K; ++k) {
             float v = xd(rng);
-            x[t][k] = ft::f32_to_bf16(v == 0.0f ? 0.25f * xscale : v);
+            x[t][k] = dup && (t & 1) ? x[t - 1][k] : ft::f32_to_bf16(v == 0.0f ? 0.25f * xscale : v);
             xf[k] = ft::bf16_to_f32(x[t][k]);
         }
         if (c.f == Format::ds_fp4) ft::fp8_round_trip_per128(xf.data(), c.K, y.data()), xf = y;
@@ -486,7 +489,7 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
             act.emplace_back(ops->act_bytes(c.K) + 64, 0xcd);  // poisoned slack past the prepared bytes
             ops->prepare(x[t].data(), c.K, act.back().data());
         }
-        for (auto &a : act) ap.push_back(a.data());
+        for (int t = 0; t < ntok; ++t) ap.push_back(act[dup && (t & 1) ? t - 1 : t].data());
         const size_t ldo = size_t(count) + 3;
         std::vector<float> out(ldo * ntok, std::numeric_limits<float>::quiet_NaN());
         ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
@@ -519,7 +522,8 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
 TEST(QuantKernels, EveryKernelMatchesReference) {
     std::mt19937 rng(1234);
     struct G { Format f; int64_t K, N, first; int count; double bound; };
-    // K with tails (nvfp4 272 = 4 x 64 + 16), counts with tails, tokens 5 and 1 (tiles of 4 + 1).
+    // K with tails (nvfp4 272 = 4 x 64 + 16), counts with tails, every token count 1..32 (the
+    // kernels' token tiles of 2, 4 or 8 and every remainder), and duplicate tokens.
     const G geos[] = {
         {Format::fp8_block, 384, 260, 3, 255, 1e-5}, {Format::nvfp4, 272, 40, 1, 37, 1e-5},
         {Format::nvfp4, 512, 8, 0, 8, 1e-5},         {Format::ds_fp4, 384, 24, 2, 21, 1e-5},
@@ -535,12 +539,8 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
     };
     for (const G &g : geos) {
         const Case c = make_case(rng, g.f, g.K, g.N);
-        // Every token count 1..8 (tiles of 4 and every remainder) for the formats with W4A8 /
-        // multi-block kernels, 5 and 1 for the others.
-        if (g.f == Format::q4_0 || g.f == Format::mxfp4 || g.f == Format::nvfp4 || g.f == Format::ds_fp4)
-            for (int ntok = 1; ntok <= 8; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
-        else
-            for (int ntok : {5, 1}) check(c, g.first, g.count, ntok, rng, g.bound);
+        for (int ntok = 1; ntok <= 32; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
+        for (int ntok : {2, 9, 17}) check(c, g.first, g.count, ntok, rng, g.bound, 1.0f, true);
     }
 }
 
