@@ -12,7 +12,7 @@
 #include "ft/common.hpp"
 #include "ft/loader.hpp"
 #include "ft/synth.hpp"
-#include "loader_test_util.hpp"
+#include "scratch_files.hpp"
 
 namespace ft {
 namespace {

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ft/loader.hpp"
-#include "loader_test_util.hpp"
+#include "scratch_files.hpp"
 
 namespace ft {
 namespace {
