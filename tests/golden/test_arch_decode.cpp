@@ -19,8 +19,8 @@
 
 namespace {
 
-using ft::testing::bf16_to_f64;
-using ft::testing::f32_to_bf16_rne;
+using ft::test::bf16_to_f64;
+using ft::test::f32_to_bf16_rne;
 
 struct EngineDeleter { void operator()(ft_engine *e) const { ft_engine_free(e); } };
 struct ModelDeleter { void operator()(ft_model *m) const { ft_model_free(m); } };
@@ -131,21 +131,21 @@ TEST(ArchDecode, GptOssBf16BiasesAndClampedSwiglu) {
     auto session = cpu_session(model.get(), T);
     ASSERT_EQ(ft_decode(session.get(), 0, T, x.data(), ids.data(), w.data(), y.data()), FT_OK)
         << ft_session_last_error(session.get());
-    ft::testing::ActivationRef act{FT_ACT_SWIGLU_CLAMP, 1.702, limit};
-    const auto ref = ft::testing::moe_reference_f32(
+    ft::test::ActivationRef act{FT_ACT_SWIGLU_CLAMP, 1.702, limit};
+    const auto ref = ft::test::moe_reference_f32(
         [&](int32_t e) {
-            return ft::testing::ExpertF32{gate.data() + e * I * H, up.data() + e * I * H, down.data() + e * H * I,
+            return ft::test::ExpertF32{gate.data() + e * I * H, up.data() + e * I * H, down.data() + e * H * I,
                                           bg.data() + e * I, bu.data() + e * I, dnb.data() + e * H};
         },
         E, act, {}, H, I, T, K, x.data(), ids.data(), w.data());
-    EXPECT_LT(ft::testing::relative_error_bf16(y, ref), 1e-2);
+    EXPECT_LT(ft::test::relative_error_bf16(y, ref), 1e-2);
     // Without its biases the result is measurably different (the biases are not a no-op here).
-    const auto ref_nobias = ft::testing::moe_reference_f32(
+    const auto ref_nobias = ft::test::moe_reference_f32(
         [&](int32_t e) {
-            return ft::testing::ExpertF32{gate.data() + e * I * H, up.data() + e * I * H, down.data() + e * H * I};
+            return ft::test::ExpertF32{gate.data() + e * I * H, up.data() + e * I * H, down.data() + e * H * I};
         },
         E, act, {}, H, I, T, K, x.data(), ids.data(), w.data());
-    EXPECT_GT(ft::testing::relative_error_bf16(y, ref_nobias), 5e-2);
+    EXPECT_GT(ft::test::relative_error_bf16(y, ref_nobias), 5e-2);
 }
 
 TEST(ArchDecode, RouteWeightOnTheExpertInput) {
@@ -195,13 +195,13 @@ TEST(ArchDecode, RouteWeightOnTheExpertInput) {
             const float wk = w[size_t(t) * K + k];
             std::vector<uint16_t> xs(H);
             for (int32_t h = 0; h < H; ++h) xs[h] = f32_to_bf16_rne(float(wk * bf16_to_f64(x[size_t(t) * H + h])));
-            const ft::testing::ExpertRef ex{weights[size_t(e) * 3].data(), weights[size_t(e) * 3 + 1].data(),
+            const ft::test::ExpertRef ex{weights[size_t(e) * 3].data(), weights[size_t(e) * 3 + 1].data(),
                                             weights[size_t(e) * 3 + 2].data(), I};
-            ft::testing::expert_ref(ex, {}, H, xs.data(), 1.0, ref.data() + size_t(t) * H);
-            ft::testing::expert_ref(ex, {}, H, x.data() + size_t(t) * H, wk, out_weighted.data() + size_t(t) * H);
+            ft::test::expert_ref(ex, {}, H, xs.data(), 1.0, ref.data() + size_t(t) * H);
+            ft::test::expert_ref(ex, {}, H, x.data() + size_t(t) * H, wk, out_weighted.data() + size_t(t) * H);
         }
-    EXPECT_LT(ft::testing::relative_error_bf16(y, ref), 1e-2);
-    EXPECT_GT(ft::testing::relative_error_bf16(y, out_weighted), 5e-2);  // the output rule gives another result
+    EXPECT_LT(ft::test::relative_error_bf16(y, ref), 1e-2);
+    EXPECT_GT(ft::test::relative_error_bf16(y, out_weighted), 5e-2);  // the output rule gives another result
 }
 
 TEST(ArchDecode, RouteWeightOnTheInputNeedsBf16AndAKnownRule) {

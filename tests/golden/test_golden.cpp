@@ -158,8 +158,8 @@ struct SelfTestDir {
         std::vector<uint16_t> xb(size_t(T) * H);
         std::vector<float> x(xb.size());
         for (size_t i = 0; i < xb.size(); ++i) {
-            xb[i] = ft::testing::f32_to_bf16_rne(nd(rng));
-            x[i] = float(ft::testing::bf16_to_f64(xb[i]));
+            xb[i] = ft::test::f32_to_bf16_rne(nd(rng));
+            x[i] = float(ft::test::bf16_to_f64(xb[i]));
         }
         write_raw(tmp.path() + "/hidden.f32", x);
         nlohmann::json layers = nlohmann::json::array();
@@ -184,9 +184,9 @@ struct SelfTestDir {
             std::vector<std::vector<uint16_t>> weights(size_t(E) * 3);
             for (int32_t e = 0; e < E; ++e)
                 for (int p = 0; p < 3; ++p) weights[size_t(e) * 3 + p] = ft::synth::expert_weight(spec, l, e, p + 1);
-            const auto out = ft::testing::moe_reference(
+            const auto out = ft::test::moe_reference(
                 [&](int32_t e) {
-                    return ft::testing::ExpertRef{weights[size_t(e) * 3].data(), weights[size_t(e) * 3 + 1].data(),
+                    return ft::test::ExpertRef{weights[size_t(e) * 3].data(), weights[size_t(e) * 3 + 1].data(),
                                                   weights[size_t(e) * 3 + 2].data(), I};
                 },
                 E, {}, H, T, K, xb.data(), ids.data(), w.data());
