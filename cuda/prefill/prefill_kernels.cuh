@@ -1,4 +1,4 @@
-// The kernels of the GPU prefill (prefill.cu): bf16 dequantisation of whole experts, the gather
+// The kernels of the GPU prefill (prefill.cpp): bf16 dequantisation of whole experts, the gather
 // of the chunk's rows, and the epilogue / scatter after each GEMM. Private to ft_cuda_prefill.
 #pragma once
 
