@@ -1,4 +1,4 @@
-// Decode prep and combine (decode.cu): grouping the routes by slot on the device, staging the
+// Decode prep and combine (decode.cpp): grouping the routes by slot on the device, staging the
 // input, ds_fp4's intermediate round trip, and the weighted sum over routes.
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-// The tensor-core decode kernels of the row-major formats (decode.cu): bf16, fp8_block, nvfp4,
+// The tensor-core decode kernels of the row-major formats (decode.cpp): bf16, fp8_block, nvfp4,
 // ds_fp4 and q4_0, one trait per format around one mma_kernel.
 #include <cuda_runtime.h>
 

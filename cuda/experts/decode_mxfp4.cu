@@ -1,4 +1,4 @@
-// The tensor-core decode kernel of mxfp4 (decode.cu), whose banks are stored transposed.
+// The tensor-core decode kernel of mxfp4 (decode.cpp), whose banks are stored transposed.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The CUDA-core decode kernel (decode.cu): bf16 rows whose length is not a multiple of 8. A warp
+// The CUDA-core decode kernel (decode.cpp): bf16 rows whose length is not a multiple of 8. A warp
 // owns two output rows, its lanes split the reduction and finish with a shuffle reduction.
 #include <cuda_runtime.h>
 

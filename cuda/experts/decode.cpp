@@ -12,8 +12,9 @@
 // bf16 rows whose length is not a multiple of 8 take a CUDA-core kernel instead (a warp owns two
 // output rows, its lanes split the reduction and finish with a shuffle reduction).
 // Every sum runs in a fixed order, so results are deterministic run to run.
-// Files: decode_kernels.cuh (shared pieces, launcher declarations), decode_group.cu (prep, round
-// trip, combine), decode_mma.cu (row-major formats), decode_mxfp4.cu, decode_simt.cu (CUDA-core).
+// Files: decode_launch.hpp (constants, arguments, launchers), decode_kernels.cuh (shared device
+// code), decode_group.cu (prep, round trip, combine), decode_mma.cu (row-major formats),
+// decode_mxfp4.cu, decode_simt.cu (CUDA-core); this file holds ExpertDecoder (host code).
 #include "ft/cuda_experts.hpp"
 
 #include <cuda_runtime.h>
@@ -23,7 +24,7 @@
 #include <cstdint>
 #include <string>
 
-#include "decode_kernels.cuh"
+#include "decode_launch.hpp"
 #include "ft/common.hpp"
 #include "ft/cuda_check.hpp"
 
