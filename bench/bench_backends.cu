@@ -49,6 +49,7 @@
 
 #include "freetoken.h"
 #include "freetoken_cuda.h"
+#include "ft/cuda_memory.hpp"
 #include "ft/synth.hpp"
 
 namespace {
@@ -68,35 +69,11 @@ void ft_ok(ft_status s, const char *what, const char *detail) {
         throw std::runtime_error(std::string(what) + ": " + ft_status_string(s) + (detail && *detail ? std::string(" (") + detail + ")" : ""));
 }
 
-struct DeviceMem {
-    void *p = nullptr;
-    explicit DeviceMem(size_t bytes) { cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc"); }
-    ~DeviceMem() { cudaFree(p); }
-    DeviceMem(const DeviceMem &) = delete;
-    DeviceMem &operator=(const DeviceMem &) = delete;
-    template <typename T>
-    T *as() const { return static_cast<T *>(p); }
-};
-
-struct PinnedMem {
-    void *p = nullptr;
-    explicit PinnedMem(size_t bytes) { cuda_ok(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc"); }
-    ~PinnedMem() { cudaFreeHost(p); }
-    PinnedMem(const PinnedMem &) = delete;
-    PinnedMem &operator=(const PinnedMem &) = delete;
-};
-
-struct StreamHandle {
-    cudaStream_t s = nullptr;
-    StreamHandle() { cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
-    ~StreamHandle() { cudaStreamDestroy(s); }
-};
-
-struct EventHandle {
-    cudaEvent_t e = nullptr;
-    EventHandle() { cuda_ok(cudaEventCreate(&e), "cudaEventCreate"); }
-    ~EventHandle() { cudaEventDestroy(e); }
-};
+// The library's owning handles (ft/cuda_memory.hpp).
+using ft::cuda::DeviceBuffer;
+using ft::cuda::Event;
+using ft::cuda::PinnedBuffer;
+using ft::cuda::Stream;
 
 struct SessionDeleter {
     void operator()(ft_session *s) const { ft_session_free(s); }
@@ -119,17 +96,17 @@ __global__ void read_kernel(const int4 *p, size_t n, int *sink) {
 constexpr size_t kCopyBytes = size_t(256) << 20;
 
 // Bytes per second of `reps` back-to-back pinned H2D copies of kCopyBytes, best of 3 batches.
-double measure_h2d(const PinnedMem &src, const DeviceMem &dst, cudaStream_t s, int reps) {
-    EventHandle a, b;
+double measure_h2d(const PinnedBuffer &src, const DeviceBuffer &dst, cudaStream_t s, int reps) {
+    Event a(true), b(true);
     double best = 0.0;
-    cuda_ok(cudaMemcpyAsync(dst.p, src.p, kCopyBytes, cudaMemcpyHostToDevice, s), "H2D warm-up");
+    cuda_ok(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyHostToDevice, s), "H2D warm-up");
     for (int trial = 0; trial < 3; ++trial) {
-        cuda_ok(cudaEventRecord(a.e, s), "cudaEventRecord");
-        for (int r = 0; r < reps; ++r) cuda_ok(cudaMemcpyAsync(dst.p, src.p, kCopyBytes, cudaMemcpyHostToDevice, s), "H2D");
-        cuda_ok(cudaEventRecord(b.e, s), "cudaEventRecord");
-        cuda_ok(cudaEventSynchronize(b.e), "H2D");
+        cuda_ok(cudaEventRecord(a.get(), s), "cudaEventRecord");
+        for (int r = 0; r < reps; ++r) cuda_ok(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyHostToDevice, s), "H2D");
+        cuda_ok(cudaEventRecord(b.get(), s), "cudaEventRecord");
+        cuda_ok(cudaEventSynchronize(b.get()), "H2D");
         float ms = 0.0f;
-        cuda_ok(cudaEventElapsedTime(&ms, a.e, b.e), "cudaEventElapsedTime");
+        cuda_ok(cudaEventElapsedTime(&ms, a.get(), b.get()), "cudaEventElapsedTime");
         best = std::max(best, double(reps) * kCopyBytes / (ms * 1e-3));
     }
     return best;
@@ -141,30 +118,30 @@ struct Bandwidths {
 
 Bandwidths measure_bandwidths() {
     Bandwidths bw;
-    StreamHandle s;
+    Stream s;
     {
-        PinnedMem src(kCopyBytes);
-        std::memset(src.p, 1, kCopyBytes);
-        DeviceMem dst(kCopyBytes);
-        bw.h2d = measure_h2d(src, dst, s.s, g_quick ? 4 : 8);
+        PinnedBuffer src(kCopyBytes, "cudaHostAlloc", cudaHostAllocPortable);
+        std::memset(src.get(), 1, kCopyBytes);
+        DeviceBuffer dst(kCopyBytes);
+        bw.h2d = measure_h2d(src, dst, s.get(), g_quick ? 4 : 8);
     }
     const size_t bytes = size_t(2) << 30, n = bytes / sizeof(int4);
-    DeviceMem buf(bytes), sink(sizeof(int));
-    cuda_ok(cudaMemsetAsync(buf.p, 1, bytes, s.s), "cudaMemset");
+    DeviceBuffer buf(bytes), sink(sizeof(int));
+    cuda_ok(cudaMemsetAsync(buf.get(), 1, bytes, s.get()), "cudaMemset");
     int dev = 0, sms = 0;
     cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
     cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    EventHandle a, b;
+    Event a(true), b(true);
     const int reps = 10;
-    read_kernel<<<sms * 4, 512, 0, s.s>>>(buf.as<int4>(), n, sink.as<int>());
+    read_kernel<<<sms * 4, 512, 0, s.get()>>>(buf.get<int4>(), n, sink.get<int>());
     for (int trial = 0; trial < 3; ++trial) {
-        cuda_ok(cudaEventRecord(a.e, s.s), "cudaEventRecord");
-        for (int r = 0; r < reps; ++r) read_kernel<<<sms * 4, 512, 0, s.s>>>(buf.as<int4>(), n, sink.as<int>());
+        cuda_ok(cudaEventRecord(a.get(), s.get()), "cudaEventRecord");
+        for (int r = 0; r < reps; ++r) read_kernel<<<sms * 4, 512, 0, s.get()>>>(buf.get<int4>(), n, sink.get<int>());
         cuda_ok(cudaGetLastError(), "read kernel");
-        cuda_ok(cudaEventRecord(b.e, s.s), "cudaEventRecord");
-        cuda_ok(cudaEventSynchronize(b.e), "read kernel");
+        cuda_ok(cudaEventRecord(b.get(), s.get()), "cudaEventRecord");
+        cuda_ok(cudaEventSynchronize(b.get()), "read kernel");
         float ms = 0.0f;
-        cuda_ok(cudaEventElapsedTime(&ms, a.e, b.e), "cudaEventElapsedTime");
+        cuda_ok(cudaEventElapsedTime(&ms, a.get(), b.get()), "cudaEventElapsedTime");
         bw.hbm = std::max(bw.hbm, double(reps) * bytes / (ms * 1e-3));
     }
     return bw;
@@ -371,26 +348,26 @@ RunResult timed_run(ft_session *s, const Model &m, const Trace &t, const RunOpti
     }
     const size_t routes = size_t(warm + meas) * K;
     std::vector<float> w(routes, 1.0f / float(K));
-    StreamHandle stream;
-    std::unique_ptr<DeviceMem> dx, dy, dids, dw;
+    Stream stream;
+    std::unique_ptr<DeviceBuffer> dx, dy, dids, dw;
     if (device) {
-        dx = std::make_unique<DeviceMem>(x.size() * 2);
-        dy = std::make_unique<DeviceMem>(y.size() * 2);
-        dids = std::make_unique<DeviceMem>(routes * sizeof(int32_t));
-        dw = std::make_unique<DeviceMem>(routes * sizeof(float));
-        cuda_ok(cudaMemcpy(dx->p, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "upload");
-        cuda_ok(cudaMemcpy(dids->p, t.ids.data(), routes * sizeof(int32_t), cudaMemcpyHostToDevice), "upload");
-        cuda_ok(cudaMemcpy(dw->p, w.data(), routes * sizeof(float), cudaMemcpyHostToDevice), "upload");
+        dx = std::make_unique<DeviceBuffer>(x.size() * 2);
+        dy = std::make_unique<DeviceBuffer>(y.size() * 2);
+        dids = std::make_unique<DeviceBuffer>(routes * sizeof(int32_t));
+        dw = std::make_unique<DeviceBuffer>(routes * sizeof(float));
+        cuda_ok(cudaMemcpy(dx->get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), "upload");
+        cuda_ok(cudaMemcpy(dids->get(), t.ids.data(), routes * sizeof(int32_t), cudaMemcpyHostToDevice), "upload");
+        cuda_ok(cudaMemcpy(dw->get(), w.data(), routes * sizeof(float), cudaMemcpyHostToDevice), "upload");
     }
     auto call = [&](int64_t c) {
         const size_t r = size_t(c) * K;
-        const ft_status st = device ? ft_decode_cuda(s, t.layer[size_t(c)], 1, dx->as<uint16_t>(), dids->as<int32_t>() + r,
-                                                     dw->as<float>() + r, dy->as<uint16_t>(), stream.s)
+        const ft_status st = device ? ft_decode_cuda(s, t.layer[size_t(c)], 1, dx->get<uint16_t>(), dids->get<int32_t>() + r,
+                                                     dw->get<float>() + r, dy->get<uint16_t>(), stream.get())
                                     : ft_decode(s, t.layer[size_t(c)], 1, x.data(), t.ids.data() + r, w.data() + r, y.data());
         ft_ok(st, "decode", ft_session_last_error(s));
     };
     auto sync = [&] {
-        if (device) cuda_ok(cudaStreamSynchronize(stream.s), "decode (stream)");
+        if (device) cuda_ok(cudaStreamSynchronize(stream.get()), "decode (stream)");
     };
     for (int64_t c = 0; c < warm; ++c) {
         call(c);
@@ -501,11 +478,11 @@ public:
         const RunResult alone = timed_run(cpu.get(), m, t, o);
         ov.cpu_alone = alone.cpu_bytes_per_call / alone.seconds_per_call;
         // Both at once: a batch of copies long enough for many CPU calls.
-        PinnedMem src(kCopyBytes);
-        std::memset(src.p, 1, kCopyBytes);
-        DeviceMem dst(kCopyBytes);
-        StreamHandle s;
-        EventHandle a, b;
+        PinnedBuffer src(kCopyBytes, "cudaHostAlloc", cudaHostAllocPortable);
+        std::memset(src.get(), 1, kCopyBytes);
+        DeviceBuffer dst(kCopyBytes);
+        Stream s;
+        Event a(true), b(true);
         const int reps = std::max(8, int(std::ceil((g_quick ? 0.3 : 0.6) * ov.pcie_alone / double(kCopyBytes))));
         std::vector<uint16_t> x(size_t(m.info.hidden_size), 0x3c00), y(x.size());
         std::vector<float> w(size_t(K), 1.0f / float(K));
@@ -513,20 +490,20 @@ public:
             ft_ok(ft_decode(cpu.get(), t.layer[size_t(c)], 1, x.data(), t.ids.data() + c * K, w.data(), y.data()), "ft_decode",
                   ft_session_last_error(cpu.get()));
         ft_session_reset_stats(cpu.get());
-        cuda_ok(cudaEventRecord(a.e, s.s), "cudaEventRecord");
-        for (int r = 0; r < reps; ++r) cuda_ok(cudaMemcpyAsync(dst.p, src.p, kCopyBytes, cudaMemcpyHostToDevice, s.s), "H2D");
-        cuda_ok(cudaEventRecord(b.e, s.s), "cudaEventRecord");
+        cuda_ok(cudaEventRecord(a.get(), s.get()), "cudaEventRecord");
+        for (int r = 0; r < reps; ++r) cuda_ok(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyHostToDevice, s.get()), "H2D");
+        cuda_ok(cudaEventRecord(b.get(), s.get()), "cudaEventRecord");
         const auto t0 = Clock::now();
         int64_t c = 2 * L;
-        while (cudaEventQuery(b.e) == cudaErrorNotReady) {
+        while (cudaEventQuery(b.get()) == cudaErrorNotReady) {
             ft_ok(ft_decode(cpu.get(), t.layer[size_t(c)], 1, x.data(), t.ids.data() + c * K, w.data(), y.data()), "ft_decode",
                   ft_session_last_error(cpu.get()));
             c = c + 1 < int64_t(t.layer.size()) ? c + 1 : 0;
         }
         const double cpu_secs = seconds_since(t0);
-        cuda_ok(cudaEventSynchronize(b.e), "H2D");
+        cuda_ok(cudaEventSynchronize(b.get()), "H2D");
         float ms = 0.0f;
-        cuda_ok(cudaEventElapsedTime(&ms, a.e, b.e), "cudaEventElapsedTime");
+        cuda_ok(cudaEventElapsedTime(&ms, a.get(), b.get()), "cudaEventElapsedTime");
         ov.pcie_ov = double(reps) * kCopyBytes / (ms * 1e-3);
         ft_session_stats st;
         st.struct_size = sizeof st;

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ft/cuda_check.hpp"
+#include "ft/cuda_memory.hpp"
 #endif
 
 namespace ft::cuda {
@@ -16,9 +17,7 @@ namespace ft::cuda {
 #ifdef FT_HAVE_CUDA
 
 namespace {
-[[noreturn]] void fail_cuda(cudaError_t e, const char *what) {
-    fail(FT_ERR_DEVICE, what, ": ", cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
-}
+[[noreturn]] void fail_cuda(cudaError_t e, const char *what) { throw_cuda(e, what); }
 }  // namespace
 
 bool built_with_cuda() { return true; }
@@ -62,50 +61,30 @@ HostRegistration::~HostRegistration() {
     if (data_) cudaHostUnregister(data_);
 }
 
-namespace {
-
-// Owns what one copy measurement creates, so every exit path releases it.
-struct CopyRig {
-    void *host = nullptr, *dev = nullptr;
-    cudaStream_t stream = nullptr;
-    cudaEvent_t start = nullptr, stop = nullptr;
-    ~CopyRig() {
-        if (stop) cudaEventDestroy(stop);
-        if (start) cudaEventDestroy(start);
-        if (stream) cudaStreamDestroy(stream);
-        if (dev) cudaFree(dev);
-        if (host) cudaFreeHost(host);
-    }
-};
-
-}  // namespace
-
 double measure_copy_bandwidth(int device, CopyDirection dir, size_t bytes, int iters) {
     if (device < 0 || device >= device_count()) fail(FT_ERR_NO_DEVICE, "CUDA device ", device, " is not usable");
     if (bytes == 0 || iters <= 0) fail(FT_ERR_INVALID_ARGUMENT, "copy measurement needs bytes > 0 and iters > 0");
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    CopyRig rig;
-    check_cuda(cudaHostAlloc(&rig.host, bytes, cudaHostAllocPortable | cudaHostAllocMapped), "cudaHostAlloc");
-    check_cuda(cudaMalloc(&rig.dev, bytes), "cudaMalloc");
+    const PinnedBuffer host(bytes, "cudaHostAlloc");
+    const DeviceBuffer dev(bytes, "cudaMalloc");
     // Touch both buffers so no first-use cost lands in the timed copies.
-    std::memset(rig.host, 1, bytes);
-    check_cuda(cudaMemset(rig.dev, 1, bytes), "cudaMemset");
-    check_cuda(cudaStreamCreateWithFlags(&rig.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreate(&rig.start), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&rig.stop), "cudaEventCreate");
+    std::memset(host.get(), 1, bytes);
+    check_cuda(cudaMemset(dev.get(), 1, bytes), "cudaMemset");
+    const Stream stream;
+    const Event start(true), stop(true);
 
     const bool h2d = dir == CopyDirection::host_to_device;
-    void *dst = h2d ? rig.dev : rig.host;
-    const void *src = h2d ? rig.host : rig.dev;
+    void *dst = h2d ? dev.get() : host.get();
+    const void *src = h2d ? host.get() : dev.get();
     const cudaMemcpyKind kind = h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    for (int i = 0; i < 3; ++i) check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, rig.stream), "cudaMemcpyAsync (warm-up)");
-    check_cuda(cudaStreamSynchronize(rig.stream), "cudaStreamSynchronize");
-    check_cuda(cudaEventRecord(rig.start, rig.stream), "cudaEventRecord");
-    for (int i = 0; i < iters; ++i) check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, rig.stream), "cudaMemcpyAsync");
-    check_cuda(cudaEventRecord(rig.stop, rig.stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(rig.stop), "cudaEventSynchronize");
+    for (int i = 0; i < 3; ++i) check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream.get()), "cudaMemcpyAsync (warm-up)");
+    check_cuda(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+    check_cuda(cudaEventRecord(start.get(), stream.get()), "cudaEventRecord");
+    for (int i = 0; i < iters; ++i) check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream.get()), "cudaMemcpyAsync");
+    check_cuda(cudaEventRecord(stop.get(), stream.get()), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
     float ms = 0.0f;
-    check_cuda(cudaEventElapsedTime(&ms, rig.start, rig.stop), "cudaEventElapsedTime");
+    check_cuda(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
     if (!(ms > 0.0f)) return 0.0;
     return static_cast<double>(bytes) * iters / (ms * 1e-3);
 }

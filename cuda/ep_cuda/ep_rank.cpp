@@ -68,8 +68,8 @@ EpRank::EpRank(Transport &transport, const Placement &placement, const EpConfig 
     const size_t total = align256(lb) + align256(rb) + 2 * align256(wire) + 2 * align256(row_bytes) +
                          2 * align256(part_bytes) + align256(R * W * 8) + align256(W * 8) + align256(4) +
                          align256(cwire_bytes);
-    check_cuda(cudaMalloc(&mem_, total), "EP buffers");
-    uint8_t *p = static_cast<uint8_t *>(mem_);
+    mem_ = ft::cuda::DeviceBuffer(total, "EP: EP buffers");
+    uint8_t *p = mem_.get();
     layout_ = carve_layout(take<uint8_t>(p, lb), R_, S_, c.top_k, c.max_tokens);
     recv_ = carve_receive(take<uint8_t>(p, rb), R_, S_, c.top_k, c.max_tokens, rows);
     send_ = take<uint8_t>(p, wire);
@@ -83,8 +83,9 @@ EpRank::EpRank(Transport &transport, const Placement &placement, const EpConfig 
     gate_max_ = take<uint32_t>(p, 4);
     if (fp8_combine) cwire_ = take<uint8_t>(p, cwire_bytes);
     // Padding rows of latency-mode regions travel on the wire: defined bytes keep tools quiet.
-    check_cuda(cudaMemset(mem_, 0, total), "EP buffer clear");
-    check_cuda(cudaMallocHost(reinterpret_cast<void **>(&count_pinned_), R * W * 8), "EP pinned counts");
+    check_cuda(cudaMemset(mem_.get(), 0, total), "EP buffer clear");
+    pinned_counts_ = ft::cuda::PinnedBuffer(R * W * 8, "EP: EP pinned counts", cudaHostAllocDefault);
+    count_pinned_ = pinned_counts_.get<int64_t>();
     count_host_.assign(R * R, 0);
     int lo = 0, hi = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "stream priorities");
@@ -99,8 +100,6 @@ EpRank::~EpRank() {
         if (e) cudaEventDestroy(e);
     if (gate_event_) cudaEventDestroy(gate_event_);
     if (comm_) cudaStreamDestroy(comm_);
-    if (count_pinned_) cudaFreeHost(count_pinned_);
-    cudaFree(mem_);
 }
 
 void EpRank::set_placement(const Placement &placement) {

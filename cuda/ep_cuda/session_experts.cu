@@ -58,15 +58,12 @@ SessionExperts::SessionExperts(int32_t model_top_k, int32_t rows_per_call)
     if (model_top_k < 1 || rows_per_call < 1)
         fail(FT_ERR_INVALID_ARGUMENT, "EP session experts: top-k ", model_top_k, ", rows per call ", rows_per_call);
     const size_t routes = static_cast<size_t>(model_top_k) * rows_per_call;
-    check_cuda(cudaMalloc(reinterpret_cast<void **>(&ids_), routes * sizeof(int32_t)), "EP session route ids");
-    check_cuda(cudaMalloc(reinterpret_cast<void **>(&weights_), routes * sizeof(float)), "EP session route weights");
-    check_cuda(cudaMallocHost(reinterpret_cast<void **>(&rows_pinned_), sizeof(int64_t)), "EP session row count");
-}
-
-SessionExperts::~SessionExperts() {
-    cudaFree(ids_);
-    cudaFree(weights_);
-    cudaFreeHost(rows_pinned_);
+    ids_buf_ = ft::cuda::DeviceBuffer(routes * sizeof(int32_t), "EP: EP session route ids");
+    weights_buf_ = ft::cuda::DeviceBuffer(routes * sizeof(float), "EP: EP session route weights");
+    rows_buf_ = ft::cuda::PinnedBuffer(sizeof(int64_t), "EP: EP session row count", cudaHostAllocDefault);
+    ids_ = ids_buf_.get<int32_t>();
+    weights_ = weights_buf_.get<float>();
+    rows_pinned_ = rows_buf_.get<int64_t>();
 }
 
 void SessionExperts::run(const ExpertBatch &b, bool exact_rows, const SessionDecodeFn &decode, cudaStream_t stream) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "ft/common.hpp"
+#include "ft/cuda_check.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/cuda_gather.hpp"
 
@@ -16,17 +17,7 @@ CopyEngineGather::CopyEngineGather(int32_t capacity) : capacity_(capacity) {
     if (capacity < 0) fail(FT_ERR_INVALID_ARGUMENT, "copy-engine gather: capacity ", capacity, " < 0");
     if (device_count() == 0) fail(FT_ERR_NO_DEVICE, "copy-engine gather: no CUDA device is usable");
     const size_t bytes = sizeof(int64_t) + 2 * sizeof(int32_t) * static_cast<size_t>(capacity);
-    const cudaError_t e = cudaHostAlloc(&staging_, bytes, cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        staging_ = nullptr;
-        fail(e == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE,
-             "copy-engine gather: cudaHostAlloc of the plan staging: ", cudaGetErrorString(e));
-    }
-}
-
-CopyEngineGather::~CopyEngineGather() {
-    if (staging_) cudaFreeHost(staging_);
+    staging_ = PinnedBuffer(bytes, "copy-engine gather: cudaHostAlloc of the plan staging", cudaHostAllocPortable);
 }
 
 cudaError_t CopyEngineGather::gather(const GatherBank *banks, int num_banks, const GatherPlan &plan,
@@ -39,7 +30,7 @@ cudaError_t CopyEngineGather::gather(const GatherBank *banks, int num_banks, con
     if (e != cudaSuccess) return e;
     if (capture != cudaStreamCaptureStatusNone) return cudaErrorStreamCaptureUnsupported;
 
-    auto *count = static_cast<int64_t *>(staging_);
+    auto *count = staging_.get<int64_t>();
     auto *slots = reinterpret_cast<int32_t *>(count + 1);
     int32_t *sources = slots + capacity_;
     const size_t entry_bytes = sizeof(int32_t) * static_cast<size_t>(plan.capacity);

@@ -43,6 +43,7 @@
 #endif
 
 #include "ft/common.hpp"
+#include "ft/cuda_check.hpp"
 
 namespace ft::cuda {
 
@@ -477,20 +478,11 @@ Handoff::Handoff(const HandoffOptions &options) {
     st->opt = o;
     const size_t bytes = static_cast<size_t>(o.max_sites + 1) * kSiteBytes;
     void *host = nullptr;
-    e = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        fail(e == cudaErrorMemoryAllocation ? FT_ERR_OUT_OF_MEMORY : FT_ERR_DEVICE,
-             "handoff: cudaHostAlloc of the flags: ", cudaGetErrorString(e));
-    }
+    check(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "handoff: cudaHostAlloc of the flags");
     st->flags = static_cast<unsigned char *>(host);
     std::memset(host, 0, bytes);
     void *dev = nullptr;
-    e = cudaHostGetDevicePointer(&dev, host, 0);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        fail(FT_ERR_DEVICE, "handoff: cudaHostGetDevicePointer: ", cudaGetErrorString(e));
-    }
+    check(cudaHostGetDevicePointer(&dev, host, 0), "handoff: cudaHostGetDevicePointer");
     st->flags_dev = reinterpret_cast<CUdeviceptr>(dev);
     st->sites = std::make_unique<SiteSlot[]>(static_cast<size_t>(o.max_sites));
 

@@ -198,8 +198,9 @@ std::vector<Case> cases() {
     c.push_back({4, 7168, 64, WireDtype::Fp8Fp32, true, seed++});
     c.push_back({2, 2048, 4096, WireDtype::Fp8Fp32, false, seed++});
     c.push_back({4, 2048, 4096, WireDtype::Fp8Ue8m0, true, seed++});
-    // The one-block decode kernels' bounds (kernels.cu): rank 0 has 512 * 8 = 4096 routes (the
-    // layout bound, still one block) or 513 * 8 (the chain), and R * T * 8 = 8192 positions * top-k
+    // The one-block decode kernels' bounds (kernels_layout.cu, kernels_group.cu): rank 0 has
+    // 512 * 8 = 4096 routes (the layout bound, still one block) or 513 * 8 (the chain), and
+    // R * T * 8 = 8192 positions * top-k
     // (the group bound) or 8208.
     c.push_back({2, 2048, 512, WireDtype::Fp8Ue8m0, true, seed++});
     c.push_back({2, 2048, 513, WireDtype::Fp8Fp32, true, seed++});

@@ -20,6 +20,7 @@
 #include "ft/common.hpp"
 #include "ft/cuda_device.hpp"
 #include "ft/cuda_handoff.hpp"
+#include "ft/cuda_memory.hpp"
 
 namespace {
 
@@ -36,34 +37,26 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Pinned host or device memory of n elements, freed on scope exit.
+// Pinned host or device memory of n zeroed elements (the library's owning handles).
 template <typename T>
 struct Pinned {
-    T *p = nullptr;
-    explicit Pinned(size_t n) {
-        if (cudaHostAlloc(&p, n * sizeof(T), cudaHostAllocPortable) != cudaSuccess) throw std::runtime_error("pinned");
+    ft::cuda::PinnedBuffer buf;
+    T *p;
+    explicit Pinned(size_t n) : buf(n * sizeof(T), "pinned", cudaHostAllocPortable), p(buf.get<T>()) {
         std::fill(p, p + n, T{});
     }
-    ~Pinned() { cudaFreeHost(p); }
 };
 
 template <typename T>
 struct Device {
-    T *p = nullptr;
-    explicit Device(size_t n) {
-        if (cudaMalloc(&p, n * sizeof(T)) != cudaSuccess || cudaMemset(p, 0, n * sizeof(T)) != cudaSuccess)
-            throw std::runtime_error("device");
+    ft::cuda::DeviceBuffer buf;
+    T *p;
+    explicit Device(size_t n) : buf(n * sizeof(T), "device"), p(buf.get<T>()) {
+        if (cudaMemset(p, 0, n * sizeof(T)) != cudaSuccess) throw std::runtime_error("device");
     }
-    ~Device() { cudaFree(p); }
 };
 
-struct Stream {
-    cudaStream_t s = nullptr;
-    Stream() {
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
-    }
-    ~Stream() { cudaStreamDestroy(s); }
-};
+using ft::cuda::Stream;
 
 __host__ __device__ int64_t input_of(int64_t step, int64_t site) { return step * 7919 + site * 104729 + 13; }
 __host__ __device__ int64_t task_of(int64_t x, int64_t site) { return x * 3 + 1 + site; }
@@ -156,16 +149,16 @@ TEST_P(HandoffTest, OrderingOverManySteps) {
         calls.fetch_add(1);
     });
     for (int i = 0; i < kSteps; ++i) {
-        produce<<<1, 1, 0, stream.s>>>(val.p, i, 1);
-        CUDA_OK(cudaMemcpyAsync(pin_in.p, val.p, sizeof(int64_t), cudaMemcpyDeviceToHost, stream.s));
-        CUDA_OK(h->signal(site, stream.s));
-        other_work<<<1, 1, 0, stream.s>>>(scratch.p);
-        CUDA_OK(h->wait(site, stream.s));
-        CUDA_OK(cudaMemcpyAsync(out.p, pin_out.p, sizeof(int64_t), cudaMemcpyHostToDevice, stream.s));
-        consume<<<1, 1, 0, stream.s>>>(out.p, results.p, i, 1);
+        produce<<<1, 1, 0, stream.get()>>>(val.p, i, 1);
+        CUDA_OK(cudaMemcpyAsync(pin_in.p, val.p, sizeof(int64_t), cudaMemcpyDeviceToHost, stream.get()));
+        CUDA_OK(h->signal(site, stream.get()));
+        other_work<<<1, 1, 0, stream.get()>>>(scratch.p);
+        CUDA_OK(h->wait(site, stream.get()));
+        CUDA_OK(cudaMemcpyAsync(out.p, pin_out.p, sizeof(int64_t), cudaMemcpyHostToDevice, stream.get()));
+        consume<<<1, 1, 0, stream.get()>>>(out.p, results.p, i, 1);
     }
     CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     std::vector<int64_t> got(kSteps);
     CUDA_OK(cudaMemcpy(got.data(), results.p, kSteps * sizeof(int64_t), cudaMemcpyDeviceToHost));
     int bad = 0;
@@ -193,22 +186,22 @@ TEST_P(HandoffTest, EnqueueNeverBlocks) {
         if (slow.load()) std::this_thread::sleep_for(std::chrono::duration<double>(kTaskSeconds));
     });
     auto step = [&](int i) {
-        produce<<<1, 1, 0, stream.s>>>(val.p, i, 1);
-        cudaMemcpyAsync(pin_in.p, val.p, sizeof(int64_t), cudaMemcpyDeviceToHost, stream.s);
-        h->signal(site, stream.s);
-        other_work<<<1, 1, 0, stream.s>>>(scratch.p);
-        h->wait(site, stream.s);
-        cudaMemcpyAsync(out.p, pin_out.p, sizeof(int64_t), cudaMemcpyHostToDevice, stream.s);
-        consume<<<1, 1, 0, stream.s>>>(out.p, results.p, i, 1);
+        produce<<<1, 1, 0, stream.get()>>>(val.p, i, 1);
+        cudaMemcpyAsync(pin_in.p, val.p, sizeof(int64_t), cudaMemcpyDeviceToHost, stream.get());
+        h->signal(site, stream.get());
+        other_work<<<1, 1, 0, stream.get()>>>(scratch.p);
+        h->wait(site, stream.get());
+        cudaMemcpyAsync(out.p, pin_out.p, sizeof(int64_t), cudaMemcpyHostToDevice, stream.get());
+        consume<<<1, 1, 0, stream.get()>>>(out.p, results.p, i, 1);
     };
     step(0);  // warm-up: module loading and first-call costs
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     slow = true;
     const auto t0 = Clock::now();
     step(1);
     const double enqueue = since(t0);
     CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     const double total = since(t0);
     EXPECT_LT(enqueue, kTaskSeconds / 4) << "enqueue took " << enqueue << " s";
     EXPECT_GE(total, kTaskSeconds * 0.9) << "the stream did not wait for the task";
@@ -238,20 +231,20 @@ TEST_P(HandoffTest, GraphReplay) {
 
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeGlobal));
-    graph_produce<<<1, 1, 0, stream.s>>>(counter.p, val.p);
-    CUDA_OK(cudaMemcpyAsync(pin_in.p, val.p, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost, stream.s));
-    CUDA_OK(h->signal(site, stream.s));
-    graph_other<<<1, 1, 0, stream.s>>>(counter.p, other.p);
-    CUDA_OK(h->wait(site, stream.s));
-    CUDA_OK(cudaMemcpyAsync(out.p, pin_out.p, 2 * sizeof(int64_t), cudaMemcpyHostToDevice, stream.s));
-    graph_consume<<<1, 1, 0, stream.s>>>(counter.p, out.p, other.p, results.p);
-    CUDA_OK(cudaStreamEndCapture(stream.s, &graph));
+    CUDA_OK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+    graph_produce<<<1, 1, 0, stream.get()>>>(counter.p, val.p);
+    CUDA_OK(cudaMemcpyAsync(pin_in.p, val.p, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost, stream.get()));
+    CUDA_OK(h->signal(site, stream.get()));
+    graph_other<<<1, 1, 0, stream.get()>>>(counter.p, other.p);
+    CUDA_OK(h->wait(site, stream.get()));
+    CUDA_OK(cudaMemcpyAsync(out.p, pin_out.p, 2 * sizeof(int64_t), cudaMemcpyHostToDevice, stream.get()));
+    graph_consume<<<1, 1, 0, stream.get()>>>(counter.p, out.p, other.p, results.p);
+    CUDA_OK(cudaStreamEndCapture(stream.get(), &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     EXPECT_EQ(calls.load(), 0) << "capture must not run the task";
 
-    for (int r = 0; r < kReplays; ++r) CUDA_OK(cudaGraphLaunch(exec, stream.s));
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    for (int r = 0; r < kReplays; ++r) CUDA_OK(cudaGraphLaunch(exec, stream.get()));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     std::vector<int64_t> got(kReplays);
     CUDA_OK(cudaMemcpy(got.data(), results.p, kReplays * sizeof(int64_t), cudaMemcpyDeviceToHost));
     int bad = 0;
@@ -279,16 +272,16 @@ TEST_P(HandoffTest, WatchdogReleasesStuckTask) {
     });
     std::atomic<int> other_calls{0};
     const int other = h->add_site([&] { other_calls.fetch_add(1); });
-    set_marker<<<1, 1, 0, stream.s>>>(marker.p, 0);  // module loading stays out of the timing
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    set_marker<<<1, 1, 0, stream.get()>>>(marker.p, 0);  // module loading stays out of the timing
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
 
     const auto t0 = Clock::now();
-    CUDA_OK(h->signal(stuck, stream.s));
-    CUDA_OK(h->signal(other, stream.s));
-    CUDA_OK(h->wait(other, stream.s));  // behind the stuck task: its go is never answered
-    CUDA_OK(h->wait(stuck, stream.s));
-    set_marker<<<1, 1, 0, stream.s>>>(marker.p, 42);
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(h->signal(stuck, stream.get()));
+    CUDA_OK(h->signal(other, stream.get()));
+    CUDA_OK(h->wait(other, stream.get()));  // behind the stuck task: its go is never answered
+    CUDA_OK(h->wait(stuck, stream.get()));
+    set_marker<<<1, 1, 0, stream.get()>>>(marker.p, 42);
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     const double released_after = since(t0);
     EXPECT_LT(released_after, 1.0) << "stream released after " << released_after << " s";
     EXPECT_EQ(h->status(), FT_ERR_TIMEOUT);
@@ -300,10 +293,10 @@ TEST_P(HandoffTest, WatchdogReleasesStuckTask) {
     // Later handoffs pass at once and the status stays.
     const auto t1 = Clock::now();
     for (int i = 0; i < 5; ++i) {
-        CUDA_OK(h->signal(stuck, stream.s));
-        CUDA_OK(h->wait(stuck, stream.s));
+        CUDA_OK(h->signal(stuck, stream.get()));
+        CUDA_OK(h->wait(stuck, stream.get()));
     }
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     EXPECT_LT(since(t1), 0.5) << "later waits must not wait for the stuck task (2 s)";
     EXPECT_EQ(h->status(), FT_ERR_TIMEOUT);
 
@@ -318,9 +311,9 @@ TEST_P(HandoffTest, TaskErrorIsStickyAndReleases) {
     MAKE_OR_SKIP(h);
     Stream stream;
     const int site = h->add_site([] { ft::fail(FT_ERR_IO, "synthetic task failure"); });
-    CUDA_OK(h->signal(site, stream.s));
-    CUDA_OK(h->wait(site, stream.s));
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(h->signal(site, stream.get()));
+    CUDA_OK(h->wait(site, stream.get()));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     EXPECT_EQ(h->status(), FT_ERR_IO);
     EXPECT_NE(h->status_message().find("synthetic task failure"), std::string::npos);
 }
@@ -339,9 +332,9 @@ TEST_P(HandoffTest, DestroyWhileTaskPending) {
         while (!unblock->load() && since(t0) < 3.0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         finished->store(true);
     });
-    CUDA_OK(h->signal(site, stream.s));
-    CUDA_OK(h->wait(site, stream.s));
-    set_marker<<<1, 1, 0, stream.s>>>(marker.p, 7);
+    CUDA_OK(h->signal(site, stream.get()));
+    CUDA_OK(h->wait(site, stream.get()));
+    set_marker<<<1, 1, 0, stream.get()>>>(marker.p, 7);
     const auto t0 = Clock::now();
     while (!started->load() && since(t0) < 2.0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_TRUE(started->load());
@@ -349,7 +342,7 @@ TEST_P(HandoffTest, DestroyWhileTaskPending) {
     const auto t1 = Clock::now();
     h.reset();
     EXPECT_LT(since(t1), 1.0) << "destruction took " << since(t1) << " s";
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     int64_t m = 0;
     CUDA_OK(cudaMemcpy(&m, marker.p, sizeof m, cudaMemcpyDeviceToHost));
     EXPECT_EQ(m, 7);
@@ -386,20 +379,20 @@ TEST_P(HandoffTest, ManySitesInterleaved) {
     for (int i = 0; i < kSteps; ++i) {
         std::shuffle(signal_order.begin(), signal_order.end(), rng);
         std::shuffle(wait_order.begin(), wait_order.end(), rng);
-        produce<<<1, 1, 0, stream.s>>>(val.p, i, kSites);
+        produce<<<1, 1, 0, stream.get()>>>(val.p, i, kSites);
         for (int k : signal_order) {
-            CUDA_OK(cudaMemcpyAsync(pin_in.p + k, val.p + k, sizeof(int64_t), cudaMemcpyDeviceToHost, stream.s));
-            CUDA_OK(h->signal(ids[k], stream.s));
+            CUDA_OK(cudaMemcpyAsync(pin_in.p + k, val.p + k, sizeof(int64_t), cudaMemcpyDeviceToHost, stream.get()));
+            CUDA_OK(h->signal(ids[k], stream.get()));
         }
-        other_work<<<1, 1, 0, stream.s>>>(scratch.p);
+        other_work<<<1, 1, 0, stream.get()>>>(scratch.p);
         for (int k : wait_order) {
-            CUDA_OK(h->wait(ids[k], stream.s));
-            CUDA_OK(cudaMemcpyAsync(out.p + k, pin_out.p + k, sizeof(int64_t), cudaMemcpyHostToDevice, stream.s));
+            CUDA_OK(h->wait(ids[k], stream.get()));
+            CUDA_OK(cudaMemcpyAsync(out.p + k, pin_out.p + k, sizeof(int64_t), cudaMemcpyHostToDevice, stream.get()));
         }
-        consume<<<1, 1, 0, stream.s>>>(out.p, results.p, i, kSites);
+        consume<<<1, 1, 0, stream.get()>>>(out.p, results.p, i, kSites);
     }
     CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     std::vector<int64_t> got(kSites * kSteps);
     CUDA_OK(cudaMemcpy(got.data(), results.p, got.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
     int bad = 0;
@@ -419,13 +412,13 @@ TEST_P(HandoffTest, MisuseIsRefused) {
     h->add_site([](void *) {}, nullptr);
     EXPECT_THROW(h->add_site([] {}), ft::Error);
     EXPECT_THROW(h->add_site(Handoff::Task{}), ft::Error);
-    EXPECT_EQ(h->signal(5, stream.s), cudaErrorInvalidValue);
-    EXPECT_EQ(h->wait(-1, stream.s), cudaErrorInvalidValue);
-    EXPECT_EQ(h->wait(a, stream.s), cudaErrorInvalidValue) << "wait without signal";
-    CUDA_OK(h->signal(a, stream.s));
-    EXPECT_EQ(h->signal(a, stream.s), cudaErrorInvalidValue) << "two signals without a wait";
-    CUDA_OK(h->wait(a, stream.s));
-    CUDA_OK(cudaStreamSynchronize(stream.s));
+    EXPECT_EQ(h->signal(5, stream.get()), cudaErrorInvalidValue);
+    EXPECT_EQ(h->wait(-1, stream.get()), cudaErrorInvalidValue);
+    EXPECT_EQ(h->wait(a, stream.get()), cudaErrorInvalidValue) << "wait without signal";
+    CUDA_OK(h->signal(a, stream.get()));
+    EXPECT_EQ(h->signal(a, stream.get()), cudaErrorInvalidValue) << "two signals without a wait";
+    CUDA_OK(h->wait(a, stream.get()));
+    CUDA_OK(cudaStreamSynchronize(stream.get()));
     EXPECT_EQ(h->status(), FT_OK);
     EXPECT_EQ(h->timing(7).tasks, 0u);
 }

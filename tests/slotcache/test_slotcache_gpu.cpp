@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ft/cuda_memory.hpp"
 #include "ft/slotcache.hpp"
 #include "ft/slotcache_cuda.hpp"
 #include "slotcache_steps.hpp"
@@ -60,29 +61,26 @@ std::string describe(const SlotCacheShape &s) {
 class DeviceCache {
 public:
     explicit DeviceCache(const HostSlotCache &host) : bytes_(host.bytes()) {
-        if (cudaMalloc(&buffer_, bytes_) != cudaSuccess) {
-            buffer_ = nullptr;
+        try {
+            buffer_ = ft::cuda::DeviceBuffer(bytes_);
+        } catch (const ft::Error &) {
             return;
         }
-        if (cudaMemcpy(buffer_, host.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess ||
+        if (cudaMemcpy(buffer_.get(), host.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess ||
             cudaDeviceSynchronize() != cudaSuccess) {
-            cudaFree(buffer_);
-            buffer_ = nullptr;
+            buffer_ = ft::cuda::DeviceBuffer();
             return;
         }
-        state_ = ft::slot_cache_bind(host.state().shape, buffer_);
+        state_ = ft::slot_cache_bind(host.state().shape, buffer_.get());
     }
-    ~DeviceCache() { cudaFree(buffer_); }
-    DeviceCache(const DeviceCache &) = delete;
-    DeviceCache &operator=(const DeviceCache &) = delete;
 
-    bool ok() const { return buffer_ != nullptr; }
+    bool ok() const { return buffer_.get() != nullptr; }
     const SlotCacheState &state() const { return state_; }
 
     // Bit-for-bit comparison with the mirror; the message names every array that differs.
     ::testing::AssertionResult matches(const HostSlotCache &mirror) const {
         HostSlotCache copy(state_.shape);
-        const cudaError_t e = cudaMemcpy(const_cast<void *>(copy.data()), buffer_, bytes_, cudaMemcpyDeviceToHost);
+        const cudaError_t e = cudaMemcpy(const_cast<void *>(copy.data()), buffer_.get(), bytes_, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) return ::testing::AssertionFailure() << "download: " << cudaGetErrorString(e);
         if (std::memcmp(copy.data(), mirror.data(), bytes_) == 0) return ::testing::AssertionSuccess();
         const std::string diff = ft::test::describe_difference(mirror.state(), copy.state());
@@ -91,7 +89,7 @@ public:
     }
 
 private:
-    void *buffer_ = nullptr;
+    ft::cuda::DeviceBuffer buffer_;
     size_t bytes_ = 0;
     SlotCacheState state_;
 };
@@ -99,12 +97,14 @@ private:
 template <typename T>
 class DeviceArray {
 public:
+    // p_ stays null when the allocation fails (the tests assert on get()).
     explicit DeviceArray(size_t n) : n_(n) {
-        if (cudaMalloc(reinterpret_cast<void **>(&p_), std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
+        try {
+            buf_ = ft::cuda::DeviceBuffer(std::max<size_t>(n, 1) * sizeof(T));
+            p_ = buf_.get<T>();
+        } catch (const ft::Error &) {
+        }
     }
-    ~DeviceArray() { cudaFree(p_); }
-    DeviceArray(const DeviceArray &) = delete;
-    DeviceArray &operator=(const DeviceArray &) = delete;
     T *get() const { return p_; }
     // Waits for the whole device: a pageable cudaMemcpy may return before its DMA lands, and the
     // kernels that read these ids may run on a non-blocking stream.
@@ -117,6 +117,7 @@ public:
     }
 
 private:
+    ft::cuda::DeviceBuffer buf_;
     T *p_ = nullptr;
     size_t n_;
 };

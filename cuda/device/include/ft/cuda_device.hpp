@@ -32,14 +32,16 @@ struct MemoryInfo {
 MemoryInfo memory_info(int device);
 
 // Page-locks [data, data + bytes) for `device` (portable + mapped, so kernels can read it) and
-// unlocks it on destruction. Throws FT_ERR_DEVICE with CUDA's message on failure.
+// unlocks it on destruction. Throws per ft/cuda_check.hpp (FT_ERR_DEVICE, or FT_ERR_DEVICE_LOST for
+// a sticky fault) with CUDA's message on failure.
 enum class CopyDirection { host_to_device, device_to_host };
 
 // Linear copy bandwidth between page-locked host memory and `device` in bytes/s (docs/formulas.md,
 // "Bandwidth profile"): one cudaHostAlloc'd buffer (portable + mapped) and one device buffer of `bytes`; 3 untimed copies,
 // then `iters` back-to-back cudaMemcpyAsync on one stream bracketed by CUDA events. 0 in a build
 // without CUDA; otherwise FT_ERR_NO_DEVICE if `device` is not usable (no GPU or no driver),
-// FT_ERR_OUT_OF_MEMORY if a buffer cannot be allocated, FT_ERR_DEVICE with CUDA's message for
+// FT_ERR_OUT_OF_MEMORY if a buffer cannot be allocated, FT_ERR_DEVICE (FT_ERR_DEVICE_LOST for a
+// sticky fault) with CUDA's message for
 // any other CUDA failure. Allocates and frees its buffers on every call.
 double measure_copy_bandwidth(int device, CopyDirection dir, size_t bytes, int iters);
 

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "ft/cuda_check.hpp"
+#include "ft/cuda_memory.hpp"
 #include "ft/ep.hpp"
 
 namespace ft::ep::cuda {
@@ -29,8 +31,9 @@ inline constexpr int32_t kMaxRanks = 64;  // the dedup mask is one uint64 per to
 inline constexpr int32_t kMaxTopK = 32;
 inline constexpr size_t kPeerHeaderBytes = 16;  // latency mode: int64 row count + 8 zero bytes
 
-// Throws FT_ERR_DEVICE (or FT_ERR_OUT_OF_MEMORY) naming `what` when `err` is not cudaSuccess.
-void check_cuda(cudaError_t err, const char *what);
+// ft::cuda::check with "EP: " before `what` (the library's CUDA error policy, ft/cuda_check.hpp:
+// FT_ERR_DEVICE_LOST for a sticky fault, FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE).
+inline void check_cuda(cudaError_t err, const char *what) { ft::cuda::check(err, "EP: ", what); }
 
 // Decode sizes (launch_layout: tokens * top_k <= 4096 and R * S <= 4096; launch_group: max_positions
 // * top_k <= 8192 and slots <= 1024; launch_pack's latency headers) run one-block kernels instead
@@ -48,14 +51,13 @@ struct DevicePlacement {
 class PlacementBuffer {
 public:
     explicit PlacementBuffer(const Placement &placement);
-    ~PlacementBuffer();
     PlacementBuffer(const PlacementBuffer &) = delete;
     PlacementBuffer &operator=(const PlacementBuffer &) = delete;
     DevicePlacement view() const { return view_; }
 
 private:
     DevicePlacement view_;
-    int32_t *mem_ = nullptr;
+    ft::cuda::DeviceBuffer mem_;  // logcnt [E], then log2phy [E*R]
 };
 
 // ---- layout (ft::ep::dispatch_layout on the device) ----------------------------------------
@@ -347,14 +349,15 @@ private:
     RecordLayout rec_;
     size_t peer_bytes_ = 0;  // latency mode
     int64_t tokens_ = 0;
-    void *mem_ = nullptr;
+    ft::cuda::DeviceBuffer mem_;  // every device buffer below, carved
     LayoutBuffers layout_;
     ReceiveBuffers recv_;
     uint8_t *send_ = nullptr, *recvbuf_ = nullptr;
     uint16_t *x_rows_ = nullptr, *y_rows_ = nullptr, *partial_ = nullptr, *back_ = nullptr;
     int64_t *count_matrix_ = nullptr;  // [R * count_stride_] all-gathered
     int64_t *count_send_ = nullptr;    // [count_stride_] this rank's counts (+ the gate word)
-    int64_t *count_pinned_ = nullptr;
+    ft::cuda::PinnedBuffer pinned_counts_;
+    int64_t *count_pinned_ = nullptr;  // pinned_counts_: [R * count_stride_]
     int32_t count_stride_ = 0;         // R, or R + 1 with an FP8 combine wire (the gate word)
     uint8_t *cwire_ = nullptr;         // FP8 combine: encoded partials to send [positions * crb]
     uint32_t *gate_max_ = nullptr;     // FP8 combine: fp32 bits of the encoding call's max error

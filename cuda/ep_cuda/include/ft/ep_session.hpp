@@ -38,7 +38,6 @@ public:
     // rows_per_call: the largest num_tokens of one session call (<= the session's max_tokens;
     // below its prefill_min_tokens keeps every call on the capturable decode path).
     SessionExperts(int32_t model_top_k, int32_t rows_per_call);
-    ~SessionExperts();
     SessionExperts(const SessionExperts &) = delete;
     SessionExperts &operator=(const SessionExperts &) = delete;
 
@@ -57,9 +56,11 @@ public:
 
 private:
     int32_t top_k_ = 1, rows_per_call_ = 1;
-    int32_t *ids_ = nullptr;
-    float *weights_ = nullptr;
-    int64_t *rows_pinned_ = nullptr;
+    ft::cuda::DeviceBuffer ids_buf_, weights_buf_;
+    ft::cuda::PinnedBuffer rows_buf_;
+    int32_t *ids_ = nullptr;          // ids_buf_
+    float *weights_ = nullptr;        // weights_buf_
+    int64_t *rows_pinned_ = nullptr;  // rows_buf_
     int64_t last_rows_ = 0;
     int32_t last_calls_ = 0;
 };

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "ft/cuda_activation.hpp"
+#include "ft/cuda_memory.hpp"
 #include "ft/formats.hpp"
 
 namespace ft::cuda {
@@ -51,10 +52,10 @@ class ExpertDecoder {
 public:
     // Allocates all scratch (cudaMalloc on the current device) for max_tokens tokens of top_k
     // routes. Throws ft::Error: FT_ERR_INVALID_ARGUMENT (geometry per format_geometry_error,
-    // top_k/max_tokens <= 0), FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE.
+    // top_k/max_tokens <= 0), FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_DEVICE_LOST.
     ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
                   DeviceActivation act);
-    ~ExpertDecoder();  // frees; non-copyable
+    ~ExpertDecoder() = default;  // frees; non-copyable
     ExpertDecoder(const ExpertDecoder &) = delete;
     ExpertDecoder &operator=(const ExpertDecoder &) = delete;
 
@@ -82,6 +83,10 @@ public:
     const char *kernel_name() const;  // e.g. "bf16-mma", "bf16-gemv-scalar"
 
 private:
+    // compute's first kernel: groups the routes by slot and stages x; *xact = what gate_up reads.
+    cudaError_t launch_prep_step(const uint16_t *x, const int32_t *slots, int32_t tokens, const uint16_t **xact,
+                                 cudaStream_t stream);
+
     Format format_;
     int32_t hidden_, inter_, top_k_, max_tokens_;
     DeviceActivation act_;
@@ -89,7 +94,7 @@ private:
     int32_t sms_ = 132;  // multiprocessors of the device (sizes the grids)
     bool mma_ = false;  // tensor-core kernels: every format but bf16 rows not a multiple of 8
     size_t scratch_bytes_ = 0;
-    void *scratch_ = nullptr;  // one allocation, carved below
+    DeviceBuffer scratch_;  // one allocation, carved below
     int32_t *num_groups_ = nullptr;    // [1]
     int32_t *group_slot_ = nullptr;    // [R]  distinct slots
     int32_t *group_start_ = nullptr;   // [R]  first entry of the group in group_routes_

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ft/cuda_memory.hpp"
+
 namespace ft::cuda {
 
 // Most banks one gather serves (the widest schema, nvfp4 and mxfp4, has six).
@@ -63,7 +65,6 @@ cudaError_t launch_gather_zero_copy(const GatherBank *banks, int num_banks, cons
 class CopyEngineGather {
 public:
     explicit CopyEngineGather(int32_t capacity);  // pinned staging for `capacity` entries; throws ft::Error
-    ~CopyEngineGather();
     CopyEngineGather(const CopyEngineGather &) = delete;
     CopyEngineGather &operator=(const CopyEngineGather &) = delete;
 
@@ -72,7 +73,7 @@ public:
 
 private:
     int32_t capacity_ = 0;
-    void *staging_ = nullptr;  // cudaHostAlloc: int64 count, then capacity slots, capacity sources
+    PinnedBuffer staging_;  // int64 count, then capacity slots, capacity sources
 };
 
 // Measures both methods on the given banks with a synthetic plan of `count` experts: slots
@@ -81,7 +82,7 @@ private:
 // warm-up calls, then timed back-to-back calls bracketed by events on `stream`; GB/s counts the
 // expert bytes moved. Returns the faster method with both figures. Throws ft::Error:
 // FT_ERR_INVALID_ARGUMENT for bad banks or count not in 1..experts_in_layer, FT_ERR_DEVICE (or
-// FT_ERR_OUT_OF_MEMORY) for CUDA failures.
+// FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE_LOST) for CUDA failures.
 struct GatherChoice {
     GatherMethod method;
     double zero_copy_gbs;

@@ -98,7 +98,7 @@ public:
     // Chooses and probes the mechanism, allocates the flags (one cudaHostAlloc, portable +
     // mapped) and starts the coordinator and watchdog threads. Throws ft::Error:
     // FT_ERR_INVALID_ARGUMENT (bad options), FT_ERR_NO_DEVICE, FT_ERR_UNSUPPORTED (a forced
-    // mechanism that is unavailable), FT_ERR_DEVICE / FT_ERR_OUT_OF_MEMORY (CUDA failures).
+    // mechanism that is unavailable), FT_ERR_DEVICE / FT_ERR_DEVICE_LOST / FT_ERR_OUT_OF_MEMORY (CUDA failures).
     explicit Handoff(const HandoffOptions &options);
 
     // Never hangs. Releases every site for good, stops the watchdog, gives a running task up to

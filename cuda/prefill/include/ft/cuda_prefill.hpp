@@ -79,7 +79,8 @@ public:
     // route_out [max_tokens*K, H], GEMM output per chunk, and the two bf16 dequantisation buffers
     // (quantised formats), all cudaMalloc'd here on the current device. H and I must suit the
     // format (ft::format_geometry_error) and be multiples of 8. Throws ft::Error:
-    // FT_ERR_INVALID_ARGUMENT, FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_UNSUPPORTED (no cuBLAS).
+    // FT_ERR_INVALID_ARGUMENT, FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_DEVICE_LOST, FT_ERR_UNSUPPORTED
+    // (no cuBLAS).
     ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
                   DeviceActivation act, PrefillTuning tuning = {});
     ~ExpertPrefill();
@@ -93,8 +94,9 @@ public:
     // block the host until the previous run's plan upload has been consumed. x, w, addend, y and
     // slots_dev are device pointers; addend may be null. Everything is enqueued on `stream`.
     // Returns FT_OK, FT_ERR_INVALID_ARGUMENT (tokens > max_tokens, null pointers, experts of
-    // another format or geometry) or FT_ERR_DEVICE (a CUDA or cuBLAS failure); last_error() has
-    // the message.
+    // another format or geometry), FT_ERR_DEVICE (a CUDA or cuBLAS failure) or
+    // FT_ERR_DEVICE_LOST (a sticky fault: the context is unusable, ft/cuda_check.hpp);
+    // last_error() has the message.
     ft_status run(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots_dev, const int32_t *slots_host,
                   const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens, cudaStream_t stream);
 

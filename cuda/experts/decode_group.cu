@@ -1,0 +1,205 @@
+// Decode prep and combine (decode.cpp): grouping the routes by slot on the device, staging the
+// input, ds_fp4's intermediate round trip, and the weighted sum over routes.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode_kernels.cuh"
+#include "ft/cuda_launch.cuh"
+#include "ft/cuda_experts.hpp"
+
+namespace ft::cuda::decode {
+namespace {
+
+// Exclusive block scan of two counters; `total` gets the block sums. All threads must call it.
+__device__ int2 block_exclusive_scan2(int2 v, int2 *total) {
+    __shared__ int2 ws[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    int2 inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, inc.x, o), y = __shfl_up_sync(0xffffffffu, inc.y, o);
+        if (lane >= o) {
+            inc.x += x;
+            inc.y += y;
+        }
+    }
+    if (lane == 31) ws[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int2 s = lane < nw ? ws[lane] : make_int2(0, 0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, s.x, o), y = __shfl_up_sync(0xffffffffu, s.y, o);
+            if (lane >= o) {
+                s.x += x;
+                s.y += y;
+            }
+        }
+        ws[lane] = s;
+    }
+    __syncthreads();
+    const int2 before = warp > 0 ? ws[warp - 1] : make_int2(0, 0);
+    *total = ws[nw - 1];
+    __syncthreads();  // ws is reused by the next call
+    return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
+}
+
+// Groups routes by slot through an open-addressing hash table (global scratch, 2^bits >= 2R
+// entries, so probing ends): one CAS per route finds its slot's entry, an atomicAdd there gives
+// its position in the group; a scan over the table numbers the used entries. O((R + 2^bits) /
+// threads) per thread. The order of routes inside a group follows the atomics, which does not
+// change any result: every route is computed by the same operations whatever its position.
+// Values written by atomics or by other threads are read back with ld.cg (L2), never a stale L1.
+__device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g) {
+    const int P = 1 << g.table_bits;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        g.key[i] = -1;
+        g.cnt[i] = 0;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        const int32_t s = slots[r];
+        if (s < 0) continue;
+        uint32_t h = (uint32_t(s) * 2654435761u) >> (32 - g.table_bits);
+        for (;;) {
+            const int32_t old = atomicCAS(&g.key[h], -1, s);
+            if (old == -1 || old == s) break;
+            h = (h + 1) & uint32_t(P - 1);
+        }
+        g.entry[r] = int32_t(h);
+        g.rank[r] = atomicAdd(&g.cnt[h], 1);
+    }
+    __syncthreads();
+    __shared__ int2 carry;
+    if (threadIdx.x == 0) carry = make_int2(0, 0);
+    __syncthreads();
+    for (int base = 0; base < P; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const int32_t c = i < P ? __ldcg(&g.cnt[i]) : 0;
+        int2 total;
+        const int2 pos = block_exclusive_scan2(make_int2(c > 0 ? 1 : 0, c), &total);
+        if (c > 0) {
+            const int gi = carry.x + pos.x;
+            g.slot[gi] = __ldcg(&g.key[i]);
+            g.start[gi] = carry.y + pos.y;
+            g.count[gi] = c;
+            g.grp[i] = gi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            carry.x += total.x;
+            carry.y += total.y;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *g.num = carry.x;
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        if (slots[r] < 0) continue;
+        const int gi = __ldcg(&g.grp[__ldcg(&g.entry[r])]);
+        g.routes[__ldcg(&g.start[gi]) + __ldcg(&g.rank[r])] = r;
+    }
+}
+
+// One warp: the DeepSeek-V4 FP8 round trip of 128 bf16 values (4 per lane), in to out.
+__device__ __forceinline__ void round_trip_128(const uint16_t *in, uint16_t *out, int lane) {
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[i] = bf16_to_f32(in[lane * 4 + i]);
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = fp8_group_scale(amax);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[lane * 4 + i] = f32_to_bf16(fp8_round_trip(v[i], s));
+}
+
+// Block 0 groups the routes; blocks 1.. stage x into xin (mode 1: copy, 2: FP8 round trip).
+__global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slots, int R, GroupScratch g,
+                                                            const uint16_t *x, uint16_t *xin, int64_t elems,
+                                                            int mode) {
+    pdl_wait();
+    if (blockIdx.x == 0) {
+        build_groups(slots, R, g);
+        return;
+    }
+    const int64_t tid = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x;
+    const int64_t nthreads = int64_t(gridDim.x - 1) * blockDim.x;
+    if (mode == 1) {
+        for (int64_t i = tid; i < elems; i += nthreads) xin[i] = x[i];
+    } else {
+        const int lane = threadIdx.x & 31;
+        for (int64_t grp = tid >> 5; grp < elems / 128; grp += nthreads >> 5)
+            round_trip_128(x + grp * 128, xin + grp * 128, lane);
+    }
+}
+
+// ds_fp4: the intermediate of every valid route, round-tripped per 128 in place.
+__global__ void __launch_bounds__(kThreads) inter_round_trip_kernel(const int32_t *slots, uint16_t *inter,
+                                                                   int64_t R, int32_t I) {
+    pdl_wait();
+    const int lane = threadIdx.x & 31;
+    const int64_t per_row = I / 128, total = R * per_row;
+    for (int64_t grp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; grp < total;
+         grp += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+        const int64_t r = grp / per_row;
+        if (slots[r] < 0) continue;
+        round_trip_128(inter + grp * 128, inter + grp * 128, lane);
+    }
+}
+
+__global__ void combine_kernel(const float *route_out, const int32_t *slots, const float *w, const uint16_t *addend,
+                               uint16_t *y, int32_t tokens, int32_t K, int32_t H, bool ds) {
+    pdl_wait();
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    for (int t = blockIdx.y; t < tokens; t += gridDim.y) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const int64_t r = int64_t(t) * K + k;
+            if (slots[r] < 0) continue;
+            const float o = route_out[r * H + h];
+            if (ds)
+                acc += round_bf16(__fmul_rn(w[r], o));  // DeepSeek-V4: each route rounded to bf16
+            else
+                acc = fmaf(w[r], o, acc);
+        }
+        if (addend) acc += bf16_to_f32(addend[int64_t(t) * H + h]);
+        y[int64_t(t) * H + h] = f32_to_bf16(acc);
+    }
+}
+
+}  // namespace
+
+cudaError_t launch_prep(int blocks, const int32_t *slots, int R, const GroupScratch &g, const uint16_t *x,
+                        uint16_t *xin, int64_t elems, int mode, cudaStream_t s) {
+    return launch_pdl(prep_kernel, dim3(1 + blocks), dim3(kGroupThreads), 0, s, slots, R, g, x, xin, elems, mode);
+}
+
+cudaError_t launch_inter_round_trip(const int32_t *slots, uint16_t *inter, int64_t R, int32_t I, cudaStream_t s) {
+    const int64_t groups = R * (I / 128);
+    int64_t blocks = (groups + kWarps - 1) / kWarps;
+    blocks = blocks > 4096 ? 4096 : blocks;
+    return launch_pdl(inter_round_trip_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, s, slots, inter, R, I);
+}
+
+}  // namespace ft::cuda::decode
+
+namespace ft::cuda {
+
+using namespace decode;
+
+cudaError_t launch_combine_routes(const float *route_out, const int32_t *slots, const float *w,
+                                  const uint16_t *addend, uint16_t *y, int32_t tokens, int32_t top_k,
+                                  int32_t hidden, bool ds_fp4_rounding, cudaStream_t stream) {
+    if (tokens < 0 || top_k <= 0 || hidden <= 0) return cudaErrorInvalidValue;
+    if (tokens == 0) return cudaSuccess;
+    if (!route_out || !slots || !w || !y) return cudaErrorInvalidValue;
+    const dim3 grid((hidden + 255) / 256, unsigned(tokens < kMaxGridY ? tokens : kMaxGridY));
+    return launched(launch_pdl(combine_kernel, grid, dim3(256), 0, stream, route_out, slots, w, addend, y, tokens, top_k,
+                               hidden, ds_fp4_rounding));
+}
+
+}  // namespace ft::cuda

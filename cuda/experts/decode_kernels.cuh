@@ -1,0 +1,95 @@
+// Device code shared by the decode kernel files (decode_simt.cu, decode_mma.cu, decode_mxfp4.cu,
+// decode_group.cu): streaming loads, bf16 helpers, the gate_up epilogue and the mma.sync
+// primitives. decode_launch.hpp holds the host side (constants, arguments, launchers). Private
+// to ft_cuda_experts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "decode_launch.hpp"
+#include "ft/cuda_numerics.cuh"
+
+namespace ft::cuda::decode {
+
+// ---- loads ----------------------------------------------------------------------------------
+
+// Weights are read once: stream them past L1 so the activations (reused by every row) stay there.
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_stream8(const void *p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_stream4(const void *p) {
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_stream2(const void *p) {
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 &v, float *o) {
+    o[0] = lo_bf16(v.x), o[1] = hi_bf16(v.x), o[2] = lo_bf16(v.y), o[3] = hi_bf16(v.y);
+    o[4] = lo_bf16(v.z), o[5] = hi_bf16(v.z), o[6] = lo_bf16(v.w), o[7] = hi_bf16(v.w);
+}
+__device__ __forceinline__ uint32_t word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// The gate_up epilogue shared by all formats: format clamp, activation, bf16 store.
+__device__ __forceinline__ uint16_t gate_up_out(const ProjArgs &p, float g, float u) {
+    if (p.ds_fp4) {
+        // DeepSeek-V4 keeps the GEMM outputs in bf16, then clamps at swiglu_limit.
+        g = round_bf16(g);
+        u = round_bf16(u);
+        if (p.ds_clamp) {
+            g = fminf(g, p.activation.limit);
+            u = fmaxf(fminf(u, p.activation.limit), -p.activation.limit);
+        }
+    }
+    return f32_to_bf16(activate(p.activation, g, u));
+}
+
+// ---- mma.sync primitives (decode_mma.cu, decode_mxfp4.cu) -------------------------------------
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+__device__ __forceinline__ __nv_bfloat162 bits_bf16x2(uint32_t u) {
+    __nv_bfloat162 v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+}  // namespace ft::cuda::decode

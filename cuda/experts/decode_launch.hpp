@@ -1,0 +1,74 @@
+// The host side of the decode kernels (decode.cpp and the kernel files decode_*.cu):
+// launch constants, the projection and grouping arguments, and the launchers each kernel file
+// exports. Private to ft_cuda_experts; plain C++ (no device code).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ft/cuda_activation.hpp"
+#include "ft/formats.hpp"
+
+namespace ft::cuda::decode {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRouteChunk = 4;  // routes whose accumulators live in registers at once
+constexpr int kMaxGridY = 65535;
+constexpr int kGroupThreads = 512;
+constexpr int kMmaRoutes = 8;  // the n side of m16n8k16 (decode_mma.cu)
+constexpr int kMxMmaCols = 64;  // output columns of one mxfp4 CTA (decode_mxfp4.cu)
+
+// ---- kernel arguments -----------------------------------------------------------------------
+
+struct GroupView {
+    const int32_t *num, *slot, *start, *count, *routes;
+};
+
+// One projection (gate_up or down) of the grouped experts.
+struct ProjArgs {
+    GroupView g;
+    const uint8_t *data, *scale, *extra;  // banks; extra = nvfp4 global / mxfp4 bias
+    size_t data_rb, scale_rb, extra_rb;   // bytes per slot
+    int32_t K, N;                         // reduction length, output rows (gate_up: 2I)
+    int32_t inter, top_k;
+    const uint16_t *act;  // gate_up: [T, K] by token; down: [R, K] by route
+    bool act_by_token;
+    uint16_t *inter_out;  // gate_up: [R, I]
+    float *route_out;     // down: [R, N]
+    DeviceActivation activation;
+    bool ds_fp4, ds_clamp;
+};
+
+// A launch's own error, else the last one pending (and cleared), as a checked launch returns.
+inline cudaError_t launched(cudaError_t e) {
+    const cudaError_t last = cudaGetLastError();
+    return e != cudaSuccess ? e : last;
+}
+
+// ---- launchers (each waits for its predecessor: launch_pdl) ------------------------------------
+
+// CUDA-core kernel: bf16 rows whose length is not a multiple of 8 (decode_simt.cu).
+cudaError_t launch_simt_projection(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
+// Tensor-core kernel of a row-major format: bf16, fp8_block, nvfp4, ds_fp4, q4_0 (decode_mma.cu);
+// cudaErrorInvalidValue for another format.
+cudaError_t launch_mma_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
+// Tensor-core kernel of mxfp4's transposed banks (decode_mxfp4.cu).
+cudaError_t launch_mxfp4_projection(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
+
+struct GroupScratch {
+    int32_t *num, *slot, *start, *count, *routes;  // the groups, read by the expert kernels
+    int32_t *entry, *rank;                         // per route: table entry, position in group
+    int32_t *key, *cnt, *grp;                      // hash table: slot, routes, group index
+    int32_t table_bits;
+};
+
+// Block 0 groups the routes by slot into g; `blocks` more blocks stage x into xin (mode 0: none,
+// 1: copy, 2: ds_fp4's FP8 round trip per 128) (decode_group.cu).
+cudaError_t launch_prep(int blocks, const int32_t *slots, int R, const GroupScratch &g, const uint16_t *x,
+                        uint16_t *xin, int64_t elems, int mode, cudaStream_t s);
+// ds_fp4: the intermediate [R, I] of every valid route FP8-round-tripped per 128 in place.
+cudaError_t launch_inter_round_trip(const int32_t *slots, uint16_t *inter, int64_t R, int32_t I, cudaStream_t s);
+
+}  // namespace ft::cuda::decode
