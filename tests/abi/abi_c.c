@@ -17,7 +17,9 @@ _Static_assert(offsetof(ft_model_load_params, progress_user_data) == 16, "ft_mod
 _Static_assert(sizeof(ft_model_desc) == 60, "ft_model_desc layout");
 _Static_assert(offsetof(ft_model_desc, routing) == 40, "ft_model_desc layout");
 _Static_assert(offsetof(ft_model_desc, renormalize) == 56, "ft_model_desc layout");
-_Static_assert(sizeof(ft_session_params) == 64, "ft_session_params layout");
+_Static_assert(sizeof(ft_session_params) == 72, "ft_session_params layout");
+_Static_assert(offsetof(ft_session_params, cache_policy) == 64, "ft_session_params layout (0.5)");
+_Static_assert(offsetof(ft_session_params, cache_half_life) == 68, "ft_session_params layout (0.5)");
 _Static_assert(offsetof(ft_session_params, handoff_timeout_seconds) == 56, "ft_session_params layout (0.2)");
 _Static_assert(offsetof(ft_session_params, cache_slots) == 16, "ft_session_params layout (0.2)");
 _Static_assert(offsetof(ft_session_params, prefill_min_tokens) == 40, "ft_session_params layout (0.2)");

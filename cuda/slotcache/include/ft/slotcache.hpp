@@ -25,6 +25,11 @@ struct SlotRequest {
 // FT_ERR_OUT_OF_MEMORY when the memory left cannot hold one layer.
 int64_t plan_slot_count(const SlotRequest &request, int64_t layers, int64_t experts, uint64_t expert_bytes);
 
+// The policy of ft_session_params' cache_policy (FT_CACHE_*) and cache_half_life (decode steps,
+// 0 = 64): the half-life in admission calls is the steps times the layers (one call per layer).
+// Throws FT_ERR_INVALID_ARGUMENT for an unknown policy or a negative half-life.
+SlotPolicy slot_policy_for(int32_t cache_policy, int32_t half_life_steps, int32_t layers);
+
 }  // namespace ft
 
 // ---- Slot cache state ---------------------------------------------------------------------------
