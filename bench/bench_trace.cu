@@ -485,9 +485,11 @@ void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const 
         int64_t req = 0, miss = 0;
         for (int64_t i = warm; i < total; ++i) {
             const auto &ids = trace.calls[size_t(i)].ids;
-            std::vector<int32_t> d(ids.begin(), ids.end());
+            std::vector<int32_t> d;
+            for (int32_t id : ids)
+                if (id >= 0) d.push_back(id);
             std::sort(d.begin(), d.end());
-            req += std::unique(d.begin(), d.end()) - d.begin() - std::count_if(d.begin(), d.end(), [](int32_t v) { return v < 0; });
+            req += std::unique(d.begin(), d.end()) - d.begin();
             miss += c.call_misses[size_t(i)];
         }
         return req > 0 ? 1.0 - double(miss) / double(req) : 0.0;
