@@ -21,7 +21,7 @@ done
   # Each geometry in its own process and time box, so one failure (memory, a checkpoint) does not
   # cost the others.
   for g in qwen3 dsv3 gptoss nvfp4; do
-    timeout 75 "$bench" --geometry "$g" --steps "$steps" --warmup "$warmup" --s 1.0 --policy both \
+    timeout 75 "$bench" --geometry "$g" --steps "$steps" --warmup "$warmup" --s 1.0 --policy both --methods offload,hybrid,cpu,resident \
       || echo "bench_trace --geometry $g failed or timed out (status $?)"
   done
   # Temporal locality: the policies on the offload path of the Qwen3 geometry.

@@ -16,8 +16,6 @@ namespace ft::cuda {
 
 namespace {
 
-namespace {
-
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRegisterItems = 8;  // slots per thread held in registers: S <= 8192
