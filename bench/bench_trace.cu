@@ -343,6 +343,9 @@ struct Decoder {
     std::vector<int32_t> ids;  // all calls, one token each
     std::unique_ptr<DeviceMem> dx, dy, dids, dw;
     Stream stream;
+    // Waits for a token by blocking, not spinning: a spinning host thread would take a core from
+    // the hybrid CPU workers (freetoken_cuda.h).
+    cudaEvent_t token_done = nullptr;
 
     Decoder(ft_session *session, const ft::RouteTrace &trace, int hidden)
         : s(session), t(trace), device(ft_session_backend(session) != FT_BACKEND_CPU), H(hidden), K(trace.top_k) {
@@ -351,6 +354,7 @@ struct Decoder {
         for (const auto &c : t.calls) ids.insert(ids.end(), c.ids.begin(), c.ids.begin() + K);  // token 0 of each call
         w.assign(ids.size(), 1.0f / float(K));
         if (device) {
+            cuda_ok(cudaEventCreateWithFlags(&token_done, cudaEventBlockingSync | cudaEventDisableTiming), "cudaEventCreate");
             dx = std::make_unique<DeviceMem>(x.size() * 2);
             dy = std::make_unique<DeviceMem>(y.size() * 2);
             dids = std::make_unique<DeviceMem>(ids.size() * 4);
@@ -359,6 +363,15 @@ struct Decoder {
             cuda_ok(cudaMemcpy(dids->p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "upload");
             cuda_ok(cudaMemcpy(dw->p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "upload");
         }
+    }
+    ~Decoder() {
+        if (token_done) cudaEventDestroy(token_done);
+    }
+    Decoder(const Decoder &) = delete;
+    Decoder &operator=(const Decoder &) = delete;
+    void wait() {
+        cuda_ok(cudaEventRecord(token_done, stream.s), "cudaEventRecord");
+        cuda_ok(cudaEventSynchronize(token_done), "decode (stream)");
     }
     double run(int64_t first_call, int64_t calls) {
         const auto t0 = Clock::now();
@@ -370,9 +383,9 @@ struct Decoder {
                                         static_cast<float *>(dw->p) + r, static_cast<uint16_t *>(dy->p), stream.s)
                        : ft_decode(s, layer, 1, x.data(), ids.data() + r, w.data() + r, y.data());
             ft_ok(st, "decode", ft_session_last_error(s));
-            if (device && layer == t.layers - 1) cuda_ok(cudaStreamSynchronize(stream.s), "decode (stream)");
+            if (device && layer == t.layers - 1) wait();
         }
-        if (device) cuda_ok(cudaStreamSynchronize(stream.s), "decode (stream)");
+        if (device) wait();
         return seconds_since(t0);
     }
 };

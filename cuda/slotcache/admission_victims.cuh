@@ -38,7 +38,6 @@ __device__ __forceinline__ bool fast_victims(const SlotCacheState &st, Shared &s
                                              bool keyed) {
     using Slots = typename FastSlotsFor<kItems>::type;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-    const int32_t S = st.shape.slots;
     const Packing p = packing_for(st, step);
 
     bool bad = false;
@@ -158,7 +157,6 @@ __device__ __forceinline__ bool pick_victims(const SlotCacheState &st, Shared &s
                                              int32_t base, const int32_t *fetch_order, Prefetched<kItems> &pre) {
     using Slots = typename FastSlotsFor<kItems>::type;
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-    const int32_t S = st.shape.slots;
     const Packing p = packing_for(st, step);
 
     // 1. This thread's keys and their minimum; the warp's minimum.
