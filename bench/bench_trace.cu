@@ -2,7 +2,7 @@
 // bounds from bandwidths measured in the same run, and the slot cache policies against Belady.
 //
 //   bench_trace [--geometry qwen3|dsv3|gptoss|nvfp4|all] [--steps N] [--warmup N] [--s S]
-//               [--repeat R] [--seed N] [--trace FILE] [--cache-fraction F]
+//               [--repeat R[,R...]] [--seed N] [--trace FILE] [--cache-fraction F]
 //               [--policy lru|frequency|both] [--half-life STEPS]
 //               [--methods offload,hybrid,cpu,resident] [--layers N]
 //
@@ -106,19 +106,21 @@ struct Geometry {
     int layers, experts, top_k, hidden, intermediate;
 };
 
-// Layer counts keep the host banks within the GPU machine's memory: Qwen3-30B-A3B in full (29 GB),
-// DeepSeek-V3 experts at 4 layers (90 GB), gpt-oss-120b and the nvfp4 model at 8 layers.
+// Layer counts keep the host banks within the GPU machine's memory and the synthetic checkpoints
+// quick to write: Qwen3-30B-A3B in full (29 GB), DeepSeek-V3 experts at 4 layers (90 GB),
+// gpt-oss-120b at 4 layers (7 GB), the nvfp4 model (Qwen3-30B-A3B experts) at 8 layers (3 GB).
 const Geometry kGeometries[] = {
     {"qwen3", "bf16", 24, 128, 8, 2048, 768},
     {"dsv3", "bf16", 4, 256, 8, 7168, 2048},
-    {"gptoss", "mxfp4", 8, 128, 4, 2880, 2880},
+    {"gptoss", "mxfp4", 4, 128, 4, 2880, 2880},
     {"nvfp4", "nvfp4", 8, 128, 8, 2048, 768},
 };
 
 struct Options {
     std::vector<const Geometry *> geometries;
     int64_t steps = 200, warmup = 100;
-    double s = 1.0, repeat = 0.0, fraction = 0.25;
+    double s = 1.0, fraction = 0.25;
+    std::vector<double> repeats = {0.0};  // one Zipf trace per value, on the same model
     uint64_t seed = 1;
     std::string trace_file;
     std::vector<int32_t> policies = {FT_CACHE_LRU};  // offload and hybrid run once per policy
@@ -152,7 +154,13 @@ Options parse(int argc, char **argv) {
         } else if (a == "--s") {
             o.s = std::atof(value().c_str());
         } else if (a == "--repeat") {
-            o.repeat = std::atof(value().c_str());
+            o.repeats.clear();
+            const std::string v = value();
+            for (size_t at = 0; at <= v.size();) {
+                const size_t end = std::min(v.find(',', at), v.size());
+                o.repeats.push_back(std::atof(v.substr(at, end - at).c_str()));
+                at = end + 1;
+            }
         } else if (a == "--seed") {
             o.seed = std::strtoull(value().c_str(), nullptr, 10);
         } else if (a == "--trace") {
@@ -455,8 +463,9 @@ Overlap measure_overlap(ft_model *m, const ft::RouteTrace &t, int hidden, double
     return ov;
 }
 
-void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const Bandwidths &bw) {
-    const int layers = o.layers > 0 ? o.layers : g.layers;
+// Runs every method on one trace of `model` (repeat: the Zipf trace's locality; ignored for a file).
+void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const Options &o, const Bandwidths &bw,
+               double repeat) {
     ft::RouteTrace trace;
     if (!o.trace_file.empty()) {
         trace = ft::read_route_trace(o.trace_file);
@@ -473,7 +482,7 @@ void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const 
         z.top_k = g.top_k;
         z.steps = o.warmup + o.steps;
         z.s = o.s;
-        z.repeat = o.repeat;
+        z.repeat = repeat;
         z.seed = o.seed;
         trace = ft::make_zipf_trace(z);
     }
@@ -481,15 +490,6 @@ void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const 
     const int64_t warm = std::min<int64_t>(o.warmup * layers, total / 2);
     const int64_t calls = total - warm;
     const double tokens = double(calls) / layers;
-
-    const auto t0 = Clock::now();
-    Model model = build_model(engine, g, layers);
-    ft_model_info info;
-    info.struct_size = sizeof info;
-    ft_ok(ft_model_get_info(model.get(), &info), "ft_model_get_info", ft_model_last_error(model.get()));
-    const double eb = double(info.expert_bytes);
-    std::printf("\n## %s (%s, H %d, I %d, E %d, k %d, %d layers, %.1f MB per expert; model ready in %.0f s)\n", g.name,
-                g.format, g.hidden, g.intermediate, g.experts, g.top_k, layers, eb / 1e6, seconds_since(t0));
 
     // The slot count the sessions will use (the library's rule for cache_fraction).
     const int64_t all = int64_t(layers) * g.experts;
@@ -515,7 +515,7 @@ void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const 
     };
     const double r_belady = measured_rate(belady), r_lru = measured_rate(lru), r_freq = measured_rate(freq);
     std::printf("trace: %s, %lld tokens measured after %lld; %d slots (%.0f%%)\n",
-                o.trace_file.empty() ? ("zipf s " + std::to_string(o.s) + " repeat " + std::to_string(o.repeat)).c_str()
+                o.trace_file.empty() ? ("zipf s " + std::to_string(o.s) + " repeat " + std::to_string(repeat)).c_str()
                                      : o.trace_file.c_str(),
                 (long long)(calls / layers), (long long)(warm / layers), slots, 100.0 * slots / double(all));
     std::printf("simulated hit rate (measured steps): belady %.4f, lru %.4f (%.3f of belady), frequency h=%lld calls %.4f "
@@ -532,8 +532,8 @@ void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const 
                                 : method == "hybrid"            ? FT_BACKEND_HYBRID
                                                                 : FT_BACKEND_CPU;
         if ((method == "hybrid" || method == "cpu") && ov.cpu_alone == 0)
-            ov = measure_overlap(model.get(), trace, g.hidden, bw.h2d, o, std::min<int64_t>(calls, 32 * layers));
-        Session s = open_session(model.get(), backend, o, policy, resident ? 1.0 : -1.0);
+            ov = measure_overlap(model, trace, g.hidden, bw.h2d, o, std::min<int64_t>(calls, 32 * layers));
+        Session s = open_session(model, backend, o, policy, resident ? 1.0 : -1.0);
         const char *policy_name = method == "cpu" ? "-" : policy == FT_CACHE_FREQUENCY ? "frequency" : "lru";
         const Run r = timed(s.get(), trace, g.hidden, warm, calls, tokens);
         double bound = 0;
@@ -561,6 +561,24 @@ void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const 
                     bound / r.seconds_per_token, 1e6 * (r.seconds_per_token - bound) / layers, note);
         std::fflush(stdout);
     }
+}
+
+void run_geometry(ft_engine *engine, const Geometry &g, const Options &o, const Bandwidths &bw) {
+    const int layers = o.layers > 0 ? o.layers : g.layers;
+    const auto t0 = Clock::now();
+    Model model = build_model(engine, g, layers);
+    ft_model_info info;
+    info.struct_size = sizeof info;
+    ft_ok(ft_model_get_info(model.get(), &info), "ft_model_get_info", ft_model_last_error(model.get()));
+    const double eb = double(info.expert_bytes);
+    std::printf("\n## %s (%s, H %d, I %d, E %d, k %d, %d layers, %.1f MB per expert; model ready in %.0f s)\n", g.name,
+                g.format, g.hidden, g.intermediate, g.experts, g.top_k, layers, eb / 1e6, seconds_since(t0));
+
+    if (!o.trace_file.empty()) {
+        run_trace(model.get(), eb, g, layers, o, bw, 0.0);
+        return;
+    }
+    for (double repeat : o.repeats) run_trace(model.get(), eb, g, layers, o, bw, repeat);
 }
 
 }  // namespace
