@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         const auto slots = static_cast<int32_t>(
             std::max<int64_t>(trace.experts, std::min<int64_t>(all, std::llround(std::ceil(fraction * all)))));
         if (half_lives.empty())
-            for (int64_t tokens : {4, 16, 64, 256}) half_lives.push_back(tokens * trace.layers);
+            for (int64_t steps : {4, 8, 16, 64, 256}) half_lives.push_back(steps * trace.layers);
         const ft::CacheSim belady = ft::simulate_belady(trace, slots);
         const ft::CacheSim lru = ft::simulate_slot_cache(trace, slots, {ft::SlotPolicyKind::Lru, 1});
         std::printf("trace: %s, L %d, E %d, k %d, %zu calls, %d slots (%.0f%%)\n",

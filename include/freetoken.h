@@ -420,7 +420,7 @@ typedef struct ft_session_params {
      * kept per expert while evicted; docs/formulas.md, "Slot cache policies"). */
     int32_t cache_policy;
     int32_t cache_half_life;  /* FT_CACHE_FREQUENCY: decode steps after which an access counts
-                                 half; default 0 = 64                                           */
+                                 half; default 0 = 8                                            */
 } ft_session_params;
 
 #define FT_CACHE_LRU       0 /* least recently used                                         */

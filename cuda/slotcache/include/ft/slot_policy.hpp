@@ -25,9 +25,9 @@ struct SlotPolicy {
     int64_t half_life = 1;
 };
 
-// ft_session_params' default half-life, in decode steps: the best of the simulated Zipf traces
-// (docs/formulas.md, "Slot cache policies").
-inline constexpr int32_t kDefaultHalfLifeSteps = 64;
+// ft_session_params' default half-life, in decode steps: at or above LRU on every simulated trace,
+// with and without temporal locality (docs/formulas.md, "Slot cache policies").
+inline constexpr int32_t kDefaultHalfLifeSteps = 8;
 
 // Priorities are in 1/256 of an admission call.
 inline constexpr int kPriorityShift = 8;

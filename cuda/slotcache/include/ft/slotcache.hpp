@@ -26,7 +26,7 @@ struct SlotRequest {
 int64_t plan_slot_count(const SlotRequest &request, int64_t layers, int64_t experts, uint64_t expert_bytes);
 
 // The policy of ft_session_params' cache_policy (FT_CACHE_*) and cache_half_life (decode steps,
-// 0 = 64): the half-life in admission calls is the steps times the layers (one call per layer).
+// 0 = 8): the half-life in admission calls is the steps times the layers (one call per layer).
 // Throws FT_ERR_INVALID_ARGUMENT for an unknown policy or a negative half-life.
 SlotPolicy slot_policy_for(int32_t cache_policy, int32_t half_life_steps, int32_t layers);
 
