@@ -192,6 +192,24 @@ TEST(SlotPolicyMath, FrequencyPriorityRanksDecayedCounts) {
         EXPECT_LE(ft::frequency_priority(p, 25, h), ft::frequency_priority(p + 1, 25, h));
 }
 
+TEST(SlotPolicyMath, SessionParametersMapToThePolicy) {
+    const SlotPolicy lru = ft::slot_policy_for(0, 5, 24);
+    EXPECT_EQ(lru.kind, SlotPolicyKind::Lru);
+    const SlotPolicy dflt = ft::slot_policy_for(1, 0, 24);
+    EXPECT_EQ(dflt.kind, SlotPolicyKind::Frequency);
+    EXPECT_EQ(dflt.half_life, int64_t(ft::kDefaultHalfLifeSteps) * 24);  // steps times layers
+    EXPECT_EQ(ft::slot_policy_for(1, 3, 4).half_life, 12);
+    EXPECT_EQ(status_of([] { ft::slot_policy_for(2, 0, 24); }), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(status_of([] { ft::slot_policy_for(1, -1, 24); }), FT_ERR_INVALID_ARGUMENT);
+    ft::SlotCacheShape s;
+    s.layers = 2;
+    s.experts = 4;
+    s.slots = 4;
+    s.plan_capacity = 4;
+    s.policy = {SlotPolicyKind::Frequency, 0};  // a half-life below one call cannot be bound
+    EXPECT_EQ(status_of([&] { ft::slot_cache_bytes(s); }), FT_ERR_INVALID_ARGUMENT);
+}
+
 // Replays a trace through the admission mirror (admit_lru with the policy); hits per call.
 CacheSim mirror(const RouteTrace &t, int32_t slots, const SlotPolicy &policy) {
     ft::SlotCacheShape s;
