@@ -448,7 +448,16 @@ typedef struct ft_session_params {
     uint8_t reserved2_[3];
     double handoff_timeout_seconds; /* a CPU handoff not done in this time fails the session
                                        with FT_ERR_TIMEOUT instead of hanging (default 10)      */
+    /* Since 0.5. Which expert the slot cache of FT_BACKEND_OFFLOAD and FT_BACKEND_HYBRID evicts
+     * on a miss: FT_CACHE_LRU (default) or FT_CACHE_FREQUENCY (the lowest decayed access count,
+     * kept per expert while evicted; docs/formulas.md, "Slot cache policies"). */
+    int32_t cache_policy;
+    int32_t cache_half_life;  /* FT_CACHE_FREQUENCY: decode steps after which an access counts
+                                 half; default 0 = 8                                            */
 } ft_session_params;
+
+#define FT_CACHE_LRU       0 /* least recently used                                         */
+#define FT_CACHE_FREQUENCY 1 /* lowest decayed frequency (recency and frequency)              */
 
 FT_API void ft_session_params_init(ft_session_params *params);
 

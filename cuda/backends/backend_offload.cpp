@@ -59,6 +59,7 @@ void OffloadBackend::allocate_slots() {
     shape_.experts = spec_.num_experts;
     shape_.slots = int32_t(std::min<int64_t>(S, INT32_MAX));
     shape_.plan_capacity = plan_capacity_for(int64_t(std::max(decode_max_, 1)) * spec_.top_k, shape_.slots);
+    shape_.policy = slot_policy_for(ctx_.params.cache_policy, ctx_.params.cache_half_life, spec_.num_layers);
     state_buf_ = DeviceBuffer(slot_cache_bytes(shape_), "allocating the slot cache state");
     state_ = slot_cache_bind(shape_, state_buf_.get());
     check(cuda::launch_slot_cache_reset(state_, nullptr), "resetting the slot cache");

@@ -24,13 +24,32 @@ void check_call(const SlotCacheState &st, int32_t layer, const int32_t *ids, con
                  " is not an expert of a layer of ", st.shape.experts);
 }
 
-// The n least recently used slots that `usable` allows, in ascending (usage, slot) order -- the
-// order in which n rounds of "argmin usage, ties to the lower slot" would take them.
+bool frequency(const SlotCacheState &st) { return st.shape.policy.kind == SlotPolicyKind::Frequency; }
+
+// The policy's key of a slot: its usage (LRU) or priority (Frequency).
+const int64_t *victim_keys(const SlotCacheState &st) { return frequency(st) ? st.priority : st.usage; }
+
+// Frequency: an access of flat id `id` at `step` (hit or miss) updates its priority.
+void access(const SlotCacheState &st, int32_t id, int64_t step) {
+    if (frequency(st))
+        st.expert_priority[id] = frequency_priority(st.expert_priority[id], step, st.shape.policy.half_life);
+}
+
+// A hit on `slot` (owned by `id`) at `step`: the LRU stamp, and the owner's priority.
+void touch(const SlotCacheState &st, int32_t slot, int32_t id, int64_t step) {
+    st.usage[slot] = step;
+    access(st, id, step);
+    if (frequency(st)) st.priority[slot] = st.expert_priority[id];
+}
+
+// The n coldest slots that `usable` allows, in ascending (key, slot) order -- the order in which
+// n rounds of "argmin key, ties to the lower slot" would take them; the key is the policy's.
 std::vector<int32_t> coldest_slots(const SlotCacheState &st, int64_t n, const std::vector<char> &usable) {
     std::vector<std::pair<int64_t, int32_t>> keys;
     keys.reserve(st.shape.slots);
+    const int64_t *key = victim_keys(st);
     for (int32_t s = 0; s < st.shape.slots; ++s)
-        if (usable[s]) keys.emplace_back(st.usage[s], s);
+        if (usable[s]) keys.emplace_back(key[s], s);
     if (static_cast<int64_t>(keys.size()) < n)
         fail(FT_ERR_INTERNAL, "slot cache admission: ", n, " misses but only ", keys.size(), " evictable slots");
     std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
@@ -46,6 +65,7 @@ void install(const SlotCacheState &st, int64_t i, int32_t victim, int32_t base, 
     st.id_of_slot[victim] = base + expert;
     st.slot_for_id[base + expert] = victim;
     st.usage[victim] = step;
+    if (frequency(st)) st.priority[victim] = st.expert_priority[base + expert];
     st.evict_slots[i] = victim;
     st.src_indices[i] = expert;
 }
@@ -74,10 +94,12 @@ void admit_lru(const SlotCacheState &st, int32_t layer, const int32_t *ids, int3
         if (id < 0 || std::find(ids, ids + i, id) != ids + i) continue;
         ++distinct;
         const int32_t slot = st.slot_for_id[base + id];
-        if (slot >= 0)
-            st.usage[slot] = step;
-        else
+        if (slot >= 0) {
+            touch(st, slot, base + id, step);
+        } else {
+            access(st, base + id, step);
             misses.push_back(id);
+        }
     }
     // Rank of a miss = number of misses with a smaller id.
     std::sort(misses.begin(), misses.end());
@@ -114,10 +136,12 @@ void admit_hybrid(const SlotCacheState &st, int32_t layer, const int32_t *ids, i
         if (!active[e]) continue;
         ++distinct;
         const int32_t slot = st.slot_for_id[base + e];
-        if (slot >= 0)
-            st.usage[slot] = step;
-        else
+        if (slot >= 0) {
+            touch(st, slot, base + e, step);
+        } else {
+            access(st, base + e, step);
             missing.push_back(e);
+        }
     }
     const auto M = static_cast<int64_t>(missing.size());
     const int64_t k = hybrid_fetch_limit(M, fetch);

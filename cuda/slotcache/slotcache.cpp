@@ -47,4 +47,15 @@ int64_t plan_slot_count(const SlotRequest &r, int64_t layers, int64_t experts, u
     return p.slots;
 }
 
+SlotPolicy slot_policy_for(int32_t cache_policy, int32_t half_life_steps, int32_t layers) {
+    if (cache_policy != 0 && cache_policy != 1)
+        fail(FT_ERR_INVALID_ARGUMENT, "slot cache: unknown cache policy ", cache_policy);
+    if (half_life_steps < 0 || layers <= 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "slot cache: half-life ", half_life_steps, " steps over ", layers, " layers");
+    SlotPolicy p;
+    p.kind = cache_policy == 1 ? SlotPolicyKind::Frequency : SlotPolicyKind::Lru;
+    p.half_life = int64_t(half_life_steps > 0 ? half_life_steps : kDefaultHalfLifeSteps) * layers;
+    return p;
+}
+
 }  // namespace ft

@@ -16,7 +16,7 @@ constexpr size_t kArrayAlign = 256;
 size_t align_up(size_t n) { return (n + kArrayAlign - 1) / kArrayAlign * kArrayAlign; }
 
 struct Layout {
-    size_t slot_for_id, id_of_slot, usage, step, evict_slots, src_indices, num_indices, num_missing_full,
+    size_t slot_for_id, id_of_slot, usage, priority, expert_priority, step, evict_slots, src_indices, num_indices, num_missing_full,
         expert_recency, stats, total;
 };
 
@@ -34,6 +34,8 @@ Layout layout_of(const SlotCacheShape &s) {
     l.num_indices = place(sizeof(int64_t));
     l.num_missing_full = place(sizeof(int64_t));
     l.usage = place(slots * sizeof(int64_t));
+    l.priority = place(slots * sizeof(int64_t));
+    l.expert_priority = place(ids * sizeof(int64_t));
     l.expert_recency = place(ids * sizeof(int64_t));
     l.stats = place(static_cast<size_t>(s.layers) * kStatColumns * sizeof(int64_t));
     l.slot_for_id = place(ids * sizeof(int32_t));
@@ -54,6 +56,11 @@ void check_shape(const SlotCacheShape &s) {
     if (s.experts > kMaxAdmissionExperts)
         fail(FT_ERR_INVALID_ARGUMENT, "slot cache: ", s.experts, " experts per layer; admission serves at most ",
              kMaxAdmissionExperts);
+    if (s.policy.kind != SlotPolicyKind::Lru && s.policy.kind != SlotPolicyKind::Frequency)
+        fail(FT_ERR_INVALID_ARGUMENT, "slot cache: unknown policy ", static_cast<int32_t>(s.policy.kind));
+    if (s.policy.kind == SlotPolicyKind::Frequency && (s.policy.half_life < 1 || s.policy.half_life > (int64_t{1} << 40)))
+        fail(FT_ERR_INVALID_ARGUMENT, "slot cache: frequency half-life must be in [1, 2^40] admission calls, got ",
+             s.policy.half_life);
     if (static_cast<int64_t>(s.layers) * s.experts > INT32_MAX)
         fail(FT_ERR_INVALID_ARGUMENT, "slot cache: ", s.layers, " x ", s.experts, " experts overflow int32 ids");
 }
@@ -83,6 +90,8 @@ SlotCacheState slot_cache_bind(const SlotCacheShape &shape, void *buffer) {
     st.slot_for_id = reinterpret_cast<int32_t *>(base + l.slot_for_id);
     st.id_of_slot = reinterpret_cast<int32_t *>(base + l.id_of_slot);
     st.usage = reinterpret_cast<int64_t *>(base + l.usage);
+    st.priority = reinterpret_cast<int64_t *>(base + l.priority);
+    st.expert_priority = reinterpret_cast<int64_t *>(base + l.expert_priority);
     st.step = reinterpret_cast<int64_t *>(base + l.step);
     st.evict_slots = reinterpret_cast<int32_t *>(base + l.evict_slots);
     st.src_indices = reinterpret_cast<int32_t *>(base + l.src_indices);
@@ -99,9 +108,11 @@ void slot_cache_reset(const SlotCacheState &st) {
     std::fill_n(st.slot_for_id, ids, -1);
     std::fill_n(st.id_of_slot, s.slots, -1);
     std::fill_n(st.usage, s.slots, int64_t{0});
+    std::fill_n(st.priority, s.slots, int64_t{0});
     std::fill_n(st.evict_slots, s.plan_capacity, -1);
     std::fill_n(st.src_indices, s.plan_capacity, -1);
     std::fill_n(st.expert_recency, ids, int64_t{-1});
+    std::fill_n(st.expert_priority, ids, int64_t{0});
     *st.step = 0;
     *st.num_indices = 0;
     *st.num_missing_full = 0;

@@ -153,6 +153,8 @@ TEST(Errors, GpuSessionParametersWithoutAGpu) {
     EXPECT_EQ(p.vram_reserve_bytes, uint64_t(2) << 30);
     EXPECT_TRUE(p.hybrid_adaptive);
     EXPECT_EQ(p.handoff_timeout_seconds, 10.0);
+    EXPECT_EQ(p.cache_policy, FT_CACHE_LRU);
+    EXPECT_EQ(p.cache_half_life, 0);
     ft_session *s = nullptr;
     for (int32_t b : {FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID}) {
         p.backend = b;
@@ -173,6 +175,14 @@ TEST(Errors, GpuSessionParametersWithoutAGpu) {
     p.prefill_min_tokens = -1;
     EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
     p.prefill_min_tokens = 0;
+    p.cache_policy = 2;
+    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(err, "cache_policy")) << err;
+    p.cache_policy = FT_CACHE_FREQUENCY;
+    p.cache_half_life = -1;
+    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(err, "cache_half_life")) << err;
+    p.cache_half_life = 16;  // valid; the CPU backend has no slot cache and ignores it
 
     // auto without a GPU is the CPU, and says so.
     ASSERT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_OK) << err;

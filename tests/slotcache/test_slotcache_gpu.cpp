@@ -607,8 +607,9 @@ TEST(SlotCacheGpu, IdsAtOrAboveExpertsAreIgnoredOnTheDevice) {
 
 // A captured sequence of admissions (four layers per replay) replayed with new ids gives what the
 // same calls give eagerly on a second device cache, and what the mirror gives.
-void run_graph(bool hybrid) {
-    const SlotCacheShape s = shape(4, 64, 128, 64);
+void run_graph(bool hybrid, ft::SlotPolicy policy = {}) {
+    SlotCacheShape s = shape(4, 64, 128, 64);
+    s.policy = policy;
     constexpr int kLayers = 4, kIds = 48;
     HostSlotCache mirror(s);
     DeviceCache graph_cache(mirror), eager_cache(mirror);
@@ -680,6 +681,77 @@ TEST(SlotCacheGpu, LruGraphReplaysEqualEagerCalls) {
 TEST(SlotCacheGpu, HybridGraphReplaysEqualEagerCalls) {
     SKIP_WITHOUT_GPU();
     run_graph(true);
+}
+
+// ---- Frequency policy -----------------------------------------------------------------------------
+
+SlotCacheShape with_frequency(SlotCacheShape s, int64_t half_life) {
+    s.policy = {ft::SlotPolicyKind::Frequency, half_life};
+    return s;
+}
+
+TEST(SlotCacheGpu, FrequencyGraphReplaysEqualEagerCalls) {
+    SKIP_WITHOUT_GPU();
+    run_graph(false, {ft::SlotPolicyKind::Frequency, 6});
+    if (HasFatalFailure()) return;
+    run_graph(true, {ft::SlotPolicyKind::Frequency, 40});
+}
+
+// Every random shape (register and global-memory paths, S = E up to S = L * E), LRU-style and
+// hybrid admission, with half-lives from one call (bonuses vanish fast) to thousands.
+TEST(SlotCacheGpu, FrequencyMatchesMirrorOverRandomSteps) {
+    SKIP_WITHOUT_GPU();
+    uint32_t seed = 300;
+    const int64_t half_lives[] = {1, 3, 17, 200, 5000};
+    for (const auto &c : random_cases()) {
+        for (bool hybrid : {false, true}) {
+            const SlotCacheShape s = with_frequency(c.shape, half_lives[seed % 5]);
+            SCOPED_TRACE(describe(s) + (hybrid ? " hybrid" : " lru") + " frequency h=" + std::to_string(s.policy.half_life));
+            run_random(s, hybrid, c.steps, seed++);
+            if (HasFatalFailure()) return;
+        }
+    }
+}
+
+// Decode-sized calls on large caches (the threshold path, its fallback rounds, the global-memory
+// path at S = 65536), then priorities beyond the packing limit, which only the general path orders.
+TEST(SlotCacheGpu, FrequencyDecodeRunsAndHugePrioritiesMatchTheMirror) {
+    SKIP_WITHOUT_GPU();
+    const SlotCacheShape cases[] = {with_frequency(shape(64, 256, 8192, 64), 64 * 16),
+                                    with_frequency(shape(512, 256, 65536, 64), 7)};
+    DeviceArray<int32_t> d_ids(64), d_out(64);
+    uint32_t seed = 1900;
+    for (const SlotCacheShape &sh : cases) {
+        for (bool hybrid : {false, true}) {
+            SCOPED_TRACE(describe(sh) + (hybrid ? " hybrid" : " lru"));
+            std::mt19937 rng(seed++);
+            HostSlotCache mirror(sh);
+            DeviceCache device(mirror);
+            ASSERT_TRUE(device.ok());
+            for (int call = 0; call < 200; ++call) {
+                ft::test::Step step;
+                step.hybrid = hybrid;
+                step.layer = call % 8;  // few layers: experts come back and build up priority
+                step.ids = controlled_ids(mirror.state(), step.layer, 56, 1 + call % 16, 64, rng);
+                step.fetch = fetch_rule(0.415 + 0.1 * (call % 4), call % 5, FetchOrder::Recency);
+                ASSERT_TRUE(same_call(mirror, device, d_ids, d_out, step, call % 2 == 0)) << "call " << call;
+            }
+            // Priorities past 2^(63 - slot bits): the packed paths refuse them, the general path runs.
+            const SlotCacheState &st = mirror.state();
+            for (int32_t s = 0; s < st.shape.slots; s += 3)
+                if (st.id_of_slot[s] >= 0) st.priority[s] = st.expert_priority[st.id_of_slot[s]] = (int64_t{1} << 58) + s % 7;
+            DeviceCache crafted(mirror);
+            ASSERT_TRUE(crafted.ok());
+            for (int call = 0; call < 40; ++call) {
+                ft::test::Step step;
+                step.hybrid = hybrid;
+                step.layer = call % 8;
+                step.ids = controlled_ids(mirror.state(), step.layer, 8, 1 + call % 6, 16, rng);
+                step.fetch = fetch_rule(0.5, 0, FetchOrder::Recency);
+                ASSERT_TRUE(same_call(mirror, crafted, d_ids, d_out, step, false)) << "huge priorities, call " << call;
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -134,6 +134,8 @@ inline std::string describe_difference(const ft::SlotCacheState &want, const ft:
     cmp("slot_for_id", want.slot_for_id, got.slot_for_id, ids);
     cmp("id_of_slot", want.id_of_slot, got.id_of_slot, s.slots);
     cmp("usage", want.usage, got.usage, s.slots);
+    cmp("priority", want.priority, got.priority, s.slots);
+    cmp("expert_priority", want.expert_priority, got.expert_priority, ids);
     cmp("evict_slots", want.evict_slots, got.evict_slots, s.plan_capacity);
     cmp("src_indices", want.src_indices, got.src_indices, s.plan_capacity);
     cmp("expert_recency", want.expert_recency, got.expert_recency, ids);

@@ -67,6 +67,8 @@ FT_BACKEND_CPU = 1
 FT_BACKEND_GPU = 2
 FT_BACKEND_OFFLOAD = 3
 FT_BACKEND_HYBRID = 4
+FT_CACHE_LRU = 0
+FT_CACHE_FREQUENCY = 1
 
 FT_LOG_OFF = 0
 FT_LOG_ERROR = 1
@@ -157,7 +159,8 @@ class ft_session_params(Structure):
                 ("shared_experts", c_bool), ("check_finite", c_bool), ("reserved_", c_uint8 * 2),
                 ("cache_slots", c_int64), ("cache_fraction", c_double), ("vram_reserve_bytes", c_uint64),
                 ("prefill_min_tokens", c_int32), ("hybrid_fraction", c_float), ("hybrid_adaptive", c_bool),
-                ("reserved2_", c_uint8 * 3), ("handoff_timeout_seconds", c_double)]
+                ("reserved2_", c_uint8 * 3), ("handoff_timeout_seconds", c_double),
+                ("cache_policy", c_int32), ("cache_half_life", c_int32)]
 
 
 class ft_session_stats(Structure):

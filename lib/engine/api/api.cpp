@@ -357,6 +357,8 @@ void ft_session_params_init(ft_session_params *p) {
     p->hybrid_fraction = 0.0f;
     p->hybrid_adaptive = true;
     p->handoff_timeout_seconds = 10.0;
+    p->cache_policy = FT_CACHE_LRU;
+    p->cache_half_life = 0;
 }
 
 ft_status ft_session_create(ft_model *model, const ft_session_params *params, ft_session **out, char *err, size_t err_size) {

@@ -55,6 +55,11 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
         fail(FT_ERR_INVALID_ARGUMENT, "cache_fraction must be in [0, 1], got ", params_.cache_fraction);
     if (params_.prefill_min_tokens < 0)
         fail(FT_ERR_INVALID_ARGUMENT, "prefill_min_tokens must not be negative, got ", params_.prefill_min_tokens);
+    if (params_.cache_policy != FT_CACHE_LRU && params_.cache_policy != FT_CACHE_FREQUENCY)
+        fail(FT_ERR_INVALID_ARGUMENT, "cache_policy must be FT_CACHE_LRU or FT_CACHE_FREQUENCY, got ",
+             params_.cache_policy);
+    if (params_.cache_half_life < 0 || params_.cache_half_life > (1 << 20))
+        fail(FT_ERR_INVALID_ARGUMENT, "cache_half_life must be in [0, 2^20] decode steps, got ", params_.cache_half_life);
     MachineCaps caps = model.engine().caps();
     caps.vram_reserve_bytes = params_.vram_reserve_bytes;
     caps.shared_experts = params_.shared_experts;
@@ -82,6 +87,10 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
         ctx.params.hybrid_fraction = static_cast<float>(profiled_fetch_fraction(model.engine(), model.model().spec()));
     impl_ = info->make(ctx);
     reset_stats();
+    if (const std::string &path = model.engine().tuning().trace_routes; !path.empty()) {
+        const ModelSpec &s = model.model().spec();
+        recorder_ = std::make_unique<RouteRecorder>(path, s.num_layers, s.num_experts, s.top_k);
+    }
 }
 
 ft_session_stats Session::stats() const {
@@ -163,6 +172,7 @@ void Session::decode(const DecodeCall &c) {
                 fail(FT_ERR_NON_FINITE, "hidden state of token ", i / s.hidden, " channel ", i % s.hidden, " is not finite");
         }
     }
+    if (recorder_) recorder_->record(c.layer, c.num_tokens, c.ids);
     impl_->decode(c, stats_);
     stats_.decode_calls += 1;
     stats_.tokens += static_cast<uint64_t>(c.num_tokens);

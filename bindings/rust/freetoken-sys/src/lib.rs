@@ -107,6 +107,8 @@ pub const FT_BACKEND_CPU: i32 = 1;
 pub const FT_BACKEND_GPU: i32 = 2;
 pub const FT_BACKEND_OFFLOAD: i32 = 3;
 pub const FT_BACKEND_HYBRID: i32 = 4;
+pub const FT_CACHE_LRU: i32 = 0;
+pub const FT_CACHE_FREQUENCY: i32 = 1;
 
 /// Log levels.
 pub const FT_LOG_OFF: i32 = 0;
@@ -313,6 +315,8 @@ pub struct ft_session_params {
     pub hybrid_adaptive: bool,
     pub reserved2_: [u8; 3],
     pub handoff_timeout_seconds: f64,
+    pub cache_policy: i32,
+    pub cache_half_life: i32,
 }
 
 /// Counters of a session (`ft_session_get_stats`).

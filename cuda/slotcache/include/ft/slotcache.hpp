@@ -11,6 +11,7 @@
 
 #include "freetoken.h"
 #include "ft/hybrid.hpp"
+#include "ft/slot_policy.hpp"
 
 namespace ft {
 
@@ -35,6 +36,11 @@ SlotPlan plan_slots(const SlotRequest &request, int64_t layers, int64_t experts,
 // plan_slots, throwing its refusal as ft::Error.
 int64_t plan_slot_count(const SlotRequest &request, int64_t layers, int64_t experts, uint64_t expert_bytes);
 
+// The policy of ft_session_params' cache_policy (FT_CACHE_*) and cache_half_life (decode steps,
+// 0 = 8): the half-life in admission calls is the steps times the layers (one call per layer).
+// Throws FT_ERR_INVALID_ARGUMENT for an unknown policy or a negative half-life.
+SlotPolicy slot_policy_for(int32_t cache_policy, int32_t half_life_steps, int32_t layers);
+
 }  // namespace ft
 
 // ---- Slot cache state ---------------------------------------------------------------------------
@@ -53,6 +59,7 @@ struct SlotCacheShape {
     int32_t experts = 0;        // E, experts per layer
     int32_t slots = 0;          // S
     int32_t plan_capacity = 0;  // entries of evict_slots / src_indices, see plan_capacity_for
+    SlotPolicy policy{};        // which slot a miss evicts (ft/slot_policy.hpp)
 };
 
 // The device admission kernel keeps per-expert state in shared memory; 1024 covers every MoE
@@ -69,6 +76,9 @@ struct SlotCacheState {
     int32_t *slot_for_id = nullptr;       // [L*E] slot holding a flat id, -1 if not resident
     int32_t *id_of_slot = nullptr;        // [S] flat id held by a slot, -1 if empty
     int64_t *usage = nullptr;             // [S] step at which the slot was last used (LRU clock)
+    int64_t *priority = nullptr;          // [S] Frequency policy: the owner's priority (0: empty)
+    int64_t *expert_priority = nullptr;   // [L*E] Frequency policy: each expert's priority, kept
+                                          // while it is evicted (0: never accessed)
     int64_t *step = nullptr;              // [1] +1 per admission call, any layer
     int32_t *evict_slots = nullptr;       // [plan_capacity] copy plan: destination slot
     int32_t *src_indices = nullptr;       // [plan_capacity] copy plan: source expert of the layer
@@ -91,7 +101,7 @@ size_t slot_cache_bytes(const SlotCacheShape &shape);
 // Touches no memory: `buffer` may be a device address.
 SlotCacheState slot_cache_bind(const SlotCacheShape &shape, void *buffer);
 
-// Reset on host memory: maps and plan -1, usage/step/counts 0, recency -1. Statistics are kept.
+// Reset on host memory: maps and plan -1, usage/priority/step/counts 0, recency -1. Statistics are kept.
 void slot_cache_reset(const SlotCacheState &state);
 void slot_cache_clear_stats(const SlotCacheState &state);
 
@@ -129,11 +139,15 @@ const char *admission_argument_error(const SlotCacheShape &shape, int32_t layer,
 
 // LRU admission (docs/formulas.md, "Slot cache"): every distinct id gets a slot. Hits are stamped
 // with the new step; the distinct misses in ascending expert id take the least recently used slots in ascending (usage, slot)
-// order, never a slot hit in this call; the plan lists (slot, expert) for the gather.
+// order, never a slot hit in this call; the plan lists (slot, expert) for the gather. With
+// shape.policy Frequency every distinct id of the call updates its expert's priority (hit or
+// miss, ft/slot_policy.hpp), a slot carries its owner's priority, and the victims are taken in
+// ascending (priority, slot) order instead.
 void admit_lru(const SlotCacheState &state, int32_t layer, const int32_t *ids, int32_t *slots_out,
                int64_t count);
 
-// Hybrid admission: of the M distinct misses, hybrid_fetch_limit(M, fetch) are admitted (chosen by
+// Hybrid admission (the policy as for admit_lru; every active expert's priority is updated, the
+// misses left to the CPU included): of the M distinct misses, hybrid_fetch_limit(M, fetch) are admitted (chosen by
 // fetch.order) into LRU slots not owned by any expert active in this call; the others are routed
 // to -1 for the CPU. With FetchOrder::Recency every active expert's recency becomes the step.
 void admit_hybrid(const SlotCacheState &state, int32_t layer, const int32_t *ids, int32_t *slots_out,

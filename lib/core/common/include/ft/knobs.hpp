@@ -37,7 +37,8 @@ enum class KnobType { integer, boolean, text };
     X(prefill_dequant_mib, "FT_PREFILL_DEQUANT_MIB", Int, 512, "GPU prefill: MiB of bf16 scratch for dequantised experts (both buffers together)") \
     X(prefill_chunk_rows, "FT_PREFILL_CHUNK_ROWS", Int, 0, "GPU prefill: routed rows per GEMM chunk (0 = from max_tokens)") \
     X(cublas_library, "FT_CUBLAS_LIBRARY", Text, "", "path of the libcublas to load first (process-wide: loaded once)") \
-    X(profile_path, "FT_PROFILE_PATH", Text, "", "bandwidth profile file (unset: $XDG_CACHE_HOME/freetoken/benchbw.json)")
+    X(profile_path, "FT_PROFILE_PATH", Text, "", "bandwidth profile file (unset: $XDG_CACHE_HOME/freetoken/benchbw.json)") \
+    X(trace_routes, "FT_TRACE_ROUTES", Text, "", "append every host ft_decode call's layer and expert ids to this route trace file (docs/formats.md)")
 
 namespace knob_types {
 using Int = int;

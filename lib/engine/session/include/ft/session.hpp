@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "freetoken.h"
+#include "ft/trace.hpp"
 #include "ft/backend.hpp"
 #include "ft/cpu.hpp"
 #include "ft/cuda_device.hpp"
@@ -96,6 +97,7 @@ private:
     std::string backend_reason_;
     std::unique_ptr<Backend> impl_;
     ft_session_stats stats_{};
+    std::unique_ptr<RouteRecorder> recorder_;  // FT_TRACE_ROUTES: every host ft_decode's routes
 };
 
 }  // namespace ft
