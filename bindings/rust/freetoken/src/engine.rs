@@ -3,9 +3,9 @@
 use std::ptr::{self, NonNull};
 
 use crate::sys;
-use crate::error::*;
-use crate::util::*;
-use crate::enums::*;
+use crate::error::{Error, Result, Status};
+use crate::util::{check, defaults, sized, string_of, to_i32, with_err_buf};
+use crate::enums::Device;
 
 /// Engine parameters; `default()` holds the library's defaults.
 #[derive(Clone, Debug)]

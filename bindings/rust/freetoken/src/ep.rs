@@ -12,11 +12,11 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 
 use crate::sys;
-use crate::error::*;
-use crate::util::*;
+use crate::error::{Error, Result, Status};
+use crate::util::{check, defaults, sized, string_of, to_i32, with_err_buf};
 use crate::bf16::Bf16;
-use crate::model::*;
-use crate::session::*;
+use crate::model::Model;
+use crate::session::Session;
 
 int_enum!(
     /// Group modes (`FT_EP_MODE_*`).

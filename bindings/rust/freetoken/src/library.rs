@@ -7,9 +7,9 @@ use std::ptr;
 use std::sync::{Arc, RwLock};
 
 use crate::sys;
-use crate::error::*;
-use crate::util::*;
-use crate::enums::*;
+use crate::error::Result;
+use crate::util::{check, sized, string_of};
+use crate::enums::LogLevel;
 
 /// The loaded library's version as (major, minor, patch).
 pub fn version() -> (u32, u32, u32) {

@@ -6,12 +6,12 @@ use std::path::Path;
 use std::ptr::{self, NonNull};
 
 use crate::sys;
-use crate::error::*;
-use crate::util::*;
+use crate::error::{Error, Result, Status};
+use crate::util::{check, defaults, expect_len, path_cstring, sized, string_of, to_i32, with_err_buf};
 use crate::bf16::Bf16;
-use crate::enums::*;
-use crate::progress::*;
-use crate::engine::*;
+use crate::enums::{Activation, Dtype, Format, Projection, Routing, TensorKind};
+use crate::progress::{ProgressFn, with_progress};
+use crate::engine::Engine;
 
 /// Geometry and routing of a model built from memory; `default()` holds the library's defaults
 /// (the five sizes are 0 and must be set).

@@ -4,10 +4,10 @@ use std::path::Path;
 use std::ptr::{self, NonNull};
 
 use crate::sys;
-use crate::error::*;
-use crate::util::*;
-use crate::enums::*;
-use crate::progress::*;
+use crate::error::{Error, Result, Status};
+use crate::util::{check, defaults, invalid, path_cstring, sized, string_of, to_i32, with_err_buf};
+use crate::enums::{Device, Format};
+use crate::progress::{ProgressFn, with_progress};
 
 /// Options of [`Profile::measure`]; `default()` holds the library's defaults.
 pub struct ProfileOptions<'a> {

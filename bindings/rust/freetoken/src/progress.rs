@@ -7,7 +7,7 @@ use std::ptr;
 use std::sync::Mutex;
 
 use crate::sys;
-use crate::util::*;
+use crate::util::string_of;
 
 /// A progress closure: (phase, done, total) -> continue?
 pub type ProgressFn<'a> = &'a mut (dyn FnMut(&str, u64, u64) -> bool + Send);

@@ -6,11 +6,11 @@ use std::os::raw::c_void;
 use std::ptr::{self, NonNull};
 
 use crate::sys;
-use crate::error::*;
-use crate::util::*;
+use crate::error::{Error, Result, Status};
+use crate::util::{check, defaults, expect_len, rows_of, sized, string_of, to_i32, with_err_buf};
 use crate::bf16::Bf16;
-use crate::enums::*;
-use crate::model::*;
+use crate::enums::Backend;
+use crate::model::Model;
 
 /// Session parameters; `default()` holds the library's defaults.
 #[derive(Clone, Debug)]

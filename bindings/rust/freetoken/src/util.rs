@@ -6,7 +6,7 @@ use std::os::raw::c_char;
 use std::path::Path;
 
 use crate::sys;
-use crate::error::*;
+use crate::error::{Error, Result, Status};
 
 /// Copies a library string; NULL reads as "".
 pub(crate) unsafe fn string_of(p: *const c_char) -> String {
