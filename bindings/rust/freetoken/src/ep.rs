@@ -5,7 +5,18 @@
 //! (`libnccl.so.2`); elsewhere every creation returns [`Status::UNSUPPORTED`]. The per-layer
 //! calls take device pointers and a CUDA stream, so they are `unsafe`.
 
-use super::*;
+use std::any::Any;
+use std::marker::PhantomData;
+use std::os::raw::c_void;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ptr::{self, NonNull};
+
+use crate::sys;
+use crate::error::{Error, Result, Status};
+use crate::util::{check, defaults, sized, string_of, to_i32, with_err_buf};
+use crate::bf16::Bf16;
+use crate::model::Model;
+use crate::session::Session;
 
 int_enum!(
     /// Group modes (`FT_EP_MODE_*`).
