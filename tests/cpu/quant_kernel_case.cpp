@@ -1,0 +1,178 @@
+// The kernel-level reference check of quant_kernel_case.hpp.
+#include "quant_kernel_case.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+
+namespace quant_test {
+
+std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
+    std::vector<const ft::cpu::QuantOps *> v;
+    std::set<std::string> seen;
+    const bool vnni = __builtin_cpu_supports("avx512vnni"), vbmi = ft::cpu::cpu_has_vbmi();
+    for (Isa isa : tiers_here())
+        for (bool vn : {false, true})
+            for (bool vb : {false, true})
+                for (bool fast : {false, true}) {
+                    if ((vn && !vnni) || (vb && !vbmi)) continue;
+                    const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb, fast);
+                    if (seen.insert(ops->kernel).second) v.push_back(ops);
+                }
+    return v;
+}
+
+Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N) {
+    Case c{f, K, N, {}, {}, {}};
+    std::uniform_int_distribution<int> byte(0, 255);
+    auto fill = [&](std::vector<uint8_t> &v, size_t n) {
+        v.resize(n);
+        for (auto &b : v) b = uint8_t(byte(rng));
+    };
+    switch (f) {
+        case Format::fp8_block: {
+            fill(c.data, size_t(N * K));
+            for (auto &b : c.data)
+                if ((b & 0x7f) == 0x7f) b ^= 1;  // NaN codes only where a test puts them
+            c.scale.resize(size_t((N + 127) / 128 * (K / 128)) * 2);
+            std::uniform_real_distribution<float> d(0.25f, 2.0f);
+            for (size_t i = 0; i < c.scale.size(); i += 2) put_u16(&c.scale[i], ft::f32_to_bf16(d(rng) * (byte(rng) & 1 ? 1 : -1)));
+            break;
+        }
+        case Format::nvfp4: {
+            fill(c.data, size_t(N * K / 2));
+            std::uniform_int_distribution<int> s(0x01, 0x7e);  // subnormal to 448, both signs
+            c.scale.resize(size_t(N * K / 16));
+            for (auto &b : c.scale) b = uint8_t(s(rng) | (byte(rng) & 0x80));
+            c.global.resize(size_t(N) * 2);
+            std::uniform_real_distribution<float> g(0.5f, 2.0f);
+            for (int64_t n = 0; n < N; ++n) put_u16(&c.global[n * 2], ft::f32_to_f16(g(rng)));
+            break;
+        }
+        case Format::ds_fp4:
+        case Format::mxfp4: {
+            fill(c.data, size_t(N * K / 2));
+            c.scale.resize(size_t(N * K / 32));
+            std::uniform_int_distribution<int> s(117, 137);
+            for (auto &b : c.scale) b = byte(rng) % 16 == 0 ? 0 : uint8_t(s(rng));  // code 0 = 2^-127 mixed in
+            break;
+        }
+        case Format::q4_0: {
+            fill(c.data, size_t(N * (K / 32) * 18));
+            std::uniform_real_distribution<float> d(0.5f, 2.0f);
+            for (int64_t i = 0; i < N * (K / 32); ++i) put_u16(&c.data[i * 18], ft::f32_to_f16(d(rng)));
+            break;
+        }
+        default: break;
+    }
+    return c;
+}
+
+void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound, float xscale,
+           bool dup) {
+    std::uniform_real_distribution<float> xd(-xscale, xscale);
+    std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
+    // xr: the activation of the format's numerics; xq: Q8_0 of bf16 x (per 32) for the W4A8
+    // kernels of mxfp4 (kernel name "...-w4a8..."; q4_0 is W4A8 by definition, xr already).
+    std::vector<std::vector<double>> xr(ntok, std::vector<double>(c.K)), xq = xr;
+    for (int t = 0; t < ntok; ++t) {
+        std::vector<float> xf(c.K), y(c.K);
+        for (int64_t k = 0; k < c.K; ++k) {
+            float v = xd(rng);
+            x[t][k] = dup && (t & 1) ? x[t - 1][k] : ft::f32_to_bf16(v == 0.0f ? 0.25f * xscale : v);
+            xf[k] = ft::bf16_to_f32(x[t][k]);
+        }
+        if (c.f == Format::ds_fp4) ft::fp8_round_trip_per128(xf.data(), c.K, y.data()), xf = y;
+        if (c.f == Format::q4_0) {
+            std::vector<int8_t> q(c.K);
+            std::vector<float> d(c.K / 32);
+            ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());
+            for (int64_t k = 0; k < c.K; ++k) xf[k] = float(q[k]) * d[k / 32];  // exact q*d in double below
+            for (int64_t k = 0; k < c.K; ++k) xr[t][k] = double(q[k]) * double(d[k / 32]);
+        } else {
+            for (int64_t k = 0; k < c.K; ++k) xr[t][k] = xf[k];
+        }
+        if (c.f == Format::nvfp4) {
+            // nvfp4 W4A8: ft::quantize_int8_per16, stored per block as [8 even, 8 odd].
+            std::vector<int8_t> q(c.K);
+            std::vector<float> d(c.K / 16);
+            ft::quantize_int8_per16(xf.data(), c.K, q.data(), d.data());
+            for (int64_t b = 0; b < c.K / 16; ++b)
+                for (int i = 0; i < 8; ++i) {
+                    xq[t][16 * b + 2 * i] = double(q[16 * b + i]) * double(d[b]);
+                    xq[t][16 * b + 2 * i + 1] = double(q[16 * b + 8 + i]) * double(d[b]);
+                }
+        }
+        if (c.f == Format::mxfp4) {
+            // W4A8 x2: x ~ d (q1 + q2 / 256), q1 and d Q8_0, q2 the int8 residual; within d / 256
+            // (+ the fp32 rounding of x * (1 / d) where q2 clamps).
+            std::vector<int8_t> q(c.K), q2(c.K);
+            std::vector<float> d(c.K / 32);
+            ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());
+            for (int64_t b = 0; b < c.K / 32; ++b)
+                ft::cpu::detail::mxfp4_residual_q8(xf.data() + 32 * b, q.data() + 32 * b, d[b], q2.data() + 32 * b);
+            for (int64_t k = 0; k < c.K; ++k) {
+                xq[t][k] = (double(q[k]) + double(q2[k]) / 256.0) * double(d[k / 32]);
+                ASSERT_LE(std::fabs(xq[t][k] - xf[k]), 1.001 * double(d[k / 32]) / 256.0) << "k=" << k;
+            }
+        }
+    }
+    std::vector<std::vector<double>> ref(ntok, std::vector<double>(count)), mag = ref, refq = ref, magq = ref;
+    for (int j = 0; j < count; ++j) {
+        const std::vector<float> w = c.weights(first + j);
+        for (int t = 0; t < ntok; ++t)
+            for (int64_t k = 0; k < c.K; ++k) {
+                ref[t][j] += double(w[k]) * xr[t][k];
+                mag[t][j] += std::fabs(double(w[k]) * xr[t][k]);
+                refq[t][j] += double(w[k]) * xq[t][k];
+                magq[t][j] += std::fabs(double(w[k]) * xq[t][k]);
+            }
+    }
+    const auto ops_list = variants_here(c.f);
+    ASSERT_FALSE(ops_list.empty());
+    for (const ft::cpu::QuantOps *ops : ops_list) {
+        // mxfp4 W4A8 x2 runs calls of several tokens through the W4A16 kernel.
+        const bool w4a8 = (c.f == Format::nvfp4 || (c.f == Format::mxfp4 && ntok == 1)) &&
+                          std::string(ops->kernel).find("w4a8") != std::string::npos;
+        const auto &want = w4a8 ? refq : ref;
+        const auto &want_mag = w4a8 ? magq : mag;
+        std::vector<std::vector<uint8_t>> act;
+        std::vector<const uint8_t *> ap;
+        for (int t = 0; t < ntok; ++t) {
+            act.emplace_back(ops->act_bytes(c.K) + 64, 0xcd);  // poisoned slack past the prepared bytes
+            ops->prepare(x[t].data(), c.K, act.back().data());
+        }
+        for (int t = 0; t < ntok; ++t) ap.push_back(act[dup && (t & 1) ? t - 1 : t].data());
+        const size_t ldo = size_t(count) + 3;
+        std::vector<float> out(ldo * ntok, std::numeric_limits<float>::quiet_NaN());
+        ops->gemv(c.m(), first, count, ap.data(), ntok, out.data(), ldo);
+        for (int t = 0; t < ntok; ++t) {
+            for (int j = 0; j < count; ++j)
+                ASSERT_NEAR(out[t * ldo + j], want[t][j], bound * want_mag[t][j] + 1e-30)
+                    << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t;
+            for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
+        }
+        if (!ops->dequant) continue;
+        // Batched path: dequantise the rows to bf16 (buffer NaN-poisoned, so every element of the
+        // padded rows must be written), then the tier's bf16 GEMV over the same prepared
+        // activations, then the per-row factor.
+        const size_t ld = ops->act_bytes(c.K) / 2 + 8;
+        std::vector<uint16_t> deq(ld * size_t(count), 0x7fc0);
+        std::vector<float> rs(size_t(count), std::numeric_limits<float>::quiet_NaN());
+        ops->dequant(c.m(), first, count, deq.data(), ld, rs.data());
+        std::vector<const uint16_t *> ap16;
+        for (auto &a : act) ap16.push_back(reinterpret_cast<const uint16_t *>(a.data()));
+        std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+        ft::cpu::gemv_kernel(Isa::avx512bf16)(deq.data(), ld, count, int(ops->act_bytes(c.K) / 2), ap16.data(), ntok,
+                                              out.data(), ldo);
+        for (int t = 0; t < ntok; ++t)
+            for (int j = 0; j < count; ++j)
+                ASSERT_NEAR(out[t * ldo + j] * rs[j], ref[t][j], bound * mag[t][j] + 1e-30)
+                    << ops->kernel << " batched K=" << c.K << " j=" << j << " t=" << t;
+    }
+}
+
+}  // namespace quant_test

@@ -1,0 +1,320 @@
+// Quantised kernels one by one: every kernel this CPU can run against the lib/core/formats
+// reference (quant_kernel_case.hpp), the activation preparations against their definitions, the
+// exact W4A8 sum of q4_0, and NaN / non-finite inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "ft/common.hpp"
+#include "ft/cpu.hpp"
+#include "ft/dequant.hpp"
+#include "ft/formats.hpp"
+#include "quant.hpp"
+#include "quant_kernel_case.hpp"
+#include "quant_test_util.hpp"
+
+namespace {
+
+using namespace quant_test;
+
+// The W4A8 kernel against the exact integer sum of the scalar reference: only fp32 rounding of
+// the per-block products differs.
+TEST(QuantKernels, Q4_0MatchesExactW4A8) {
+    std::mt19937 rng(6);
+    QLayer L(rng, Format::q4_0, 320, 64, 1);
+    for (Isa isa : tiers_here())
+    for (bool vnni : {true, false}) {
+        ft::cpu::QuantChoice choice;
+        choice.vnni = vnni;
+        const ft::cpu::QuantOps *ops = ft::cpu::quant_ops(Format::q4_0, isa, choice);
+        std::vector<std::vector<uint8_t>> act;
+        std::vector<const uint8_t *> ap;
+        std::vector<std::vector<float>> xf;
+        for (int t = 0; t < 5; ++t) {
+            Batch b = random_batch(rng, 1, L.H, 1, 1);
+            act.emplace_back(ops->act_bytes(L.H));
+            ops->prepare(b.x.data(), L.H, act.back().data());
+            xf.emplace_back(L.H);
+            for (int h = 0; h < L.H; ++h) xf.back()[h] = ft::bf16_to_f32(b.x[h]);
+        }
+        for (auto &a : act) ap.push_back(a.data());
+        ft::cpu::detail::QuantMatrix m{L.banks[0].data(), nullptr, nullptr, L.H, 2 * L.I};
+        std::vector<float> out(5 * 2 * L.I);
+        ops->gemv(m, 0, 2 * L.I, ap.data(), 5, out.data(), 2 * L.I);
+        for (int t = 0; t < 5; ++t) {
+            std::vector<int8_t> q(L.H);
+            std::vector<float> d(L.H / 32), w(L.H);
+            ft::quantize_q8_0(xf[t].data(), L.H, q.data(), d.data());
+            for (int r = 0; r < 2 * L.I; ++r) {
+                ft::dequant_row_q4_0(L.banks[0].data() + r * (L.H / 32) * 18, L.H, w.data());
+                double ref = 0, mag = 0;
+                for (int h = 0; h < L.H; ++h) ref += double(w[h]) * q[h] * d[h / 32], mag += std::fabs(double(w[h]) * q[h] * d[h / 32]);
+                EXPECT_NEAR(out[t * 2 * L.I + r], ref, 1e-6 * mag + 1e-9) << ft::cpu::isa_name(isa);
+            }
+        }
+    }
+}
+
+TEST(QuantKernels, EveryKernelMatchesReference) {
+    std::mt19937 rng(1234);
+    struct G { Format f; int64_t K, N, first; int count; double bound; };
+    // K with tails (nvfp4 272 = 4 x 64 + 16), counts with tails, every token count 1..32 (the
+    // kernels' token tiles of 2, 4 or 8 and every remainder), and duplicate tokens.
+    const G geos[] = {
+        {Format::fp8_block, 384, 260, 3, 255, 1e-5}, {Format::nvfp4, 272, 40, 1, 37, 1e-5},
+        {Format::nvfp4, 512, 8, 0, 8, 1e-5},         {Format::ds_fp4, 384, 24, 2, 21, 1e-5},
+        {Format::mxfp4, 96, 160, 5, 150, 1e-5},       {Format::mxfp4, 64, 64, 0, 64, 1e-5},
+        {Format::mxfp4, 64, 200, 7, 100, 1e-5},  // one token: a two-line pass ending mid-line
+        {Format::q4_0, 224, 20, 1, 18, 1e-5},         {Format::q4_0, 256, 9, 0, 9, 1e-5},
+        // nvfp4 W4A8: one block only, 3 chunks + one block.
+        {Format::nvfp4, 16, 5, 1, 3, 1e-5},           {Format::nvfp4, 400, 9, 0, 9, 1e-5},
+        // q4_0 four blocks per step (avx512vnni-x4): fewer blocks than a group, one group + 1.
+        {Format::q4_0, 96, 7, 2, 5, 1e-5},            {Format::q4_0, 160, 12, 0, 11, 1e-5},
+        // ds_fp4: one chunk of 128, and 5 chunks (a group of 16 scales + a partial one), odd counts.
+        {Format::ds_fp4, 128, 6, 1, 5, 1e-5},         {Format::ds_fp4, 640, 11, 0, 11, 1e-5},
+    };
+    for (const G &g : geos) {
+        const Case c = make_case(rng, g.f, g.K, g.N);
+        for (int ntok = 1; ntok <= 32; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
+        for (int ntok : {2, 9, 17}) check(c, g.first, g.count, ntok, rng, g.bound, 1.0f, true);
+    }
+}
+
+// The SIMD preparation of mxfp4 W4A8 x2 activations against its definition (ft::quantize_q8_0
+// for q1 and d, mxfp4_residual_q8 for q2), byte for byte: random blocks of several magnitudes,
+// an all-zero block, and exact .5 ties of x / d (block amax 127 makes d = 1), which must round
+// away from zero as std::round.
+TEST(QuantKernels, Mxfp4W4A8x2PrepareMatchesDefinition) {
+    if (!__builtin_cpu_supports("avx512vnni") || !ft::cpu::cpu_has_vbmi() ||
+        int(ft::cpu::cpu_best_isa()) < int(Isa::avx512bf16))
+        GTEST_SKIP() << "no avx512bf16 + vnni + vbmi here";
+    const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, true);
+    ASSERT_NE(std::string(ops->kernel).find("w4a8x2"), std::string::npos);
+    std::mt19937 rng(99);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int64_t K = 224, nb = K / 32, qbytes = 256;
+    std::vector<float> xf(K);
+    for (int64_t k = 0; k < K; ++k) xf[k] = u(rng) * (k < 96 ? 1.0f : k < 160 ? 3e-3f : 250.0f);
+    for (int64_t k = 96; k < 128; ++k) xf[k] = 0.0f;
+    const float ties[] = {127.0f, 2.5f, -3.5f, 12.5f, -0.5f, 0.5f, -126.5f, 6.5f};
+    for (int i = 0; i < 32; ++i) xf[160 + i] = i < 8 ? ties[i] : u(rng);
+    std::vector<uint16_t> x(K);
+    for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(xf[k]), xf[k] = ft::bf16_to_f32(x[k]);
+    std::vector<uint8_t> act(ops->act_bytes(K) + 64, 0xcd);
+    ops->prepare(x.data(), K, act.data());
+    std::vector<int8_t> q(K), q2(K);
+    std::vector<float> d(nb);
+    ft::quantize_q8_0(xf.data(), K, q.data(), d.data());
+    for (int64_t b = 0; b < nb; ++b)
+        ft::cpu::detail::mxfp4_residual_q8(xf.data() + 32 * b, q.data() + 32 * b, d[b], q2.data() + 32 * b);
+    EXPECT_EQ(std::memcmp(act.data(), x.data(), size_t(K) * 2), 0) << "bf16 copy";
+    const uint8_t *a = act.data() + 2 * qbytes;
+    for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(int8_t(a[k]), q[k]) << "q1 k=" << k;
+        ASSERT_EQ(int8_t(a[qbytes + k]), q2[k]) << "q2 k=" << k;
+    }
+    EXPECT_EQ(q[161], 3) << "2.5 rounds away from zero";
+    EXPECT_EQ(q[162], -4);
+    for (int64_t b = 0; b < nb; ++b) {
+        float ds;
+        int32_t c[2], s1 = 0, s2 = 0;
+        std::memcpy(&ds, a + 2 * qbytes + 4 * b, 4);
+        std::memcpy(c, a + 2 * qbytes + 4 * nb + 8 * b, 8);
+        for (int i = 0; i < 32; ++i) s1 += q[32 * b + i], s2 += q2[32 * b + i];
+        EXPECT_EQ(ds, d[b] / 512.0f) << b;
+        EXPECT_EQ(c[0], -12 * s1) << b;
+        EXPECT_EQ(c[1], -12 * s2) << b;
+    }
+}
+
+// The SIMD preparation of the q4_0 four-block activation against the scalar definition, byte for
+// byte, with K of a group + 1 block (padding), a zero block and .5 ties (block amax 127: d = 1).
+TEST(QuantKernels, Q4_0X4PrepareMatchesDefinition) {
+    if (!__builtin_cpu_supports("avx512vnni") || int(ft::cpu::cpu_best_isa()) < int(Isa::avx512))
+        GTEST_SKIP() << "no avx512 + vnni here";
+    std::mt19937 rng(98);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t K : {int64_t(160), int64_t(2816)}) {
+        std::vector<uint16_t> x(K);
+        for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(u(rng) * (k % 96 < 32 ? 300.0f : 1.0f));
+        for (int64_t k = 32; k < 64; ++k) x[k] = 0;
+        const float ties[] = {127.0f, 2.5f, -3.5f, 12.5f, -0.5f, 0.5f, -126.5f, 6.5f};
+        for (int i = 0; i < 32; ++i) x[64 + i] = ft::f32_to_bf16(i < 8 ? ties[i] : u(rng));
+        const size_t n = ft::cpu::detail::q8_0_x4_act_bytes(K);
+        std::vector<uint8_t> a(n + 64, 0xcd), b(n + 64, 0xcd);
+        ft::cpu::detail::prepare_q8_0_x4_scalar(x.data(), K, a.data());
+        ft::cpu::detail::prepare_q8_0_x4_avx512(x.data(), K, b.data());
+        for (size_t i = 0; i < n + 64; ++i) ASSERT_EQ(a[i], b[i]) << "K=" << K << " byte " << i;
+        EXPECT_EQ(int8_t(a[32 + 1]), 3) << "2.5 rounds away from zero";  // element 65: block 2, q lo byte 1
+        EXPECT_EQ(int8_t(a[32 + 2]), -4);
+    }
+}
+
+// ds_fp4 row exponent (the "-rowexp" kernel and dequantiser): every kernel against the reference
+// with e8m0 codes that make subnormal block factors or products in the absolute arithmetic (the
+// benchmark's bytes & 0x77: codes 0 .. 119), with a code above 190 in the call (absolute values,
+// bias 0), with 255 (NaN: the rows holding it are NaN, the others not), and with sums beyond
+// 2^96 (the rows redone with the absolute scales). Tokens 1..8, K with a partial scale group.
+TEST(QuantKernels, DsFp4RowExponent) {
+    std::mt19937 rng(4321);
+    for (int64_t K : {int64_t(384), int64_t(1152)}) {
+        Case c = make_case(rng, Format::ds_fp4, K, 13);
+        for (auto &b : c.scale) b &= 0x77;  // 2^-127 .. 2^-8, 1 in 64 blocks code 0
+        for (int ntok = 1; ntok <= 8; ++ntok) check(c, 0, 13, ntok, rng, 1e-5);
+        check(c, 3, 9, 3, rng, 1e-5);
+        Case big = make_case(rng, Format::ds_fp4, K, 13);
+        big.scale[5 * K / 32 + 1] = 200;  // row 5: a call over it keeps the absolute scales
+        for (int ntok : {1, 2, 5}) check(big, 0, 13, ntok, rng, 1e-5), check(big, 6, 7, ntok, rng, 1e-5);
+        // Codes 150 .. 160 and |x| ~ 2^70: sums near 2^104, finite in fp32 but past 2^96.
+        Case huge = make_case(rng, Format::ds_fp4, K, 13);
+        std::uniform_int_distribution<int> hs(150, 160);
+        for (auto &b : huge.scale) b = uint8_t(hs(rng));
+        for (int ntok : {1, 4}) check(huge, 0, 13, ntok, rng, 1e-5, 0x1p70f);
+    }
+    // e8m0 255 (NaN) in row 2: its outputs are NaN, every other row finite, every kernel.
+    Case c = make_case(rng, Format::ds_fp4, 256, 6);
+    c.scale[2 * 8 + 3] = 255;
+    std::vector<uint16_t> x(256);
+    for (int k = 0; k < 256; ++k) x[k] = ft::f32_to_bf16(0.5f - float(k % 5) * 0.2f);
+    for (const ft::cpu::QuantOps *ops : variants_here(Format::ds_fp4)) {
+        std::vector<uint8_t> act(ops->act_bytes(256));
+        ops->prepare(x.data(), 256, act.data());
+        const uint8_t *ap = act.data();
+        std::vector<float> out(6, 0.0f);
+        ops->gemv(c.m(), 0, 6, &ap, 1, out.data(), 6);
+        for (int r = 0; r < 6; ++r) EXPECT_EQ(std::isnan(out[r]), r == 2) << ops->kernel << " row " << r;
+    }
+}
+
+// The SIMD preparation of the ds_fp4 AVX-512-BF16 activation against its scalar definition, byte
+// for byte: groups of 128 at many magnitudes (amax below the 1e-4 floor, e4m3 subnormal and
+// normal ranges, near the bf16 maximum), an all-zero group, exact e4m3 rounding ties, negative
+// zeros, and groups holding Inf or NaN (the scalar fallback).
+TEST(QuantKernels, DsFp4PrepareMatchesDefinition) {
+    if (int(ft::cpu::cpu_best_isa()) < int(Isa::avx512bf16)) GTEST_SKIP() << "no avx512bf16 here";
+    std::mt19937 rng(97);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const float mags[] = {1e-7f, 3e-5f, 1e-3f, 1.0f, 3.0f, 448.0f, 1e4f, 1e20f, 3e38f, 1.0f, 1.0f, 1.0f, 0.0f};
+    const int64_t groups = int64_t(std::size(mags));
+    const int64_t K = 128 * groups;
+    std::vector<uint16_t> x(K);
+    for (int64_t k = 0; k < K; ++k) {
+        const float m = mags[k / 128];
+        // A spread of magnitudes inside each group too (e4m3 subnormals after the scaling).
+        x[k] = ft::f32_to_bf16(u(rng) * m * (k % 3 == 0 ? 1e-3f : 1.0f));
+    }
+    // Group 9: amax 448 (s = 1), so x is rounded to e4m3 as is: ties at 3 mantissa bits and at
+    // multiples of 2^-9 (the subnormal range), both signs; negative zero.
+    const float ties[] = {448.0f, 1.0625f, -1.0625f, 1.1875f, 17.0f, -19.0f, 0.0029296875f, -0.0048828125f,
+                          0.0068359375f, -0.0f, 0.013671875f, 240.0f, 232.0f, -0.0009765625f};
+    for (size_t i = 0; i < std::size(ties); ++i) x[9 * 128 + int64_t(i)] = ft::f32_to_bf16(ties[i]);
+    x[10 * 128 + 7] = 0x7f80;   // +Inf
+    x[11 * 128 + 100] = 0xffc1;  // NaN
+    for (int64_t k = 12 * 128; k < K; ++k) x[k] = (k & 1) ? 0x8000 : 0;  // zeros of both signs
+    std::vector<uint8_t> a(2 * K + 64, 0xcd), b(2 * K + 64, 0xcd);
+    ft::cpu::detail::prepare_ds_fp4_bf16_scalar(x.data(), K, a.data());
+    ft::cpu::detail::prepare_ds_fp4_bf16_avx512(x.data(), K, b.data());
+    for (int64_t i = 0; i < 2 * K + 64; ++i) ASSERT_EQ(a[i], b[i]) << "byte " << i << " group " << i / 256;
+    // The definition itself: group 9's values are e4m3 values already or ties rounded to even.
+    const uint16_t *y = reinterpret_cast<const uint16_t *>(a.data()) + 9 * 128;
+    EXPECT_EQ(ft::bf16_to_f32(y[32 * 1 + 0]), 1.0f) << "1.0625 ties to even (1.0)";  // element 1: phase 1, word 0
+    EXPECT_EQ(ft::bf16_to_f32(y[32 * 3 + 0]), 1.25f) << "1.1875 ties to even (1.25)";  // element 3
+}
+
+// e4m3 NaN codes in fp8_block weights reach the output of their row only (the reference says
+// NaN); every kernel.
+TEST(QuantKernels, Fp8NanCodesPropagate) {
+    std::mt19937 rng(77);
+    Case c = make_case(rng, Format::fp8_block, 256, 8);
+    c.data[2 * 256 + 17] = 0x7f;
+    c.data[5 * 256 + 200] = 0xff;
+    std::vector<uint16_t> x(256);
+    for (int k = 0; k < 256; ++k) x[k] = ft::f32_to_bf16(0.5f + float(k % 7) * 0.1f);
+    for (const ft::cpu::QuantOps *ops : variants_here(Format::fp8_block)) {
+        std::vector<uint8_t> act(ops->act_bytes(256));
+        ops->prepare(x.data(), 256, act.data());
+        const uint8_t *ap = act.data();
+        std::vector<float> out(8, 0.0f);
+        ops->gemv(c.m(), 0, 8, &ap, 1, out.data(), 8);
+        for (int r = 0; r < 8; ++r) EXPECT_EQ(std::isnan(out[r]), r == 2 || r == 5) << ops->kernel << " row " << r;
+    }
+}
+
+// Non-finite and extreme activations (the hidden state when check_finite is off, or the
+// intermediate of an expert whose weights hold NaN) on every kernel and preparation runnable
+// here: preparations stay defined (UBSan checks the conversions in the sanitizer build), a block
+// holding NaN or +-Inf makes the outputs that use it non-finite, tiny and huge finite values give
+// finite codes. A CPU with AVX-512 runs its tiers here too (variants_here).
+TEST(QuantKernels, NonFiniteActivationsGiveNonFiniteOutputs) {
+    std::mt19937 rng(91);
+    const int64_t K = 256, N = 8;
+    const float inf = std::numeric_limits<float>::infinity();
+    for (Format f : {Format::fp8_block, Format::nvfp4, Format::ds_fp4, Format::mxfp4, Format::q4_0}) {
+        const Case c = make_case(rng, f, K, N);
+        for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
+            std::vector<uint16_t> x(K);
+            for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(0.25f + float(k % 5) * 0.125f);
+            x[37] = ft::f32_to_bf16(bad);
+            for (const ft::cpu::QuantOps *ops : variants_here(f)) {
+                std::vector<uint8_t> act(ops->act_bytes(K) + 64);
+                ops->prepare(x.data(), K, act.data());
+                const uint8_t *ap = act.data();
+                std::vector<float> out(N, 0.0f);
+                ops->gemv(c.m(), 0, int(N), &ap, 1, out.data(), size_t(N));
+                for (int64_t r = 0; r < N; ++r)
+                    EXPECT_FALSE(std::isfinite(out[r])) << ops->kernel << " input " << bad << " row " << r;
+            }
+        }
+        // Finite extremes: the largest bf16 and values far below kQ8MinAmax next to zeros.
+        for (float big : {ft::bf16_to_f32(0x7f7f), 1e-38f, 1e-40f}) {
+            std::vector<uint16_t> x(K, 0);
+            for (int64_t k = 0; k < K; k += 3) x[k] = ft::f32_to_bf16(k % 2 ? big : -big);
+            for (const ft::cpu::QuantOps *ops : variants_here(f)) {
+                std::vector<uint8_t> act(ops->act_bytes(K) + 64);
+                ops->prepare(x.data(), K, act.data());
+                const uint8_t *ap = act.data();
+                std::vector<float> out(N, 0.0f);
+                ops->gemv(c.m(), 0, int(N), &ap, 1, out.data(), size_t(N));
+                if (big < 1.0f) {
+                    for (int64_t r = 0; r < N; ++r) EXPECT_TRUE(std::isfinite(out[r])) << ops->kernel << " row " << r;
+                }
+            }
+        }
+    }
+}
+
+// The Q8_0 rule itself on NaN, +-Inf, out-of-range and tiny blocks: codes in [-127, 127],
+// d NaN exactly for the non-finite blocks, zero codes there.
+TEST(QuantKernels, Q8BlockRuleDefinedForEveryInput) {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> x(32 * 6, 1.0f);
+    x[3] = nan;                                   // block 0
+    x[32 + 5] = inf;                              // block 1
+    x[64 + 7] = -inf;                             // block 2
+    for (int i = 96; i < 128; ++i) x[i] = i % 2 ? 3e38f : -3e38f;  // block 3: huge, finite
+    for (int i = 128; i < 160; ++i) x[i] = i % 4 ? 0.0f : 1e-40f;  // block 4: tiny, below kQ8MinAmax
+    std::vector<int8_t> q(x.size(), 99);
+    std::vector<float> d(6);
+    ft::quantize_q8_0(x.data(), int64_t(x.size()), q.data(), d.data());
+    for (int b = 0; b < 6; ++b) {
+        EXPECT_EQ(std::isnan(d[b]), b < 3) << "block " << b;
+        for (int i = 0; i < 32; ++i) {
+            EXPECT_GE(q[32 * b + i], -127);
+            if (b < 3 || b == 4) {
+                EXPECT_EQ(q[32 * b + i], 0) << "block " << b << " i " << i;
+            }
+        }
+    }
+    EXPECT_EQ(d[4], 1.0f);
+    EXPECT_EQ(q[96], -127);
+    EXPECT_EQ(q[97], 127);
+    int8_t q2[32];
+    ft::cpu::detail::mxfp4_residual_q8(x.data(), q.data(), d[0], q2);
+    for (int8_t v : q2) EXPECT_EQ(v, 0);
+}
+
+}  // namespace
