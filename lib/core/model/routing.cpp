@@ -18,6 +18,19 @@ void top_k(const std::vector<double> &score, std::vector<int32_t> &candidates, i
     candidates.resize(static_cast<size_t>(k));
 }
 
+// Writes the k chosen experts (cand[0..k)) and their weights `value[e]`, renormalised over the k
+// when the rule asks, times the routed scaling factor.
+void write_scaled(const RoutingSpec &r, const std::vector<int32_t> &cand, const std::vector<double> &value,
+                  int32_t *ids, float *weights) {
+    double sum = 0.0;
+    for (int32_t k = 0; k < r.top_k; ++k) sum += value[cand[k]];
+    const double scale = r.routed_scaling_factor / (r.renormalize ? sum + 1e-20 : 1.0);
+    for (int32_t k = 0; k < r.top_k; ++k) {
+        ids[k] = cand[k];
+        weights[k] = static_cast<float>(value[cand[k]] * scale);
+    }
+}
+
 void softmax_then_topk(const RoutingSpec &r, const float *logits, int32_t *ids, float *weights,
                        std::vector<double> &score, std::vector<int32_t> &cand) {
     const int32_t E = r.num_experts, K = r.top_k;
@@ -106,13 +119,7 @@ void softmax_group_topk(const RoutingSpec &r, const float *logits, int32_t *ids,
         std::iota(cand.begin(), cand.end(), 0);
     }
     top_k(p, cand, K);
-    double sum = 0.0;
-    for (int32_t k = 0; k < K; ++k) sum += p[cand[k]];
-    const double scale = r.routed_scaling_factor / (r.renormalize ? sum + 1e-20 : 1.0);
-    for (int32_t k = 0; k < K; ++k) {
-        ids[k] = cand[k];
-        weights[k] = static_cast<float>(p[cand[k]] * scale);
-    }
+    write_scaled(r, cand, p, ids, weights);
 }
 
 // PhiMoE's inference routing (two routes): each route takes the best logit m not taken yet and
@@ -185,13 +192,7 @@ void biased_group_topk(const RoutingSpec &r, const float *bias, const float *log
         std::iota(cand.begin(), cand.end(), 0);
     }
     top_k(biased, cand, K);
-    double sum = 0.0;
-    for (int32_t k = 0; k < K; ++k) sum += sig[cand[k]];
-    const double scale = r.routed_scaling_factor / (r.renormalize ? sum + 1e-20 : 1.0);
-    for (int32_t k = 0; k < K; ++k) {
-        ids[k] = cand[k];
-        weights[k] = static_cast<float>(sig[cand[k]] * scale);
-    }
+    write_scaled(r, cand, sig, ids, weights);
 }
 
 }  // namespace
