@@ -175,7 +175,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="dtype of the saved checkpoint (values are bf16-representable either way)")
     ap.add_argument("--no-discover", action="store_true", help="only the cases named in golden_cases.py")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()  # options may stand between or after the case names
 
     try:
         import torch  # noqa: F401
