@@ -13,6 +13,7 @@
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
 #include "ft/ep.hpp"
+#include "fresh_seed.hpp"
 
 namespace {
 
@@ -20,11 +21,6 @@ using namespace ft::ep;
 using ft::bf16_to_f32;
 using ft::f32_to_bf16;
 using ft::test::Rng;
-
-uint64_t fresh_seed() {
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
 
 // Box-Muller from the test Rng (std:: distributions differ between standard libraries).
 double gaussian(Rng &rng) {
@@ -62,7 +58,7 @@ TEST(EpCombineFp8, RowBytes) {
 // The wire bytes are quantize_fp8_row's output, scales right after the payload, zero padding;
 // decoding is dequantize_fp8_row's; the returned error is the row's relative L2 error in double.
 TEST(EpCombineFp8, EncoderIsTheDispatchQuantiserBitForBit) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = ft::test::fresh_seed("EpCombineFp8");
     SCOPED_TRACE(ft::cat("seed ", seed));
     Rng rng(seed);
     for (WireDtype d : {WireDtype::Fp8Fp32, WireDtype::Fp8Ue8m0, WireDtype::Bf16})
@@ -108,7 +104,7 @@ TEST(EpCombineFp8, EncoderIsTheDispatchQuantiserBitForBit) {
 // case. ue8m0 scales waste up to one binade of range at the top, which
 // shifts no element's relative spacing: the same bounds hold.
 TEST(EpCombineFp8, RelativeErrorOfGaussianRowsIsBounded) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = ft::test::fresh_seed("EpCombineFp8");
     SCOPED_TRACE(ft::cat("seed ", seed));
     Rng rng(seed);
     for (WireDtype d : {WireDtype::Fp8Fp32, WireDtype::Fp8Ue8m0}) {
@@ -160,7 +156,7 @@ TEST(EpCombineFp8, ErrorOfZeroAndNonFiniteRows) {
 // its shape: gaussian, log-uniform over 40 binades, mostly-tiny with a few huge values, and
 // values on rounding midpoints (the worst case, which the default gate must catch).
 TEST(EpCombineFp8, FiniteRowsStayBelowHalfAnUlp) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = ft::test::fresh_seed("EpCombineFp8");
     SCOPED_TRACE(ft::cat("seed ", seed));
     Rng rng(seed);
     const double bound = 0.0625 + 1e-4;
@@ -206,7 +202,7 @@ TEST(EpCombineFp8, FiniteRowsStayBelowHalfAnUlp) {
 // The source adds the decoded rows of ranks 0..R-1 in ascending order in fp32 (its own row bf16),
 // so a reordering changes the sum and the FP8 path equals an explicit decode-and-add.
 TEST(EpCombineFp8, SourceSumsDecodedRowsInRankOrder) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = ft::test::fresh_seed("EpCombineFp8");
     SCOPED_TRACE(ft::cat("seed ", seed));
     Rng rng(seed);
     const int32_t R = 5, K = 8;

@@ -10,12 +10,13 @@
 
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
+#include "fresh_seed.hpp"
 
 namespace ft {
 namespace {
 
 std::mt19937_64 &rng() {
-    static std::mt19937_64 g(std::random_device{}());
+    static std::mt19937_64 g(test::fresh_seed("test_dequant"));
     return g;
 }
 

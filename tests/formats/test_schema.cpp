@@ -11,6 +11,7 @@
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
 #include "ft/formats.hpp"
+#include "fresh_seed.hpp"
 
 namespace ft {
 namespace {
@@ -137,7 +138,7 @@ Rows random_rows(Format f, int64_t H, int64_t I, std::mt19937_64 &g) {
 }
 
 TEST(Schema, DequantProjectionReadsEachSchema) {
-    std::mt19937_64 g(std::random_device{}());
+    std::mt19937_64 g(test::fresh_seed("Schema.DequantProjectionReadsEachSchema"));
     const int64_t H = 256, I = 128;
     for (Format f : {Format::bf16, Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0}) {
         SCOPED_TRACE(format_name(f));
