@@ -69,7 +69,7 @@ extern "C" {
  * ========================================================================================== */
 
 #define FT_VERSION_MAJOR 0
-#define FT_VERSION_MINOR 5
+#define FT_VERSION_MINOR 6
 #define FT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
@@ -114,6 +114,13 @@ FT_API const char *ft_status_string(ft_status status);
 #define FT_FORMAT_MXFP4     4 /* e2m1, e8m0 scale per 32, biases (gpt-oss)                      */
 #define FT_FORMAT_DS_FP4    5 /* e2m1, e8m0 scale per 32 (DeepSeek-V4)                          */
 #define FT_FORMAT_Q4_0      6 /* GGUF Q4_0 blocks of 32                                         */
+#define FT_FORMAT_Q8_0      7 /* GGUF Q8_0 blocks of 32                                         */
+#define FT_FORMAT_Q2_K      8 /* GGUF Q2_K super-blocks of 256                                  */
+#define FT_FORMAT_Q3_K      9 /* GGUF Q3_K super-blocks of 256                                  */
+#define FT_FORMAT_Q4_K     10 /* GGUF Q4_K super-blocks of 256                                  */
+#define FT_FORMAT_Q5_K     11 /* GGUF Q5_K super-blocks of 256                                  */
+#define FT_FORMAT_Q6_K     12 /* GGUF Q6_K super-blocks of 256                                  */
+#define FT_FORMAT_IQ4_XS   13 /* GGUF IQ4_XS super-blocks of 256                                */
 
 /* Data types of tensors returned by ft_model_tensor. */
 #define FT_DTYPE_BF16 1

@@ -13,14 +13,26 @@ struct FormatEntry {
     Format format;
     const char *name;
     int block;
+    int block_bytes;  // block formats only
+    void (*dequant_row)(const uint8_t *, int64_t, float *);  // block formats only
 };
 
 constexpr FormatEntry kFormats[] = {
-    {Format::bf16, "bf16", 1},         {Format::fp8_block, "fp8_block", kFp8Block},
-    {Format::nvfp4, "nvfp4", kNvfp4Block}, {Format::mxfp4, "mxfp4", kMxfp4Block},
+    {Format::bf16, "bf16", 1, 0, nullptr},
+    {Format::fp8_block, "fp8_block", kFp8Block, 0, nullptr},
+    {Format::nvfp4, "nvfp4", kNvfp4Block, 0, nullptr},
+    {Format::mxfp4, "mxfp4", kMxfp4Block, 0, nullptr},
     // ds_fp4's weight block is 32, but its activations are FP8-round-tripped per 128 before each
     // GEMM, so both GEMM inputs (H and I) must be whole 128-groups.
-    {Format::ds_fp4, "ds_fp4", kFp8ActBlock}, {Format::q4_0, "q4_0", kQ4_0Block},
+    {Format::ds_fp4, "ds_fp4", kFp8ActBlock, 0, nullptr},
+    {Format::q4_0, "q4_0", kQ4_0Block, kQ4_0BlockBytes, dequant_row_q4_0},
+    {Format::q8_0, "q8_0", 32, kQ8_0BlockBytes, dequant_row_q8_0},
+    {Format::q2_k, "q2_k", kQK, kQ2_KBlockBytes, dequant_row_q2_k},
+    {Format::q3_k, "q3_k", kQK, kQ3_KBlockBytes, dequant_row_q3_k},
+    {Format::q4_k, "q4_k", kQK, kQ4_KBlockBytes, dequant_row_q4_k},
+    {Format::q5_k, "q5_k", kQK, kQ5_KBlockBytes, dequant_row_q5_k},
+    {Format::q6_k, "q6_k", kQK, kQ6_KBlockBytes, dequant_row_q6_k},
+    {Format::iq4_xs, "iq4_xs", kQK, kIQ4_XSBlockBytes, dequant_row_iq4_xs},
 };
 
 const FormatEntry &entry(Format f) {
@@ -42,8 +54,9 @@ const char *format_name(Format f) {
 Format parse_format(const std::string &name) {
     for (const FormatEntry &e : kFormats)
         if (name == e.name) return e.format;
-    fail(FT_ERR_INVALID_ARGUMENT, "unknown expert format '", name,
-         "' (supported: bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0)");
+    std::string names;
+    for (const FormatEntry &e : kFormats) names += cat(names.empty() ? "" : ", ", e.name);
+    fail(FT_ERR_INVALID_ARGUMENT, "unknown expert format '", name, "' (supported: ", names, ")");
 }
 
 bool format_valid(int32_t value) { return value == FT_FORMAT_BF16; }
@@ -55,6 +68,22 @@ bool format_known(int32_t value) {
 }
 
 int format_block(Format f) { return entry(f).block; }
+
+bool format_is_block(Format f) { return format_known(static_cast<int32_t>(f)) && entry(f).block_bytes > 0; }
+
+int block_bytes(Format f) { return format_known(static_cast<int32_t>(f)) ? entry(f).block_bytes : 0; }
+
+size_t block_row_bytes(Format f, int64_t K) {
+    const FormatEntry &e = entry(f);
+    if (e.block_bytes == 0) fail(FT_ERR_INTERNAL, "block_row_bytes: ", e.name, " is not a block format");
+    return sz(K / e.block) * sz(e.block_bytes);
+}
+
+void dequant_row_block(Format f, const uint8_t *row, int64_t K, float *out) {
+    const FormatEntry &e = entry(f);
+    if (e.dequant_row == nullptr) fail(FT_ERR_INTERNAL, "dequant_row_block: ", e.name, " is not a block format");
+    e.dequant_row(row, K, out);
+}
 
 std::string format_geometry_error(Format f, int64_t hidden, int64_t intermediate) {
     const int b = format_block(f);
@@ -87,8 +116,13 @@ std::vector<BankSpec> bank_schema(Format f, int64_t H, int64_t I) {
             return {{"gate_up_packed", sz(2 * I * H / 2)}, {"gate_up_scale", sz(2 * I * H / kDsfp4Block)},
                     {"down_packed", sz(H * I / 2)},        {"down_scale", sz(H * I / kDsfp4Block)}};
         case Format::q4_0:
-            return {{"gate_up", sz(2 * I * (H / kQ4_0Block) * kQ4_0BlockBytes)},
-                    {"down", sz(H * (I / kQ4_0Block) * kQ4_0BlockBytes)}};
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs: return {{"gate_up", 2 * sz(I) * block_row_bytes(f, H)}, {"down", sz(H) * block_row_bytes(f, I)}};
     }
     fail(FT_ERR_INTERNAL, "bank_schema: unhandled format");
 }
@@ -162,10 +196,17 @@ void dequant_projection(Format f, const uint8_t *const *rows, int64_t H, int64_t
             }
             return;
         }
-        case Format::q4_0: {
+        case Format::q4_0:
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs: {
             const uint8_t *base = rows[down ? 1 : 0];
-            const int64_t row_bytes = K / kQ4_0Block * kQ4_0BlockBytes;
-            for (int64_t n = 0; n < N; ++n) dequant_row_q4_0(base + sz((row0 + n) * row_bytes), K, out + n * K);
+            const size_t row_bytes = block_row_bytes(f, K);
+            for (int64_t n = 0; n < N; ++n) dequant_row_block(f, base + sz(row0 + n) * row_bytes, K, out + n * K);
             return;
         }
         case Format::mxfp4: {

@@ -54,6 +54,14 @@ constexpr int kDsfp4Block = 32;  // ds_fp4: elements per e8m0 scale
 constexpr int kQ4_0Block = 32;   // q4_0: elements per 18-byte block
 constexpr int kQ4_0BlockBytes = 18;
 constexpr int kFp8ActBlock = 128;  // ds_fp4 activation FP8 round trip group
+constexpr int kQ8_0BlockBytes = 34;  // q8_0: fp16 d, int8 q[32]
+constexpr int kQK = 256;             // K-quant and iq4_xs super-block
+constexpr int kQ2_KBlockBytes = 84;
+constexpr int kQ3_KBlockBytes = 110;
+constexpr int kQ4_KBlockBytes = 144;
+constexpr int kQ5_KBlockBytes = 176;
+constexpr int kQ6_KBlockBytes = 210;
+constexpr int kIQ4_XSBlockBytes = 136;
 
 // ---- per-row dequantisation (out[k], k in [0, K); K a multiple of the block) -----------------
 
@@ -72,6 +80,30 @@ void dequant_row_ds_fp4(const uint8_t *packed, const uint8_t *scale, int64_t K, 
 // q4_0 (GGUF): K/32 blocks of 18 bytes: fp16 d (little-endian), then 16 bytes qs; element j
 // (0..15) is the low nibble of qs[j], element j + 16 the high nibble: w = (q - 8) * d.
 void dequant_row_q4_0(const uint8_t *blocks, int64_t K, float *out);
+
+// GGUF block formats beyond q4_0, one row of K elements (K a multiple of the block) in ggml's
+// byte layouts, documented field by field in docs/formats.md ("GGUF block formats"). All fp16
+// fields are little-endian IEEE half with the fp16 rules above.
+//   q8_0:   blocks of 34 bytes: fp16 d, int8 q[32]: w = d * q.
+//   q2_k:   84 bytes per 256: scales[16] (low nibble scale, high nibble min of each 16), qs[64]
+//           (2-bit), fp16 d, fp16 dmin: w = d * sc * q - dmin * m.
+//   q3_k:   110 bytes: hmask[32], qs[64] (low 2 bits), scales[12] (16 signed 6-bit scales, -32
+//           biased), fp16 d: w = d * (sc - 32) * (q - 4 * !hbit).
+//   q4_k:   144 bytes: fp16 d, fp16 dmin, scales[12] (8 6-bit scales and 8 6-bit mins), qs[128]:
+//           w = d * sc * q - dmin * m per sub-block of 32.
+//   q5_k:   176 bytes: fp16 d, fp16 dmin, scales[12], qh[32], qs[128]: as q4_k with a fifth bit.
+//   q6_k:   210 bytes: ql[128], qh[64], int8 scales[16], fp16 d: w = d * sc * (q - 32) per 16.
+//   iq4_xs: 136 bytes: fp16 d, u16 scales_h, scales_l[4], qs[128]: w = d * (ls - 32) *
+//           kIq4nlValues[nibble] per sub-block of 32.
+void dequant_row_q8_0(const uint8_t *blocks, int64_t K, float *out);
+void dequant_row_q2_k(const uint8_t *blocks, int64_t K, float *out);
+void dequant_row_q3_k(const uint8_t *blocks, int64_t K, float *out);
+void dequant_row_q4_k(const uint8_t *blocks, int64_t K, float *out);
+void dequant_row_q5_k(const uint8_t *blocks, int64_t K, float *out);
+void dequant_row_q6_k(const uint8_t *blocks, int64_t K, float *out);
+void dequant_row_iq4_xs(const uint8_t *blocks, int64_t K, float *out);
+// The 16 non-uniform levels of iq4_xs (and ggml's IQ4_NL), as int8.
+extern const int8_t kIq4nlValues[16];
 
 // mxfp4 (gpt-oss, transposed, N innermost): output unit n of a [K/2][N] blocks / [K/32][N]
 // scales matrix pair: W[n, k] = e2m1(nibble k&1 of blocks[k/2][n]) * 2^(scales[k/32][n] - 127).

@@ -20,17 +20,37 @@ enum class Format : int32_t {
     mxfp4 = FT_FORMAT_MXFP4,          // gpt-oss MXFP4: transposed e2m1 blocks, e8m0 scale per 32 along K, bf16 bias
     ds_fp4 = FT_FORMAT_DS_FP4,        // DeepSeek-V4: e2m1, e8m0 scale per 32, row-major
     q4_0 = FT_FORMAT_Q4_0,            // GGUF Q4_0: 18-byte blocks of 32
+    // GGUF (ggml) block formats, each stored verbatim as the file has it (docs/formats.md):
+    q8_0 = FT_FORMAT_Q8_0,            // 34-byte blocks of 32
+    q2_k = FT_FORMAT_Q2_K,            // 84-byte super-blocks of 256
+    q3_k = FT_FORMAT_Q3_K,            // 110-byte super-blocks of 256
+    q4_k = FT_FORMAT_Q4_K,            // 144-byte super-blocks of 256
+    q5_k = FT_FORMAT_Q5_K,            // 176-byte super-blocks of 256
+    q6_k = FT_FORMAT_Q6_K,            // 210-byte super-blocks of 256
+    iq4_xs = FT_FORMAT_IQ4_XS,        // 136-byte super-blocks of 256
 };
 
 const char *format_name(Format f);
-// Parses "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"; throws FT_ERR_INVALID_ARGUMENT
-// for anything else.
+// Parses a format_name() ("bf16", "fp8_block", ..., "q4_k", "iq4_xs"); throws
+// FT_ERR_INVALID_ARGUMENT naming the supported ones for anything else.
 Format parse_format(const std::string &name);
 // True for the formats a model built from memory can take (ft_model_create): bf16 only, since
 // ft_model_set_expert passes bf16 projections.
 bool format_valid(int32_t value);
 // True for every internal Format value above.
 bool format_known(int32_t value);
+
+// GGUF block formats (q4_0, q8_0, the K-quants, iq4_xs): two banks, gate_up and down, each row a
+// run of the format's blocks along K. Only these formats mix inside one model (ModelSpec's
+// layer_formats).
+bool format_is_block(Format f);
+// Bytes of one block of a block format (q4_0: 18 per 32 elements, q4_k: 144 per 256, ...); 0 for
+// the others.
+int block_bytes(Format f);
+// Bytes of one row of K elements of a block format (K a multiple of format_block(f)).
+size_t block_row_bytes(Format f, int64_t K);
+// The reference dequantisation (ft/dequant.hpp) of one row of a block format.
+void dequant_row_block(Format f, const uint8_t *row, int64_t K, float *out);
 
 // The multiple that H and I must be for `f` (its block along the reduction dimension; for
 // fp8_block the 128 x 128 tile, for ds_fp4 the 128-element activation FP8 group). bf16: 1.
@@ -58,6 +78,8 @@ struct BankSpec {
 //   ds_fp4     0 gate_up_packed [2I, H/2] u8   1 gate_up_scale [2I, H/32] e8m0
 //              2 down_packed [H, I/2] u8       3 down_scale [H, I/32] e8m0
 //   q4_0       0 gate_up [2I, (H/32)*18] u8 (GGUF blocks)   1 down [H, (I/32)*18] u8
+//   q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs: the same two banks, block_row_bytes(f, H) and
+//              block_row_bytes(f, I) per row
 // Every format but mxfp4 fuses gate/up by output rows: rows [0, I) gate, [I, 2I) up.
 // Throws FT_ERR_INVALID_ARGUMENT when H or I is not a multiple of format_block(f).
 std::vector<BankSpec> bank_schema(Format f, int64_t hidden, int64_t intermediate);

@@ -23,6 +23,12 @@ struct RoutingSpec {
     float jitter_eps = 0.01f;  // FT_ROUTING_SPARSEMIXER
 };
 
+// The formats of one MoE layer's two expert matrices.
+struct LayerFormats {
+    Format gate_up = Format::bf16;
+    Format down = Format::bf16;
+};
+
 struct ModelSpec {
     std::string architecture = "custom";  // the canonical name of a supported_architectures() entry
     int32_t num_layers = 0;               // MoE layers, L
@@ -33,6 +39,10 @@ struct ModelSpec {
     int32_t hidden = 0;                   // H
     int32_t intermediate = 0;             // I
     Format format = Format::bf16;
+    // Per MoE layer (size L) when a GGUF file mixes block formats between matrices or layers;
+    // empty when every layer uses `format` for both. Only block formats mix (format_is_block);
+    // `format` is then layer 0's gate_up format.
+    std::vector<LayerFormats> layer_formats;
     int32_t activation = FT_ACT_SILU;
     float swiglu_alpha = 1.702f;
     float swiglu_limit = 7.0f;
