@@ -44,6 +44,9 @@ public:
     int num_experts() const { return num_experts_; }
     const BankSpec &spec(int bank) const { return schema_[bank]; }
     size_t row_bytes(int bank) const { return schema_[bank].row_bytes; }
+    // Bytes of one expert's row of `bank` in `layer` (block formats may differ per layer:
+    // ModelSpec::layer_formats).
+    size_t layer_row_bytes(int bank, int layer) const { return (void)layer, schema_[bank].row_bytes; }
 
     uint8_t *row(int bank, int layer, int expert) {
         return buffers_[index(bank, layer)].data() + static_cast<size_t>(expert) * schema_[bank].row_bytes;
