@@ -50,6 +50,8 @@ CudaBackend::CudaBackend(const BackendContext &ctx)
     if (decode_max_ > 0)
         decoder_ = std::make_unique<cuda::ExpertDecoder>(spec_.format, spec_.hidden, spec_.intermediate, spec_.top_k,
                                                          decode_max_, activation_of(spec_));
+    if (ctx.params.shared_experts)
+        shared_ = std::make_unique<SharedExperts>(*ctx.model, max_tokens, activation_of(spec_));
     layer_stats_ = DeviceBuffer(size_t(spec_.num_layers) * kLayerColumns * sizeof(int64_t), "allocating GPU statistics");
     check(cudaMemset(layer_stats_.get(), 0, layer_stats_.bytes()), "clearing GPU statistics");
     for (int b = 0; b < ctx.model->banks().num_banks(); ++b) expert_bytes_ += ctx.model->banks().row_bytes(b);
@@ -190,6 +192,7 @@ void CudaBackend::run(const DecodeCall &c, ft_session_stats &stats) {
         run_decode(c.layer, x, ids, w, y, c.num_tokens, stream);
         check(cudaGetLastError(), "launching the decode kernels");
     }
+    if (shared_) check(shared_->add(c.layer, x, y, c.num_tokens, stream), "launching the shared expert");
     if (!c.on_device) {
         check(cudaMemcpyAsync(host_out_.get(), y, act, cudaMemcpyDeviceToHost, stream), "copying the output to the host");
         check(cudaStreamSynchronize(stream), "running the MoE layer on the GPU");

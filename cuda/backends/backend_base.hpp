@@ -18,6 +18,7 @@
 #include "ft/cuda_prefill.hpp"
 #include "ft/model.hpp"
 #include "ft/slotcache.hpp"
+#include "shared_expert.hpp"
 
 namespace ft::gpu_backend {
 
@@ -86,6 +87,7 @@ private:
     DeviceBuffer in_x_, in_ids_, in_w_, out_y_;
     PinnedBuffer host_in_, host_out_, host_ids_;
     std::unique_ptr<cuda::ExpertPrefill> prefill_;
+    std::unique_ptr<SharedExperts> shared_;  // when the session asked for shared experts
     mutable bool lost_ = false;
     mutable std::string lost_message_;
 };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api_handles.hpp"
+#include "fresh_seed.hpp"
 #include "synth_reference.hpp"
 #include "freetoken_cuda.h"
 #include "ft/dequant.hpp"
@@ -77,6 +78,106 @@ std::vector<FormatCase> cases() {
 }
 
 void PrintTo(const FormatCase &c, std::ostream *os) { *os << c.name; }
+
+// Shared experts on every GPU backend (with and without Qwen's sigmoid gate, widths that are not
+// a multiple of the kernels' tiles): ft_decode adds them on the GPU and equals the cpu backend,
+// on the decode and prefill paths and from a device pointer that is only 2-byte aligned.
+TEST(SharedExpertsGpu, EveryBackendMatchesCpu) {
+    auto engine = make_engine();
+    if (!gpu_engine(engine.get())) GTEST_SKIP() << "no usable GPU";
+    struct Case {
+        const char *arch;
+        int shared;
+    };
+    for (const Case k : {Case{"qwen3_5_moe", 72}, Case{"deepseek_v3", 128}}) {
+        SCOPED_TRACE(k.arch);
+        ft::synth::Spec s;
+        s.architecture = k.arch;
+        s.num_layers = 2;
+        s.num_experts = 8;
+        s.top_k = 2;
+        s.hidden = 128;
+        s.intermediate = 64;
+        s.shared_intermediate = k.shared;
+        ScratchDir dir;
+        const std::string path = write_synth_model(dir.path(), s);
+        ft_model *raw = nullptr;
+        char err[512];
+        ASSERT_EQ(ft_model_load(engine.get(), path.c_str(), nullptr, &raw, err, sizeof err), FT_OK) << err;
+        ModelPtr model(raw);
+        ft_model_info info;
+        info.struct_size = sizeof info;
+        ASSERT_EQ(ft_model_get_info(raw, &info), FT_OK);
+        ASSERT_EQ(info.shared_intermediate_size, k.shared);
+        const int kMaxTokens = 96;
+        std::vector<SessionPtr> sessions;
+        for (int32_t b : {FT_BACKEND_CPU, FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID}) {
+            ft_session_params p;
+            ft_session_params_init(&p);
+            p.backend = b;
+            p.max_tokens = kMaxTokens;
+            p.shared_experts = true;
+            p.vram_reserve_bytes = 0;
+            p.cache_slots = b == FT_BACKEND_OFFLOAD || b == FT_BACKEND_HYBRID ? s.num_experts : 0;
+            ft_session *ss = nullptr;
+            ASSERT_EQ(ft_session_create(raw, &p, &ss, err, sizeof err), FT_OK) << err;
+            sessions.emplace_back(ss);
+        }
+        ft_session_params p;
+        ft_session_params_init(&p);
+        p.backend = FT_BACKEND_CPU;
+        p.max_tokens = kMaxTokens;
+        ft_session *no_shared_raw = nullptr;
+        ASSERT_EQ(ft_session_create(raw, &p, &no_shared_raw, err, sizeof err), FT_OK) << err;
+        SessionPtr no_shared(no_shared_raw);
+
+        std::mt19937 rng(fresh_seed("SharedExpertsGpu.EveryBackendMatchesCpu"));
+        std::normal_distribution<float> n(0.f, 1.5f);
+        const int E = info.num_experts, K = info.top_k, H = info.hidden_size;
+        for (int T : {1, 3, 8, 13, 80}) {
+            for (int l = 0; l < info.num_layers; ++l) {
+                std::vector<float> logits(size_t(T) * E);
+                for (float &v : logits) v = n(rng);
+                std::vector<int32_t> ids(size_t(T) * K);
+                std::vector<float> w(size_t(T) * K);
+                ASSERT_EQ(ft_route(sessions[0].get(), l, T, logits.data(), ids.data(), w.data()), FT_OK);
+                const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+                std::vector<uint16_t> y_cpu(size_t(T) * H), y_routed(size_t(T) * H);
+                ASSERT_EQ(ft_decode(sessions[0].get(), l, T, x.data(), ids.data(), w.data(), y_cpu.data()), FT_OK);
+                ASSERT_EQ(ft_decode(no_shared.get(), l, T, x.data(), ids.data(), w.data(), y_routed.data()), FT_OK);
+                std::vector<double> cpu_ref(y_cpu.size());
+                for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::test::bf16_to_f64(y_cpu[i]);
+                // The shared expert is a visible part of the output (the comparison below could fail).
+                EXPECT_GT(ft::test::relative_error_bf16(y_routed, cpu_ref), 0.05) << "T " << T;
+                for (size_t b = 1; b < sessions.size(); ++b) {
+                    std::vector<uint16_t> y(size_t(T) * H, 0x7fc0);
+                    ASSERT_EQ(ft_decode(sessions[b].get(), l, T, x.data(), ids.data(), w.data(), y.data()), FT_OK)
+                        << ft_session_last_error(sessions[b].get());
+                    EXPECT_LT(ft::test::relative_error_bf16(y, cpu_ref), 1e-2) << "backend " << b << " T " << T;
+                }
+                // Device pointers, the hidden states one bf16 off a 4-byte boundary.
+                if (T < 64) {
+                    uint16_t *dx = nullptr, *dy = nullptr;
+                    int32_t *di = nullptr;
+                    float *dw = nullptr;
+                    ASSERT_EQ(cudaMalloc(&dx, (x.size() + 1) * 2), cudaSuccess);
+                    ASSERT_EQ(cudaMalloc(&dy, x.size() * 2), cudaSuccess);
+                    ASSERT_EQ(cudaMalloc(&di, ids.size() * 4), cudaSuccess);
+                    ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
+                    cudaMemcpy(dx + 1, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+                    cudaMemcpy(di, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+                    cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);
+                    EXPECT_EQ(ft_decode_cuda(sessions[1].get(), l, T, dx + 1, di, dw, dy, nullptr), FT_OK)
+                        << ft_session_last_error(sessions[1].get());
+                    std::vector<uint16_t> y(x.size());
+                    ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+                    EXPECT_LT(ft::test::relative_error_bf16(y, cpu_ref), 1e-2) << "device pointers, T " << T;
+                    cudaFree(dx), cudaFree(dy), cudaFree(di), cudaFree(dw);
+                }
+            }
+        }
+    }
+}
 
 class Backends : public ::testing::TestWithParam<FormatCase> {};
 

@@ -21,7 +21,6 @@ std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
 std::string gpu_missing(const MachineCaps &caps, const ModelSpec &model) {
     if (!caps.gpu_kernels) return "this build has no CUDA support";
     if (!caps.gpu) return "the engine has no GPU";
-    if (caps.shared_experts) return "shared_experts asked for; the GPU backends leave the shared expert to the caller";
     if (model.expert_biases) return "the routed experts carry biases (bf16 gpt-oss), which only the cpu backend adds";
     if (model.route_weight == FT_ROUTE_WEIGHT_INPUT)
         return "route weights scale the expert input (Llama-4), which only the cpu backend does";
@@ -53,8 +52,6 @@ std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model)
 #ifdef FT_HAVE_CUDA_BACKENDS
 template <int32_t Id>
 std::unique_ptr<Backend> make_gpu(const BackendContext &ctx) {
-    if (ctx.params.shared_experts)
-        fail(FT_ERR_UNSUPPORTED, "shared_experts is served by the cpu backend only; compute the shared expert on the caller's side");
     return make_cuda_backend(Id, ctx);
 }
 constexpr auto kMakeResident = &make_gpu<FT_BACKEND_GPU>;

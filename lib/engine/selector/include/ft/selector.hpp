@@ -20,7 +20,7 @@ struct MachineCaps {
     uint64_t gpu_free_bytes = 0;
     uint64_t vram_reserve_bytes = 0;  // what the session leaves free (ft_session_params)
     int32_t cpu_threads = 0;
-    bool shared_experts = false;  // the session wants the shared expert(s) computed (cpu only)
+    bool shared_experts = false;  // the session wants the shared expert(s) computed
 };
 
 // What `auto` weighs beyond the machine and the model.
