@@ -50,6 +50,13 @@ CudaBackend::CudaBackend(const BackendContext &ctx)
     if (decode_max_ > 0)
         decoder_ = std::make_unique<cuda::ExpertDecoder>(spec_.format, spec_.hidden, spec_.intermediate, spec_.top_k,
                                                          decode_max_, activation_of(spec_));
+    if (spec_.route_weight == FT_ROUTE_WEIGHT_INPUT) {
+        if (spec_.top_k != 1)
+            fail(FT_ERR_UNSUPPORTED, "the GPU backends scale the expert input (FT_ROUTE_WEIGHT_INPUT) of top-1 models only; top_k is ",
+                 spec_.top_k, " (use the cpu backend)");
+        scaled_x_ = DeviceBuffer(act, "allocating GPU staging");
+        ones_ = DeviceBuffer(size_t(max_tokens) * sizeof(float), "allocating GPU staging");
+    }
     if (ctx.params.shared_experts)
         shared_ = std::make_unique<SharedExperts>(*ctx.model, max_tokens, activation_of(spec_));
     layer_stats_ = DeviceBuffer(size_t(spec_.num_layers) * kLayerColumns * sizeof(int64_t), "allocating GPU statistics");
@@ -186,10 +193,18 @@ void CudaBackend::run(const DecodeCall &c, ft_session_stats &stats) {
         w = in_w_.get<float>();
         y = out_y_.get<uint16_t>();
     }
+    // Input-scaled routes (top-1): the experts run on bf16(w x) with weight 1; the shared expert on x.
+    const uint16_t *xe = x;
+    if (scaled_x_.get()) {
+        check(cuda::launch_scale_input(x, w, c.num_tokens, spec_.hidden, scaled_x_.get<uint16_t>(), ones_.get<float>(), stream),
+              "launching the input scaling");
+        xe = scaled_x_.get<uint16_t>();
+        w = ones_.get<float>();
+    }
     if (c.num_tokens >= threshold_) {
-        run_prefill(c, x, ids, w, y, stream, stats);
+        run_prefill(c, xe, ids, w, y, stream, stats);
     } else {
-        run_decode(c.layer, x, ids, w, y, c.num_tokens, stream);
+        run_decode(c.layer, xe, ids, w, y, c.num_tokens, stream);
         check(cudaGetLastError(), "launching the decode kernels");
     }
     if (shared_) check(shared_->add(c.layer, x, y, c.num_tokens, stream), "launching the shared expert");

@@ -85,6 +85,7 @@ private:
 
     Stream own_;
     DeviceBuffer in_x_, in_ids_, in_w_, out_y_;
+    DeviceBuffer scaled_x_, ones_;  // FT_ROUTE_WEIGHT_INPUT: w x per token and unit weights
     PinnedBuffer host_in_, host_out_, host_ids_;
     std::unique_ptr<cuda::ExpertPrefill> prefill_;
     std::unique_ptr<SharedExperts> shared_;  // when the session asked for shared experts

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "ft/cuda_numerics.cuh"
 #include "ft/device_util.hpp"
 
 namespace ft::cuda {
@@ -53,7 +54,24 @@ __global__ void hybrid_stage_kernel(const HybridStage s) {
     __threadfence_system();
 }
 
+__global__ void scale_input_kernel(const uint16_t *x, const float *w, int64_t tokens, int64_t hidden, uint16_t *xs,
+                                   float *ones) {
+    const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = first; i < tokens * hidden; i += stride)
+        xs[i] = f32_to_bf16(w[i / hidden] * bf16_to_f32(x[i]));
+    for (int64_t t = first; t < tokens; t += stride) ones[t] = 1.0f;
+}
+
 }  // namespace
+
+cudaError_t launch_scale_input(const uint16_t *x, const float *w, int64_t tokens, int64_t hidden, uint16_t *xs, float *ones,
+                               cudaStream_t stream) {
+    if (tokens < 0 || hidden <= 0 || (tokens > 0 && (!x || !w || !xs || !ones))) return cudaErrorInvalidValue;
+    if (tokens == 0) return cudaSuccess;
+    const int blocks = int(std::min<int64_t>((tokens * hidden + kThreads - 1) / kThreads, 1024));
+    scale_input_kernel<<<blocks, kThreads, 0, stream>>>(x, w, tokens, hidden, xs, ones);
+    return cudaGetLastError();
+}
 
 cudaError_t launch_hybrid_stage(const HybridStage &s, cudaStream_t stream) {
     if (s.routes < 0 || s.x_elems < 0 || s.experts <= 0) return cudaErrorInvalidValue;

@@ -80,22 +80,23 @@ std::vector<FormatCase> cases() {
 void PrintTo(const FormatCase &c, std::ostream *os) { *os << c.name; }
 
 // Shared experts on every GPU backend (with and without Qwen's sigmoid gate, widths that are not
-// a multiple of the kernels' tiles): ft_decode adds them on the GPU and equals the cpu backend,
-// on the decode and prefill paths and from a device pointer that is only 2-byte aligned.
+// a multiple of the kernels' tiles): ft_decode equals the cpu backend on the decode and prefill
+// paths and from a device pointer that is only 2-byte aligned. Llama-4 (shared expert and top-1
+// input-scaled routes) is checked on every backend by the golden tests.
 TEST(SharedExpertsGpu, EveryBackendMatchesCpu) {
     auto engine = make_engine();
     if (!gpu_engine(engine.get())) GTEST_SKIP() << "no usable GPU";
     struct Case {
         const char *arch;
-        int shared;
+        int shared, top_k;
     };
-    for (const Case k : {Case{"qwen3_5_moe", 72}, Case{"deepseek_v3", 128}}) {
+    for (const Case k : {Case{"qwen3_5_moe", 72, 2}, Case{"deepseek_v3", 128, 2}}) {
         SCOPED_TRACE(k.arch);
         ft::synth::Spec s;
         s.architecture = k.arch;
         s.num_layers = 2;
         s.num_experts = 8;
-        s.top_k = 2;
+        s.top_k = k.top_k;
         s.hidden = 128;
         s.intermediate = 64;
         s.shared_intermediate = k.shared;

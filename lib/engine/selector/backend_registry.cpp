@@ -22,8 +22,8 @@ std::string gpu_missing(const MachineCaps &caps, const ModelSpec &model) {
     if (!caps.gpu_kernels) return "this build has no CUDA support";
     if (!caps.gpu) return "the engine has no GPU";
     if (model.expert_biases) return "the routed experts carry biases (bf16 gpt-oss), which only the cpu backend adds";
-    if (model.route_weight == FT_ROUTE_WEIGHT_INPUT)
-        return "route weights scale the expert input (Llama-4), which only the cpu backend does";
+    if (model.route_weight == FT_ROUTE_WEIGHT_INPUT && model.top_k != 1)
+        return "route weights scale the expert input with top_k > 1, which only the cpu backend does (the GPU backends do it for top-1 models such as Llama-4)";
     return {};
 }
 

@@ -37,4 +37,10 @@ struct HybridStage {
 };
 cudaError_t launch_hybrid_stage(const HybridStage &stage, cudaStream_t stream);
 
+// Input-scaled routes of a top-1 model (FT_ROUTE_WEIGHT_INPUT, Llama-4): xs[t] = bf16(w[t] * x[t])
+// (x, xs [tokens, hidden] bf16) and ones[t] = 1, so the expert kernels compute expert(w x)
+// added unweighted, as the cpu backend does. Capturable.
+cudaError_t launch_scale_input(const uint16_t *x, const float *w, int64_t tokens, int64_t hidden, uint16_t *xs, float *ones,
+                               cudaStream_t stream);
+
 }  // namespace ft::cuda
