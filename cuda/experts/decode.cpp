@@ -46,8 +46,9 @@ cudaError_t launch_projection(bool gate_up, Format f, bool mma, bool vec, const 
         if (f == Format::mxfp4) return launch_mxfp4_projection(gate_up, g.mxfp4_mma, p, s);
         return launch_mma_projection(f, gate_up, g.mma, p, s);  // mma_ is only set for known formats
     }
-    // The CUDA-core kernel serves only bf16 rows whose length is not a multiple of 8.
-    if (f == Format::bf16 && !vec) return launch_simt_projection(gate_up, g.rowmajor, p, s);
+    // The CUDA-core kernel serves bf16 rows whose length is not a multiple of 8 and the GGUF
+    // block formats but q4_0.
+    if ((f == Format::bf16 && !vec) || gguf_simt_format(f)) return launch_simt_projection(f, gate_up, g.rowmajor, p, s);
     return cudaErrorInvalidValue;
 }
 
@@ -88,6 +89,13 @@ BankRoles bank_roles(Format format, bool vec) {
             r.gu[1] = 1, r.dn[0] = 2, r.dn[1] = 3, r.nbanks = 4;
             break;
         case Format::q4_0: r.need_align = 4; break;
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs: r.need_align = 1; break;  // byte loads (decode_simt.cu)
     }
     return r;
 }
@@ -128,8 +136,9 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
     if (top_k <= 0 || max_tokens <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: top_k ", top_k, " and max_tokens ", max_tokens, " must be > 0");
     vec_ = format != Format::bf16 || (hidden % 8 == 0 && inter % 8 == 0);
-    // Tensor-core kernels for every format; bf16 rows not a multiple of 8 take the CUDA-core one.
-    mma_ = vec_;
+    // Tensor-core kernels for every format but the GGUF K-quants, q8_0 and iq4_xs; those and bf16
+    // rows not a multiple of 8 take the CUDA-core one.
+    mma_ = vec_ && !gguf_simt_format(format);
 
     const size_t R = size_t(max_tokens) * size_t(top_k);
     size_t off = 0;
@@ -179,6 +188,16 @@ const char *ExpertDecoder::kernel_name() const {
             case Format::mxfp4: return "mxfp4-mma";
             default: break;
         }
+    }
+    switch (format_) {
+        case Format::q8_0: return "q8_0-simt";
+        case Format::q2_k: return "q2_k-simt";
+        case Format::q3_k: return "q3_k-simt";
+        case Format::q4_k: return "q4_k-simt";
+        case Format::q5_k: return "q5_k-simt";
+        case Format::q6_k: return "q6_k-simt";
+        case Format::iq4_xs: return "iq4_xs-simt";
+        default: break;
     }
     return format_ == Format::bf16 ? "bf16-gemv-scalar" : "unknown";
 }

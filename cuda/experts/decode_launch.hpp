@@ -49,8 +49,15 @@ inline cudaError_t launched(cudaError_t e) {
 
 // ---- launchers (each waits for its predecessor: launch_pdl) ------------------------------------
 
-// CUDA-core kernel: bf16 rows whose length is not a multiple of 8 (decode_simt.cu).
-cudaError_t launch_simt_projection(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
+// The GGUF block formats the CUDA-core kernel decodes with gguf_dequant8 (ft/cuda_gguf.cuh).
+constexpr bool gguf_simt_format(Format f) {
+    return f == Format::q8_0 || f == Format::q2_k || f == Format::q3_k || f == Format::q4_k || f == Format::q5_k ||
+           f == Format::q6_k || f == Format::iq4_xs;
+}
+
+// CUDA-core kernel (decode_simt.cu): bf16 rows whose length is not a multiple of 8, and the GGUF
+// block formats q8_0, q2_k .. q6_k, iq4_xs; cudaErrorInvalidValue for another format.
+cudaError_t launch_simt_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
 // Tensor-core kernel of a row-major format: bf16, fp8_block, nvfp4, ds_fp4, q4_0 (decode_mma.cu);
 // cudaErrorInvalidValue for another format.
 cudaError_t launch_mma_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);

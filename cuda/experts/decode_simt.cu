@@ -1,10 +1,12 @@
-// The CUDA-core decode kernel (decode.cpp): bf16 rows whose length is not a multiple of 8. A warp
-// owns two output rows, its lanes split the reduction and finish with a shuffle reduction.
+// The CUDA-core decode kernel (decode.cpp): bf16 rows whose length is not a multiple of 8, and the
+// GGUF block formats q8_0, q2_k .. q6_k, iq4_xs. A warp owns two output rows, its lanes split the
+// reduction and finish with a shuffle reduction.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "decode_kernels.cuh"
+#include "ft/cuda_gguf.cuh"
 #include "ft/cuda_launch.cuh"
 
 namespace ft::cuda::decode {
@@ -26,6 +28,25 @@ struct Bf16Scalar {
         : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
     __device__ Raw load(int n, int c) const { return ld_stream2(data + n * ld + int64_t(c) * 2); }
     __device__ void decode(const Raw &w, int, float *o) const { o[0] = lo_bf16(w); }
+    __device__ float scale(int, int, const Raw &) const { return 1.0f; }
+    __device__ float finish(int, float acc) const { return acc; }
+};
+
+// A GGUF block format: chunks of 8 weights, each decoded to its final value (block scales and
+// mins included) by gguf_dequant8, so the chunk scale is 1.
+template <Format FMT>
+struct GgufBlocks {
+    static constexpr int E = 8, G = 1, W = 8;
+    struct Raw {
+        const uint8_t *row;
+        int c;
+    };
+    const uint8_t *data;
+    int64_t ld;
+    __device__ GgufBlocks(const ProjArgs &p, int32_t slot)
+        : data(p.data + size_t(slot) * p.data_rb), ld(gguf_row_bytes<FMT>(p.K)) {}
+    __device__ Raw load(int n, int c) const { return Raw{data + n * ld, c}; }
+    __device__ void decode(const Raw &w, int, float *o) const { gguf_dequant8<FMT>(w.row, int64_t(w.c) * 8, o); }
     __device__ float scale(int, int, const Raw &) const { return 1.0f; }
     __device__ float finish(int, float acc) const { return acc; }
 };
@@ -146,10 +167,26 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
 
 }  // namespace
 
-cudaError_t launch_simt_projection(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
+namespace {
+template <class F>
+cudaError_t launch_rowmajor(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
     const dim3 b(kThreads);
-    return gate_up ? launch_pdl(rowmajor_kernel<Bf16Scalar, true>, grid, b, 0, s, p)
-                   : launch_pdl(rowmajor_kernel<Bf16Scalar, false>, grid, b, 0, s, p);
+    return gate_up ? launch_pdl(rowmajor_kernel<F, true>, grid, b, 0, s, p) : launch_pdl(rowmajor_kernel<F, false>, grid, b, 0, s, p);
+}
+}  // namespace
+
+cudaError_t launch_simt_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
+    switch (f) {
+        case Format::bf16: return launch_rowmajor<Bf16Scalar>(gate_up, grid, p, s);
+        case Format::q8_0: return launch_rowmajor<GgufBlocks<Format::q8_0>>(gate_up, grid, p, s);
+        case Format::q2_k: return launch_rowmajor<GgufBlocks<Format::q2_k>>(gate_up, grid, p, s);
+        case Format::q3_k: return launch_rowmajor<GgufBlocks<Format::q3_k>>(gate_up, grid, p, s);
+        case Format::q4_k: return launch_rowmajor<GgufBlocks<Format::q4_k>>(gate_up, grid, p, s);
+        case Format::q5_k: return launch_rowmajor<GgufBlocks<Format::q5_k>>(gate_up, grid, p, s);
+        case Format::q6_k: return launch_rowmajor<GgufBlocks<Format::q6_k>>(gate_up, grid, p, s);
+        case Format::iq4_xs: return launch_rowmajor<GgufBlocks<Format::iq4_xs>>(gate_up, grid, p, s);
+        default: return cudaErrorInvalidValue;
+    }
 }
 
 }  // namespace ft::cuda::decode

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ft/cuda_gguf.cuh"
 #include "ft/cuda_numerics.cuh"
 #include "ft/cuda_prefill.hpp"
 #include "ft/dequant.hpp"
@@ -22,7 +23,7 @@ Roles roles_of(Format f) {
         case Format::ds_fp4:
             return {0, 1, -1, -1, 2, 3, -1, -1};
         default:
-            return {0, -1, -1, -1, 1, -1, -1, -1};  // bf16, q4_0
+            return {0, -1, -1, -1, 1, -1, -1, -1};  // bf16 and the GGUF block formats
     }
 }
 
@@ -46,7 +47,7 @@ __device__ __forceinline__ uint4 pack8(const float *v) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Row-major formats (fp8_block, nvfp4, ds_fp4, q4_0): one block per output row (blockIdx.x)
+// Row-major formats (fp8_block, nvfp4, ds_fp4, the GGUF block formats): one block per output row (blockIdx.x)
 // of one matrix (blockIdx.y = 2 * expert + (0 gate_up | 1 down)); each thread makes 8
 // consecutive bf16 outputs per step, so a warp reads 128 (fp4) or 256 (fp8) contiguous bytes.
 template <Format F>
@@ -79,6 +80,8 @@ __global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *s
                 vals[2 * b] = e2m1_to_f32(byte & 15u) * s;
                 vals[2 * b + 1] = e2m1_to_f32(byte >> 4) * s;
             }
+        } else if constexpr (F != Format::q4_0) {  // q8_0, q2_k .. q6_k, iq4_xs
+            gguf_dequant8<F>(data + int64_t(row) * gguf_row_bytes<F>(K), k0, vals);
         } else {  // q4_0: 8 elements of one 32-block: low (jj < 16) or high nibbles of qs[jj & 15 ..]
             const uint8_t *blk = data + (int64_t(row) * (K / kQ4_0Block) + k0 / kQ4_0Block) * kQ4_0BlockBytes;
             const float d = f16_to_f32(load_u16(blk));
@@ -292,7 +295,7 @@ void launch_format(Format f, bool scatter, const float *acc, const int32_t *rt, 
         case Format::ds_fp4:
             return launch_epilogue_scatter<Format::ds_fp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter,
                                                            route_out, rows, s);
-        default:  // bf16, fp8_block, q4_0: no per-row factor, no bias
+        default:  // bf16, fp8_block, the GGUF block formats: no per-row factor, no bias
             return launch_epilogue_scatter<Format::bf16>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter, route_out,
                                                          rows, s);
     }
@@ -332,6 +335,27 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
             break;
         case Format::q4_0:
             dequant_rows_kernel<Format::q4_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q8_0:
+            dequant_rows_kernel<Format::q8_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q2_k:
+            dequant_rows_kernel<Format::q2_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q3_k:
+            dequant_rows_kernel<Format::q3_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q4_k:
+            dequant_rows_kernel<Format::q4_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q5_k:
+            dequant_rows_kernel<Format::q5_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::q6_k:
+            dequant_rows_kernel<Format::q6_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
+            break;
+        case Format::iq4_xs:
+            dequant_rows_kernel<Format::iq4_xs><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
             break;
         default:
             return cudaErrorInvalidValue;

@@ -156,7 +156,7 @@ std::vector<ft::cuda::DeviceActivation> activations_of(Format f) {
 // the bf16 output rounding (2^-9) plus fp32 summation and the bf16 intermediate: 1e-2 is loose.
 // Against the CPU executor: the same, except q4_0 whose CPU kernels quantise activations to Q8_0.
 double gpu_bound(Format) { return 1e-2; }
-double cpu_bound(Format f) { return f == Format::q4_0 ? 3e-2 : 1.5e-2; }
+double cpu_bound(Format f) { return format_is_block(f) ? 3e-2 : 1.5e-2; }
 
 struct Geometry {
     Format f;
@@ -168,6 +168,10 @@ const Geometry kGeometries[] = {
     {Format::nvfp4, 256, 96},      {Format::mxfp4, 192, 96},  // a partial 128-column tile
     {Format::ds_fp4, 256, 128},    {Format::q4_0, 224, 96},   // odd block count: both alignments
     {Format::mxfp4, 160, 96},  // down: 160 columns, half a 64-column tile of the mma kernel
+    {Format::q8_0, 224, 96},       {Format::q2_k, 256, 256},  // GGUF block formats (CUDA-core kernel)
+    {Format::q3_k, 512, 256},      {Format::q4_k, 256, 512},
+    {Format::q5_k, 256, 256},      {Format::q6_k, 768, 256},
+    {Format::iq4_xs, 256, 256},
 };
 
 std::string label(const Geometry &g, const ft::cuda::DeviceActivation &a, int32_t T) {

@@ -50,8 +50,11 @@ Geometry geometry(Format f) {
             return {192, 160};  // down K = 160: a partial 64-wide transpose tile
         case Format::ds_fp4:
             return {256, 128};
+        case Format::q4_0:
+        case Format::q8_0:
+            return {256, 160};
         default:
-            return {256, 160};  // q4_0
+            return {512, 256};  // q2_k .. q6_k, iq4_xs: whole 256-element super-blocks
     }
 }
 
@@ -81,6 +84,13 @@ double bound(Format f) {
     switch (f) {
         case Format::fp8_block:
         case Format::q4_0:
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs:
             return 2e-2;
         case Format::ds_fp4:
             return 3e-2;
@@ -303,6 +313,8 @@ std::vector<Case> all_cases() {
     std::vector<Case> v;
     for (Format f : {Format::bf16, Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0})
         for (int32_t T : {65, 300, 1024}) v.push_back({f, T});
+    for (Format f : {Format::q8_0, Format::q2_k, Format::q3_k, Format::q4_k, Format::q5_k, Format::q6_k, Format::iq4_xs})
+        v.push_back({f, 300});
     return v;
 }
 
@@ -338,7 +350,8 @@ TEST(PrefillGpuGrouped, GroupedGemmMatchesReference) {
 // times the fp16 global it leaves out gives the reference's fp32 value exactly).
 TEST(PrefillGpuDequant, BitExactAgainstReference) {
     if (!gpu_ready()) GTEST_SKIP() << "no usable GPU";
-    for (Format f : {Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0}) {
+    for (Format f : {Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0, Format::q8_0,
+                     Format::q2_k, Format::q3_k, Format::q4_k, Format::q5_k, Format::q6_k, Format::iq4_xs}) {
         Banks bk(f, 6, 5 + int(f));
         ASSERT_TRUE(bk.upload());
         const int32_t H = bk.H, I = bk.I;

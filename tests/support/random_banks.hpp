@@ -79,6 +79,37 @@ inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uin
                 for (size_t i = 0; i < len(b); i += 18) detail::put_u16(row(b) + i, f32_to_f16(d(rng)));
             }
             break;
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs: {
+            // The fp16 fields of every block (d, and dmin where the format has one) set so the
+            // largest weight, |d| * (largest scale code) * (largest quant), is about 2 / sqrt(K).
+            struct Fields {
+                int d_at, dmin_at;  // byte offsets in the block, -1: none
+                double span;        // largest scale code times largest quant magnitude
+            };
+            const Fields fl = f == Format::q8_0   ? Fields{0, -1, 127}
+                              : f == Format::q2_k ? Fields{80, 82, 45}
+                              : f == Format::q3_k ? Fields{108, -1, 128}
+                              : f == Format::q4_k ? Fields{0, 2, 945}
+                              : f == Format::q5_k ? Fields{0, 2, 1953}
+                              : f == Format::q6_k ? Fields{208, -1, 4096}
+                                                  : Fields{0, -1, 4064};
+            const size_t bb = size_t(block_bytes(f));
+            for (int b : {0, 1}) {
+                const double K = b == 0 ? H : I;
+                std::uniform_real_distribution<float> d(float(1.0 / (fl.span * std::sqrt(K))), float(2.0 / (fl.span * std::sqrt(K))));
+                for (size_t i = 0; i < len(b); i += bb) {
+                    detail::put_u16(row(b) + i + fl.d_at, f32_to_f16(d(rng) * (coin(rng) & 1 ? 1.0f : -1.0f)));
+                    if (fl.dmin_at >= 0) detail::put_u16(row(b) + i + fl.dmin_at, f32_to_f16(d(rng)));
+                }
+            }
+            break;
+        }
     }
 }
 
