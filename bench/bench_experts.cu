@@ -197,6 +197,10 @@ int main(int argc, char **argv) {
         {ft::Format::bf16, 4096, 1536},  {ft::Format::bf16, 7168, 2048},   {ft::Format::fp8_block, 7168, 2048},
         {ft::Format::nvfp4, 5120, 1536}, {ft::Format::mxfp4, 2880, 2880}, {ft::Format::ds_fp4, 4096, 2048},
         {ft::Format::q4_0, 2816, 704},
+        // GGUF block formats at Qwen3-30B-A3B's expert shape (H 2048, I 768)
+        {ft::Format::q8_0, 2048, 768},   {ft::Format::q4_k, 2048, 768},    {ft::Format::q6_k, 2048, 768},
+        {ft::Format::q5_k, 2048, 768},   {ft::Format::q3_k, 2048, 768},    {ft::Format::q2_k, 2048, 768},
+        {ft::Format::iq4_xs, 2048, 768},
     };
     for (const Shape &s : shapes)
         for (int32_t T : {1, 8}) {
