@@ -32,21 +32,18 @@ struct Bf16Scalar {
     __device__ float finish(int, float acc) const { return acc; }
 };
 
-// A GGUF block format: chunks of 8 weights, each decoded to its final value (block scales and
-// mins included) by gguf_dequant8, so the chunk scale is 1.
+// A GGUF block format: chunks of 32 weights whose scales (gguf_scales32) are read once per
+// chunk and applied per weight, so the chunk scale is 1.
 template <Format FMT>
 struct GgufBlocks {
-    static constexpr int E = 8, G = 1, W = 8;
-    struct Raw {
-        const uint8_t *row;
-        int c;
-    };
+    static constexpr int E = 32, G = 4, W = 8;
+    using Raw = GgufScales;
     const uint8_t *data;
     int64_t ld;
     __device__ GgufBlocks(const ProjArgs &p, int32_t slot)
         : data(p.data + size_t(slot) * p.data_rb), ld(gguf_row_bytes<FMT>(p.K)) {}
-    __device__ Raw load(int n, int c) const { return Raw{data + n * ld, c}; }
-    __device__ void decode(const Raw &w, int, float *o) const { gguf_dequant8<FMT>(w.row, int64_t(w.c) * 8, o); }
+    __device__ Raw load(int n, int c) const { return gguf_scales32<FMT>(data + n * ld, int64_t(c) * E); }
+    __device__ void decode(const Raw &w, int i, float *o) const { gguf_quants8<FMT>(w, i, o); }
     __device__ float scale(int, int, const Raw &) const { return 1.0f; }
     __device__ float finish(int, float acc) const { return acc; }
 };
