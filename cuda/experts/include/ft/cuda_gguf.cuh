@@ -1,7 +1,7 @@
 // Device dequantisation of the GGUF block formats beyond q4_0 (q8_0, q2_k .. q6_k, iq4_xs): eight
 // consecutive weights of a row, the CUDA twins of lib/core/formats/dequant_gguf.cpp. Products are
 // rounded one by one (__fmul_rn/__fsub_rn, no fused multiply-add) in the reference's order, so
-// the values equal the host reference bit for bit (tests/experts/test_gguf_gpu.cu). Bytes are
+// the values equal the host reference bit for bit (tests/prefill: PrefillGpuDequant). Bytes are
 // read one at a time: bank rows of these formats carry no alignment promise.
 #pragma once
 
@@ -55,70 +55,109 @@ __host__ __device__ constexpr int64_t gguf_row_bytes(int64_t K) {
                                  : 0;
 }
 
-// o[0..8) = weights k0 .. k0 + 7 of the row starting at `row` (k0 a multiple of 8).
+// The scales of the 32 weights of a row starting at k32 (a multiple of 32): the block they lie in,
+// their offset in it, and the factors of their first and second 16 (the same pair where the
+// format's sub-block is 32 wide). w = dl * q - ml, or dl * q where the format has no minimum.
+struct GgufScales {
+    const uint8_t *blk;
+    int idx;
+    float dl[2], ml[2];
+};
+
 template <Format F>
-__device__ __forceinline__ void gguf_dequant8(const uint8_t *row, int64_t k0, float *o) {
+__device__ __forceinline__ GgufScales gguf_scales32(const uint8_t *row, int64_t k32) {
     using namespace gguf_detail;
+    GgufScales s;
     if constexpr (F == Format::q8_0) {
-        const uint8_t *blk = row + (k0 / 32) * kQ8_0BlockBytes;
-        const float d = half_at(blk);
-        const int jj = int(k0 % 32);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(float(int8_t(blk[2 + jj + e])), d);
-    } else if constexpr (F == Format::q2_k || F == Format::q3_k) {
-        constexpr int bytes = F == Format::q2_k ? kQ2_KBlockBytes : kQ3_KBlockBytes;
-        const uint8_t *blk = row + (k0 / kQK) * bytes;
-        const int idx = int(k0 % kQK), half = idx / 128, plane = (idx % 128) / 32, run = (idx % 32) / 16, l0 = idx % 16;
-        const int shift = 2 * plane, i0 = 16 * run + l0;
+        s.blk = row + (k32 / 32) * kQ8_0BlockBytes;
+        s.idx = 0;
+        s.dl[0] = s.dl[1] = half_at(s.blk);
+        s.ml[0] = s.ml[1] = 0.0f;
+    } else {
+        s.blk = row + (k32 / kQK) * gguf_row_bytes<F>(kQK);
+        s.idx = int(k32 % kQK);
+        const int half = s.idx / 128, quarter = (s.idx % 128) / 32;
         if constexpr (F == Format::q2_k) {
-            const uint8_t sc = blk[half * 8 + plane * 2 + run];
-            const float dl = __fmul_rn(half_at(blk + 80), float(sc & 0xf)), ml = __fmul_rn(half_at(blk + 82), float(sc >> 4));
-            const uint8_t *q = blk + 16 + 32 * half + i0;
+            for (int r = 0; r < 2; ++r) {
+                const uint8_t sc = s.blk[half * 8 + quarter * 2 + r];
+                s.dl[r] = __fmul_rn(half_at(s.blk + 80), float(sc & 0xf));
+                s.ml[r] = __fmul_rn(half_at(s.blk + 82), float(sc >> 4));
+            }
+        } else if constexpr (F == Format::q3_k) {
+            for (int r = 0; r < 2; ++r) s.dl[r] = __fmul_rn(half_at(s.blk + 108), float(scale_q3_k(half * 8 + quarter * 2 + r, s.blk + 96)));
+            s.ml[0] = s.ml[1] = 0.0f;
+        } else if constexpr (F == Format::q4_k || F == Format::q5_k) {
+            int sc, mn;
+            scale_min_k4(s.idx / 32, s.blk + 4, sc, mn);
+            s.dl[0] = s.dl[1] = __fmul_rn(half_at(s.blk), float(sc));
+            s.ml[0] = s.ml[1] = __fmul_rn(half_at(s.blk + 2), float(mn));
+        } else if constexpr (F == Format::q6_k) {
+            for (int r = 0; r < 2; ++r)
+                s.dl[r] = __fmul_rn(half_at(s.blk + 208), float(int8_t(s.blk[192 + 8 * half + 2 * quarter + r])));
+            s.ml[0] = s.ml[1] = 0.0f;
+        } else if constexpr (F == Format::iq4_xs) {
+            const int ib = s.idx / 32;
+            const unsigned scales_h = unsigned(s.blk[2] | (uint32_t(s.blk[3]) << 8));
+            const int ls = ((s.blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((scales_h >> (2 * ib)) & 3) << 4);
+            s.dl[0] = s.dl[1] = __fmul_rn(half_at(s.blk), float(ls - 32));
+            s.ml[0] = s.ml[1] = 0.0f;
+        }
+    }
+    return s;
+}
+
+// o[0..8) = weights 8i .. 8i + 7 (i in 0..3) of the 32 that `s` describes.
+template <Format F>
+__device__ __forceinline__ void gguf_quants8(const GgufScales &s, int i, float *o) {
+    using namespace gguf_detail;
+    const int l0 = 8 * i, run = i / 2;
+    const float dl = s.dl[run], ml = s.ml[run];
+    if constexpr (F == Format::q8_0) {
+        const uint8_t *q = s.blk + 2 + l0;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(float(int8_t(q[e])), dl);
+    } else if constexpr (F == Format::q2_k || F == Format::q3_k) {
+        // Element l0 + e of plane `quarter` in half `half`: bits 2 * quarter of byte l0 + e.
+        const int half = s.idx / 128, quarter = (s.idx % 128) / 32, shift = 2 * quarter;
+        if constexpr (F == Format::q2_k) {
+            const uint8_t *q = s.blk + 16 + 32 * half + l0;
 #pragma unroll
             for (int e = 0; e < 8; ++e) o[e] = __fsub_rn(__fmul_rn(dl, float((q[e] >> shift) & 3)), ml);
         } else {
-            const float dl = __fmul_rn(half_at(blk + 108), float(scale_q3_k(half * 8 + plane * 2 + run, blk + 96)));
-            const uint8_t m = uint8_t(1u << (4 * half + plane));
-            const uint8_t *q = blk + 32 + 32 * half + i0;
-            const uint8_t *hm = blk + i0;
+            const uint8_t m = uint8_t(1u << (4 * half + quarter));
+            const uint8_t *q = s.blk + 32 + 32 * half + l0, *hm = s.blk + l0;
 #pragma unroll
             for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(dl, float(((q[e] >> shift) & 3) - ((hm[e] & m) ? 0 : 4)));
         }
     } else if constexpr (F == Format::q4_k || F == Format::q5_k) {
-        constexpr int bytes = F == Format::q4_k ? kQ4_KBlockBytes : kQ5_KBlockBytes;
         constexpr int qs_at = F == Format::q4_k ? 16 : 48;
-        const uint8_t *blk = row + (k0 / kQK) * bytes;
-        const int idx = int(k0 % kQK), c = idx / 64, hi = (idx % 64) / 32, l0 = idx % 32, s = 2 * c + hi;
-        int sc, mn;
-        scale_min_k4(s, blk + 4, sc, mn);
-        const float dl = __fmul_rn(half_at(blk), float(sc)), ml = __fmul_rn(half_at(blk + 2), float(mn));
-        const uint8_t *q = blk + qs_at + 32 * c + l0;
+        const int sub = s.idx / 32, c = sub / 2, hi = sub % 2;
+        const uint8_t *q = s.blk + qs_at + 32 * c + l0;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             int v = hi ? q[e] >> 4 : q[e] & 0xf;
-            if constexpr (F == Format::q5_k) v += ((blk[16 + l0 + e] >> s) & 1) << 4;
+            if constexpr (F == Format::q5_k) v += ((s.blk[16 + l0 + e] >> sub) & 1) << 4;
             o[e] = __fsub_rn(__fmul_rn(dl, float(v)), ml);
         }
     } else if constexpr (F == Format::q6_k) {
-        const uint8_t *blk = row + (k0 / kQK) * kQ6_KBlockBytes;
-        const int idx = int(k0 % kQK), half = idx / 128, p = (idx % 128) / 32, l0 = idx % 32;
-        const float ds = __fmul_rn(half_at(blk + 208), float(int8_t(blk[192 + 8 * half + 2 * p + l0 / 16])));
-        const uint8_t *ql = blk + 64 * half + 32 * (p & 1) + l0, *qh = blk + 128 + 32 * half + l0;
+        const int half = s.idx / 128, p = (s.idx % 128) / 32;
+        const uint8_t *ql = s.blk + 64 * half + 32 * (p & 1) + l0, *qh = s.blk + 128 + 32 * half + l0;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const int lo = p < 2 ? (ql[e] & 0xf) : (ql[e] >> 4);
-            o[e] = __fmul_rn(ds, float((lo | (((qh[e] >> (2 * p)) & 3) << 4)) - 32));
+            o[e] = __fmul_rn(dl, float((lo | (((qh[e] >> (2 * p)) & 3) << 4)) - 32));
         }
     } else if constexpr (F == Format::iq4_xs) {
-        const uint8_t *blk = row + (k0 / kQK) * kIQ4_XSBlockBytes;
-        const int idx = int(k0 % kQK), ib = idx / 32, j = idx % 32;
-        const unsigned scales_h = unsigned(blk[2] | (uint32_t(blk[3]) << 8));
-        const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((scales_h >> (2 * ib)) & 3) << 4);
-        const float dl = __fmul_rn(half_at(blk), float(ls - 32));
-        const uint8_t *q = blk + 8 + 16 * ib + (j & 15);
+        const uint8_t *q = s.blk + 8 + 16 * (s.idx / 32) + (l0 & 15);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(dl, iq4nl(j < 16 ? (q[e] & 0xf) : (q[e] >> 4)));
+        for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(dl, iq4nl(l0 < 16 ? (q[e] & 0xf) : (q[e] >> 4)));
     }
+}
+
+// o[0..8) = weights k0 .. k0 + 7 of the row starting at `row` (k0 a multiple of 8).
+template <Format F>
+__device__ __forceinline__ void gguf_dequant8(const uint8_t *row, int64_t k0, float *o) {
+    gguf_quants8<F>(gguf_scales32<F>(row, k0 / 32 * 32), int(k0 % 32) / 8, o);
 }
 
 }  // namespace ft::cuda
