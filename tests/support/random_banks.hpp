@@ -79,6 +79,23 @@ inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uin
                 for (size_t i = 0; i < len(b); i += 18) detail::put_u16(row(b) + i, f32_to_f16(d(rng)));
             }
             break;
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::iq4_xs: {
+            // fp16 d (and q2_k's dmin) of every super-block: finite, |w| ~ 0.1 .. 0.5 / sqrt(K).
+            const int bytes = block_bytes(f);
+            const int d_at = f == Format::q2_k ? 80 : f == Format::q3_k ? 108 : 0;
+            const float mag = f == Format::q2_k ? 0.01f : f == Format::q3_k ? 0.004f : 0.0002f;
+            for (int b : {0, 1}) {
+                const float k = float(std::sqrt(double(b == 0 ? H : I)));
+                std::uniform_real_distribution<float> d(mag / k, 3.0f * mag / k);
+                for (size_t i = 0; i < len(b); i += size_t(bytes)) {
+                    detail::put_u16(row(b) + i + d_at, f32_to_f16(d(rng)));
+                    if (f == Format::q2_k) detail::put_u16(row(b) + i + 82, f32_to_f16(d(rng)));
+                }
+            }
+            break;
+        }
     }
 }
 
