@@ -183,8 +183,9 @@ void offset_sums(const int8_t *q, const float *d, int64_t s0, int64_t n, float *
 }
 
 // R rows x NT tokens over super-blocks [s0, s0 + n); fs[t]: offset_sums of token t for them.
-// Tiles of up to 4 tokens sum a super-block's 8 blocks apart (S chains for one token) and apply
-// its d once; larger tiles multiply d into each block's factor (registers: 8 accumulators).
+// Tiles of up to 4 tokens sum the 8 blocks of a super-block in their own register (two for one
+// token) and multiply by its d once; larger tiles multiply d into each block's factor (16 ymm
+// registers leave no room for a second set of 8 accumulators).
 template <class F, int NT, int R>
 void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, const int8_t *const q[NT],
                 const float *const d[NT], const float *const fs[NT], int64_t s0, int64_t n, bool add, int pf) {
