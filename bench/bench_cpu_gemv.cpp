@@ -360,8 +360,8 @@ void BM_gemv_m1(benchmark::State &state) {
 
 const int64_t kShapes[][2] = {{2048, 768}, {4096, 1536}, {7168, 2048}};
 
-// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4 and a
-// GGUF Q4_0 model.
+// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4, a GGUF
+// Q4_0 model and GGUF low-bit K-quant / IQ4_XS models.
 struct FormatShape {
     ft::Format f;
     int64_t H, I;
@@ -370,7 +370,10 @@ const FormatShape kFormatShapes[] = {{ft::Format::mxfp4, 2880, 2880},
                                      {ft::Format::fp8_block, 7168, 2048},
                                      {ft::Format::nvfp4, 5120, 1536},
                                      {ft::Format::ds_fp4, 4096, 2048},
-                                     {ft::Format::q4_0, 2816, 704}};
+                                     {ft::Format::q4_0, 2816, 704},
+                                     {ft::Format::q2_k, 7168, 2048},   // DeepSeek-V3 low-bit GGUF
+                                     {ft::Format::q3_k, 4096, 1536},   // Qwen3-235B-A22B Q3_K
+                                     {ft::Format::iq4_xs, 2048, 768}};  // Qwen3-30B-A3B IQ4_XS
 
 void register_all() {
     // The per-format rows of the summary first, so a --budget cut falls on the secondary ones.

@@ -443,6 +443,15 @@ const TierKernels kKernels[] = {
 #else
      {}, {}},
 #endif
+#if defined(FT_CPU_X86_KERNELS)
+#define FT_LOW_AVX2(f) , {detail::f##_avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0}
+#else
+#define FT_LOW_AVX2(f)
+#endif
+    {Format::q2_k, "q2_k-w2a8", {{detail::q2_k_scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0} FT_LOW_AVX2(q2_k)}, {}, {}},
+    {Format::q3_k, "q3_k-w3a8", {{detail::q3_k_scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0} FT_LOW_AVX2(q3_k)}, {}, {}},
+    {Format::iq4_xs, "iq4_xs-w4a8", {{detail::iq4_xs_scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0} FT_LOW_AVX2(iq4_xs)}, {}, {}},
+#undef FT_LOW_AVX2
 };
 
 // AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16): used at tiers >=

@@ -124,4 +124,14 @@ void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const 
 // Its activation preparation, byte-identical to prepare_q8_0_x4_scalar (quant.cpp, tested).
 void prepare_q8_0_x4_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 
+// Low-bit GGUF super-block formats (256 elements per block), Q8_0 activations (q8_0_act_bytes):
+// q2_k, q3_k, iq4_xs. Scalar (quant_gguf_low_scalar.cpp): the reference row dequantisation dotted
+// per block of 32; AVX2 + FMA + F16C (quant_gguf_low_avx2.cpp): integer dots per block of 32.
+void q2_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q3_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void iq4_xs_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q2_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q3_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void iq4_xs_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+
 }  // namespace ft::cpu::detail
