@@ -108,7 +108,7 @@ TEST_P(GgufLoad, BanksByteExact) {
     auto model = load_checkpoint(dir / "model.gguf");
     const ModelSpec &ms = model->spec();
     EXPECT_EQ(ms.format, parse_format(c.format));
-    EXPECT_EQ(ms.architecture, "qwen3moe");
+    EXPECT_EQ(ms.architecture, "qwen3_moe");
     EXPECT_EQ(ms.total_layers, 3);
     EXPECT_EQ(ms.moe_layers, (std::vector<int32_t>{1, 2}));
     EXPECT_EQ(ms.hidden, 64);
