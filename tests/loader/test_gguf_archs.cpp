@@ -179,6 +179,21 @@ std::vector<Pair> pairs() {
                        FT_ROUTING_SOFTMAX_TOPK_RENORM});
     }
     {
+        // Qwen3.5/3.6 MoE: gated shared expert, renormalised, an MTP block after the decoder layers.
+        File f{"qwen35moe"};
+        f.blocks = 5;
+        f.moe = {0, 1, 2, 3, 4};
+        f.shared_rows = 40;
+        f.keys = [](GgufWriter &w, const std::string &a) {
+            w.kv_u32(a + "expert_shared_feed_forward_length", 40);
+            w.kv_u32(a + "nextn_predict_layers", 1);
+        };
+        out.push_back({"qwen35moe", f,
+                       {{"model_type", "qwen3_5_moe_text"}, {"num_experts", E}, {"moe_intermediate_size", I},
+                        {"shared_expert_intermediate_size", 40}},
+                       FT_ROUTING_SOFTMAX_TOPK_RENORM});
+    }
+    {
         File f{"llama"};  // Mixtral converted as llama: no expert_feed_forward_length
         f.width_key = false;
         out.push_back({"mixtral_as_llama", f, {{"model_type", "mixtral"}, {"num_local_experts", E}, {"intermediate_size", I}},
@@ -360,6 +375,9 @@ TEST(GgufArchs, FamilySpecifics) {
     EXPECT_EQ(s["qwen2moe"].shared_intermediate, 48);
     EXPECT_TRUE(s["qwen2moe"].shared_expert_gate);
     EXPECT_TRUE(s["qwen3next"].shared_expert_gate);
+    EXPECT_TRUE(s["qwen35moe"].shared_expert_gate);
+    EXPECT_EQ(s["qwen35moe"].total_layers, 4);
+    EXPECT_EQ(s["qwen35moe"].moe_layers, (std::vector<int32_t>{0, 1, 2, 3}));
     EXPECT_EQ(s["deepseek2_v2"].shared_intermediate, static_cast<int32_t>(2 * I));
     EXPECT_FALSE(s["deepseek2_v2"].shared_expert_gate);
     EXPECT_EQ(s["llama4"].shared_intermediate, static_cast<int32_t>(I));
@@ -498,14 +516,17 @@ TEST(GgufArchs, DenseUnknownAndRefusedArchitectures) {
         expect_error([&] { read_gguf_config(g); }, FT_ERR_UNSUPPORTED,
                      {"'futuremoe'", "not supported", "qwen3moe", "deepseek2", "gpt-oss", "llama4"});
     }
-    // GroveMoE's second (chunk) expert set is not served: named.
+    // GroveMoE's second (chunk) expert set and Gemma 4's per-expert output scale are not served: named.
     {
         GgufFile g(write(dir, File{"grovemoe"}));
         expect_error([&] { read_gguf_config(g); }, FT_ERR_UNSUPPORTED, {"grovemoe", "chexps"});
+        GgufFile g4(write(dir, File{"gemma4"}));
+        expect_error([&] { read_gguf_config(g4); }, FT_ERR_UNSUPPORTED, {"gemma4", "scale"});
     }
     // Every listed architecture is accepted, and refused ones are not listed.
     const std::vector<std::string> list = supported_gguf_architectures();
     EXPECT_EQ(std::count(list.begin(), list.end(), "grovemoe"), 0);
+    EXPECT_EQ(std::count(list.begin(), list.end(), "gemma4"), 0);
     for (const std::string &arch : list) {
         File f{arch};
         f.top_k = arch == "llama4" ? 1 : 2;

@@ -46,6 +46,7 @@ const GgufArch kArchs[] = {
     {"qwen3moe", "qwen3_moe", Gate::softmax, false, true, false, false, nullptr},
     {"qwen3vlmoe", "qwen3_vl_moe", Gate::softmax, false, true, false, false, nullptr},
     {"qwen3next", "qwen3_next", Gate::softmax, false, true, false, true, nullptr},
+    {"qwen35moe", "qwen3_5_moe", Gate::softmax, false, true, false, true, nullptr},
     {"llama", "mixtral", Gate::softmax, false, true, false, false, nullptr},
     {"phimoe", "phimoe", Gate::sparsemixer, false, true, false, false, nullptr},
     {"olmoe", "olmoe", Gate::softmax, false, false, false, false, nullptr},
@@ -65,7 +66,8 @@ const GgufArch kArchs[] = {
     {"llama4", "llama4", Gate::topk_sigmoid, false, false, false, false, nullptr},
     {"granitemoe", "granitemoe", Gate::topk_softmax, false, true, false, false, nullptr},
     {"granitehybrid", "granitemoehybrid", Gate::topk_softmax, false, true, false, false, nullptr},
-    {"gemma4", "gemma4", Gate::softmax, false, true, false, false, nullptr},
+    {"gemma4", "gemma4", Gate::refused, false, true, false, false,
+     "each expert's output carries its own scale (ffn_down_exps scale), which the routing rules do not apply"},
     {"grovemoe", "grovemoe", Gate::refused, false, true, false, false,
      "its adjugate (chunk) experts ffn_*_chexps, a second expert set sharing the router, are not served"},
 };
@@ -299,7 +301,7 @@ ModelSpec read_gguf_config(const GgufFile &g) {
         spec.swiglu_alpha = 1.702f;
         spec.swiglu_limit = 7.0f;
     } else {
-        spec.activation = arch == "gemma4" ? FT_ACT_GELU_TANH : FT_ACT_SILU;
+        spec.activation = FT_ACT_SILU;
     }
     if (spec.route_weight == FT_ROUTE_WEIGHT_INPUT && spec.format != Format::bf16)
         fail(FT_ERR_UNSUPPORTED, g.path(), ": ", arch, " scales the expert input by its route weight, which is served "
