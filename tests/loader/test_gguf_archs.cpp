@@ -553,6 +553,23 @@ TEST(GgufArchs, RoutingMetadataTheFamilyCannotServe) {
     File q{"qwen3moe"};
     q.keys = u32("expert_gating_func", 2);
     refuse(q, {"qwen3moe.expert_gating_func", "= 2", "sigmoid", "softmax"});
+    File go{"gpt-oss"};
+    go.keys = u32("expert_gating_func", 1);
+    refuse(go, {"gpt-oss.expert_gating_func", "= 1", "softmax over the selected logits"});
+    // A gating value that agrees with the family's rule is accepted.
+    {
+        File e{"ernie4_5-moe"};
+        e.keys = u32("expert_gating_func", 1);
+        e.layer_tensors = with_probs_bias;
+        EXPECT_EQ(gguf_spec(dir, e).routing.rule, FT_ROUTING_SOFTMAX_BIASED_TOPK);
+        File l4{"llama4"};
+        l4.top_k = 1;
+        l4.keys = u32("expert_gating_func", 2);
+        EXPECT_EQ(gguf_spec(dir, l4).routing.rule, FT_ROUTING_TOPK_SIGMOID);
+        File g3{"gpt-oss"};
+        g3.keys = u32("expert_gating_func", 3);
+        EXPECT_EQ(gguf_spec(dir, g3).routing.rule, FT_ROUTING_TOPK_SOFTMAX);
+    }
     // Rules without group limits or scaling.
     File o{"gpt-oss"};
     o.keys = [](GgufWriter &w, const std::string &a) {

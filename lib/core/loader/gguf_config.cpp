@@ -94,11 +94,14 @@ const char *gating_name(uint64_t g) {
     }
 }
 
-// The expert_gating_func value a fixed-rule family corresponds to (0 for rules it cannot name).
+// The expert_gating_func value that describes a fixed-rule family's scoring.
 uint64_t gating_of(Gate g) {
     switch (g) {
-        case Gate::softmax: return kGatingSoftmax;
-        case Gate::sigmoid: return kGatingSigmoid;
+        case Gate::softmax:
+        case Gate::softmax_biased:
+        case Gate::sparsemixer: return kGatingSoftmax;
+        case Gate::sigmoid:
+        case Gate::topk_sigmoid: return kGatingSigmoid;
         case Gate::topk_softmax: return kGatingSoftmaxWeight;
         default: return kGatingNone;
     }
