@@ -140,11 +140,10 @@ int32_t shared_width(const GgufFile &g, const std::string &a, int32_t first_moe,
     if (g.find(len_key)) return to_i32(g, len_key, g.opt_uint(len_key, 0));
     if (g.find(count_key)) {
         const uint64_t n = g.opt_uint(count_key, 0);
-        const uint64_t w = n * static_cast<uint64_t>(I);  // n < 2^63 and I < 2^31: checked below
-        if (n > static_cast<uint64_t>(INT32_MAX) || w > static_cast<uint64_t>(INT32_MAX))
+        if (n > static_cast<uint64_t>(INT32_MAX) || n * static_cast<uint64_t>(I) > static_cast<uint64_t>(INT32_MAX))
             fail(FT_ERR_FORMAT, g.path(), ": metadata '", count_key, "' = ", n, " times the expert width ", I,
                  " is out of range");
-        return static_cast<int32_t>(w);
+        return static_cast<int32_t>(n * static_cast<uint64_t>(I));
     }
     const GgufTensorInfo *down = g.find_tensor(layer_tensor(first_moe, "ffn_down_shexp.weight"));
     if (down && down->dims.size() == 2) return to_i32(g, down->name, down->dims[0]);
