@@ -179,7 +179,7 @@ ModelSpec read_gguf_config(const GgufFile &g) {
 
     const int32_t blocks = req("block_count");
     const int32_t hidden = req("embedding_length");
-    // A model without routed experts is refused before anything else is asked of it.
+    // A model without routed experts is refused before any expert key is read.
     if (opt("expert_count", 0) == 0)
         fail(FT_ERR_UNSUPPORTED, g.path(), ": general.architecture '", arch, "' without '", a,
              "expert_count' is a dense model: it has no routed experts for FreeToken to serve");
