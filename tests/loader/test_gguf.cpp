@@ -108,7 +108,7 @@ TEST_P(GgufLoad, BanksByteExact) {
     auto model = load_checkpoint(dir / "model.gguf");
     const ModelSpec &ms = model->spec();
     EXPECT_EQ(ms.format, parse_format(c.format));
-    EXPECT_EQ(ms.architecture, "qwen3moe");
+    EXPECT_EQ(ms.architecture, "qwen3_moe");
     EXPECT_EQ(ms.total_layers, 3);
     EXPECT_EQ(ms.moe_layers, (std::vector<int32_t>{1, 2}));
     EXPECT_EQ(ms.hidden, 64);
@@ -150,14 +150,19 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufLoad,
 TEST(Gguf, ArchitectureDecidesActivationAndGating) {
     ScratchDir dir;
     Spec s = gguf_spec("q4_0");
-    s.gguf_arch = "gemma4";
+    s.gguf_arch = "olmoe";
     s.norm_topk_prob = false;
     synth::write_gguf(dir / "g.gguf", s);
     GgufFile g(dir / "g.gguf");
     const ModelSpec ms = read_gguf_config(g);
-    EXPECT_EQ(ms.activation, FT_ACT_GELU_TANH);
+    EXPECT_EQ(ms.activation, FT_ACT_SILU);
     EXPECT_EQ(ms.routing.rule, FT_ROUTING_SOFTMAX_TOPK);
-    EXPECT_EQ(ms.architecture, "gemma4");
+    EXPECT_EQ(ms.architecture, "olmoe");
+    // Gemma 4 scales each expert's output, which no routing rule applies: refused by name.
+    s.gguf_arch = "gemma4";
+    synth::write_gguf(dir / "g4.gguf", s);
+    GgufFile g4(dir / "g4.gguf");
+    expect_error([&] { read_gguf_config(g4); }, FT_ERR_UNSUPPORTED, {"gemma4", "scale"});
 }
 
 TEST(Gguf, DirectoryWithTwoFilesIsRefused) {

@@ -200,11 +200,20 @@ private:
         const GgufTensorInfo &router = require(layer_tensor(cl, "ffn_gate_inp.weight"), "router");
         check_dims(router, {H, E});
         add_extra(router, x.router_weight, false);
+        // Router bias: the selection-only correction bias exp_probs_b (e_score_correction_bias,
+        // required by the biased rules), or gpt-oss's router linear bias ffn_gate_inp.bias.
+        const int32_t rule = spec_.routing.rule;
+        const bool biased = rule == FT_ROUTING_SIGMOID_GROUP_TOPK || rule == FT_ROUTING_SOFTMAX_BIASED_TOPK;
         if (const GgufTensorInfo *b = g_.find_tensor(layer_tensor(cl, "exp_probs_b.bias"))) {
-            check_dims(*b, {E});
+            if (b->numel != E) check_dims(*b, {E});  // [E], or ERNIE's [E, 1]
             add_extra(*b, x.router_bias, true);
-        } else if (spec_.routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK) {
-            require(layer_tensor(cl, "exp_probs_b.bias"), "correction bias of sigmoid routing");
+            x.router_bias.shape = {static_cast<int64_t>(E)};
+        } else if (biased) {
+            require(layer_tensor(cl, "exp_probs_b.bias"), "correction bias of the routing rule");
+        } else if (spec_.architecture == "gpt_oss") {
+            const GgufTensorInfo &b = require(layer_tensor(cl, "ffn_gate_inp.bias"), "router bias");
+            check_dims(b, {E});
+            add_extra(b, x.router_bias, true);
         }
     }
 

@@ -109,15 +109,22 @@ private:
     std::unordered_map<std::string, size_t> tensor_index_;
 };
 
-// Model geometry and routing from a GGUF file's metadata: general.architecture (e.g. qwen3moe,
-// deepseek2, gemma4) and, under that prefix, block_count, embedding_length, expert_count,
-// expert_used_count, expert_feed_forward_length, optional leading_dense_block_count,
-// nextn_predict_layers (trailing MTP layers, skipped), expert_gating_func (1 softmax, 2 sigmoid),
-// expert_weights_norm, expert_weights_scale, expert_group_count, expert_group_used_count.
+// Model geometry and routing from a GGUF file's metadata. general.architecture picks the family
+// (supported_gguf_architectures(); docs/architectures.md has the table): its routing rule,
+// activation and shared-expert gate, with spec.architecture set to the matching config.json
+// model_type where one exists. Under the architecture's prefix: block_count, embedding_length,
+// expert_count, expert_used_count, expert_feed_forward_length (else the ffn_down_exps rows),
+// optional leading_dense_block_count, nextn_predict_layers (trailing MTP layers, not decoder
+// layers), expert_gating_func (1 softmax, 2 sigmoid; only where the family reads it),
+// expert_weights_norm, expert_weights_scale, expert_group_count, expert_group_used_count,
+// expert_shared_feed_forward_length / expert_shared_count (the shared expert's width).
 // MoE layers are the layers holding blk.{l}.ffn_gate_exps.weight or ffn_gate_up_exps.weight;
-// the format is q4_0 for Q4_0 experts, bf16 for BF16/F16/F32 ones (FT_ERR_UNSUPPORTED otherwise,
-// naming the tensor and type). Activation: gelu_tanh for gemma*, silu otherwise. Shared experts
-// are not loaded (shared_intermediate 0). FT_ERR_FORMAT names the missing or bad key.
+// the formats come from those tensors (gguf_expert_formats). FT_ERR_UNSUPPORTED for a model
+// without experts, an unknown architecture (the message lists the supported ones) or routing
+// metadata the family's rule cannot serve (named); FT_ERR_FORMAT names a missing or bad key.
 ModelSpec read_gguf_config(const GgufFile &file);
+
+// The general.architecture values read_gguf_config accepts, in the order its error message lists them.
+std::vector<std::string> supported_gguf_architectures();
 
 }  // namespace ft
