@@ -4,7 +4,8 @@
 //   q8_0   `vpmaddubsw(|w|, sign(a, w))`, `vpmaddwd` by ones, x fp16 d x activation d;
 //   q4_k, q5_k, q6_k   codes u (0..15, 0..31, 0..63) by `vpmaddubsw(u, a)` (pairs fit int16),
 //          then `vpmaddwd` by the integer sub-block scale (q6_k: one per 16 elements, the two
-//          halves of the register), x super-block d x activation d. The offsets (q4_k / q5_k:
+//          halves of the register), x activation d per block, x the super-block's d once per
+//          super-block; one token: two rows per pass (j, j + count / 2). The offsets (q4_k / q5_k:
 //          -dmin * m per 32, q6_k: -32 * d * sc per 16) multiply the activation's sums per 16
 //          elements, which are computed once per call and token (d_act * sum q) and paired with a
 //          vector of the 16 offsets of a super-block: two FMAs per super-block and token.

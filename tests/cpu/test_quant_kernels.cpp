@@ -104,6 +104,12 @@ TEST(QuantKernels, GgufBlockKernelsMatchReference) {
         // Small activations (|x| <= 1e-3).
         check(c, g.first, g.count, 5, rng, 1e-5, 1e-3f);
     }
+    // K of 33 super-blocks: tiles of 8 tokens take the activation sums of 32 super-blocks per
+    // pass (quant_gguf_avx2.cpp), so the rows are summed in two K ranges.
+    for (Format f : {Format::q4_k, Format::q5_k, Format::q6_k}) {
+        const Case c = make_case(rng, f, 33 * 256, 4);
+        for (int ntok : {8, 16, 11}) check(c, 1, 3, ntok, rng, 1e-5);
+    }
 }
 
 // The SIMD preparation of mxfp4 W4A8 x2 activations against its definition (ft::quantize_q8_0
