@@ -281,7 +281,8 @@ TEST(QuantKernels, NonFiniteActivationsGiveNonFiniteOutputs) {
     std::mt19937 rng(91);
     const int64_t K = 256, N = 8;
     const float inf = std::numeric_limits<float>::infinity();
-    for (Format f : {Format::fp8_block, Format::nvfp4, Format::ds_fp4, Format::mxfp4, Format::q4_0}) {
+    for (Format f : {Format::fp8_block, Format::nvfp4, Format::ds_fp4, Format::mxfp4, Format::q4_0, Format::q8_0,
+                     Format::q4_k, Format::q5_k, Format::q6_k}) {
         const Case c = make_case(rng, f, K, N);
         for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
             std::vector<uint16_t> x(K);
