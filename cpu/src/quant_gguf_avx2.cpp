@@ -9,8 +9,8 @@
 //          -dmin * m per 32, q6_k: -32 * d * sc per 16) multiply the activation's sums per 16
 //          elements, which are computed once per call and token (d_act * sum q) and paired with a
 //          vector of the 16 offsets of a super-block: two FMAs per super-block and token.
-// Products are exact; only the fp32 summation order differs from the scalar definition
-// (quant_gguf_scalar.cpp).
+// The integer sums are exact; results differ from the scalar definition (quant_gguf_scalar.cpp)
+// only by fp32 rounding: summation order, and the K-quants never round an individual weight.
 #include <immintrin.h>
 
 #include <cstring>
