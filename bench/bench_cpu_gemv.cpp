@@ -360,8 +360,8 @@ void BM_gemv_m1(benchmark::State &state) {
 
 const int64_t kShapes[][2] = {{2048, 768}, {4096, 1536}, {7168, 2048}};
 
-// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4, a GGUF
-// Q4_0 model and GGUF low-bit K-quant / IQ4_XS models.
+// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4, a
+// GGUF Q4_0 model, Qwen3-30B-A3B for Q8_0 / Q4_K / Q5_K / Q6_K and GGUF low-bit K-quant / IQ4_XS models.
 struct FormatShape {
     ft::Format f;
     int64_t H, I;
@@ -371,6 +371,11 @@ const FormatShape kFormatShapes[] = {{ft::Format::mxfp4, 2880, 2880},
                                      {ft::Format::nvfp4, 5120, 1536},
                                      {ft::Format::ds_fp4, 4096, 2048},
                                      {ft::Format::q4_0, 2816, 704},
+                                     // GGUF releases of Qwen3-30B-A3B (Q8_0, Q4_K_M / Q5_K_M / Q6_K mixes).
+                                     {ft::Format::q8_0, 2048, 768},
+                                     {ft::Format::q4_k, 2048, 768},
+                                     {ft::Format::q5_k, 2048, 768},
+                                     {ft::Format::q6_k, 2048, 768},
                                      {ft::Format::q2_k, 7168, 2048},   // DeepSeek-V3 low-bit GGUF
                                      {ft::Format::q3_k, 4096, 1536},   // Qwen3-235B-A22B Q3_K
                                      {ft::Format::iq4_xs, 2048, 768}};  // Qwen3-30B-A3B IQ4_XS

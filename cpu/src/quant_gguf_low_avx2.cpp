@@ -11,7 +11,7 @@
 // The offset terms of q2_k (-dmin * m) and q3_k (-4 * d * sc) need only the activation's sums per
 // sub-block of 16: those (times the activation's d) are computed once per token for a chunk of K
 // and dotted with the 16 offsets of each super-block (two FMAs per super-block and token).
-// Only the fp32 summation order differs from the scalar definition (quant_gguf_low_scalar.cpp).
+// Only the fp32 summation order differs from the scalar definition (quant_gguf_scalar.cpp).
 #include <immintrin.h>
 
 #include <cstring>

@@ -20,6 +20,32 @@ namespace detail {
 inline void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
 }  // namespace detail
 
+// GGUF block formats: gives the fp16 d (and dmin) fields of every block of one row of K elements
+// finite values of size about 1 / (typical |code x sub-block scale| * sqrt(K)), so the weights
+// are O(1 / sqrt(K)); the other bytes stay as they are (every code and scale byte is valid).
+inline void fix_block_fp16(Format f, uint8_t *row, int64_t K, std::mt19937 &rng) {
+    int d_at = 0, dmin_at = -1;
+    double typical = 1.0;
+    switch (f) {
+        case Format::q4_0: typical = 8; break;
+        case Format::q8_0: typical = 64; break;
+        case Format::q2_k: d_at = 80, dmin_at = 82, typical = 12; break;
+        case Format::q3_k: d_at = 108, typical = 64; break;
+        case Format::q4_k: dmin_at = 2, typical = 256; break;
+        case Format::q5_k: dmin_at = 2, typical = 512; break;
+        case Format::q6_k: d_at = 208, typical = 1024; break;
+        case Format::iq4_xs: typical = 1024; break;
+        default: return;
+    }
+    const double base = 1.0 / (typical * std::sqrt(double(K)));
+    std::uniform_real_distribution<float> d(float(0.5 * base), float(base));
+    const size_t bb = size_t(block_bytes(f));
+    for (size_t i = 0; i < block_row_bytes(f, K); i += bb) {
+        detail::put_u16(row + i + d_at, f32_to_f16(d(rng)));
+        if (dmin_at >= 0) detail::put_u16(row + i + dmin_at, f32_to_f16(d(rng)));
+    }
+}
+
 // Turns random bytes in one expert's rows (rows[b]: schema[b].row_bytes bytes of bank b) into valid
 // data of format f for an H x I expert.
 inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uint8_t *const *rows, int32_t H,
@@ -71,6 +97,16 @@ inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uin
             e8m0_fill(1, H);
             e8m0_fill(3, I);
             break;
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs:
+            for (int64_t r = 0; r < 2 * I; ++r) fix_block_fp16(f, row(0) + r * block_row_bytes(f, H), H, rng);
+            for (int64_t r = 0; r < H; ++r) fix_block_fp16(f, row(1) + r * block_row_bytes(f, I), I, rng);
+            break;
         case Format::q4_0:
             for (int b : {0, 1}) {
                 const int64_t K = b == 0 ? H : I;
@@ -79,37 +115,6 @@ inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uin
                 for (size_t i = 0; i < len(b); i += 18) detail::put_u16(row(b) + i, f32_to_f16(d(rng)));
             }
             break;
-        case Format::q8_0:
-        case Format::q2_k:
-        case Format::q3_k:
-        case Format::q4_k:
-        case Format::q5_k:
-        case Format::q6_k:
-        case Format::iq4_xs: {
-            // The fp16 fields of every block (d, and dmin where the format has one) set so the
-            // largest weight, |d| * (largest scale code) * (largest quant), is about 2 / sqrt(K).
-            struct Fields {
-                int d_at, dmin_at;  // byte offsets in the block, -1: none
-                double span;        // largest scale code times largest quant magnitude
-            };
-            const Fields fl = f == Format::q8_0   ? Fields{0, -1, 127}
-                              : f == Format::q2_k ? Fields{80, 82, 45}
-                              : f == Format::q3_k ? Fields{108, -1, 128}
-                              : f == Format::q4_k ? Fields{0, 2, 945}
-                              : f == Format::q5_k ? Fields{0, 2, 1953}
-                              : f == Format::q6_k ? Fields{208, -1, 4096}
-                                                  : Fields{0, -1, 4064};
-            const size_t bb = size_t(block_bytes(f));
-            for (int b : {0, 1}) {
-                const double K = b == 0 ? H : I;
-                std::uniform_real_distribution<float> d(float(1.0 / (fl.span * std::sqrt(K))), float(2.0 / (fl.span * std::sqrt(K))));
-                for (size_t i = 0; i < len(b); i += bb) {
-                    detail::put_u16(row(b) + i + fl.d_at, f32_to_f16(d(rng) * (coin(rng) & 1 ? 1.0f : -1.0f)));
-                    if (fl.dmin_at >= 0) detail::put_u16(row(b) + i + fl.dmin_at, f32_to_f16(d(rng)));
-                }
-            }
-            break;
-        }
     }
 }
 
