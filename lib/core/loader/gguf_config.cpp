@@ -88,8 +88,7 @@ ModelSpec read_gguf_config(const GgufFile &g) {
     }
     r.num_experts = spec.num_experts;
     r.top_k = spec.top_k;
-    if (g.find_tensor(layer_tensor(spec.moe_layers[0], "ffn_gate_shexp.weight")))
-        log(FT_LOG_INFO, g.path(), ": shared experts are not loaded from GGUF files (the host computes them)");
+    gguf_shared_experts(g, spec);
     spec.validate(true);
     return spec;
 }
