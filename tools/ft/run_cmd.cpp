@@ -21,6 +21,7 @@
 #include "freetoken.h"
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
+#include "ft/formats.hpp"
 #include "ft/synth.hpp"
 #include "profile_cmd.hpp"
 #include "progress.hpp"
@@ -55,7 +56,7 @@ ft::synth::Spec synthetic_spec(const std::string &format) {
     } else if (format == "ds_fp4") {
         s.architecture = "deepseek_v4";
         s.top_k = 6;
-    } else if (format == "q4_0") {
+    } else if (ft::format_is_block(ft::parse_format(format))) {  // q4_0, q8_0, K-quants, iq4_xs: GGUF
         s.gguf = true;
     }
     return s;

@@ -462,8 +462,9 @@ std::unique_ptr<GgufFile> open_gguf_model(const std::string &path) {
 
 std::string gguf_directory_model(const std::string &dir, std::vector<std::string> names) {
     std::sort(names.begin(), names.end());
-    if (names.size() == 1) return dir + "/" + names[0];
-    // Several files: they must be exactly the parts of one split set.
+    SplitName only;
+    if (names.size() == 1 && (!parse_split_name(names[0], &only) || only.count == 1)) return dir + "/" + names[0];
+    // Split parts, or several files: they must be the parts of one split set.
     SplitName first;
     bool all_split = true, one_set = true;
     for (size_t i = 0; i < names.size(); ++i) {

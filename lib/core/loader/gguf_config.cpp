@@ -17,8 +17,6 @@ int32_t to_i32(const GgufFile &g, const std::string &key, uint64_t v) {
     return static_cast<int32_t>(v);
 }
 
-std::string layer_tensor(int32_t layer, const char *what) { return gguf_layer_tensor(layer, what); }
-
 int32_t expert_tensor_layer(const std::string &name) { return gguf_expert_tensor_layer(name); }
 
 }  // namespace
