@@ -354,6 +354,7 @@ TEST_P(GgufShared, LoadedAsBf16) {
     s.expert_dtype = GetParam().dtype;
     s.shared_intermediate = 512;
     s.gguf_shared_gate = true;
+    s.gguf_arch = "qwen2moe";  // the family with the shared expert's sigmoid gate
     synth::write_gguf(dir / "sh.gguf", s);
     auto model = load_checkpoint(dir / "sh.gguf");
     const ModelSpec &ms = model->spec();
