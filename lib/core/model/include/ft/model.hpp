@@ -41,7 +41,8 @@ struct ModelSpec {
     Format format = Format::bf16;
     // Per MoE layer (size L) when a GGUF file mixes block formats between matrices or layers;
     // empty when every layer uses `format` for both. Only block formats mix (format_is_block);
-    // `format` is then layer 0's gate_up format.
+    // `format` is then layer 0's gate_up format. The banks then hold each layer's rows at that
+    // layer's sizes (ExpertBanks::layer_row_bytes).
     std::vector<LayerFormats> layer_formats;
     int32_t activation = FT_ACT_SILU;
     float swiglu_alpha = 1.702f;
@@ -91,6 +92,11 @@ public:
     const uint16_t *gate(int layer, int expert) const;
     const uint16_t *up(int layer, int expert) const;
     const uint16_t *down(int layer, int expert) const;
+
+    // The {gate_up, down} formats of MoE layer `layer` (both spec().format unless layer_formats).
+    LayerFormats layer_formats(int32_t layer) const;
+    // True when some layer's gate_up or down format differs from spec().format.
+    bool mixed_formats() const;
 
     // MoE layer of a checkpoint layer, -1 if none.
     int32_t moe_layer_of(int32_t model_layer) const;
