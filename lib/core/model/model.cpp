@@ -1,5 +1,6 @@
 #include "ft/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ft/common.hpp"
@@ -90,6 +91,39 @@ void ModelSpec::validate(bool from_checkpoint) const {
     }
 }
 
+LayerFormats ModelSpec::formats_of(int32_t layer) const {
+    if (!layer_formats.empty()) return layer_formats.at(static_cast<size_t>(layer));
+    return LayerFormats{format, format};
+}
+
+bool ModelSpec::mixed_formats() const {
+    for (const LayerFormats &lf : layer_formats)
+        if (lf.gate_up != format || lf.down != format) return true;
+    return false;
+}
+
+uint64_t ModelSpec::layer_expert_bytes(int32_t layer) const {
+    const LayerFormats lf = formats_of(layer);
+    if (lf.gate_up == lf.down) return expert_bytes(lf.gate_up, hidden, intermediate);
+    // Only two-bank block formats mix: gate_up [2I rows of H], down [H rows of I].
+    return 2 * static_cast<uint64_t>(intermediate) * block_row_bytes(lf.gate_up, hidden) +
+           static_cast<uint64_t>(hidden) * block_row_bytes(lf.down, intermediate);
+}
+
+uint64_t ModelSpec::max_expert_bytes() const {
+    if (layer_formats.empty()) return expert_bytes(format, hidden, intermediate);
+    uint64_t m = 0;
+    for (int32_t l = 0; l < num_layers; ++l) m = std::max(m, layer_expert_bytes(l));
+    return m;
+}
+
+uint64_t ModelSpec::routed_bytes() const {
+    uint64_t total = 0;
+    if (layer_formats.empty()) return expert_bytes(format, hidden, intermediate) * uint64_t(num_experts) * uint64_t(num_layers);
+    for (int32_t l = 0; l < num_layers; ++l) total += layer_expert_bytes(l) * uint64_t(num_experts);
+    return total;
+}
+
 int64_t Tensor::numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -126,17 +160,6 @@ const uint16_t *Model::up(int layer, int expert) const {
 
 const uint16_t *Model::down(int layer, int expert) const {
     return reinterpret_cast<const uint16_t *>(banks_.row(1, layer, expert));
-}
-
-LayerFormats Model::layer_formats(int32_t layer) const {
-    if (!spec_.layer_formats.empty()) return spec_.layer_formats.at(static_cast<size_t>(layer));
-    return LayerFormats{spec_.format, spec_.format};
-}
-
-bool Model::mixed_formats() const {
-    for (const LayerFormats &lf : spec_.layer_formats)
-        if (lf.gate_up != spec_.format || lf.down != spec_.format) return true;
-    return false;
 }
 
 int32_t Model::moe_layer_of(int32_t model_layer) const {
