@@ -37,13 +37,15 @@ int32_t default_onednn_min_tokens() {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 BankRoles bank_roles(Format f) {
+    // GGUF block formats (q4_0, q8_0, the K-quants, iq4_xs): gate_up bank 0, down bank 1, the
+    // scales inside the blocks.
+    if (format_is_block(f)) return {0, -1, -1, -1, 1, -1, -1, -1};
     switch (f) {
         case Format::fp8_block: return {0, 1, -1, -1, 2, 3, -1, -1};
         case Format::nvfp4: return {0, 1, 2, -1, 3, 4, 5, -1};
         case Format::mxfp4: return {0, 1, -1, 2, 3, 4, -1, 5};
         case Format::ds_fp4: return {0, 1, -1, -1, 2, 3, -1, -1};
-        case Format::q4_0: return {0, -1, -1, -1, 1, -1, -1, -1};
-        default: return {0, -1, -1, -1, 1, -1, -1, -1};
+        default: return {0, -1, -1, -1, 1, -1, -1, -1};  // bf16: the banks are read as bf16 rows
     }
 }
 
