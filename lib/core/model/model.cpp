@@ -112,9 +112,13 @@ uint64_t ModelSpec::layer_expert_bytes(int32_t layer) const {
 
 uint64_t ModelSpec::max_expert_bytes() const {
     if (layer_formats.empty()) return expert_bytes(format, hidden, intermediate);
-    uint64_t m = 0;
-    for (int32_t l = 0; l < num_layers; ++l) m = std::max(m, layer_expert_bytes(l));
-    return m;
+    // Only two-bank block formats mix: the largest gate_up row plus the largest down row.
+    uint64_t gu = 0, dn = 0;
+    for (const LayerFormats &lf : layer_formats) {
+        gu = std::max<uint64_t>(gu, 2 * static_cast<uint64_t>(intermediate) * block_row_bytes(lf.gate_up, hidden));
+        dn = std::max<uint64_t>(dn, static_cast<uint64_t>(hidden) * block_row_bytes(lf.down, intermediate));
+    }
+    return gu + dn;
 }
 
 uint64_t ModelSpec::routed_bytes() const {

@@ -130,7 +130,7 @@ StepPrediction predict_step(const Profile &profile, const ModelSpec &model, doub
 }
 
 double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
-    const uint64_t eb = model.max_expert_bytes();  // slots hold the largest layer's expert
+    const uint64_t eb = model.max_expert_bytes();  // a slot holds each bank's largest row
     SlotRequest r;
     r.count = std::max<int64_t>(in.cache_slots, 0);
     r.fraction = in.cache_fraction > 0.0 ? in.cache_fraction : 0.0;

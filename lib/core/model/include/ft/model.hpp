@@ -62,7 +62,8 @@ struct ModelSpec {
     bool mixed_formats() const;
     // Bytes of one routed expert of MoE layer `layer` in its own formats.
     uint64_t layer_expert_bytes(int32_t layer) const;
-    // The largest layer_expert_bytes: what one GPU slot or layer buffer row must hold.
+    // One expert with each bank's largest row over the layers (ExpertBanks::expert_bytes()):
+    // what one GPU slot must hold; layer_expert_bytes(l) <= this for every layer.
     uint64_t max_expert_bytes() const;
     // Every routed expert of every layer, each in its layer's formats.
     uint64_t routed_bytes() const;
