@@ -360,8 +360,8 @@ void BM_gemv_m1(benchmark::State &state) {
 
 const int64_t kShapes[][2] = {{2048, 768}, {4096, 1536}, {7168, 2048}};
 
-// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4 and a
-// GGUF Q4_0 model.
+// Real expert shapes per quantised format: gpt-oss-120b, DeepSeek-V3, GLM-4.x, DeepSeek-V4, a
+// GGUF Q4_0 model and Qwen3-30B-A3B for the other GGUF block formats.
 struct FormatShape {
     ft::Format f;
     int64_t H, I;
@@ -370,7 +370,12 @@ const FormatShape kFormatShapes[] = {{ft::Format::mxfp4, 2880, 2880},
                                      {ft::Format::fp8_block, 7168, 2048},
                                      {ft::Format::nvfp4, 5120, 1536},
                                      {ft::Format::ds_fp4, 4096, 2048},
-                                     {ft::Format::q4_0, 2816, 704}};
+                                     {ft::Format::q4_0, 2816, 704},
+                                     // GGUF releases of Qwen3-30B-A3B (Q8_0, Q4_K_M / Q5_K_M / Q6_K mixes).
+                                     {ft::Format::q8_0, 2048, 768},
+                                     {ft::Format::q4_k, 2048, 768},
+                                     {ft::Format::q5_k, 2048, 768},
+                                     {ft::Format::q6_k, 2048, 768}};
 
 void register_all() {
     // The per-format rows of the summary first, so a --budget cut falls on the secondary ones.

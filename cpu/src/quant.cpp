@@ -383,6 +383,20 @@ struct TierKernels {
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
 };
 
+// A GGUF block format: scalar and AVX2 kernels over the Q8_0 activation (prepare_q8_0); the tiers
+// above AVX2 take the AVX2 kernel. avx2 is nullptr where the build has no x86 kernels.
+TierKernels gguf_kernels(Format f, const char *name, detail::QuantGemv scalar, detail::QuantGemv avx2) {
+    TierKernels k{f, name, {{scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0}}, {}, {}};
+    if (avx2) k.tier[1] = {avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0};
+    return k;
+}
+
+#if defined(FT_CPU_X86_KERNELS)
+#define X86(kernel) kernel
+#else
+#define X86(kernel) nullptr
+#endif
+
 const TierKernels kKernels[] = {
     {Format::fp8_block, "fp8_block-w8a16",
      {{detail::fp8_block_scalar, "-scalar", f32_act_bytes, prepare_f32}
@@ -443,7 +457,14 @@ const TierKernels kKernels[] = {
 #else
      {}, {}},
 #endif
+    // GGUF block formats beyond q4_0: Q8_0 activations like q4_0; the AVX-512 tiers run the AVX2
+    // kernels. One line per format.
+    gguf_kernels(Format::q8_0, "q8_0-w8a8", detail::q8_0_scalar, X86(detail::q8_0_avx2)),
+    gguf_kernels(Format::q4_k, "q4_k-w4a8", detail::q4_k_scalar, X86(detail::q4_k_avx2)),
+    gguf_kernels(Format::q5_k, "q5_k-w5a8", detail::q5_k_scalar, X86(detail::q5_k_avx2)),
+    gguf_kernels(Format::q6_k, "q6_k-w6a8", detail::q6_k_scalar, X86(detail::q6_k_avx2)),
 };
+#undef X86
 
 // AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16): used at tiers >=
 // avx512 where cpuid has it, unless the choice turns it off (FT_CPU_VNNI=0).

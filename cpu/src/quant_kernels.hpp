@@ -17,9 +17,10 @@ namespace ft::cpu::detail {
 
 struct QuantMatrix {
     const uint8_t *data;    // weights: fp8_block e4m3 [N,K]; nvfp4/ds_fp4 packed [N,K/2];
-                            // q4_0 blocks [N, K/32*18]; mxfp4 blocks [K/2][N]
+                            // q4_0 and the other GGUF block formats: blocks [N, row bytes];
+                            // mxfp4 blocks [K/2][N]
     const uint8_t *scale;   // fp8_block bf16 [N/128][K/128]; nvfp4 e4m3 [N,K/16]; ds_fp4 e8m0
-                            // [N,K/32]; mxfp4 e8m0 [K/32][N]; q4_0: unused
+                            // [N,K/32]; mxfp4 e8m0 [K/32][N]; block formats: unused
     const uint8_t *global;  // nvfp4: fp16 [N]; others unused
     int64_t K;              // reduction length
     int64_t N;              // outputs of the whole matrix (mxfp4: its row stride in bytes)
@@ -68,6 +69,12 @@ void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int
 void ds_fp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// GGUF block formats beyond q4_0 (quant_gguf_scalar.cpp): weights in the file's blocks [N, K/block
+// blocks], activations Q8_0 in the q4_0 layout (q8_0_act_bytes).
+void q8_0_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q5_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q6_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // AVX2 + FMA + F16C (quant_avx2.cpp): fp32 activations in the scalar kernels' layouts.
 void fp8_block_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -75,6 +82,11 @@ void nvfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, 
 void ds_fp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// GGUF block formats (quant_gguf_avx2.cpp), the scalar kernels' layouts.
+void q8_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q5_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q6_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 void fp8_block_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);

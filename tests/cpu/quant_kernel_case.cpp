@@ -66,7 +66,13 @@ Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N) {
             for (int64_t i = 0; i < N * (K / 32); ++i) put_u16(&c.data[i * 18], ft::f32_to_f16(d(rng)));
             break;
         }
-        default: break;
+        default:
+            if (ft::format_is_block(f)) {  // random codes and scales, fp16 fields finite
+                const size_t rb = ft::block_row_bytes(f, K);
+                fill(c.data, size_t(N) * rb);
+                for (int64_t n = 0; n < N; ++n) ft::test::fix_block_fp16(f, c.data.data() + n * rb, K, rng);
+            }
+            break;
     }
     return c;
 }
@@ -76,7 +82,7 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
     std::uniform_real_distribution<float> xd(-xscale, xscale);
     std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
     // xr: the activation of the format's numerics; xq: Q8_0 of bf16 x (per 32) for the W4A8
-    // kernels of mxfp4 (kernel name "...-w4a8..."; q4_0 is W4A8 by definition, xr already).
+    // kernels of mxfp4 (kernel name "...-w4a8..."; the block formats are W*A8 by definition, xr already).
     std::vector<std::vector<double>> xr(ntok, std::vector<double>(c.K)), xq = xr;
     for (int t = 0; t < ntok; ++t) {
         std::vector<float> xf(c.K), y(c.K);
@@ -86,7 +92,7 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
             xf[k] = ft::bf16_to_f32(x[t][k]);
         }
         if (c.f == Format::ds_fp4) ft::fp8_round_trip_per128(xf.data(), c.K, y.data()), xf = y;
-        if (c.f == Format::q4_0) {
+        if (ft::format_is_block(c.f)) {
             std::vector<int8_t> q(c.K);
             std::vector<float> d(c.K / 32);
             ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());

@@ -43,7 +43,10 @@ struct Case {
             case Format::ds_fp4: ft::dequant_row_ds_fp4(data.data() + n * K / 2, scale.data() + n * K / 32, K, w.data()); break;
             case Format::mxfp4: ft::dequant_col_mxfp4(data.data(), scale.data(), K, N, n, w.data()); break;
             case Format::q4_0: ft::dequant_row_q4_0(data.data() + n * (K / 32) * 18, K, w.data()); break;
-            default: break;
+            default:
+                if (ft::format_is_block(f))
+                    ft::dequant_row_block(f, data.data() + n * ft::block_row_bytes(f, K), K, w.data());
+                break;
         }
         return w;
     }
@@ -54,7 +57,7 @@ Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N);
 
 // Runs every kernel of c.f on rows/columns [first, first + count) for ntok tokens and checks
 // each output against the fp64 sum of reference weights x the activation the kernel's numerics
-// define (bf16 x; ds_fp4 FP8 round trip; q4_0 Q8_0). bound: relative to sum |w x|. dup: every
+// define (bf16 x; ds_fp4 FP8 round trip; the GGUF block formats Q8_0). bound: relative to sum |w x|. dup: every
 // odd token repeats the previous one through the same activation pointer (a token routed twice to
 // one expert, as duplicate ids give the kernels).
 void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng, double bound, float xscale = 1.0f,

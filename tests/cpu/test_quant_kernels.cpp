@@ -13,6 +13,7 @@
 #include "ft/cpu.hpp"
 #include "ft/dequant.hpp"
 #include "ft/formats.hpp"
+#include "fresh_seed.hpp"
 #include "quant.hpp"
 #include "quant_kernel_case.hpp"
 #include "quant_test_util.hpp"
@@ -81,6 +82,27 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         const Case c = make_case(rng, g.f, g.K, g.N);
         for (int ntok = 1; ntok <= 32; ++ntok) check(c, g.first, g.count, ntok, rng, g.bound);
         for (int ntok : {2, 9, 17}) check(c, g.first, g.count, ntok, rng, g.bound, 1.0f, true);
+    }
+}
+
+// The GGUF block formats beyond q4_0 on fresh random blocks (codes and scales random bytes, fp16
+// d / dmin finite): K of one, two and three super-blocks (q8_0: 1, 7 and 24 blocks), first row
+// != 0, row counts that are not a multiple of any tile, every token count 1..32.
+TEST(QuantKernels, GgufBlockKernelsMatchReference) {
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.GgufBlockKernelsMatchReference")));
+    struct G { Format f; int64_t K, N, first; int count; };
+    const G geos[] = {
+        {Format::q8_0, 32, 9, 1, 7},   {Format::q8_0, 224, 20, 3, 17}, {Format::q8_0, 768, 6, 0, 6},
+        {Format::q4_k, 256, 9, 2, 7},  {Format::q4_k, 512, 12, 0, 11}, {Format::q4_k, 768, 5, 1, 3},
+        {Format::q5_k, 256, 9, 2, 7},  {Format::q5_k, 512, 12, 0, 11}, {Format::q5_k, 768, 5, 1, 3},
+        {Format::q6_k, 256, 9, 2, 7},  {Format::q6_k, 512, 12, 0, 11}, {Format::q6_k, 768, 5, 1, 3},
+    };
+    for (const G &g : geos) {
+        const Case c = make_case(rng, g.f, g.K, g.N);
+        for (int ntok = 1; ntok <= 32; ++ntok) check(c, g.first, g.count, ntok, rng, 1e-5);
+        for (int ntok : {2, 9, 17}) check(c, g.first, g.count, ntok, rng, 1e-5, 1.0f, true);
+        // Small activations (|x| <= 1e-3).
+        check(c, g.first, g.count, 5, rng, 1e-5, 1e-3f);
     }
 }
 

@@ -159,6 +159,93 @@ TEST(Dequant, Q4_0ScaleEdgeCases) {
     for (float v : out) EXPECT_TRUE(std::isnan(v));
 }
 
+// Two q8_0 blocks of 34 bytes (fp16 d, int8 q[32]): d = 0.25 with q = j - 16, then d = -2 with
+// q = +127 / -127 alternating.
+TEST(Dequant, Q8_0HandBlocks) {
+    uint8_t b[68] = {};
+    b[0] = 0x00, b[1] = 0x34;  // 0.25
+    for (int j = 0; j < 32; ++j) b[2 + j] = static_cast<uint8_t>(j - 16);
+    b[34] = 0x00, b[35] = 0xc0;  // -2.0
+    for (int j = 0; j < 32; ++j) b[36 + j] = static_cast<uint8_t>(j % 2 ? -127 : 127);
+    float out[64];
+    dequant_row_q8_0(b, 64, out);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(out[j], (j - 16) * 0.25f) << j;
+    EXPECT_EQ(out[0], -4.0f);
+    EXPECT_EQ(out[31], 3.75f);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(out[32 + j], j % 2 ? 254.0f : -254.0f) << j;
+}
+
+// The 12 scale bytes of q4_k / q5_k for sub-block scales {1, 2, 3, 4, 33, 17, 50, 63} and mins
+// {0, 5, 10, 63, 16, 34, 1, 48}: bytes 0-3 = sc[j] | (sc[j + 4] >> 4) << 6, bytes 4-7 =
+// m[j] | (m[j + 4] >> 4) << 6, bytes 8-11 = (sc[j + 4] & 15) | (m[j + 4] & 15) << 4.
+const uint8_t kK4Scales[12] = {0x81, 0x42, 0xc3, 0xc4, 0x40, 0x85, 0x0a, 0xff, 0x01, 0x21, 0x12, 0x0f};
+const int kK4Sc[8] = {1, 2, 3, 4, 33, 17, 50, 63}, kK4Min[8] = {0, 5, 10, 63, 16, 34, 1, 48};
+
+// One q4_k super-block: d = 1, dmin = 0.5, the scales above; qs byte 32c + l holds element
+// 64c + l in its low nibble (l % 16) and element 64c + 32 + l in its high nibble (15 - l % 16).
+TEST(Dequant, Q4_KHandBlock) {
+    uint8_t b[144] = {};
+    b[0] = 0x00, b[1] = 0x3c;  // d = 1
+    b[2] = 0x00, b[3] = 0x38;  // dmin = 0.5
+    std::memcpy(b + 4, kK4Scales, 12);
+    for (int i = 0; i < 128; ++i) b[16 + i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+    float out[256];
+    dequant_row_q4_k(b, 256, out);
+    for (int k = 0; k < 256; ++k) {
+        const int s = k / 32, l = k % 32, q = s % 2 ? 15 - l % 16 : l % 16;
+        EXPECT_EQ(out[k], float(kK4Sc[s] * q) - 0.5f * float(kK4Min[s])) << k;
+    }
+    EXPECT_EQ(out[0], 0.0f);
+    EXPECT_EQ(out[32], 27.5f);    // 2 * 15 - 0.5 * 5
+    EXPECT_EQ(out[133], 157.0f);  // 33 * 5 - 0.5 * 16
+    EXPECT_EQ(out[255], -24.0f);  // 63 * 0 - 0.5 * 48
+}
+
+// q5_k: the q4_k block above plus qh: qh[l] = 0x0f for l < 16, 0xf0 for l >= 16, so bit 4 of the
+// code is set in sub-blocks 0-3 for l < 16 and in sub-blocks 4-7 for l >= 16.
+TEST(Dequant, Q5_KHandBlock) {
+    uint8_t b[176] = {};
+    b[0] = 0x00, b[1] = 0x3c;  // d = 1
+    b[2] = 0x00, b[3] = 0x38;  // dmin = 0.5
+    std::memcpy(b + 4, kK4Scales, 12);
+    for (int l = 0; l < 32; ++l) b[16 + l] = l < 16 ? 0x0f : 0xf0;
+    for (int i = 0; i < 128; ++i) b[48 + i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+    float out[256];
+    dequant_row_q5_k(b, 256, out);
+    for (int k = 0; k < 256; ++k) {
+        const int s = k / 32, l = k % 32;
+        const int q = (s % 2 ? 15 - l % 16 : l % 16) + ((s < 4) == (l < 16) ? 16 : 0);
+        EXPECT_EQ(out[k], float(kK4Sc[s] * q) - 0.5f * float(kK4Min[s])) << k;
+    }
+    EXPECT_EQ(out[0], 16.0f);     // 1 * 16
+    EXPECT_EQ(out[128], -8.0f);   // 33 * 0 - 0.5 * 16
+    EXPECT_EQ(out[255], 984.0f);  // 63 * 16 - 0.5 * 48
+}
+
+// One q6_k super-block: ql[64h + i] = (i & 15) | ((i + 1) & 15) << 4, every qh byte 0xe4 (bits
+// 2p..2p+1 = p), scales sc[i] = i - 8, d = 0.5. Element 128h + 32p + l: low 4 bits from
+// ql[64h + l + 32 (p & 1)] (low nibble for p < 2), high 2 bits p, value d * sc[8h + 2p + l / 16] *
+// (code - 32).
+TEST(Dequant, Q6_KHandBlock) {
+    uint8_t b[210] = {};
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 64; ++i) b[64 * h + i] = static_cast<uint8_t>((i & 15) | (((i + 1) & 15) << 4));
+    for (int i = 0; i < 64; ++i) b[128 + i] = 0xe4;
+    for (int i = 0; i < 16; ++i) b[192 + i] = static_cast<uint8_t>(i - 8);
+    b[208] = 0x00, b[209] = 0x38;  // d = 0.5
+    float out[256];
+    dequant_row_q6_k(b, 256, out);
+    for (int k = 0; k < 256; ++k) {
+        const int h = k / 128, p = (k % 128) / 32, l = k % 32;
+        const int low = p < 2 ? (l & 15) : ((l + 1) & 15);  // (l + 32) & 15 == l & 15
+        const int code = low + 16 * p, sc = 8 * h + 2 * p + l / 16 - 8;
+        EXPECT_EQ(out[k], 0.5f * float(sc) * float(code - 32)) << k;
+    }
+    EXPECT_EQ(out[0], 128.0f);  // 0.5 * -8 * (0 - 32)
+    EXPECT_EQ(out[209], 5.0f);  // h 1, p 2, l 17: code 2 + 32, scale 13 - 8 = 5
+    EXPECT_EQ(out[255], 56.0f);  // h 1, p 3, l 31: code 0 + 48, scale 15 - 8 = 7
+}
+
 TEST(Dequant, Nvfp4HandRow) {
     // K = 32: two blocks. Byte j holds element 2j (low nibble) and 2j+1 (high nibble).
     uint8_t packed[16], scale[2] = {0x38 /* 1.0 */, 0x40 /* 2.0 */};

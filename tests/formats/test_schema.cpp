@@ -29,13 +29,22 @@ TEST(Schema, EnumValuesAndNames) {
     EXPECT_EQ(static_cast<int32_t>(Format::mxfp4), 4);
     EXPECT_EQ(static_cast<int32_t>(Format::ds_fp4), 5);
     EXPECT_EQ(static_cast<int32_t>(Format::q4_0), 6);
-    for (const char *n : {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"}) {
+    EXPECT_EQ(static_cast<int32_t>(Format::q8_0), 7);
+    EXPECT_EQ(static_cast<int32_t>(Format::q2_k), 8);
+    EXPECT_EQ(static_cast<int32_t>(Format::q3_k), 9);
+    EXPECT_EQ(static_cast<int32_t>(Format::q4_k), 10);
+    EXPECT_EQ(static_cast<int32_t>(Format::q5_k), 11);
+    EXPECT_EQ(static_cast<int32_t>(Format::q6_k), 12);
+    EXPECT_EQ(static_cast<int32_t>(Format::iq4_xs), 13);
+    for (const char *n : {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0", "q8_0", "q2_k", "q3_k", "q4_k",
+                          "q5_k", "q6_k", "iq4_xs"}) {
         EXPECT_STREQ(format_name(parse_format(n)), n);
         EXPECT_TRUE(format_known(static_cast<int32_t>(parse_format(n))));
     }
     EXPECT_THROW(parse_format("fp8"), Error);
+    EXPECT_THROW(parse_format("q4_k_m"), Error);
     EXPECT_FALSE(format_known(0));
-    EXPECT_FALSE(format_known(7));
+    EXPECT_FALSE(format_known(14));
     // The C API accepts only what freetoken.h publishes.
     EXPECT_TRUE(format_valid(FT_FORMAT_BF16));
     EXPECT_FALSE(format_valid(2));
@@ -126,11 +135,21 @@ Rows random_rows(Format f, int64_t H, int64_t I, std::mt19937_64 &g) {
         if (f == Format::fp8_block && (b.name == "gate_up" || b.name == "down"))
             for (uint8_t &x : v)
                 if ((x & 0x7f) == 0x7f) x ^= 1;
-        if (f == Format::q4_0)
-            for (size_t i = 0; i < v.size(); i += 18) {
-                const uint16_t d = f32_to_f16(0.01f);
-                std::memcpy(&v[i], &d, 2);
-            }
+        // Block formats: the fp16 d (and dmin) of every block finite, at their offsets in the block.
+        if (format_is_block(f)) {
+            int offs[2] = {0, -1};
+            if (f == Format::q2_k) offs[0] = 80, offs[1] = 82;
+            if (f == Format::q3_k) offs[0] = 108;
+            if (f == Format::q4_k || f == Format::q5_k) offs[1] = 2;
+            if (f == Format::q6_k) offs[0] = 208;
+            const size_t bb = static_cast<size_t>(block_bytes(f));
+            for (size_t i = 0; i < v.size(); i += bb)
+                for (int o : offs)
+                    if (o >= 0) {
+                        const uint16_t d = f32_to_f16(0.001f * (1 + (v[i] % 16)));
+                        std::memcpy(&v[i + static_cast<size_t>(o)], &d, 2);
+                    }
+        }
         r.bytes.push_back(std::move(v));
     }
     for (const auto &b : r.bytes) r.ptrs.push_back(b.data());
@@ -139,9 +158,12 @@ Rows random_rows(Format f, int64_t H, int64_t I, std::mt19937_64 &g) {
 
 TEST(Schema, DequantProjectionReadsEachSchema) {
     std::mt19937_64 g(test::fresh_seed("Schema.DequantProjectionReadsEachSchema"));
-    const int64_t H = 256, I = 128;
-    for (Format f : {Format::bf16, Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0}) {
+    const int64_t H = 256;
+    for (Format f : {Format::bf16, Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0,
+                     Format::q8_0, Format::q2_k, Format::q3_k, Format::q4_k, Format::q5_k, Format::q6_k,
+                     Format::iq4_xs}) {
         SCOPED_TRACE(format_name(f));
+        const int64_t I = format_block(f) == 256 ? 256 : 128;  // the super-block formats need I % 256 == 0
         const Rows r = random_rows(f, H, I, g);
         std::vector<float> gate(H * I), up(H * I), down(H * I), row(std::max(H, I));
         dequant_projection(f, r.ptrs.data(), H, I, FT_PROJ_GATE, gate.data());
@@ -176,6 +198,30 @@ TEST(Schema, DequantProjectionReadsEachSchema) {
                     dequant_row_q4_0(r.ptrs[1] + n * (I / 32 * 18), I, row.data());
                     for (int64_t k = 0; k < I; ++k) ASSERT_EQ(down[n * I + k], row[k]);
                     break;
+                case Format::q8_0:
+                case Format::q2_k:
+                case Format::q3_k:
+                case Format::q4_k:
+                case Format::q5_k:
+                case Format::q6_k:
+                case Format::iq4_xs: {
+                    // Each format's own row function (not the dispatch under test) on the up row
+                    // (gate_up row I + n) and down row n.
+                    void (*row_fn)(const uint8_t *, int64_t, float *) =
+                        f == Format::q8_0   ? dequant_row_q8_0
+                        : f == Format::q2_k ? dequant_row_q2_k
+                        : f == Format::q3_k ? dequant_row_q3_k
+                        : f == Format::q4_k ? dequant_row_q4_k
+                        : f == Format::q5_k ? dequant_row_q5_k
+                        : f == Format::q6_k ? dequant_row_q6_k
+                                            : dequant_row_iq4_xs;
+                    const int64_t blk = format_block(f), bb = block_bytes(f);
+                    row_fn(r.ptrs[0] + (I + n) * (H / blk * bb), H, row.data());
+                    for (int64_t k = 0; k < H; ++k) ASSERT_EQ(up[n * H + k], row[k]);
+                    row_fn(r.ptrs[1] + n * (I / blk * bb), I, row.data());
+                    for (int64_t k = 0; k < I; ++k) ASSERT_EQ(down[n * I + k], row[k]);
+                    break;
+                }
                 case Format::fp8_block: {
                     uint16_t band[2];  // H / 128 scale columns of the up row's 128-row band
                     std::memcpy(band, r.ptrs[1] + ((I + n) / 128) * (H / 128) * 2, sizeof band);

@@ -20,6 +20,32 @@ namespace detail {
 inline void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
 }  // namespace detail
 
+// GGUF block formats: gives the fp16 d (and dmin) fields of every block of one row of K elements
+// finite values of size about 1 / (typical |code x sub-block scale| * sqrt(K)), so the weights
+// are O(1 / sqrt(K)); the other bytes stay as they are (every code and scale byte is valid).
+inline void fix_block_fp16(Format f, uint8_t *row, int64_t K, std::mt19937 &rng) {
+    int d_at = 0, dmin_at = -1;
+    double typical = 1.0;
+    switch (f) {
+        case Format::q4_0: typical = 8; break;
+        case Format::q8_0: typical = 64; break;
+        case Format::q2_k: d_at = 80, dmin_at = 82, typical = 12; break;
+        case Format::q3_k: d_at = 108, typical = 64; break;
+        case Format::q4_k: dmin_at = 2, typical = 256; break;
+        case Format::q5_k: dmin_at = 2, typical = 512; break;
+        case Format::q6_k: d_at = 208, typical = 1024; break;
+        case Format::iq4_xs: typical = 1024; break;
+        default: return;
+    }
+    const double base = 1.0 / (typical * std::sqrt(double(K)));
+    std::uniform_real_distribution<float> d(float(0.5 * base), float(base));
+    const size_t bb = size_t(block_bytes(f));
+    for (size_t i = 0; i < block_row_bytes(f, K); i += bb) {
+        detail::put_u16(row + i + d_at, f32_to_f16(d(rng)));
+        if (dmin_at >= 0) detail::put_u16(row + i + dmin_at, f32_to_f16(d(rng)));
+    }
+}
+
 // Turns random bytes in one expert's rows (rows[b]: schema[b].row_bytes bytes of bank b) into valid
 // data of format f for an H x I expert.
 inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uint8_t *const *rows, int32_t H,
@@ -70,6 +96,16 @@ inline void make_valid_expert(Format f, const std::vector<BankSpec> &schema, uin
         case Format::ds_fp4:
             e8m0_fill(1, H);
             e8m0_fill(3, I);
+            break;
+        case Format::q8_0:
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs:
+            for (int64_t r = 0; r < 2 * I; ++r) fix_block_fp16(f, row(0) + r * block_row_bytes(f, H), H, rng);
+            for (int64_t r = 0; r < H; ++r) fix_block_fp16(f, row(1) + r * block_row_bytes(f, I), I, rng);
             break;
         case Format::q4_0:
             for (int b : {0, 1}) {

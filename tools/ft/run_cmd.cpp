@@ -187,14 +187,14 @@ int load_model(const Options &o, const std::string &path, ft_engine *engine, con
     mi.struct_size = sizeof mi;
     ft_model_get_info(raw, &mi);
     if (o.json) {
-        report["model"] = model_json(mi, path, o.model.empty());
+        report["model"] = model_json(mi, path, o.model.empty(), raw);
         report["load"] = {{"seconds", load_s}, {"gb_per_s", mi.bank_bytes / 1e9 / load_s}};
         report["engine"] = {{"cpu_threads", ei.cpu_threads},
                             {"physical_cores", ei.physical_cores},
                             {"cpu_isa", ei.cpu_isa},
                             {"gpu", ei.device >= 0 ? ei.device_name : ""}};
     } else {
-        print_model(mi);
+        print_model(mi, raw);
         std::printf("            loaded in %.2f s (%.2f GB/s)%s\n", load_s, mi.bank_bytes / 1e9 / load_s, o.model.empty() ? ", synthetic" : "");
         print_engine(engine);
     }
