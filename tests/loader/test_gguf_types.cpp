@@ -210,14 +210,10 @@ TEST(GgufMixed, FormatsPerMatrixAndLayer) {
         EXPECT_EQ(ms.layer_formats[l].gate_up, want[l][0]) << l;
         EXPECT_EQ(ms.layer_formats[l].down, want[l][1]) << l;
     }
-    if (per_layer_banks(ms)) {
-        auto model = load_checkpoint(dir / "mix.gguf");
-        expect_banks(*model, s);
-    } else {
-        // Until ExpertBanks allocates per layer, the load refuses instead of overrunning a bank.
-        expect_error([&] { load_checkpoint(dir / "mix.gguf"); }, FT_ERR_UNSUPPORTED,
-                     {"MoE layer 0", "q6_k down", "per-layer formats"});
-    }
+    ASSERT_TRUE(per_layer_banks(ms));
+    auto model = load_checkpoint(dir / "mix.gguf");
+    EXPECT_EQ(model->spec().layer_formats.size(), 3u);
+    expect_banks(*model, s);
 
     // One format per matrix, the same in every layer, is a mix too.
     Spec s2 = spec_of("q4_k");
