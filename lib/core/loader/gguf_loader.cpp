@@ -76,6 +76,9 @@ void gguf_expert_formats(const GgufFile &g, ModelSpec &spec) {
     std::vector<const GgufTensorInfo *> gu_of, down_of;
     for (int32_t cl : spec.moe_layers) {
         const GgufTensorInfo *gu = first_expert_tensor(g, cl);
+        if (!gu)
+            fail(FT_ERR_FORMAT, g.path(), ": missing tensor '", layer_tensor(cl, "ffn_gate_exps.weight"),
+                 "' (routed expert gate projections of MoE layer ", cl, ")");
         const GgufTensorInfo *up = g.find_tensor(layer_tensor(cl, "ffn_up_exps.weight"));
         const GgufTensorInfo *down = g.find_tensor(layer_tensor(cl, "ffn_down_exps.weight"));
         LayerFormats f;
