@@ -3,11 +3,13 @@
 // experts, and hostile files of each type (every truncation, wrong block counts, broken split sets).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "ft/dequant.hpp"
 #include "ft/gguf.hpp"
@@ -504,6 +506,64 @@ TEST(GgufHostileTypes, ModelGeometry) {
     write_bytes(dir / "g.gguf", b);
     expect_error([&] { load_checkpoint(dir / "g.gguf"); }, FT_ERR_FORMAT,
                  {"blk.1.ffn_down_exps.weight", "innermost dimension 128", "Q4_K block of 256"});
+}
+
+// Random bit flips in the tensor infos of whole models (each new kind: MXFP4, a mix, shared
+// experts, the first part of a split set) end in a loaded model or an ft::Error, never a crash.
+// The metadata is left intact so the geometry, and what is allocated, stays small.
+TEST(GgufHostileTypes, CorruptTensorInfosNeverCrash) {
+    ScratchDir dir;
+    std::vector<std::string> paths;
+    Spec mx = spec_of("mxfp4");
+    mx.hidden = 64;
+    mx.intermediate = 32;
+    synth::write_gguf(dir / "mx.gguf", mx);
+    paths.push_back(dir / "mx.gguf");
+    Spec mix = spec_of("q4_k");
+    mix.gguf_mix = {"q4_k/q6_k", "q8_0/q5_k"};
+    synth::write_gguf(dir / "mix.gguf", mix);
+    paths.push_back(dir / "mix.gguf");
+    Spec sh = spec_of("q6_k");
+    sh.shared_intermediate = 256;
+    synth::write_gguf(dir / "sh.gguf", sh);
+    paths.push_back(dir / "sh.gguf");
+    Spec sp = spec_of("q8_0");
+    sp.hidden = 64;
+    sp.intermediate = 32;
+    sp.gguf_splits = 3;
+    synth::write_gguf(dir / "sp.gguf", sp);
+    paths.push_back(synth::gguf_part_path(dir / "sp.gguf", 1, 3));
+    std::mt19937_64 rng(test::fresh_seed("GgufHostileTypes.CorruptTensorInfosNeverCrash"));
+    int rejected = 0, loaded = 0;
+    for (const std::string &path : paths) {
+        const std::vector<uint8_t> base = read_bytes(path);
+        uint64_t info_begin = 0, data_start = 0;
+        {
+            GgufFile g(path);
+            data_start = g.data_offset();
+            const std::string first = g.tensors().front().name;
+            info_begin = static_cast<uint64_t>(std::search(base.begin(), base.end(), first.begin(), first.end()) - base.begin()) - 8;
+        }
+        ASSERT_LT(info_begin, data_start);
+        for (int trial = 0; trial < 60; ++trial) {
+            auto b = base;
+            const int flips = 1 + static_cast<int>(rng() % 3);
+            for (int f = 0; f < flips; ++f)
+                b[info_begin + rng() % (data_start - info_begin)] ^= static_cast<uint8_t>(1u << (rng() % 8));
+            write_bytes(path, b);
+            try {
+                load_checkpoint(path);
+                ++loaded;
+            } catch (const Error &e) {
+                ASSERT_TRUE(e.status() == FT_ERR_FORMAT || e.status() == FT_ERR_UNSUPPORTED || e.status() == FT_ERR_IO)
+                    << e.status() << ": " << e.what();
+                ++rejected;
+            }
+        }
+        write_bytes(path, base);
+    }
+    RecordProperty("loaded", loaded);
+    EXPECT_GT(rejected, 0);
 }
 
 }  // namespace
