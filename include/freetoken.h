@@ -382,9 +382,22 @@ typedef struct ft_model_info {
                                   FT_TENSOR_EXPERT_GATE_UP_BIAS), added by ft_decode          */
     int32_t shared_expert_gate; /* 1: the shared expert's output is scaled by
                                    sigmoid(FT_TENSOR_SHARED_GATE_PROJ . x)                     */
+    /* since 0.6. GGUF files may give each MoE layer's gate/up and down matrices their own block
+     * format; `format` is then MoE layer 0's gate/up format, `expert_bytes` the largest expert
+     * over the layers and `bank_bytes` the real total. */
+    uint32_t formats_used;     /* bit (1u << FT_FORMAT_x) for every format of some layer's
+                                  gate/up or down matrices                                     */
+    int32_t mixed_formats;     /* 1: the layers or matrices differ in format (the backends with
+                                  a GPU refuse such models; the cpu backend runs them)         */
 } ft_model_info;
 
 FT_API ft_status ft_model_get_info(const ft_model *model, ft_model_info *info);
+
+/* Since 0.6. The FT_FORMAT_* of MoE layer `layer`'s gate/up matrices and of its down matrix
+ * (both `format` unless the model mixes formats). FT_ERR_INVALID_ARGUMENT for a NULL argument or
+ * a layer outside [0, num_layers). */
+FT_API ft_status ft_model_layer_formats(const ft_model *model, int32_t layer, int32_t *gate_up_format,
+                                        int32_t *down_format);
 
 /* The MoE layer index of checkpoint layer `model_layer`, or -1 if that layer has no routed
  * experts (dense layers, out of range). */

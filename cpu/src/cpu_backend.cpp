@@ -1,5 +1,6 @@
 #include "ft/cpu_backend.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -8,6 +9,15 @@
 namespace ft::cpu {
 
 namespace {
+
+// The block formats other than spec.format that a model's layers mix (ModelSpec::layer_formats).
+std::vector<Format> mixed_formats(const ModelSpec &spec) {
+    std::vector<Format> out;
+    for (const LayerFormats &lf : spec.layer_formats)
+        for (const Format f : {lf.gate_up, lf.down})
+            if (f != spec.format && std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
+    return out;
+}
 
 // Every routed expert computed by the CPU straight from the host banks.
 class CpuBackend final : public Backend {
@@ -18,7 +28,7 @@ public:
                     ctx.params.max_tokens,
                     ActivationSpec{model_.spec().activation, model_.spec().swiglu_alpha, model_.spec().swiglu_limit},
                     ctx.params.shared_experts ? model_.spec().shared_intermediate : 0, static_cast<Isa>(ctx.cpu_isa),
-                    moe_tuning(ctx.tuning)) {
+                    moe_tuning(ctx.tuning), mixed_formats(model_.spec())) {
         const ModelSpec &s = model_.spec();
         if (ctx.params.shared_experts) {
             if (s.shared_intermediate <= 0) fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but the model has no shared expert");
@@ -63,14 +73,16 @@ private:
 ExpertSource expert_source(const Model &model, int32_t layer) {
     const ExpertBanks &banks = model.banks();
     ExpertSource src;
-    src.format = model.spec().format;
+    const LayerFormats lf = model.layer_formats(layer);
+    src.format = lf.gate_up;
+    src.down_format = lf.down != lf.gate_up ? int32_t(lf.down) : -1;
     src.num_experts = model.spec().num_experts;
     src.num_banks = banks.num_banks();
     constexpr int kMaxBanks = static_cast<int>(sizeof src.base / sizeof src.base[0]);
     if (src.num_banks > kMaxBanks) fail(FT_ERR_INTERNAL, "CPU backend: ", src.num_banks, " banks, at most ", kMaxBanks, " supported");
     for (int b = 0; b < src.num_banks; ++b) {
         src.base[b] = banks.layer_base(b, layer);
-        src.row_bytes[b] = banks.row_bytes(b);
+        src.row_bytes[b] = banks.layer_row_bytes(b, layer);
     }
     if (model.spec().expert_biases) {
         const LayerExtras &x = model.extras(layer);

@@ -73,7 +73,7 @@ MoeTuning moe_tuning(const Tuning &t) {
 
 MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_t intermediate, int32_t top_k,
                          int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
-                         MoeTuning tuning)
+                         MoeTuning tuning, const std::vector<Format> &mixed_formats)
     : pool_(pool), format_(format), hidden_(hidden), inter_(intermediate), top_k_(top_k), max_tokens_(max_tokens),
       shared_inter_(shared_intermediate), act_(act), isa_(isa) {
     if (hidden <= 0 || intermediate <= 0)
@@ -97,8 +97,28 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: ", err);
     gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
     quant_ = quant_ops(format, isa, tuning.quant);
+    for (const Format f : mixed_formats) {
+        if (!format_known(int32_t(f)) || !format_is_block(f) || !format_is_block(format))
+            fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: only GGUF block formats mix per layer or matrix, not ",
+                 format_known(int32_t(f)) ? format_name(f) : "(unknown)", " with ", format_name(format));
+        if (const std::string err = format_geometry_error(f, hidden, intermediate); !err.empty())
+            fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: ", err);
+    }
+    // Every accepted format once, `format` first: its kernels (FT_ERR_UNSUPPORTED without) and rows.
+    for (size_t i = 0; i <= mixed_formats.size(); ++i) {
+        const Format f = i == 0 ? format : mixed_formats[i - 1];
+        bool seen = false;
+        for (const FormatEntry &e : formats_) seen |= e.format == f;
+        if (seen) continue;
+        FormatEntry e{f, i == 0 ? quant_ : quant_ops(f, isa, tuning.quant), {}};
+        for (const BankSpec &b : bank_schema(f, hidden, intermediate)) e.bank_bytes.push_back(b.row_bytes);
+        formats_.push_back(std::move(e));
+    }
 
     if (quant_ && quant_->dequant) quant_batched_min_tokens_ = std::max(0, tuning.quant_batched_min_tokens);
+    bool any_dequant = false;
+    for (const FormatEntry &e : formats_) any_dequant |= e.ops && e.ops->dequant;
+    const int32_t batched_min = any_dequant ? std::max(0, tuning.quant_batched_min_tokens) : 0;
     onednn_min_tokens_ = tuning.onednn_min_tokens < 0 ? default_onednn_min_tokens() : tuning.onednn_min_tokens;
     if (onednn_min_tokens_ > 0 && !onednn_bf16_available()) onednn_min_tokens_ = 0;
 
@@ -106,9 +126,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     const int64_t slots = routes + (shared_intermediate > 0 ? max_tokens : 0);
     const int64_t max_group = std::max<int64_t>(routes, max_tokens);
     s_ = std::make_unique<Scratch>();
-    for (const BankSpec &b : bank_schema(format, hidden, intermediate)) s_->bank_bytes.push_back(b.row_bytes);
-    s_->expert_bytes = expert_bytes(format, hidden, intermediate);
-    s_->roles = bank_roles(format);
+    s_->batched_min = batched_min;
     // mxfp4's down matrix is read as columns of [K/2][H]: 64 columns are one cache line per K row,
     // so no line is shared by two items (32 would fetch every line twice, by two workers).
     if (format == Format::mxfp4) s_->p2_block = 2 * kRowBlock;
@@ -119,9 +137,12 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     // H = 2880 only every other row is); with one token the VBMI kernel reads both lines per K
     // row in one pass.
     if (format == Format::mxfp4) s_->mxfp4_lines = kMxfp4Lines;
-    if (quant_) {
-        s_->act_in_bytes = quant_->act_bytes(hidden);
-        s_->act_mid_bytes = quant_->act_bytes(intermediate);
+    // Prepared activations sized for the largest layout among the accepted formats.
+    size_t act_in_cap = 0, act_mid_cap = 0;
+    for (const FormatEntry &e : formats_) {
+        if (!e.ops) continue;
+        act_in_cap = std::max(act_in_cap, e.ops->act_bytes(hidden));
+        act_mid_cap = std::max(act_mid_cap, e.ops->act_bytes(intermediate));
     }
     try {
         s_->keys.resize(routes);
@@ -139,14 +160,14 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         s_->mptr.resize(slots);
         s_->aptr16.resize(slots);
         s_->mptr16.resize(slots);
-        if (quant_batched_min_tokens_ > 0 && quant_batched_min_tokens_ <= max_group) {
-            s_->deq_ld = std::max(s_->act_in_bytes, s_->act_mid_bytes) / 2;
+        if (batched_min > 0 && batched_min <= max_group) {
+            s_->deq_ld = std::max(act_in_cap, act_mid_cap) / 2;
             s_->deq.resize(size_t(pool.size()) * 2 * kRowBlock * s_->deq_ld);
             s_->deq_scale.resize(size_t(pool.size()) * 2 * kRowBlock);
         }
         if (quant_) {
-            s_->act_in.resize(size_t(max_tokens) * s_->act_in_bytes);
-            s_->act_mid.resize(size_t(routes) * s_->act_mid_bytes);
+            s_->act_in.resize(size_t(max_tokens) * act_in_cap);
+            s_->act_mid.resize(size_t(routes) * act_mid_cap);
         }
         if (onednn_min_tokens_ > 0 && onednn_min_tokens_ <= max_group) {
             s_->gathered_x.resize(max_group * hidden);
@@ -183,13 +204,41 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     if (!x || !ids || !w || !y) fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: NULL x, ids, weights or output");
     const int64_t H = hidden_, I = inter_, K = top_k_, T = num_tokens;
     Scratch &s = *s_;
-    const int nbanks = int(s.bank_bytes.size());
-    if (src.format != format_)
-        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source in format ", format_name(src.format),
-             ", the executor was made for ", format_name(format_));
+    // The formats of this layer: gate_up in src.format, down in src.down_format where it mixes.
+    auto entry = [this](int32_t f) -> const FormatEntry & {
+        for (const FormatEntry &e : formats_)
+            if (int32_t(e.format) == f) return e;
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source in format ",
+             format_known(f) ? format_name(Format(f)) : "(unknown)", ", the executor was made for ",
+             format_name(format_), formats_.size() > 1 ? " and the block formats it mixes" : "");
+    };
+    const FormatEntry &gu = entry(int32_t(src.format));
+    const FormatEntry &dn = src.down_format < 0 ? gu : entry(src.down_format);
+    const int nbanks = int(gu.bank_bytes.size());
+    s.num_banks = nbanks;
+    s.expert_bytes = 0;
+    for (int b = 0; b < nbanks; ++b) {
+        // Two-bank block formats: bank 0 is gate_up, bank 1 down (the only ones that mix).
+        s.bank_bytes[b] = (&dn != &gu && b == 1) ? dn.bank_bytes[1] : gu.bank_bytes[b];
+        s.expert_bytes += s.bank_bytes[b];
+    }
+    s.roles = bank_roles(gu.format);
+    if (&dn != &gu) {
+        const BankRoles d = bank_roles(dn.format);
+        s.roles.dn_data = d.dn_data;
+        s.roles.dn_scale = d.dn_scale;
+        s.roles.dn_global = d.dn_global;
+        s.roles.dn_bias = d.dn_bias;
+    }
+    s.gu_ops = gu.ops;
+    s.dn_ops = dn.ops;
+    s.act_in_bytes = gu.ops ? gu.ops->act_bytes(hidden_) : 0;
+    s.act_mid_bytes = dn.ops ? dn.ops->act_bytes(inter_) : 0;
+    // The batched path dequantises both passes' rows to bf16: both formats need it at this tier.
+    s.batched_ok = s.batched_min > 0 && gu.ops && gu.ops->dequant && dn.ops && dn.ops->dequant;
     if (src.num_experts <= 0 || src.num_banks != nbanks)
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source with ", src.num_banks, " banks and ", src.num_experts,
-             " experts (", format_name(format_), " has ", nbanks, " banks)");
+             " experts (", format_name(gu.format), " has ", nbanks, " banks)");
     for (int b = 0; b < nbanks; ++b) {
         if (!src.base[b]) fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: bank ", b, " has no base pointer");
         if (src.row_bytes[b] < s.bank_bytes[b])
@@ -286,7 +335,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         Group &g = s.groups[gi];
         // The oneDNN path adds no biases: experts with biases stay on the SIMD kernels.
         g.onednn = !g.quant && !g.gu_bias && !g.dn_bias && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
-        g.batched = g.quant && quant_batched_min_tokens_ > 0 && g.count >= quant_batched_min_tokens_;
+        g.batched = g.quant && s.batched_ok && g.count >= s.batched_min;
         any_onednn |= g.onednn;
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, int64_t(kRowBlock) * p1_blocks(g)));
         s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, p2_rows(g)));
@@ -354,7 +403,7 @@ void MoeExecutor::run_pool_passes(int worker, int num_workers, bool with_reduce)
     if (quant_) {
         guarded([&] {
             for (int64_t t; (t = s.prep_in_next.fetch_add(1, std::memory_order_relaxed)) < s.prep_in_total;)
-                quant_->prepare(s.x + t * hidden_, hidden_,
+                s.gu_ops->prepare(s.x + t * hidden_, hidden_,
                                 s.act_in.data() + size_t(t) * s.act_in_bytes);
         });
         barrier(s.barrier_count, s.barrier_gen, num_workers);
@@ -366,7 +415,7 @@ void MoeExecutor::run_pool_passes(int worker, int num_workers, bool with_reduce)
     if (quant_) {
         guarded([&] {
             for (int64_t slot; (slot = s.prep_mid_next.fetch_add(1, std::memory_order_relaxed)) < s.prep_mid_total;)
-                quant_->prepare(s.iptr[slot], inter_, s.act_mid.data() + size_t(slot) * s.act_mid_bytes);
+                s.dn_ops->prepare(s.iptr[slot], inter_, s.act_mid.data() + size_t(slot) * s.act_mid_bytes);
         });
         barrier(s.barrier_count, s.barrier_gen, num_workers);
     }
@@ -423,8 +472,8 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
         const detail::QuantMatrix m{bank(g.rows, s.roles.gu_data), bank(g.rows, s.roles.gu_scale),
                                     bank(g.rows, s.roles.gu_global), hidden_, 2 * int64_t(inter_)};
         const int n = int(std::min<int64_t>(kRowBlock, g.inter - i0));
-        quant_->dequant(m, i0, n, deq, s.deq_ld, deq_scale);
-        quant_->dequant(m, inter_ + i0, n, deq + kRowBlock * s.deq_ld, s.deq_ld, deq_scale + kRowBlock);
+        s.gu_ops->dequant(m, i0, n, deq, s.deq_ld, deq_scale);
+        s.gu_ops->dequant(m, inter_ + i0, n, deq + kRowBlock * s.deq_ld, s.deq_ld, deq_scale + kRowBlock);
     }
     const int ni = int(std::min<int64_t>(units, g.inter - i0));
     const bool mxfp4 = g.quant && format_ == Format::mxfp4;
@@ -452,10 +501,10 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
                 }
         } else if (mxfp4) {
             ld = 2 * units;  // one tile of n x 2 * units floats across both halves of the scratch
-            quant_->gemv(m, 2 * i0, 2 * ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
+            s.gu_ops->gemv(m, 2 * i0, 2 * ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
         } else {
-            quant_->gemv(m, i0, ni, &s.aptr[g.first_slot + c0], n, gate_tile, kRowBlock);
-            quant_->gemv(m, inter_ + i0, ni, &s.aptr[g.first_slot + c0], n, up_tile, kRowBlock);
+            s.gu_ops->gemv(m, i0, ni, &s.aptr[g.first_slot + c0], n, gate_tile, kRowBlock);
+            s.gu_ops->gemv(m, inter_ + i0, ni, &s.aptr[g.first_slot + c0], n, up_tile, kRowBlock);
         }
         for (int j = 0; j < n; ++j) {
             uint16_t *dst = g.inter_out + int64_t(c0 + j) * g.inter + i0;
@@ -503,7 +552,7 @@ void MoeExecutor::run_item_pass2(int worker, int64_t it) {
                                 int64_t(inter_), H};
     uint16_t *deq = g.batched ? s.deq.data() + size_t(worker) * 2 * kRowBlock * s.deq_ld : nullptr;
     float *deq_scale = g.batched ? s.deq_scale.data() + size_t(worker) * 2 * kRowBlock : nullptr;
-    if (g.batched) quant_->dequant(m, h0, nh, deq, s.deq_ld, deq_scale);
+    if (g.batched) s.dn_ops->dequant(m, h0, nh, deq, s.deq_ld, deq_scale);
     for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
         const int n = std::min(kRouteChunk, g.count - c0);
         float *out = s.route_out.data() + int64_t(g.first_slot + c0) * H + h0;
@@ -519,7 +568,7 @@ void MoeExecutor::run_item_pass2(int worker, int64_t it) {
             for (int j = 0; j < n; ++j)
                 for (int h = 0; h < nh; ++h) out[j * H + h] *= deq_scale[h];
         } else {
-            quant_->gemv(m, h0, nh, &s.mptr[g.first_slot + c0], n, out, H);
+            s.dn_ops->gemv(m, h0, nh, &s.mptr[g.first_slot + c0], n, out, H);
         }
         if (ro.dn_bias >= 0) {
             const uint8_t *bias = g.rows[ro.dn_bias] + h0 * 2;

@@ -57,12 +57,25 @@ struct BankRoles {
     int gu_data, gu_scale, gu_global, gu_bias, dn_data, dn_scale, dn_global, dn_bias;
 };
 
+// A format the executor accepts: its kernels and its banks' row sizes (ft::bank_schema).
+struct MoeExecutor::FormatEntry {
+    Format format;
+    const QuantOps *ops;  // nullptr for bf16
+    std::vector<size_t> bank_bytes;
+};
+
 struct MoeExecutor::Scratch {
-    // Format constants.
-    std::vector<size_t> bank_bytes;          // bytes of each bank's row (ft::bank_schema)
+    // Formats of the current call: the gate_up bank's and the down bank's (equal unless the
+    // layer mixes block formats). Set by run() before the passes.
+    int num_banks = 0;
+    size_t bank_bytes[8] = {};               // bytes of each bank's row
     uint64_t expert_bytes = 0;               // one routed expert across all banks
-    BankRoles roles{};
-    size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate
+    BankRoles roles{};                       // gu_* of the gate_up format, dn_* of the down format
+    const QuantOps *gu_ops = nullptr;        // pass 1 and the input preparation (nullptr: bf16)
+    const QuantOps *dn_ops = nullptr;        // pass 2 and the intermediate preparation
+    bool batched_ok = false;                 // both formats have the batched path at this tier
+    size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate (this call)
+    int32_t batched_min = 0;                 // quant_batched_min_tokens over every accepted format
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
     // mxfp4 items that run the SIMD GEMV (not the batched path): 64-byte lines of each K row per
     // item (kMxfp4Lines, see moe_executor.cpp).

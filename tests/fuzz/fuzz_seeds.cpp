@@ -116,6 +116,41 @@ int main(int argc, char **argv) {
             put(out + "/gguf/" + g.name, read_all(path));
         }
         put(out + "/gguf/split", ftfuzz::join_parts({read_all(work + "/q4_0.gguf"), read_all(work + "/bf16.gguf")}));
+        // Every other expert type (K-quants at their 256-element blocks, 2 experts), a mix per
+        // matrix and layer, shared experts, and a real split set of three parts.
+        auto gguf_tiny = [&](const char *format, int k) {
+            ft::synth::Spec s = tiny("qwen3_moe", format);
+            s.gguf = true;
+            s.num_experts = 2;
+            s.top_k = 1;
+            if (k == 256) s.hidden = s.intermediate = 256;
+            return s;
+        };
+        for (const char *f : {"q8_0", "mxfp4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}) {
+            const ft::synth::Spec s = gguf_tiny(f, std::string(f) == "q8_0" || std::string(f) == "mxfp4" ? 32 : 256);
+            const std::string path = work + "/" + f + ".gguf";
+            ft::synth::write_gguf(path, s);
+            put(out + "/gguf/" + f, read_all(path));
+        }
+        {
+            ft::synth::Spec s = gguf_tiny("q4_k", 256);
+            s.num_layers = 2;
+            s.gguf_mix = {"q4_k/q6_k", "q8_0/iq4_xs"};
+            ft::synth::write_gguf(work + "/mixed.gguf", s);
+            put(out + "/gguf/mixed", read_all(work + "/mixed.gguf"));
+            s = gguf_tiny("q4_k", 256);
+            s.shared_intermediate = 256;
+            s.gguf_shared_gate = true;
+            ft::synth::write_gguf(work + "/shared.gguf", s);
+            put(out + "/gguf/shared", read_all(work + "/shared.gguf"));
+            s = gguf_tiny("q8_0", 32);
+            s.gguf_splits = 3;
+            ft::synth::write_gguf(work + "/set.gguf", s);
+            std::vector<std::string> parts;
+            for (int k = 1; k <= 3; ++k) parts.push_back(read_all(ft::synth::gguf_part_path(work + "/set.gguf", k, 3)));
+            put(out + "/gguf/split3", ftfuzz::join_parts(parts));
+            put(out + "/gguf/split3_first", parts[0]);
+        }
 
         // A profile with machine figures, one dtype verdict and one workload.
         ft::Profile p;

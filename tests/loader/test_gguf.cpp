@@ -175,14 +175,16 @@ TEST(Gguf, DirectoryWithTwoFilesIsRefused) {
 
 TEST(Gguf, ModelLevelErrors) {
     ScratchDir dir;
-    // Q8_0 experts: a valid file, a type FreeToken does not serve; named.
+    // IQ2_XXS experts (ggml type 16): a valid file, a type FreeToken does not serve; named, with
+    // the list of the types it does.
     GgufWriter w;
     w.kv_string("general.architecture", "qwen3moe");
     for (const char *k : {"block_count", "embedding_length", "expert_count", "expert_used_count", "expert_feed_forward_length"})
-        w.kv_u32(std::string("qwen3moe.") + k, std::string(k) == "block_count" ? 1 : std::string(k) == "expert_used_count" ? 1 : 32);
-    w.tensor("blk.0.ffn_gate_exps.weight", {32, 32, 32}, ggml_type::Q8_0, std::vector<uint8_t>(32 * 32 * 34, 1));
-    w.write(dir / "q8.gguf");
-    expect_error([&] { load_checkpoint(dir / "q8.gguf"); }, FT_ERR_UNSUPPORTED, {"blk.0.ffn_gate_exps.weight", "Q8_0"});
+        w.kv_u32(std::string("qwen3moe.") + k, std::string(k) == "block_count" ? 1 : std::string(k) == "expert_used_count" ? 1 : 256);
+    w.tensor("blk.0.ffn_gate_exps.weight", {256, 2, 2}, 16, std::vector<uint8_t>(2 * 2 * 66, 1));
+    w.write(dir / "iq2.gguf");
+    expect_error([&] { load_checkpoint(dir / "iq2.gguf"); }, FT_ERR_UNSUPPORTED,
+                 {"blk.0.ffn_gate_exps.weight", "IQ2_XXS", "supported: Q4_0, Q8_0, Q2_K", "IQ4_XS, MXFP4, BF16"});
 
     // Expert dims that disagree with the metadata.
     Spec s = gguf_spec("q4_0");

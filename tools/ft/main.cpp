@@ -52,7 +52,7 @@ int cmd_info(const Options &o) {
             ft_model_info mi;
             mi.struct_size = sizeof mi;
             ft_model_get_info(model, &mi);
-            print_model(mi);
+            print_model(mi, model);
         }
         ft_model_free(model);
     }

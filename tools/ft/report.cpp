@@ -39,8 +39,9 @@ const char *act_name(int32_t a) {
 }
 
 const char *format_name(int32_t f) {
-    static const char *names[] = {"?", "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
-    return f >= 1 && f <= 6 ? names[f] : "?";
+    static const char *names[] = {"?",    "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0",
+                                  "q8_0", "q2_k", "q3_k",      "q4_k",  "q5_k",  "q6_k",   "iq4_xs"};
+    return f >= 1 && f <= 13 ? names[f] : "?";
 }
 
 const char *routing_name(int32_t r) {
@@ -58,7 +59,33 @@ const char *routing_name(int32_t r) {
     }
 }
 
-void print_model(const ft_model_info &m) {
+std::vector<FormatRun> format_runs(const ft_model *model, const ft_model_info &m) {
+    std::vector<FormatRun> runs;
+    for (int32_t l = 0; l < m.num_layers; ++l) {
+        int32_t gu = m.format, dn = m.format;
+        if (model && m.mixed_formats) ft_model_layer_formats(model, l, &gu, &dn);
+        if (!runs.empty() && runs.back().gate_up == gu && runs.back().down == dn && runs.back().last == l - 1)
+            runs.back().last = l;
+        else
+            runs.push_back({l, l, gu, dn});
+    }
+    return runs;
+}
+
+std::string format_mix(const std::vector<FormatRun> &runs) {
+    std::string out;
+    for (const FormatRun &r : runs) {
+        if (!out.empty()) out += ", ";
+        out += std::to_string(r.first);
+        if (r.last != r.first) out += "-" + std::to_string(r.last);
+        out += " ";
+        out += format_name(r.gate_up);
+        if (r.down != r.gate_up) out += std::string("/") + format_name(r.down);
+    }
+    return out;
+}
+
+void print_model(const ft_model_info &m, const ft_model *model) {
     std::printf("model       %s: %d MoE layers (first at layer %d of %d), %d experts, top-%d\n", m.architecture, m.num_layers,
                 m.first_moe_layer, m.total_layers, m.num_experts, m.top_k);
     std::printf("            H=%d I=%d, %s, %s, routing %s", m.hidden_size, m.intermediate_size, format_name(m.format),
@@ -69,6 +96,9 @@ void print_model(const ft_model_info &m) {
     std::printf("\n            %.2f MB per expert, %.2f GB of routed experts", m.expert_bytes / 1e6, m.bank_bytes / 1e9);
     if (m.shared_intermediate_size) std::printf(", shared expert width %d", m.shared_intermediate_size);
     std::printf("\n");
+    if (m.mixed_formats)
+        std::printf("            mixed formats per MoE layer (gate_up/down): %s; MB per expert is the largest layer's\n",
+                    format_mix(format_runs(model, m)).c_str());
 }
 
 void print_engine(ft_engine *engine) {
@@ -91,7 +121,7 @@ const char *backend_key(int32_t b) {
     }
 }
 
-nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool synthetic) {
+nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool synthetic, const ft_model *model) {
     nlohmann::json j = {{"path", path},
                         {"synthetic", synthetic},
                         {"architecture", m.architecture},
@@ -113,6 +143,14 @@ nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool 
         j["num_groups"] = m.num_groups;
         j["topk_groups"] = m.topk_groups;
         j["routed_scaling_factor"] = m.routed_scaling_factor;
+    }
+    j["mixed_formats"] = m.mixed_formats != 0;
+    if (m.mixed_formats) {
+        nlohmann::json runs = nlohmann::json::array();
+        for (const FormatRun &r : format_runs(model, m))
+            runs.push_back({{"first_layer", r.first}, {"last_layer", r.last}, {"gate_up", format_name(r.gate_up)},
+                            {"down", format_name(r.down)}});
+        j["layer_formats"] = runs;
     }
     return j;
 }

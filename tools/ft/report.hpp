@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,9 +26,20 @@ const char *act_name(int32_t a);
 const char *format_name(int32_t f);   // values of ft_model_info.format
 const char *routing_name(int32_t r);
 
-void print_model(const ft_model_info &m);
+// Runs of consecutive MoE layers with the same {gate_up, down} formats (one run unless
+// m.mixed_formats; then read from `model` with ft_model_layer_formats).
+struct FormatRun {
+    int32_t first, last, gate_up, down;
+};
+std::vector<FormatRun> format_runs(const ft_model *model, const ft_model_info &m);
+// "0-3 q4_k/q6_k, 4 q4_k": layers, gate_up format, "/down format" where it differs.
+std::string format_mix(const std::vector<FormatRun> &runs);
+
+// `model` (may be null) supplies the per-layer formats of a model that mixes them.
+void print_model(const ft_model_info &m, const ft_model *model = nullptr);
 void print_engine(ft_engine *engine);
-nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool synthetic);
+nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool synthetic,
+                          const ft_model *model = nullptr);
 nlohmann::json profile_json(const ProfileStatus &p);
 
 }  // namespace ft::tool

@@ -21,6 +21,7 @@
 #include "freetoken.h"
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
+#include "ft/formats.hpp"
 #include "ft/synth.hpp"
 #include "profile_cmd.hpp"
 #include "progress.hpp"
@@ -55,7 +56,7 @@ ft::synth::Spec synthetic_spec(const std::string &format) {
     } else if (format == "ds_fp4") {
         s.architecture = "deepseek_v4";
         s.top_k = 6;
-    } else if (format == "q4_0") {
+    } else if (ft::format_is_block(ft::parse_format(format))) {  // q4_0, q8_0, K-quants, iq4_xs: GGUF
         s.gguf = true;
     }
     return s;
@@ -186,14 +187,14 @@ int load_model(const Options &o, const std::string &path, ft_engine *engine, con
     mi.struct_size = sizeof mi;
     ft_model_get_info(raw, &mi);
     if (o.json) {
-        report["model"] = model_json(mi, path, o.model.empty());
+        report["model"] = model_json(mi, path, o.model.empty(), raw);
         report["load"] = {{"seconds", load_s}, {"gb_per_s", mi.bank_bytes / 1e9 / load_s}};
         report["engine"] = {{"cpu_threads", ei.cpu_threads},
                             {"physical_cores", ei.physical_cores},
                             {"cpu_isa", ei.cpu_isa},
                             {"gpu", ei.device >= 0 ? ei.device_name : ""}};
     } else {
-        print_model(mi);
+        print_model(mi, raw);
         std::printf("            loaded in %.2f s (%.2f GB/s)%s\n", load_s, mi.bank_bytes / 1e9 / load_s, o.model.empty() ? ", synthetic" : "");
         print_engine(engine);
     }

@@ -48,6 +48,10 @@ type ModelInfo struct {
 	FirstMoeLayer, TotalLayers, SharedIntermediateSize        int
 	ExpertBytes, BankBytes, PinnedBytes                       uint64
 	Architecture                                              string
+	// FormatsUsed has bit 1<<FT_FORMAT_x per format of some layer's gate/up or down matrices;
+	// MixedFormats: they differ (LayerFormats), and Format is MoE layer 0's gate/up format.
+	FormatsUsed  uint32
+	MixedFormats bool
 }
 
 // Model holds expert weights in host banks. Built by one goroutine until Finalize; read-only and
@@ -78,7 +82,8 @@ func modelInfo(raw *C.ft_model) ModelInfo {
 		RoutedScalingFactor: float32(i.routed_scaling_factor), SwigluAlpha: float32(i.swiglu_alpha),
 		SwigluLimit: float32(i.swiglu_limit), FirstMoeLayer: int(i.first_moe_layer), TotalLayers: int(i.total_layers),
 		SharedIntermediateSize: int(i.shared_intermediate_size), ExpertBytes: uint64(i.expert_bytes),
-		BankBytes: uint64(i.bank_bytes), PinnedBytes: uint64(i.pinned_bytes), Architecture: C.GoString(i.architecture)}
+		BankBytes: uint64(i.bank_bytes), PinnedBytes: uint64(i.pinned_bytes), Architecture: C.GoString(i.architecture),
+		FormatsUsed: uint32(i.formats_used), MixedFormats: i.mixed_formats != 0}
 }
 
 // Close frees the model. StatusState if sessions of it are still open.
@@ -207,6 +212,17 @@ func (m *Model) Finalize() error {
 
 // Info returns the model's geometry and sizes.
 func (m *Model) Info() ModelInfo { return m.info }
+
+// LayerFormats returns the gate/up and down formats (FT_FORMAT_*) of MoE layer layer.
+func (m *Model) LayerFormats(layer int) (gateUp, down int, err error) {
+	err = m.h.shared(func(raw *C.ft_model) error {
+		var gu, dn C.int32_t
+		s := C.ft_model_layer_formats(raw, C.int32_t(layer), &gu, &dn)
+		gateUp, down = int(gu), int(dn)
+		return check(s, func() string { return fmt.Sprintf("ft_model_layer_formats: no MoE layer %d", layer) })
+	})
+	return
+}
 
 // MoeLayer is the MoE layer index of checkpoint layer modelLayer, or -1 for a dense layer.
 func (m *Model) MoeLayer(modelLayer int) int {

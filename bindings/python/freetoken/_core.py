@@ -372,6 +372,13 @@ class Model(_Handle):
     def info(self):
         return self._read(_ffi.ft_model_info, "ft_model_get_info")
 
+    def layer_formats(self, layer):
+        """(gate_up, down) FT_FORMAT_* values of MoE layer `layer`; they differ from info()["format"]
+        only in models that mix formats (info()["mixed_formats"])."""
+        gu, dn = c_int32(), c_int32()
+        self._call("ft_model_layer_formats", layer, ctypes.byref(gu), ctypes.byref(dn))
+        return gu.value, dn.value
+
     def moe_layer(self, model_layer):
         """MoE layer index of checkpoint layer `model_layer`, or -1."""
         return int(self._value("ft_model_moe_layer", model_layer))

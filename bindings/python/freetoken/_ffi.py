@@ -153,7 +153,8 @@ class ft_model_info(Structure):
                 ("swiglu_limit", c_float), ("first_moe_layer", c_int32), ("total_layers", c_int32),
                 ("shared_intermediate_size", c_int32), ("expert_bytes", c_uint64), ("bank_bytes", c_uint64),
                 ("architecture", c_char_p), ("pinned_bytes", c_uint64), ("route_weight", c_int32),
-                ("router_jitter_eps", c_float), ("expert_biases", c_int32), ("shared_expert_gate", c_int32)]
+                ("router_jitter_eps", c_float), ("expert_biases", c_int32), ("shared_expert_gate", c_int32),
+                ("formats_used", c_uint32), ("mixed_formats", c_int32)]
 
 
 class ft_tensor_view(Structure):
@@ -261,6 +262,7 @@ FUNCTIONS = {
     "ft_model_last_error": (c_char_p, [_H]),
     "ft_model_get_info": (c_int32, [_H, POINTER(ft_model_info)]),
     "ft_model_moe_layer": (c_int32, [_H, c_int32]),
+    "ft_model_layer_formats": (c_int32, [_H, c_int32, POINTER(c_int32), POINTER(c_int32)]),
     "ft_model_tensor": (c_int32, [_H, c_int32, c_int32, POINTER(ft_tensor_view)]),
     "ft_session_params_init": (None, [POINTER(ft_session_params)]),
     "ft_session_create": (c_int32, [_H, POINTER(ft_session_params), _OUT] + _ERR),

@@ -164,7 +164,10 @@ struct ActivationSpec {
 // The banks of one MoE layer in any expert format: bank b (ft::bank_schema order) of expert e
 // starts at base[b] + e * row_bytes[b].
 struct ExpertSource {
-    Format format = Format::bf16;
+    Format format = Format::bf16;  // of every bank; with down_format, of the gate_up bank
+    // FT_FORMAT_* of the down bank when the layer mixes block formats (gate_up in `format`, down
+    // in this one); -1: the down bank is in `format` too.
+    int32_t down_format = -1;
     int32_t num_experts = 0;
     int num_banks = 0;
     const uint8_t *base[8] = {};
@@ -218,9 +221,12 @@ public:
     // ds_fp4 with FT_ACT_SILU clamps like DeepSeek-V4 when act.limit is finite and > 0 (see
     // cpu/README.md). FT_ERR_INVALID_ARGUMENT on bad arguments, FT_ERR_UNSUPPORTED if the CPU
     // lacks `isa`.
+    // mixed_formats: further block formats (format_is_block) that layers of a model mixing them
+    // use for gate_up or down (ExpertSource::down_format); `format` must then be a block format
+    // too. Scratch is sized for the largest of them; FT_ERR_UNSUPPORTED when one has no kernel.
     MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_t intermediate, int32_t top_k,
                 int32_t max_tokens, ActivationSpec act, int32_t shared_intermediate, Isa isa,
-                MoeTuning tuning = {});
+                MoeTuning tuning = {}, const std::vector<Format> &mixed_formats = {});
     ~MoeExecutor();
     MoeExecutor(const MoeExecutor &) = delete;
     MoeExecutor &operator=(const MoeExecutor &) = delete;
@@ -268,6 +274,8 @@ private:
     Isa isa_;
     GemvFn gemv_;
     const QuantOps *quant_ = nullptr;  // nullptr for bf16
+    struct FormatEntry;
+    std::vector<FormatEntry> formats_;  // `format`, then the mixed formats
     int32_t onednn_min_tokens_;
     int32_t quant_batched_min_tokens_ = 0;
     bool weight_on_input_ = false;

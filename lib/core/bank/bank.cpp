@@ -1,6 +1,7 @@
 #include "ft/bank.hpp"
 
 #include <sys/mman.h>
+#include <algorithm>
 #include <unistd.h>
 
 #include "ft/common.hpp"
@@ -53,13 +54,37 @@ HostBuffer &HostBuffer::operator=(HostBuffer &&o) noexcept {
 }
 
 ExpertBanks::ExpertBanks(std::vector<BankSpec> schema, int num_layers, int num_experts)
+    : ExpertBanks(std::move(schema), num_layers, num_experts, {}) {}
+
+ExpertBanks::ExpertBanks(std::vector<BankSpec> schema, int num_layers, int num_experts,
+                         std::vector<size_t> layer_row_bytes)
     : schema_(std::move(schema)), num_layers_(num_layers), num_experts_(num_experts) {
     if (num_layers <= 0 || num_experts <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "expert banks need at least one layer and one expert");
-    buffers_.reserve(schema_.size() * num_layers);
-    for (const BankSpec &b : schema_) {
-        for (int l = 0; l < num_layers; ++l) buffers_.emplace_back(b.row_bytes * static_cast<size_t>(num_experts));
+    const size_t n = schema_.size() * static_cast<size_t>(num_layers);
+    if (layer_row_bytes.empty()) {
+        row_bytes_.reserve(n);
+        for (const BankSpec &b : schema_)
+            for (int l = 0; l < num_layers; ++l) row_bytes_.push_back(b.row_bytes);
+    } else {
+        if (layer_row_bytes.size() != n)
+            fail(FT_ERR_INVALID_ARGUMENT, "expert banks: ", layer_row_bytes.size(), " per-layer row sizes for ",
+                 schema_.size(), " banks x ", num_layers, " layers");
+        row_bytes_ = std::move(layer_row_bytes);
+        for (size_t b = 0; b < schema_.size(); ++b) {
+            size_t largest = 0;
+            for (int l = 0; l < num_layers; ++l) {
+                const size_t rb = row_bytes_[index(static_cast<int>(b), l)];
+                if (rb == 0) fail(FT_ERR_INVALID_ARGUMENT, "expert banks: bank ", b, " of layer ", l, " has empty rows");
+                if (l > 0 && rb != largest) uniform_ = false;
+                largest = std::max(largest, rb);
+            }
+            if (largest != schema_[b].row_bytes) uniform_ = false;
+            schema_[b].row_bytes = largest;
+        }
     }
+    buffers_.reserve(n);
+    for (size_t i = 0; i < n; ++i) buffers_.emplace_back(row_bytes_[i] * static_cast<size_t>(num_experts));
 }
 
 size_t ExpertBanks::expert_bytes() const {
@@ -68,8 +93,16 @@ size_t ExpertBanks::expert_bytes() const {
     return total;
 }
 
+size_t ExpertBanks::expert_bytes(int layer) const {
+    size_t total = 0;
+    for (int b = 0; b < num_banks(); ++b) total += layer_row_bytes(b, layer);
+    return total;
+}
+
 size_t ExpertBanks::total_bytes() const {
-    return expert_bytes() * static_cast<size_t>(num_experts_) * num_layers_;
+    size_t total = 0;
+    for (size_t rb : row_bytes_) total += rb;
+    return total * static_cast<size_t>(num_experts_);
 }
 
 void ExpertBanks::for_each_allocation(const std::function<void(uint8_t *, size_t)> &fn) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "ft/common.hpp"
@@ -294,6 +295,7 @@ void GgufFile::parse() {
             fail(FT_ERR_FORMAT, path_, ": tensor '", t.name, "': bytes [", t.offset, ", +", t.nbytes,
                  ") run past the ", data_size, "-byte data section (file truncated?)");
         t.file_offset = data_start_ + t.offset;
+        t.part = this;
     }
     // No two tensors may share bytes: sorted by offset, each must start after the previous ends.
     std::vector<const GgufTensorInfo *> by_offset;
@@ -357,6 +359,133 @@ std::string GgufFile::req_string(const std::string &key) const {
     if (v->type != GgufType::string)
         fail(FT_ERR_FORMAT, path_, ": metadata '", key, "' must be a string, got ", value_type_name(v->type));
     return v->s;
+}
+
+void GgufFile::attach_part(std::unique_ptr<GgufFile> part) {
+    for (const GgufTensorInfo &t : part->tensors_) {
+        if (const GgufTensorInfo *had = find_tensor(t.name))
+            fail(FT_ERR_FORMAT, part->path_, ": tensor '", t.name, "' is also in ", had->part->path_);
+        tensor_index_.emplace(t.name, tensors_.size());
+        tensors_.push_back(t);
+    }
+    parts_.push_back(std::move(part));
+}
+
+namespace {
+
+struct SplitName {
+    std::string prefix;  // everything before "-00001-of-00003.gguf"
+    uint32_t no = 0, count = 0;  // 1-based part number, part count
+};
+
+// Parses NAME-%05d-of-%05d.gguf (exactly five digits each, as gguf-split writes them).
+bool parse_split_name(const std::string &file, SplitName *out) {
+    static const size_t kTail = std::string("-00001-of-00003.gguf").size();
+    if (file.size() <= kTail) return false;
+    const std::string tail = file.substr(file.size() - kTail);
+    uint32_t no = 0, count = 0;
+    if (tail[0] != '-' || tail.compare(6, 4, "-of-") != 0 || tail.compare(15, 5, ".gguf") != 0) return false;
+    for (size_t i = 0; i < 5; ++i) {
+        const char a = tail[1 + i], b = tail[10 + i];
+        if (a < '0' || a > '9' || b < '0' || b > '9') return false;
+        no = no * 10 + static_cast<uint32_t>(a - '0');
+        count = count * 10 + static_cast<uint32_t>(b - '0');
+    }
+    if (no == 0 || count == 0 || no > count) return false;
+    out->prefix = file.substr(0, file.size() - kTail);
+    out->no = no;
+    out->count = count;
+    return true;
+}
+
+std::string split_part_name(const std::string &prefix, uint32_t no, uint32_t count) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "-%05u-of-%05u.gguf", no, count);
+    return prefix + buf;
+}
+
+std::string base_name(const std::string &path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+std::unique_ptr<GgufFile> open_gguf_model(const std::string &path) {
+    auto first = std::make_unique<GgufFile>(path);
+    const GgufValue *count_kv = first->find("split.count");
+    const uint64_t count = first->opt_uint("split.count", 1);
+    SplitName sn;
+    const bool named = parse_split_name(path, &sn);
+    if (!count_kv) {
+        if (named && sn.count > 1)
+            fail(FT_ERR_FORMAT, path, ": named as part ", sn.no, " of ", sn.count,
+                 " of a split set but carries no split.count metadata");
+        return first;
+    }
+    const uint64_t no = first->opt_uint("split.no", 0);
+    if (count == 0 || count > 99999)
+        fail(FT_ERR_FORMAT, path, ": metadata 'split.count' = ", count, " is not in [1, 99999]");
+    if (no != 0)
+        fail(FT_ERR_FORMAT, path, ": is part ", no + 1, " of ", count,
+             " of a split set (split.no = ", no, "); give the first part (-00001-of-",
+             split_part_name("", 1, static_cast<uint32_t>(count)).substr(10), ") or its directory");
+    if (count == 1) return first;
+    if (!named || sn.count != count)
+        fail(FT_ERR_FORMAT, path, ": split.count = ", count, " but the file name is not NAME-00001-of-",
+             split_part_name("", 1, static_cast<uint32_t>(count)).substr(10),
+             " (the other parts are found by that name)");
+    const uint64_t total = first->opt_uint("split.tensors.count", 0);
+    const std::string dir = path.substr(0, path.size() - base_name(path).size());
+    for (uint32_t i = 2; i <= count; ++i) {
+        const std::string pp = split_part_name(sn.prefix, i, static_cast<uint32_t>(count));
+        std::unique_ptr<GgufFile> part;
+        try {
+            part = std::make_unique<GgufFile>(pp);
+        } catch (const Error &e) {
+            if (e.status() == FT_ERR_IO)
+                fail(FT_ERR_IO, path, ": part ", i, " of ", count, " of the split set is missing or unreadable: ",
+                     e.what());
+            throw;
+        }
+        const uint64_t pc = part->opt_uint("split.count", 0), pn = part->opt_uint("split.no", UINT64_MAX);
+        if (pc != count || pn != i - 1)
+            fail(FT_ERR_FORMAT, pp, ": split.no = ", pn == UINT64_MAX ? std::string("(missing)") : std::to_string(pn),
+                 ", split.count = ", pc, " where part ", i, " of ", count, " (split.no ", i - 1, ") is expected");
+        first->attach_part(std::move(part));
+    }
+    if (first->find("split.tensors.count") && total != first->tensors().size())
+        fail(FT_ERR_FORMAT, path, ": split.tensors.count = ", total, " but the ", count, " parts hold ",
+             first->tensors().size(), " tensors");
+    return first;
+}
+
+std::string gguf_directory_model(const std::string &dir, std::vector<std::string> names) {
+    std::sort(names.begin(), names.end());
+    SplitName only;
+    if (names.size() == 1 && (!parse_split_name(names[0], &only) || only.count == 1)) return dir + "/" + names[0];
+    // Split parts, or several files: they must be the parts of one split set.
+    SplitName first;
+    bool all_split = true, one_set = true;
+    for (size_t i = 0; i < names.size(); ++i) {
+        SplitName sn;
+        if (!parse_split_name(names[i], &sn)) {
+            all_split = false;
+            break;
+        }
+        if (i == 0) first = sn;
+        else if (sn.prefix != first.prefix || sn.count != first.count) one_set = false;
+    }
+    if (!all_split)
+        fail(FT_ERR_UNSUPPORTED, dir, ": holds ", names.size(), " .gguf files ('", names[0], "', '", names[1],
+             "', ...) that are not the parts of one split set (NAME-00001-of-0000N.gguf): pass one file");
+    if (!one_set)
+        fail(FT_ERR_UNSUPPORTED, dir, ": holds the parts of several split sets ('", names[0], "', '", names.back(),
+             "'): pass the first part of one");
+    const std::string want = split_part_name(first.prefix, 1, first.count);
+    if (names[0] != want)
+        fail(FT_ERR_IO, dir, ": split set '", first.prefix, "' has no first part '", want, "'");
+    return dir + "/" + names[0];
 }
 
 }  // namespace ft

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "ft/common.hpp"
+#include "ft/gguf.hpp"
 #include "ft/safetensors.hpp"
 #include "st_plan.hpp"
 
@@ -36,8 +37,8 @@ bool ends_with(const std::string &s, const std::string &suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The single .gguf file `path` names (a file, or a directory without config.json holding exactly
-// one), or "" for a Hugging Face checkpoint directory.
+// The .gguf file `path` names (a file, or a directory without config.json holding one file or
+// the parts of one split set), or "" for a Hugging Face checkpoint directory.
 std::string gguf_path(const std::string &path) {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) fail(FT_ERR_IO, path, ": ", std::strerror(errno));
@@ -55,12 +56,7 @@ std::string gguf_path(const std::string &path) {
         ::closedir(d);
     }
     if (found.empty()) return "";  // the Hugging Face path reports what is missing
-    if (found.size() > 1) {
-        std::sort(found.begin(), found.end());
-        fail(FT_ERR_UNSUPPORTED, path, ": holds ", found.size(), " .gguf files ('", found[0], "', '", found[1],
-             "', ...); split or multiple GGUF files are not supported: pass one file");
-    }
-    return path + "/" + found[0];
+    return gguf_directory_model(path, found);  // one file, or the first part of one split set
 }
 
 }  // namespace

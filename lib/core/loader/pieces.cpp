@@ -84,8 +84,8 @@ void run_piece(const Piece &p) {
             return;
         case Op::to_bf16: {
             uint16_t *out = reinterpret_cast<uint16_t *>(p.dst);
-            const uint64_t n = p.src_bytes / es;
-            for (uint64_t i = 0; i < n; ++i) out[i] = element_to_bf16(p.src, src + i * es);
+            const uint64_t n = p.src_bytes / es, step = static_cast<uint64_t>(p.col_step);
+            for (uint64_t i = 0; i < n; ++i) out[i * step] = element_to_bf16(p.src, src + i * es);
             return;
         }
         case Op::to_f32: {
@@ -145,6 +145,39 @@ void run_piece(const Piece &p) {
                 dequant_row_fp8_block(src + static_cast<uint64_t>(r - p.row_begin) * p.cols, band.data(), p.cols,
                                       row.data());
                 for (int64_t c = 0; c < p.cols; ++c) out[(r - p.row_begin) * p.cols + c] = f32_to_bf16(row[c]);
+            }
+            return;
+        }
+        case Op::block_to_bf16: {
+            const size_t rb = block_row_bytes(p.fmt, p.cols);
+            std::vector<float> row(static_cast<size_t>(p.cols));
+            uint16_t *out = reinterpret_cast<uint16_t *>(p.dst);
+            for (int64_t r = p.row_begin; r < p.row_end; ++r) {
+                dequant_row_block(p.fmt, src + static_cast<uint64_t>(r - p.row_begin) * rb, p.cols, row.data());
+                for (int64_t c = 0; c < p.cols; ++c) out[(r - p.row_begin) * p.cols + c] = f32_to_bf16(row[c]);
+            }
+            return;
+        }
+        case Op::ggml_mxfp4: {
+            const int64_t nb = p.cols / 32;
+            for (int64_t r = p.row_begin; r < p.row_end; ++r) {
+                const uint8_t *blk = src + static_cast<uint64_t>(r - p.row_begin) * nb * 17;
+                const int64_t col = p.col_first + r * p.col_step;
+                for (int64_t b = 0; b < nb; ++b, blk += 17) {
+                    if (p.check_e8m0 && blk[0] == 0xff)
+                        fail(FT_ERR_FORMAT, *p.file.path, ": tensor '", *p.tensor, "': e8m0 scale byte 255 (NaN) at byte ",
+                             static_cast<uint64_t>(blk - p.file.map), " of the file");
+                    p.dst2[b * p.dst_cols + col] = blk[0];
+                    const uint8_t *qs = blk + 1;
+                    for (int i = 0; i < 16; ++i) {
+                        // Elements 2i and 2i + 1 of the block: ggml keeps element j < 16 in the low
+                        // nibble of qs[j] and element j >= 16 in the high nibble of qs[j - 16].
+                        const int a = 2 * i, c = 2 * i + 1;
+                        const uint8_t lo = a < 16 ? qs[a] & 0x0f : qs[a - 16] >> 4;
+                        const uint8_t hi = c < 16 ? qs[c] & 0x0f : qs[c - 16] >> 4;
+                        p.dst[(b * 16 + i) * p.dst_cols + col] = static_cast<uint8_t>(lo | (hi << 4));
+                    }
+                }
             }
             return;
         }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ft/formats.hpp"
 #include "ft/loader.hpp"
 
 namespace ft::load {
@@ -23,13 +24,20 @@ size_t src_size(Src s);
 // What a piece does with its source bytes.
 enum class Op {
     copy,           // bytes verbatim (pread); with check_e8m0, then rejects any 255 byte
-    to_bf16,        // f16 / f32 elements -> bf16, rounded to nearest even
+    to_bf16,        // f16 / f32 elements -> bf16, rounded to nearest even (element i to dst[i * col_step])
     to_f32,         // bf16 / f16 / f32 elements -> f32
     transpose,      // rows [row_begin, row_end) of a [rows, cols] matrix -> columns of a [cols, rows] bf16 matrix
     transpose_u8,   // the same for bytes, verbatim (mxfp4 blocks and scales); honours check_e8m0
     broadcast_f16,  // one bf16/f16/f32 scalar -> dst_bytes / 2 copies as IEEE half
     fp8_to_bf16,    // rows [row_begin, row_end) of an e4m3 [rows, cols] matrix times its 128x128
                     // scale_inv tiles (second source, bf16/f32 [rows/128, cols/128]) -> bf16
+    block_to_bf16,  // rows [row_begin, row_end) of `cols` elements of block format `fmt`, dequantised
+                    // by the reference (ft/dequant.hpp) and rounded to bf16 -> dst, row-major
+    ggml_mxfp4,     // rows [row_begin, row_end) of ggml MXFP4 blocks (17 bytes per 32 elements: e8m0,
+                    // then byte j = element j low nibble, element j + 16 high nibble), `cols`
+                    // elements per row, into the transposed mxfp4 banks: row r becomes column
+                    // col_first + r * col_step of dst (blocks [cols/2, dst_cols], element 2i low
+                    // nibble) and of dst2 (e8m0 scales [cols/32, dst_cols]); honours check_e8m0
 };
 
 // Where a piece reads from: an open, mapped file.
@@ -55,6 +63,9 @@ struct Piece {
     int64_t rows = 0, cols = 0, row_begin = 0, row_end = 0;  // transposes, fp8_to_bf16
     Src src2 = Src::BF16;     // fp8_to_bf16: the scale tensor
     uint64_t src2_offset = 0; //   (absolute offset of its first element)
+    Format fmt = Format::bf16;  // block_to_bf16
+    uint8_t *dst2 = nullptr;    // ggml_mxfp4: the scale bank
+    int64_t dst_cols = 0, col_first = 0, col_step = 1;  // ggml_mxfp4; to_bf16 uses col_step
     int moe_layer = -1;       // whose bank bytes these are; -1 for extras
 };
 

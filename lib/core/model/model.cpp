@@ -1,5 +1,6 @@
 #include "ft/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ft/common.hpp"
@@ -42,6 +43,23 @@ void ModelSpec::validate(bool from_checkpoint) const {
     check(moe_layers.empty() || static_cast<int32_t>(moe_layers.size()) == num_layers,
           "moe_layers must list every MoE layer");
     check(shared_intermediate >= 0, "shared_intermediate_size must not be negative");
+    if (!layer_formats.empty()) {
+        check(static_cast<int32_t>(layer_formats.size()) == num_layers,
+              "layer_formats must give the formats of every MoE layer (size num_layers)");
+        for (size_t l = 0; l < layer_formats.size(); ++l) {
+            for (const Format f : {layer_formats[l].gate_up, layer_formats[l].down}) {
+                if (!format_known(static_cast<int32_t>(f)) || !format_is_block(f))
+                    fail(code, "model geometry: MoE layer ", l, " has expert format ",
+                         format_known(static_cast<int32_t>(f)) ? format_name(f) : "(unknown)",
+                         "; only GGUF block formats (q4_0, q8_0, q2_k..q6_k, iq4_xs) mix per layer or matrix");
+                if (const std::string err = format_geometry_error(f, hidden, intermediate); !err.empty())
+                    fail(code, "model geometry: MoE layer ", l, " (", format_name(f), "): ", err);
+            }
+        }
+        if (layer_formats[0].gate_up != format)
+            fail(code, "model geometry: format (", format_known(static_cast<int32_t>(format)) ? format_name(format) : "?",
+                 ") must be MoE layer 0's gate_up format (", format_name(layer_formats[0].gate_up), ")");
+    }
     if (!activation_valid(activation)) fail(code, "unknown activation ", activation);
     if (activation == FT_ACT_SWIGLU_CLAMP) {
         check(std::isfinite(swiglu_alpha), "swiglu_alpha must be finite");
@@ -73,6 +91,43 @@ void ModelSpec::validate(bool from_checkpoint) const {
     }
 }
 
+LayerFormats ModelSpec::formats_of(int32_t layer) const {
+    if (!layer_formats.empty()) return layer_formats.at(static_cast<size_t>(layer));
+    return LayerFormats{format, format};
+}
+
+bool ModelSpec::mixed_formats() const {
+    for (const LayerFormats &lf : layer_formats)
+        if (lf.gate_up != format || lf.down != format) return true;
+    return false;
+}
+
+uint64_t ModelSpec::layer_expert_bytes(int32_t layer) const {
+    const LayerFormats lf = formats_of(layer);
+    if (lf.gate_up == lf.down) return expert_bytes(lf.gate_up, hidden, intermediate);
+    // Only two-bank block formats mix: gate_up [2I rows of H], down [H rows of I].
+    return 2 * static_cast<uint64_t>(intermediate) * block_row_bytes(lf.gate_up, hidden) +
+           static_cast<uint64_t>(hidden) * block_row_bytes(lf.down, intermediate);
+}
+
+uint64_t ModelSpec::max_expert_bytes() const {
+    if (layer_formats.empty()) return expert_bytes(format, hidden, intermediate);
+    // Only two-bank block formats mix: the largest gate_up row plus the largest down row.
+    uint64_t gu = 0, dn = 0;
+    for (const LayerFormats &lf : layer_formats) {
+        gu = std::max<uint64_t>(gu, 2 * static_cast<uint64_t>(intermediate) * block_row_bytes(lf.gate_up, hidden));
+        dn = std::max<uint64_t>(dn, static_cast<uint64_t>(hidden) * block_row_bytes(lf.down, intermediate));
+    }
+    return gu + dn;
+}
+
+uint64_t ModelSpec::routed_bytes() const {
+    uint64_t total = 0;
+    if (layer_formats.empty()) return expert_bytes(format, hidden, intermediate) * uint64_t(num_experts) * uint64_t(num_layers);
+    for (int32_t l = 0; l < num_layers; ++l) total += layer_expert_bytes(l) * uint64_t(num_experts);
+    return total;
+}
+
 int64_t Tensor::numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -84,8 +139,18 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
     if (spec_.moe_layers.empty()) {
         for (int32_t l = 0; l < spec_.num_layers; ++l) spec_.moe_layers.push_back(l);
     }
+    std::vector<size_t> layer_rows;  // [bank][layer], only when the layers mix block formats
+    if (!spec_.layer_formats.empty()) {
+        const int32_t L = spec_.num_layers;
+        layer_rows.resize(2 * static_cast<size_t>(L));
+        for (int32_t l = 0; l < L; ++l) {
+            const LayerFormats &lf = spec_.layer_formats[l];
+            layer_rows[l] = bank_schema(lf.gate_up, spec_.hidden, spec_.intermediate)[0].row_bytes;
+            layer_rows[L + l] = bank_schema(lf.down, spec_.hidden, spec_.intermediate)[1].row_bytes;
+        }
+    }
     banks_ = ExpertBanks(bank_schema(spec_.format, spec_.hidden, spec_.intermediate), spec_.num_layers,
-                         spec_.num_experts);
+                         spec_.num_experts, std::move(layer_rows));
     extras_.resize(static_cast<size_t>(spec_.num_layers));
 }
 

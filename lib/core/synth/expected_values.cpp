@@ -59,6 +59,22 @@ std::vector<float> router_bias(const Spec &s, int moe_layer) {
 
 std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj) {
     const int l = checkpoint_layer(s, moe_layer);
+    if (s.gguf && format_is_block(gguf_shared_format(s, moe_layer))) {
+        // GGUF block tensors: the reference dequantisation of the written blocks, rounded to bf16.
+        const Format f = gguf_shared_format(s, moe_layer);
+        const Kind k = proj == FT_PROJ_GATE ? kSharedGate : proj == FT_PROJ_UP ? kSharedUp : kSharedDown;
+        const int64_t N = proj == FT_PROJ_DOWN ? s.hidden : s.shared_intermediate,
+                      K = proj == FT_PROJ_DOWN ? s.shared_intermediate : s.hidden;
+        const std::vector<uint8_t> b =
+            bytes_of(block_byte_fn(f), tensor_key(s, l, k, 0), 0, static_cast<uint64_t>(N) * block_row_bytes(f, K));
+        std::vector<uint16_t> out(static_cast<size_t>(N * K));
+        std::vector<float> row(static_cast<size_t>(K));
+        for (int64_t n = 0; n < N; ++n) {
+            dequant_row_block(f, b.data() + static_cast<size_t>(n) * block_row_bytes(f, K), K, row.data());
+            for (int64_t c = 0; c < K; ++c) out[static_cast<size_t>(n * K + c)] = f32_to_bf16(row[c]);
+        }
+        return out;
+    }
     if (parse_format(s.format) == Format::fp8_block) {
         // Written as e4m3 + scale_inv; the loader dequantises to bf16 with the reference.
         const int q = proj == FT_PROJ_GATE ? 0 : proj == FT_PROJ_UP ? 1 : 2;
@@ -176,12 +192,48 @@ Rows mxfp4_rows(const ExpertKeys &key, uint64_t H, uint64_t I) {
     return rows;
 }
 
-Rows q4_0_rows(const ExpertKeys &key, uint64_t H, uint64_t I) {
-    const uint64_t rbh = H / 32 * kQ4_0BlockBytes, rbi = I / 32 * kQ4_0BlockBytes;
+// GGUF block formats (q4_0, q8_0, K-quants, iq4_xs), each matrix in its own format: the blocks
+// as written, gate rows then up rows.
+Rows gguf_block_rows(const ExpertKeys &key, MatrixFormats mf, uint64_t H, uint64_t I) {
+    const int64_t h = static_cast<int64_t>(H), i = static_cast<int64_t>(I);
     std::vector<uint8_t> gu;
-    append(gu, bytes_of(q4_0_byte, key(kGate), 0, I * rbh));
-    append(gu, bytes_of(q4_0_byte, key(kUp), 0, I * rbh));
-    return {gu, bytes_of(q4_0_byte, key(kDown), 0, H * rbi)};
+    append(gu, bytes_of(block_byte_fn(mf.gate_up), key(kGate), 0, I * block_row_bytes(mf.gate_up, h)));
+    append(gu, bytes_of(block_byte_fn(mf.gate_up), key(kUp), 0, I * block_row_bytes(mf.gate_up, h)));
+    return {gu, bytes_of(block_byte_fn(mf.down), key(kDown), 0, H * block_row_bytes(mf.down, i))};
+}
+
+// GGUF MXFP4 (ggml blocks of 17 bytes per unit and 32 elements: e8m0, then element j in the low
+// nibble of byte j and element j + 16 in its high nibble) re-laid-out into the transposed mxfp4
+// banks: K/2 rows of N columns, element 2r in the low nibble; gate unit j is column 2j, up unit j
+// column 2j + 1. Biases were written as F32 and are rounded to bf16.
+Rows gguf_mxfp4_rows(const ExpertKeys &key, uint64_t H, uint64_t I) {
+    Rows rows;
+    for (int down = 0; down < 2; ++down) {
+        const uint64_t N = down ? H : 2 * I, K = down ? I : H, ub = K / 32 * 17;
+        std::vector<uint8_t> blocks(K / 2 * N), scales(K / 32 * N), bias;
+        std::vector<uint8_t> codes(K);
+        for (uint64_t n = 0; n < N; ++n) {
+            // Column n holds down unit n, or gate / up unit n / 2.
+            const Kind kind = down ? kDown : n % 2 == 0 ? kGate : kUp;
+            const uint64_t unit = down ? n : n / 2;
+            const std::vector<uint8_t> src = bytes_of(ggml_mxfp4_byte, key(kind), unit * ub, ub);
+            for (uint64_t b = 0; b < K / 32; ++b) {
+                const uint8_t *blk = src.data() + b * 17;
+                scales[b * N + n] = blk[0];
+                for (uint64_t j = 0; j < 32; ++j)
+                    codes[b * 32 + j] = static_cast<uint8_t>(j < 16 ? blk[1 + j] & 0x0f : blk[1 + j - 16] >> 4);
+            }
+            for (uint64_t r = 0; r < K / 2; ++r)
+                blocks[r * N + n] = static_cast<uint8_t>(codes[2 * r] | (codes[2 * r + 1] << 4));
+            const float bv = down ? value(key(kDownBias), n, 0.5f)
+                                  : value(key(kGateUpBias), (n % 2) * I + n / 2, 0.5f);
+            append_u16(bias, f32_to_bf16(bv));
+        }
+        rows.push_back(blocks);
+        rows.push_back(scales);
+        rows.push_back(bias);
+    }
+    return rows;
 }
 
 // Every bank row of one expert, in schema order.
@@ -190,29 +242,52 @@ Rows expert_rows(const Spec &s, int moe_layer, int e) {
     const int l = checkpoint_layer(s, moe_layer);
     const uint64_t H = static_cast<uint64_t>(s.hidden), I = static_cast<uint64_t>(s.intermediate);
     const ExpertKeys key{s, l, e};
+    if (s.gguf) {
+        const MatrixFormats mf = gguf_layer_formats(s, moe_layer);
+        if (format_is_block(mf.gate_up)) return gguf_block_rows(key, mf, H, I);
+        if (mf.gate_up == Format::mxfp4) return gguf_mxfp4_rows(key, H, I);
+        return bf16_rows(s, moe_layer, e);
+    }
     switch (f) {
         case Format::bf16: return bf16_rows(s, moe_layer, e);
         case Format::fp8_block: return fp8_block_rows(key, H, I);
         case Format::nvfp4: return nvfp4_rows(key, H, I);
         case Format::ds_fp4: return ds_fp4_rows(key, H, I);
         case Format::mxfp4: return mxfp4_rows(key, H, I);
-        case Format::q4_0: return q4_0_rows(key, H, I);
+        default: break;
     }
-    return {};
+    fail(FT_ERR_INVALID_ARGUMENT, "synth: ", s.format, " checkpoints are GGUF files (spec.gguf)");
+}
+
+// The format whose schema names the banks of MoE layer `moe_layer` (GGUF mixes: gate/up's).
+Format layer_format(const Spec &s, int moe_layer) {
+    return s.gguf ? gguf_layer_formats(s, moe_layer).gate_up : parse_format(s.format);
 }
 
 }  // namespace
 
 std::vector<uint8_t> bank_row(const Spec &s, int moe_layer, int expert, const std::string &bank) {
-    const Format f = parse_format(s.format);
+    const Format f = layer_format(s, moe_layer);
     const int b = bank_index(f, bank);
     if (b < 0) fail(FT_ERR_INVALID_ARGUMENT, "synth: format ", s.format, " has no bank '", bank, "'");
     return expert_rows(s, moe_layer, expert)[static_cast<size_t>(b)];
 }
 
 std::vector<float> expert_dequant(const Spec &s, int moe_layer, int expert, int proj) {
-    const Format f = parse_format(s.format);
+    const Format f = layer_format(s, moe_layer);
     const std::vector<std::vector<uint8_t>> rows = expert_rows(s, moe_layer, expert);
+    if (s.gguf && format_is_block(f)) {
+        // Each matrix by its own format's reference row dequantiser.
+        const MatrixFormats mf = gguf_layer_formats(s, moe_layer);
+        const bool dn = proj == FT_PROJ_DOWN;
+        const Format pf = dn ? mf.down : mf.gate_up;
+        const int64_t N = dn ? s.hidden : s.intermediate, K = dn ? s.intermediate : s.hidden;
+        const size_t rb = block_row_bytes(pf, K);
+        const uint8_t *base = rows[dn ? 1 : 0].data() + (proj == FT_PROJ_UP ? static_cast<size_t>(N) * rb : 0);
+        std::vector<float> out(static_cast<size_t>(N * K));
+        for (int64_t n = 0; n < N; ++n) dequant_row_block(pf, base + static_cast<size_t>(n) * rb, K, &out[static_cast<size_t>(n * K)]);
+        return out;
+    }
     std::vector<const uint8_t *> ptrs;
     for (const auto &r : rows) ptrs.push_back(r.data());
     std::vector<float> out(static_cast<size_t>(s.hidden) * s.intermediate);
@@ -221,7 +296,7 @@ std::vector<float> expert_dequant(const Spec &s, int moe_layer, int expert, int 
 }
 
 std::vector<float> expert_bias(const Spec &s, int moe_layer, int expert, int proj) {
-    const Format f = parse_format(s.format);
+    const Format f = layer_format(s, moe_layer);
     if (f != Format::mxfp4) return {};
     const std::vector<std::vector<uint8_t>> rows = expert_rows(s, moe_layer, expert);
     std::vector<const uint8_t *> ptrs;

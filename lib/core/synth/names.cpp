@@ -35,7 +35,7 @@ void check_spec(const Spec &s) {
         fail(FT_ERR_INVALID_ARGUMENT, "synth: ", s.architecture, " shared_intermediate must be a multiple of intermediate");
     if (s.architecture == "glm4_moe" && s.shared_intermediate == 0)
         fail(FT_ERR_INVALID_ARGUMENT, "synth: glm4_moe always has a shared expert (set shared_intermediate)");
-    if ((s.architecture == "qwen3_moe" || s.architecture == "mixtral") && s.shared_intermediate != 0)
+    if ((s.architecture == "qwen3_moe" || s.architecture == "mixtral") && s.shared_intermediate != 0 && !s.gguf)
         fail(FT_ERR_INVALID_ARGUMENT, "synth: ", s.architecture, " has no shared expert");
     parse_dtype(s.expert_dtype);
     const Format f = parse_format(s.format);

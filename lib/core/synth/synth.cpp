@@ -85,8 +85,8 @@ void write_checkpoint(const std::string &dir, const Spec &s, const std::function
     check_spec(s);
     make_dir(dir);
     write_text(dir + "/config.json", config_json(s).dump(2) + "\n");
-    if (parse_format(s.format) == Format::q4_0)
-        fail(FT_ERR_INVALID_ARGUMENT, "synth: q4_0 checkpoints are GGUF files (write_gguf)");
+    if (format_is_block(parse_format(s.format)))
+        fail(FT_ERR_INVALID_ARGUMENT, "synth: ", s.format, " checkpoints are GGUF files (write_gguf)");
     const std::string hf_quant = hf_quant_config_text(s);
     if (!hf_quant.empty()) write_text(dir + "/hf_quant_config.json", hf_quant);
 

@@ -73,6 +73,17 @@ float nvfp4_global(uint64_t key);                    // normal fp16 in [2^-10, 2
 uint8_t q4_0_byte(uint64_t key, uint64_t i);         // runs of 18-byte q4_0 blocks
 
 using ByteFn = uint8_t (*)(uint64_t, uint64_t);
+// Runs of blocks of a GGUF block format (ft::format_is_block): random bytes with finite, normal
+// fp16 scales of a usual magnitude. Throws for other formats.
+ByteFn block_byte_fn(Format f);
+uint8_t ggml_mxfp4_byte(uint64_t key, uint64_t i);   // runs of 17-byte ggml MXFP4 blocks
+// The formats of MoE layer `moe_layer` of a GGUF spec (Spec::gguf_mix, else format for both).
+struct MatrixFormats {
+    Format gate_up, down;
+};
+MatrixFormats gguf_layer_formats(const Spec &s, int moe_layer);
+// The format of the GGUF shared-expert tensors of MoE layer `moe_layer` (Spec::gguf_shared_format).
+Format gguf_shared_format(const Spec &s, int moe_layer);
 void fill_bytes(ByteFn fn, uint64_t key, uint64_t first, uint64_t count, uint8_t *out);
 std::vector<uint8_t> bytes_of(ByteFn fn, uint64_t key, uint64_t first, uint64_t count);
 void append(std::vector<uint8_t> &dst, const std::vector<uint8_t> &src);

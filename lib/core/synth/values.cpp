@@ -74,6 +74,61 @@ uint8_t q4_0_byte(uint64_t key, uint64_t i) {
     return static_cast<uint8_t>(off == 0 ? h & 0xff : h >> 8);
 }
 
+namespace {
+
+// One byte of an fp16 super-block scale: +-[2^(e0), 2^(e0 + 3)) (or positive only), seeded per
+// block and field so each block gets its own finite, normal scale.
+uint8_t half_byte(uint64_t key, uint64_t block, uint64_t field, int e0, bool sign, uint64_t off) {
+    const uint64_t r = rnd(key ^ (0x2545f4914f6cdd1dull * (field + 1)), block);
+    float d = std::ldexp(1.0f + static_cast<float>(r % 256) / 256.0f, e0 + static_cast<int>((r >> 8) % 3));
+    if (sign && ((r >> 16) & 1)) d = -d;
+    const uint16_t h = f32_to_f16(d);
+    return static_cast<uint8_t>(off == 0 ? h & 0xff : h >> 8);
+}
+
+// A run of ggml blocks of `bb` bytes: the fp16 fields at byte offsets f0 (and f1 when >= 0) get
+// scales of exponent e0 (positive for min scales), every other byte is random.
+uint8_t block_with_halves(uint64_t key, uint64_t i, uint64_t bb, int64_t f0, int e0, int64_t f1, int e1) {
+    const uint64_t block = i / bb, off = i % bb;
+    if (static_cast<int64_t>(off) == f0 || static_cast<int64_t>(off) == f0 + 1)
+        return half_byte(key, block, 0, e0, true, off - static_cast<uint64_t>(f0));
+    if (f1 >= 0 && (static_cast<int64_t>(off) == f1 || static_cast<int64_t>(off) == f1 + 1))
+        return half_byte(key, block, 1, e1, false, off - static_cast<uint64_t>(f1));
+    return any_byte(key, i);
+}
+
+// Scales chosen so the dequantised weights are of the usual magnitude (a few hundredths).
+uint8_t q8_0_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 34, 0, -13, -1, 0); }
+uint8_t q2_k_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 84, 80, -10, 82, -11); }
+uint8_t q3_k_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 110, 108, -12, -1, 0); }
+uint8_t q4_k_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 144, 0, -14, 2, -14); }
+uint8_t q5_k_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 176, 0, -14, 2, -14); }
+uint8_t q6_k_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 210, 208, -14, -1, 0); }
+uint8_t iq4_xs_byte(uint64_t key, uint64_t i) { return block_with_halves(key, i, 136, 0, -14, -1, 0); }
+
+}  // namespace
+
+// ggml MXFP4 blocks: byte 0 of each 17 an e8m0 scale (as e8m0_byte), then 16 random nibble pairs.
+uint8_t ggml_mxfp4_byte(uint64_t key, uint64_t i) {
+    const uint64_t block = i / 17;
+    return i % 17 == 0 ? e8m0_byte(key ^ 0x9e3779b97f4a7c15ull, block) : any_byte(key, i);
+}
+
+ByteFn block_byte_fn(Format f) {
+    switch (f) {
+        case Format::q4_0: return q4_0_byte;
+        case Format::q8_0: return q8_0_byte;
+        case Format::q2_k: return q2_k_byte;
+        case Format::q3_k: return q3_k_byte;
+        case Format::q4_k: return q4_k_byte;
+        case Format::q5_k: return q5_k_byte;
+        case Format::q6_k: return q6_k_byte;
+        case Format::iq4_xs: return iq4_xs_byte;
+        default: break;
+    }
+    fail(FT_ERR_INVALID_ARGUMENT, "synth: ", format_name(f), " is not a GGUF block format");
+}
+
 void fill_bytes(ByteFn fn, uint64_t key, uint64_t first, uint64_t count, uint8_t *out) {
     for (uint64_t i = 0; i < count; ++i) out[i] = fn(key, first + i);
 }

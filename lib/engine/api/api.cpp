@@ -305,7 +305,22 @@ ft_status ft_model_get_info(const ft_model *model, ft_model_info *info) {
     i.router_jitter_eps = s.routing.jitter_eps;
     i.expert_biases = s.expert_biases ? 1 : 0;
     i.shared_expert_gate = s.shared_expert_gate ? 1 : 0;
+    for (int32_t l = 0; l < s.num_layers; ++l) {
+        const ft::LayerFormats lf = s.formats_of(l);
+        i.formats_used |= (1u << static_cast<uint32_t>(lf.gate_up)) | (1u << static_cast<uint32_t>(lf.down));
+    }
+    i.mixed_formats = s.mixed_formats() ? 1 : 0;
     return write_out(info, i);
+}
+
+ft_status ft_model_layer_formats(const ft_model *model, int32_t layer, int32_t *gate_up_format, int32_t *down_format) {
+    if (!model || !gate_up_format || !down_format) return FT_ERR_INVALID_ARGUMENT;
+    const ft::ModelSpec &s = model->impl->model().spec();
+    if (layer < 0 || layer >= s.num_layers) return FT_ERR_INVALID_ARGUMENT;
+    const ft::LayerFormats lf = s.formats_of(layer);
+    *gate_up_format = static_cast<int32_t>(lf.gate_up);
+    *down_format = static_cast<int32_t>(lf.down);
+    return FT_OK;
 }
 
 int32_t ft_model_moe_layer(const ft_model *model, int32_t model_layer) {

@@ -180,6 +180,9 @@ Fill fill_of(Format f, const std::string &bank) {
             return Fill::codes;
         case Format::ds_fp4: return ends_with(bank, "_scale") ? Fill::e8m0_one : Fill::codes;
         case Format::q4_0: return Fill::q4_0_blocks;
+        // The other GGUF block formats have CPU kernels only and are not measured (kAllFormats).
+        case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
+        case Format::q6_k: case Format::iq4_xs: return Fill::codes;
     }
     return Fill::codes;
 }
@@ -568,6 +571,10 @@ ProfileGeometry profile_geometry(Format f) {
         case Format::mxfp4: return {2880, 2880, 4, FT_ACT_SWIGLU_CLAMP, 7.0f};
         case Format::ds_fp4: return {4096, 2048, 6, FT_ACT_SILU, 7.0f};
         case Format::q4_0: return {2816, 704, 8, FT_ACT_GELU_TANH, 0.0f};
+        case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
+        case Format::q6_k: case Format::iq4_xs:
+            fail(FT_ERR_UNSUPPORTED, "the bandwidth profile does not measure expert format ", format_name(f),
+                 " (it serves the cpu backend only, which needs no profile)");
     }
     fail(FT_ERR_INVALID_ARGUMENT, "unknown expert format ", static_cast<int32_t>(f));
 }

@@ -105,7 +105,9 @@ StepPrediction predict_step(const Profile &profile, const ModelSpec &model, doub
     p.slot_fraction = std::clamp(slot_fraction, 0.0, 1.0);
     p.hit_rate = p.slot_fraction;  // uniform routing (header)
     p.hbm_gbs = hbm_gbs > 0.0 ? hbm_gbs : kDefaultHbmGbs;
-    const double step_bytes = double(model.top_k) * double(expert_bytes(model.format, model.hidden, model.intermediate));
+    // Mean over the layers of each layer's real expert bytes (they differ where formats mix).
+    const double step_bytes = double(model.top_k) * double(model.routed_bytes()) /
+                              (double(std::max(model.num_layers, 1)) * double(std::max(model.num_experts, 1)));
     p.gpu_s = step_bytes / (p.hbm_gbs * 1e9);
     if (!e) return p;
     p.usable = true;
@@ -128,7 +130,7 @@ StepPrediction predict_step(const Profile &profile, const ModelSpec &model, doub
 }
 
 double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
-    const uint64_t eb = expert_bytes(model.format, model.hidden, model.intermediate);
+    const uint64_t eb = model.max_expert_bytes();  // a slot holds each bank's largest row
     SlotRequest r;
     r.count = std::max<int64_t>(in.cache_slots, 0);
     r.fraction = in.cache_fraction > 0.0 ? in.cache_fraction : 0.0;

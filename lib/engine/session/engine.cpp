@@ -81,7 +81,7 @@ void LoadedModel::pin_banks(Model &model, int32_t layer) {
     std::lock_guard<std::mutex> lock(pin_mutex_);
     for (int b = 0; b < banks.num_banks(); ++b) {
         try {
-            const size_t bytes = banks.row_bytes(b) * banks.num_experts();
+            const size_t bytes = banks.layer_row_bytes(b, layer) * banks.num_experts();
             pins_.emplace_back(engine_.device(), banks.layer_base(b, layer), bytes);
             pinned_bytes_ += bytes;
         } catch (const Error &e) {

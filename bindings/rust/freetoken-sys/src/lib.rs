@@ -270,6 +270,10 @@ pub struct ft_model_info {
     pub router_jitter_eps: f32,
     pub expert_biases: i32,
     pub shared_expert_gate: i32,
+    /// Since 0.6: bit (1 << FT_FORMAT_x) per format of some layer's gate/up or down matrices.
+    pub formats_used: u32,
+    /// Since 0.6: 1 when the layers or matrices differ in format.
+    pub mixed_formats: i32,
 }
 
 /// Tensors a model carries besides the routed experts (`ft_model_tensor`).
@@ -571,6 +575,12 @@ extern "C" {
     pub fn ft_model_last_error(model: *const ft_model) -> *const c_char;
     pub fn ft_model_get_info(model: *const ft_model, info: *mut ft_model_info) -> ft_status;
     pub fn ft_model_moe_layer(model: *const ft_model, model_layer: i32) -> i32;
+    pub fn ft_model_layer_formats(
+        model: *const ft_model,
+        layer: i32,
+        gate_up_format: *mut i32,
+        down_format: *mut i32,
+    ) -> ft_status;
     pub fn ft_model_tensor(model: *const ft_model, layer: i32, which: i32, view: *mut ft_tensor_view)
         -> ft_status;
 

@@ -80,6 +80,11 @@ pub struct ModelInfo {
     pub bank_bytes: u64,
     pub architecture: String,
     pub pinned_bytes: u64,
+    /// Bit (1 << FT_FORMAT_x) per format some layer's gate/up or down matrices use.
+    pub formats_used: u32,
+    /// The layers or matrices differ in format ([`Model::layer_formats`]); `format` is then MoE
+    /// layer 0's gate/up format.
+    pub mixed_formats: bool,
 }
 
 fn model_info(raw: *const sys::ft_model) -> Result<ModelInfo> {
@@ -108,6 +113,8 @@ fn model_info(raw: *const sys::ft_model) -> Result<ModelInfo> {
         // SAFETY: valid while the model lives; copied here.
         architecture: unsafe { string_of(i.architecture) },
         pinned_bytes: i.pinned_bytes,
+        formats_used: i.formats_used,
+        mixed_formats: i.mixed_formats != 0,
     })
 }
 
@@ -321,6 +328,14 @@ impl<'e> Model<'e> {
     /// Geometry, format and sizes (`ft_model_get_info`).
     pub fn info(&self) -> Result<ModelInfo> {
         model_info(self.raw.as_ptr())
+    }
+
+    /// The (gate/up, down) formats of MoE layer `layer` (`ft_model_layer_formats`).
+    pub fn layer_formats(&self, layer: i32) -> Result<(Format, Format)> {
+        let (mut gu, mut dn) = (0i32, 0i32);
+        let s = unsafe { sys::ft_model_layer_formats(self.raw.as_ptr(), layer, &mut gu, &mut dn) };
+        check(s, || format!("ft_model_layer_formats: no MoE layer {layer}"))?;
+        Ok((Format(gu), Format(dn)))
     }
 
     /// The MoE layer index of checkpoint layer `model_layer`, or None for a dense or missing layer.

@@ -1,5 +1,7 @@
 // Host expert banks (docs/formats.md, "Banks"): one page-aligned allocation per (bank, layer), viewed as
-// [E, row_bytes]. Expert e of layer l in bank b starts at base(b, l) + e * row_bytes(b).
+// [E, layer_row_bytes(b, l)]. Expert e of layer l in bank b starts at
+// layer_base(b, l) + e * layer_row_bytes(b, l); the row size is the same in every layer unless the
+// model mixes block formats (ModelSpec::layer_formats).
 #pragma once
 
 #include <cstddef>
@@ -38,27 +40,38 @@ class ExpertBanks {
 public:
     ExpertBanks() = default;
     ExpertBanks(std::vector<BankSpec> schema, int num_layers, int num_experts);
+    // Per-layer row sizes: layer_row_bytes[b * num_layers + l] bytes per expert in bank b of layer
+    // l (empty: every layer uses schema[b].row_bytes). The schema's row_bytes become the largest
+    // over the layers.
+    ExpertBanks(std::vector<BankSpec> schema, int num_layers, int num_experts, std::vector<size_t> layer_row_bytes);
 
     int num_banks() const { return static_cast<int>(schema_.size()); }
     int num_layers() const { return num_layers_; }
     int num_experts() const { return num_experts_; }
     const BankSpec &spec(int bank) const { return schema_[bank]; }
+    // The largest row of `bank` over the layers: what a slot of that bank must hold. Equal to
+    // every layer's row unless the model mixes formats (uniform()).
     size_t row_bytes(int bank) const { return schema_[bank].row_bytes; }
     // Bytes of one expert's row of `bank` in `layer` (block formats may differ per layer:
     // ModelSpec::layer_formats).
-    size_t layer_row_bytes(int bank, int layer) const { return (void)layer, schema_[bank].row_bytes; }
+    size_t layer_row_bytes(int bank, int layer) const { return row_bytes_[index(bank, layer)]; }
+    // True when every layer's rows have the schema's sizes.
+    bool uniform() const { return uniform_; }
 
     uint8_t *row(int bank, int layer, int expert) {
-        return buffers_[index(bank, layer)].data() + static_cast<size_t>(expert) * schema_[bank].row_bytes;
+        const size_t i = index(bank, layer);
+        return buffers_[i].data() + static_cast<size_t>(expert) * row_bytes_[i];
     }
     const uint8_t *row(int bank, int layer, int expert) const {
-        return buffers_[index(bank, layer)].data() + static_cast<size_t>(expert) * schema_[bank].row_bytes;
+        const size_t i = index(bank, layer);
+        return buffers_[i].data() + static_cast<size_t>(expert) * row_bytes_[i];
     }
     const uint8_t *layer_base(int bank, int layer) const { return buffers_[index(bank, layer)].data(); }
     uint8_t *layer_base(int bank, int layer) { return buffers_[index(bank, layer)].data(); }
 
-    size_t expert_bytes() const;  // one expert across all banks
-    size_t total_bytes() const;   // every expert of every layer
+    size_t expert_bytes() const;           // one expert across all banks, largest rows (row_bytes)
+    size_t expert_bytes(int layer) const;  // one expert of `layer` across all banks, its real rows
+    size_t total_bytes() const;            // every expert of every layer, real rows
 
     // Visits every (bank, layer) allocation, e.g. to page-lock it.
     void for_each_allocation(const std::function<void(uint8_t *data, size_t bytes)> &fn);
@@ -69,6 +82,8 @@ private:
     std::vector<BankSpec> schema_;
     int num_layers_ = 0;
     int num_experts_ = 0;
+    std::vector<size_t> row_bytes_;    // [bank][layer]
+    bool uniform_ = true;
     std::vector<HostBuffer> buffers_;  // [bank][layer]
 };
 

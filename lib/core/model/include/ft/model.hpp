@@ -41,7 +41,8 @@ struct ModelSpec {
     Format format = Format::bf16;
     // Per MoE layer (size L) when a GGUF file mixes block formats between matrices or layers;
     // empty when every layer uses `format` for both. Only block formats mix (format_is_block);
-    // `format` is then layer 0's gate_up format.
+    // `format` is then layer 0's gate_up format. The banks then hold each layer's rows at that
+    // layer's sizes (ExpertBanks::layer_row_bytes).
     std::vector<LayerFormats> layer_formats;
     int32_t activation = FT_ACT_SILU;
     float swiglu_alpha = 1.702f;
@@ -54,6 +55,18 @@ struct ModelSpec {
 
     // Throws FT_ERR_INVALID_ARGUMENT (or FT_ERR_FORMAT when from_checkpoint) naming the field.
     void validate(bool from_checkpoint) const;
+
+    // The {gate_up, down} formats of MoE layer `layer` (both `format` unless layer_formats).
+    LayerFormats formats_of(int32_t layer) const;
+    // True when some layer's gate_up or down format differs from `format`.
+    bool mixed_formats() const;
+    // Bytes of one routed expert of MoE layer `layer` in its own formats.
+    uint64_t layer_expert_bytes(int32_t layer) const;
+    // One expert with each bank's largest row over the layers (ExpertBanks::expert_bytes()):
+    // what one GPU slot must hold; layer_expert_bytes(l) <= this for every layer.
+    uint64_t max_expert_bytes() const;
+    // Every routed expert of every layer, each in its layer's formats.
+    uint64_t routed_bytes() const;
 };
 
 // A dense tensor a model keeps outside the banks, in its checkpoint dtype (FT_DTYPE_*).
@@ -91,6 +104,10 @@ public:
     const uint16_t *gate(int layer, int expert) const;
     const uint16_t *up(int layer, int expert) const;
     const uint16_t *down(int layer, int expert) const;
+
+    // The {gate_up, down} formats of MoE layer `layer` (ModelSpec::formats_of).
+    LayerFormats layer_formats(int32_t layer) const { return spec_.formats_of(layer); }
+    bool mixed_formats() const { return spec_.mixed_formats(); }
 
     // MoE layer of a checkpoint layer, -1 if none.
     int32_t moe_layer_of(int32_t model_layer) const;

@@ -55,11 +55,22 @@ struct Spec {
     bool drop_weight_scale_2 = false;      // nvfp4: omit weight_scale_2 (a malformed export, for tests)
 
     // GGUF (write_gguf): gguf must be true so the accessors agree on the layer numbering
-    // (first_dense = leading_dense_block_count). Experts are Q4_0 (format q4_0) or expert_dtype
-    // (format bf16: BF16, F16 or F32 GGUF tensors).
+    // (first_dense = leading_dense_block_count). Experts are of the ggml type of `format`: q4_0,
+    // q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs (blocks along K, so H and I multiples of the
+    // block), mxfp4 (ggml MXFP4 blocks of 32 with F32 biases, gpt-oss style) or bf16 (expert_dtype:
+    // BF16, F16 or F32 tensors).
     bool gguf = false;
     std::string gguf_arch = "qwen3moe";    // general.architecture
     bool gguf_fused_gate_up = false;       // blk.{l}.ffn_gate_up_exps.weight instead of gate + up
+    // Per MoE layer (cycled when shorter) "GATEUP/DOWN" block format names, e.g. "q4_k/q6_k";
+    // empty: `format` for every matrix.
+    std::vector<std::string> gguf_mix;
+    int gguf_splits = 1;                   // > 1: NAME-0000k-of-0000N.gguf parts (gguf_part_path)
+    // Shared experts (shared_intermediate > 0): blk.{l}.ffn_{gate,up,down}_shexp.weight in this
+    // format's type ("" = the layer's gate/up format when it is a block format, else expert_dtype),
+    // plus ffn_gate_inp_shexp.weight [H] (F32) when gguf_shared_gate.
+    std::string gguf_shared_format;
+    bool gguf_shared_gate = false;
     uint32_t gguf_alignment = 32;          // written as general.alignment when not 32
 };
 
@@ -79,7 +90,8 @@ std::vector<uint16_t> expert_weight(const Spec &s, int moe_layer, int expert, in
 std::vector<float> router_weight(const Spec &s, int moe_layer);
 // e_score_correction_bias [E], written as f32 (deepseek_v3, kimi_k2, glm4_moe).
 std::vector<float> router_bias(const Spec &s, int moe_layer);
-// Shared expert projection as bf16 after rounding ([Is, H] gate/up, [H, Is] down).
+// Shared expert projection as bf16 after rounding ([Is, H] gate/up, [H, Is] down); GGUF block
+// types dequantised by the reference, then rounded.
 std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj);
 // Qwen3.5's shared_expert_gate [1, H] (bf16 bits).
 std::vector<uint16_t> shared_gate_weight(const Spec &s, int moe_layer);
@@ -150,7 +162,12 @@ private:
 // (blk.{l}.ffn_{gate,up,down}_exps.weight or ffn_gate_up_exps) in Q4_0 or bf16/f16/f32,
 // routers blk.{l}.ffn_gate_inp.weight (BF16), plus a few unrelated tensors and metadata arrays as
 // real files carry. Throws ft::Error.
+// With s.gguf_splits > 1 the model goes into gguf_part_path(path, k, n) for k = 1..n (llama.cpp's
+// gguf-split layout: all metadata in part 1, split.no / split.count / split.tensors.count in every
+// part, the tensors spread in order).
 void write_gguf(const std::string &path, const Spec &s);
+// "dir/model.gguf", part 2 of 3 -> "dir/model-00002-of-00003.gguf".
+std::string gguf_part_path(const std::string &path, int part, int parts);
 
 // ---- raw safetensors files ------------------------------------------------------------------
 
