@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,7 +33,8 @@ enum class GgufType : uint32_t {
 // ggml tensor types FreeToken knows the block geometry of (every type llama.cpp has shipped
 // files with; ids of removed types are unknown and rejected).
 namespace ggml_type {
-constexpr uint32_t F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30;
+constexpr uint32_t F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+                   IQ4_XS = 23, BF16 = 30, MXFP4 = 39;
 }
 // Name of a ggml type ("Q4_0"), or nullptr for an id no ggml release defines.
 const char *ggml_type_name(uint32_t type);
@@ -53,6 +55,8 @@ struct GgufValue {
     bool is_integer() const;
 };
 
+class GgufFile;
+
 struct GgufTensorInfo {
     std::string name;
     std::vector<uint64_t> dims;  // dims[0] innermost (ggml ne[0])
@@ -61,6 +65,7 @@ struct GgufTensorInfo {
     uint64_t file_offset = 0;    // absolute
     uint64_t numel = 0;
     uint64_t nbytes = 0;
+    const GgufFile *part = nullptr;  // the file (split part) holding the bytes
 };
 
 class GgufFile {
@@ -80,6 +85,7 @@ public:
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_start_; }
 
+    // Every tensor, across the split parts attached to this (the first) file.
     const std::vector<GgufTensorInfo> &tensors() const { return tensors_; }
     const GgufTensorInfo *find_tensor(const std::string &name) const;
     const GgufValue *find(const std::string &key) const;
@@ -92,6 +98,11 @@ public:
     double opt_float(const std::string &key, double def) const;
     bool opt_bool(const std::string &key, bool def) const;
     std::string req_string(const std::string &key) const;
+
+    // Split sets: the further parts whose tensors this file lists (empty for a single file).
+    const std::vector<std::unique_ptr<GgufFile>> &parts() const { return parts_; }
+    // Adds the tensors of `part` (FT_ERR_FORMAT if a name is already present) and keeps it open.
+    void attach_part(std::unique_ptr<GgufFile> part);
 
 private:
     void parse();
@@ -107,7 +118,21 @@ private:
     std::unordered_map<std::string, GgufValue> kv_;
     std::vector<GgufTensorInfo> tensors_;
     std::unordered_map<std::string, size_t> tensor_index_;
+    std::vector<std::unique_ptr<GgufFile>> parts_;
 };
+
+// Opens a GGUF model given as one file or as the first part of a split set
+// (NAME-00001-of-0000N.gguf, llama.cpp's gguf-split naming and its metadata split.no (0-based),
+// split.count, split.tensors.count). Every part is parsed with the same checks and attached to
+// the first, so its tensors() and find_tensor() see the whole model; metadata is the first
+// part's. FT_ERR_FORMAT / FT_ERR_IO naming the part for a missing part, counts that disagree or a
+// tensor in two parts.
+std::unique_ptr<GgufFile> open_gguf_model(const std::string &path);
+
+// The model file of a directory holding the .gguf files `names` (file names, no directory): the
+// one file, or the first part of the one split set they form. FT_ERR_UNSUPPORTED when they are
+// several unrelated files or several split sets.
+std::string gguf_directory_model(const std::string &dir, std::vector<std::string> names);
 
 // Model geometry and routing from a GGUF file's metadata. general.architecture picks the family
 // (supported_gguf_architectures(); docs/architectures.md has the table): its routing rule,
@@ -119,9 +144,11 @@ private:
 // expert_weights_norm, expert_weights_scale, expert_group_count, expert_group_used_count,
 // expert_shared_feed_forward_length / expert_shared_count (the shared expert's width).
 // MoE layers are the layers holding blk.{l}.ffn_gate_exps.weight or ffn_gate_up_exps.weight;
-// the formats come from those tensors (gguf_expert_formats). FT_ERR_UNSUPPORTED for a model
-// without experts, an unknown architecture (the message lists the supported ones) or routing
-// metadata the family's rule cannot serve (named); FT_ERR_FORMAT names a missing or bad key.
+// the formats come from those tensors, per matrix and layer when they differ
+// (gguf_expert_formats; docs/gguf.md). FT_ERR_UNSUPPORTED for a model without experts, an
+// unknown architecture (the message lists the supported ones), routing metadata the family's
+// rule cannot serve (named) or an expert type that is not read (naming the tensor); FT_ERR_FORMAT
+// names a missing or bad key.
 ModelSpec read_gguf_config(const GgufFile &file);
 
 // The general.architecture values read_gguf_config accepts, in the order its error message lists them.
