@@ -74,6 +74,12 @@ std::vector<FormatCase> cases() {
     ft::synth::Spec q = base("qwen3_moe", "q4_0", 128, 64);
     q.gguf = true;
     c.push_back({"q4_0", q, 3e-2});
+    // GGUF block formats (CUDA-core decode kernel on the GPU, W?A8 kernels on the CPU).
+    for (const char *f : {"q8_0", "q4_k", "q6_k", "iq4_xs"}) {
+        ft::synth::Spec g = base("qwen3_moe", f, 256, 256);
+        g.gguf = true;
+        c.push_back({f, g, 3e-2});
+    }
     return c;
 }
 
