@@ -88,6 +88,9 @@ BankRoles bank_roles(Format format, bool vec) {
             r.gu[1] = 1, r.dn[0] = 2, r.dn[1] = 3, r.nbanks = 4;
             break;
         case Format::q4_0: r.need_align = 4; break;
+        // No GPU kernels (the decoder's constructor refuses them).
+        case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
+        case Format::q6_k: case Format::iq4_xs: break;
     }
     return r;
 }
@@ -123,6 +126,8 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
         fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: unknown format ", int32_t(format));
     if (hidden <= 0 || inter <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: hidden ", hidden, " and intermediate ", inter, " must be > 0");
+    if (format_is_block(format) && format != Format::q4_0)
+        fail(FT_ERR_UNSUPPORTED, "expert decoder: no GPU kernels for format ", format_name(format), "; use backend \"cpu\"");
     const std::string geo = format_geometry_error(format, hidden, inter);
     if (!geo.empty()) fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: ", geo);
     if (top_k <= 0 || max_tokens <= 0)

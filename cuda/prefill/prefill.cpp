@@ -168,6 +168,8 @@ namespace {
 void check_geometry(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
                     const DeviceActivation &act) {
     if (!format_known(int32_t(format))) fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: unknown format ", int32_t(format));
+    if (format_is_block(format) && format != Format::q4_0)
+        fail(FT_ERR_UNSUPPORTED, "GPU prefill: no GPU kernels for format ", format_name(format), "; use backend \"cpu\"");
     if (hidden <= 0 || inter <= 0 || hidden % 8 || inter % 8)
         fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: hidden (", hidden, ") and intermediate (", inter,
              ") sizes must be positive multiples of 8");
