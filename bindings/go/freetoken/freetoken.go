@@ -58,6 +58,13 @@ const (
 	FormatMXFP4    = int(C.FT_FORMAT_MXFP4)
 	FormatDSFP4    = int(C.FT_FORMAT_DS_FP4)
 	FormatQ4_0     = int(C.FT_FORMAT_Q4_0)
+	FormatQ8_0     = int(C.FT_FORMAT_Q8_0)
+	FormatQ2_K     = int(C.FT_FORMAT_Q2_K)
+	FormatQ3_K     = int(C.FT_FORMAT_Q3_K)
+	FormatQ4_K     = int(C.FT_FORMAT_Q4_K)
+	FormatQ5_K     = int(C.FT_FORMAT_Q5_K)
+	FormatQ6_K     = int(C.FT_FORMAT_Q6_K)
+	FormatIQ4_XS   = int(C.FT_FORMAT_IQ4_XS)
 
 	RoutingSoftmaxTopK           = int(C.FT_ROUTING_SOFTMAX_TOPK)
 	RoutingSoftmaxTopKRenorm     = int(C.FT_ROUTING_SOFTMAX_TOPK_RENORM)

@@ -15,7 +15,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_d
 # ---- constants (values fixed forever by the headers) -------------------------------------------
 
 FT_VERSION_MAJOR = 0
-FT_VERSION_MINOR = 5
+FT_VERSION_MINOR = 6
 FT_VERSION_PATCH = 0
 FT_VERSION_NUMBER = FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH
 
@@ -40,6 +40,13 @@ FT_FORMAT_NVFP4 = 3
 FT_FORMAT_MXFP4 = 4
 FT_FORMAT_DS_FP4 = 5
 FT_FORMAT_Q4_0 = 6
+FT_FORMAT_Q8_0 = 7
+FT_FORMAT_Q2_K = 8
+FT_FORMAT_Q3_K = 9
+FT_FORMAT_Q4_K = 10
+FT_FORMAT_Q5_K = 11
+FT_FORMAT_Q6_K = 12
+FT_FORMAT_IQ4_XS = 13
 
 FT_DTYPE_BF16 = 1
 FT_DTYPE_F32 = 2

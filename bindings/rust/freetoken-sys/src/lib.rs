@@ -23,11 +23,11 @@ pub use std::os::raw::{c_char, c_void};
 /// Major version of the header these declarations follow.
 pub const FT_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations follow.
-pub const FT_VERSION_MINOR: u32 = 5;
+pub const FT_VERSION_MINOR: u32 = 6;
 /// Patch version of the header these declarations follow.
 pub const FT_VERSION_PATCH: u32 = 0;
 /// MAJOR*10000 + MINOR*100 + PATCH.
-pub const FT_VERSION_NUMBER: u32 = 500;
+pub const FT_VERSION_NUMBER: u32 = 600;
 
 /* ---------------------------------------------------------------------------------------------
  * Status codes
@@ -75,6 +75,14 @@ pub const FT_FORMAT_NVFP4: i32 = 3;
 pub const FT_FORMAT_MXFP4: i32 = 4;
 pub const FT_FORMAT_DS_FP4: i32 = 5;
 pub const FT_FORMAT_Q4_0: i32 = 6;
+/// GGUF block formats (since 0.6).
+pub const FT_FORMAT_Q8_0: i32 = 7;
+pub const FT_FORMAT_Q2_K: i32 = 8;
+pub const FT_FORMAT_Q3_K: i32 = 9;
+pub const FT_FORMAT_Q4_K: i32 = 10;
+pub const FT_FORMAT_Q5_K: i32 = 11;
+pub const FT_FORMAT_Q6_K: i32 = 12;
+pub const FT_FORMAT_IQ4_XS: i32 = 13;
 
 /// Data types of tensors returned by `ft_model_tensor`.
 pub const FT_DTYPE_BF16: i32 = 1;

@@ -39,6 +39,13 @@ int_enum!(
         MXFP4 = sys::FT_FORMAT_MXFP4,
         DS_FP4 = sys::FT_FORMAT_DS_FP4,
         Q4_0 = sys::FT_FORMAT_Q4_0,
+        Q8_0 = sys::FT_FORMAT_Q8_0,
+        Q2_K = sys::FT_FORMAT_Q2_K,
+        Q3_K = sys::FT_FORMAT_Q3_K,
+        Q4_K = sys::FT_FORMAT_Q4_K,
+        Q5_K = sys::FT_FORMAT_Q5_K,
+        Q6_K = sys::FT_FORMAT_Q6_K,
+        IQ4_XS = sys::FT_FORMAT_IQ4_XS,
     }
 );
 int_enum!(
