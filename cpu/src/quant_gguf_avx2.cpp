@@ -4,16 +4,18 @@
 //   q8_0   `vpmaddubsw(|w|, sign(a, w))`, `vpmaddwd` by ones, x fp16 d x activation d;
 //   q4_k, q5_k, q6_k   codes u (0..15, 0..31, 0..63) by `vpmaddubsw(u, a)` (pairs fit int16),
 //          then `vpmaddwd` by the integer sub-block scale (q6_k: one per 16 elements, the two
-//          halves of the register), x super-block d x activation d. The offsets (q4_k / q5_k:
+//          halves of the register), x activation d per block, x the super-block's d once per
+//          super-block; one token: two rows per pass (j, j + count / 2). The offsets (q4_k / q5_k:
 //          -dmin * m per 32, q6_k: -32 * d * sc per 16) multiply the activation's sums per 16
 //          elements, which are computed once per call and token (d_act * sum q) and paired with a
 //          vector of the 16 offsets of a super-block: two FMAs per super-block and token.
-// Products are exact; only the fp32 summation order differs from the scalar definition
-// (quant_gguf_scalar.cpp).
+// The integer sums are exact; results differ from the scalar definition (quant_gguf_scalar.cpp)
+// only by fp32 rounding: summation order, and the K-quants never round an individual weight.
 #include <immintrin.h>
 
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "kernels.hpp"
 #include "quant_kernels.hpp"
@@ -122,20 +124,33 @@ void act_sums(const uint8_t *act, int64_t qbytes, int64_t g0, int64_t ng, float 
     }
 }
 
+// fn(std::integral_constant<int, i>{}) for i = 0 .. N-1, unrolled (sub-block indices stay
+// compile-time constants: shift counts and shuffle controls become immediates / constants).
+template <class Fn, int... I>
+inline void unroll(Fn &&fn, std::integer_sequence<int, I...>) {
+    (fn(std::integral_constant<int, I>{}), ...);
+}
+
+// Word j (0..7) of each 128-bit lane of v in every word of that lane.
+template <int J>
+inline __m256i word_bcast(__m256i v) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(((2 * J + 1) << 8) | (2 * J))));
+}
+
 // q4_k and q5_k: 8 sub-blocks of 32 with 6-bit scales and mins (12 packed bytes): sc[j] / m[j]
 // for j < 4 are the low 6 bits of bytes j / j + 4; for j >= 4 the low 4 bits come from the low /
 // high nibble of byte j + 4 and the top 2 from bits 6-7 of byte j - 4 / j. Four at a time in
 // 32-bit words.
 struct ScalesMins {
-    uint32_t sc[2], mn[2];  // bytes: sc[0..3], sc[4..7]; m[0..3], m[4..7]
+    __m256i sc16;  // the 8 scales as int16, in both 128-bit lanes
+    uint32_t mn[2];  // bytes: m[0..3], m[4..7]
     explicit ScalesMins(const uint8_t *s) {
         const uint32_t w0 = u32_at(s), w1 = u32_at(s + 4), w2 = u32_at(s + 8);
-        sc[0] = w0 & 0x3f3f3f3fu;
+        const uint32_t sc0 = w0 & 0x3f3f3f3fu, sc1 = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
         mn[0] = w1 & 0x3f3f3f3fu;
-        sc[1] = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
         mn[1] = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+        sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(sc0) | uint64_t(sc1) << 32))));
     }
-    int scale(int j) const { return int((sc[j / 4] >> (8 * (j % 4))) & 0xff); }
     // Offset vector of group g (sub-blocks 4g..4g+3, both halves): dmin * m in the act_sums order.
     __m256 offsets(int g, float dmin) const {
         const __m256i m = _mm256_cvtepu8_epi32(_mm_set1_epi32(int(mn[g])));
@@ -149,20 +164,22 @@ struct Q4K {
     ScalesMins sm;
     float d, dmin;
     __m256i lo{}, hi{};
-    const __m256i m15 = _mm256_set1_epi8(0x0f);
     explicit Q4K(const uint8_t *blk) : qs(blk + 16), sm(blk + 4), d(f16(blk)), dmin(f16(blk + 2)) {}
-    // Codes of sub-block i (0..7): the low nibbles of 32 bytes for even i, high for odd.
-    __m256i codes(int i) {
-        if ((i & 1) == 0) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 16 * i));
+    // Codes of sub-block I: the low nibbles of 32 bytes for even I, their high nibbles for odd.
+    template <int I>
+    __m256i codes() {
+        if constexpr ((I & 1) == 0) {
+            const __m256i m15 = _mm256_set1_epi8(0x0f);
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 16 * I));
             lo = _mm256_and_si256(v, m15);
             hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
             return lo;
+        } else {
+            return hi;
         }
-        return hi;
     }
-    __m256i scales(int i) const { return _mm256_set1_epi16(short(sm.scale(i))); }
-    // Offsets subtracted per act_sums group.
+    template <int I>
+    __m256i scales() const { return word_bcast<I>(sm.sc16); }
     void offsets(__m256 &o0, __m256 &o1) const { o0 = sm.offsets(0, dmin), o1 = sm.offsets(1, dmin); }
 };
 
@@ -172,39 +189,48 @@ struct Q5K {
     ScalesMins sm;
     float d, dmin;
     __m256i qh, lo{}, hi{};
-    const __m256i m15 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
     explicit Q5K(const uint8_t *blk)
         : qs(blk + 48), sm(blk + 4), d(f16(blk)), dmin(f16(blk + 2)),
           qh(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16))) {}
-    // As q4_k, plus bit i of qh[l] as bit 4 of element l of sub-block i.
-    __m256i codes(int i) {
-        if ((i & 1) == 0) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 16 * i));
+    // As q4_k, plus bit I of qh[l] as bit 4 of element l of sub-block I (16-bit shifts; the mask
+    // drops what crossed a byte).
+    template <int I>
+    __m256i codes() {
+        const __m256i m15 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+        if constexpr ((I & 1) == 0) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 16 * I));
             lo = _mm256_and_si256(v, m15);
             hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
         }
-        // Bit i of each byte moved to bit 4 (shifts by 16-bit lanes; the mask drops what crossed).
-        const __m256i h = i <= 4 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - i)) : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(i - 4));
-        return _mm256_or_si256((i & 1) ? hi : lo, _mm256_and_si256(h, b4));
+        __m256i h;
+        if constexpr (I <= 4) h = _mm256_slli_epi16(qh, 4 - I);
+        else h = _mm256_srli_epi16(qh, I - 4);
+        return _mm256_or_si256((I & 1) ? hi : lo, _mm256_and_si256(h, b4));
     }
-    __m256i scales(int i) const { return _mm256_set1_epi16(short(sm.scale(i))); }
+    template <int I>
+    __m256i scales() const { return word_bcast<I>(sm.sc16); }
     void offsets(__m256 &o0, __m256 &o1) const { o0 = sm.offsets(0, dmin), o1 = sm.offsets(1, dmin); }
 };
 
 struct Q6K {
     static constexpr int kBytes = 210;
     const uint8_t *ql, *qh;
-    __m128i sc8;  // the 16 int8 scales
+    __m128i sc8;    // the 16 int8 scales
+    __m256i sc16;   // as int16: even-numbered scales in the low lane, odd ones in the high lane
     float d;
     __m256i l0{}, l1{}, h{};
-    const __m256i m15 = _mm256_set1_epi8(0x0f), m48 = _mm256_set1_epi8(0x30);
     explicit Q6K(const uint8_t *blk)
-        : ql(blk), qh(blk + 128), sc8(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 192))), d(f16(blk + 208)) {}
-    // Sub-block i = 4 * half + p: element l has low 4 bits from ql[64 half + l + 32 (p & 1)] (low
+        : ql(blk), qh(blk + 128), sc8(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 192))), d(f16(blk + 208)) {
+        const __m128i eo = _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+        sc16 = _mm256_cvtepi8_epi16(eo);
+    }
+    // Sub-block I = 4 * half + p: element l has low 4 bits from ql[64 half + l + 32 (p & 1)] (low
     // nibble for p < 2) and high 2 bits from bits 2p, 2p + 1 of qh[32 half + l].
-    __m256i codes(int i) {
-        const int half = i / 4, p = i % 4;
-        if (p == 0) {
+    template <int I>
+    __m256i codes() {
+        constexpr int half = I / 4, p = I % 4;
+        const __m256i m15 = _mm256_set1_epi8(0x0f), m48 = _mm256_set1_epi8(0x30);
+        if constexpr (p == 0) {
             l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ql + 64 * half));
             l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ql + 64 * half + 32));
             h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qh + 32 * half));
@@ -212,19 +238,13 @@ struct Q6K {
         const __m256i lb = (p & 1) ? l1 : l0;
         const __m256i low = p < 2 ? _mm256_and_si256(lb, m15) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), m15);
         __m256i hb;
-        switch (p) {
-            case 0: hb = _mm256_slli_epi16(h, 4); break;
-            case 1: hb = _mm256_slli_epi16(h, 2); break;
-            case 2: hb = h; break;
-            default: hb = _mm256_srli_epi16(h, 2); break;
-        }
+        if constexpr (p < 2) hb = _mm256_slli_epi16(h, 4 - 2 * p);
+        else hb = _mm256_srli_epi16(h, 2 * p - 4);
         return _mm256_or_si256(low, _mm256_and_si256(hb, m48));
     }
-    // Scale 2i for elements 0..15 (low 128-bit lane), 2i + 1 for 16..31, as int16.
-    __m256i scales(int i) const {
-        const __m128i ctrl = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_add_epi8(ctrl, _mm_set1_epi8(char(2 * i)))));
-    }
+    // Scale 2I for elements 0..15 (low 128-bit lane), 2I + 1 for 16..31, as int16.
+    template <int I>
+    __m256i scales() const { return word_bcast<I>(sc16); }
     // The code offset 32: 32 * d * sc per 16 elements, in the act_sums order (lanes 0..3: scales
     // 8g, 8g + 2, 8g + 4, 8g + 6 of the first halves; 4..7: 8g + 1, ... of the second).
     void offsets(__m256 &o0, __m256 &o1) const {
@@ -235,57 +255,86 @@ struct Q6K {
     }
 };
 
-// One row, NT tokens, super-blocks [sb0, sb0 + nsb): sums[t] holds the token's act_sums from
-// super-block sb0 on. Adds to out when `add`, else stores.
-template <class F, int NT>
-void kquant_row(const int8_t *const *q, const float *const *d, const float *const *sums, const uint8_t *row,
-                int64_t sb0, int64_t nsb, float *out, size_t ldo, bool add, int pf) {
+// The super-blocks at byte offset `off` of R rows.
+template <class F, int R>
+struct RowBlocks;
+template <class F>
+struct RowBlocks<F, 1> {
+    F w[1];
+    RowBlocks(const uint8_t *const *row, int64_t off) : w{F(row[0] + off)} {}
+};
+template <class F>
+struct RowBlocks<F, 2> {
+    F w[2];
+    RowBlocks(const uint8_t *const *row, int64_t off) : w{F(row[0] + off), F(row[1] + off)} {}
+};
+
+// R rows (2 only for one token: two weight streams, shared activation loads), NT tokens,
+// super-blocks [sb0, sb0 + nsb): sums[t] holds the token's act_sums from super-block sb0 on.
+// Per super-block, the sub-block sums x activation d go to acc, which is then scaled by the
+// super-block's d into tot, and the offsets are subtracted there. Adds to out when `add`.
+template <class F, int NT, int R>
+void kquant_rows(const int8_t *const *q, const float *const *d, const float *const *sums, const uint8_t *const row[R],
+                 int64_t sb0, int64_t nsb, float *const out[R], size_t ldo, bool add, int pf) {
     constexpr int S = sets<NT>();
-    __m256 acc[NT][S];
-    for (int t = 0; t < NT; ++t)
-        for (int i = 0; i < S; ++i) acc[t][i] = _mm256_setzero_ps();
+    __m256 tot[R][NT];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) tot[r][t] = _mm256_setzero_ps();
     for (int64_t sb = sb0; sb < sb0 + nsb; ++sb) {
-        const uint8_t *blk = row + sb * F::kBytes;
-        if (pf) {
-            _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char *>(blk) + pf + 64, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char *>(blk) + pf + 128, _MM_HINT_T0);
+        RowBlocks<F, R> rb(row, sb * F::kBytes);
+        F *w = rb.w;
+        for (int r = 0; r < R && pf; ++r) {
+            const char *p = reinterpret_cast<const char *>(row[r] + sb * F::kBytes) + pf;
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + 64, _MM_HINT_T0);
+            _mm_prefetch(p + 128, _MM_HINT_T0);
         }
-        F w(blk);
-        const __m256 dv = _mm256_set1_ps(w.d);
-        for (int i = 0; i < 8; ++i) {
-            const __m256i u = w.codes(i);
-            const __m256i s16 = w.scales(i);
-            const int64_t b = sb * 8 + i;  // Q8_0 block
+        __m256 acc[R][NT][S];
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < NT; ++t)
+                for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_setzero_ps();
+        unroll([&](auto ic) {
+            constexpr int I = decltype(ic)::value;
+            __m256i u[R], s16[R];
+            for (int r = 0; r < R; ++r) u[r] = w[r].template codes<I>(), s16[r] = w[r].template scales<I>();
+            const int64_t b = sb * 8 + I;  // Q8_0 block
             for (int t = 0; t < NT; ++t) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
-                const __m256i x = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), s16);
-                __m256 &ac = acc[t][S > 1 ? (i & 1) : 0];
-                ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x), _mm256_mul_ps(dv, _mm256_broadcast_ss(d[t] + b)), ac);
+                const __m256 da = _mm256_broadcast_ss(d[t] + b);
+                for (int r = 0; r < R; ++r) {
+                    const __m256i x = _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], a), s16[r]);
+                    __m256 &ac = acc[r][t][I % S];
+                    ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x), da, ac);
+                }
+            }
+        }, std::make_integer_sequence<int, 8>{});
+        for (int r = 0; r < R; ++r) {
+            __m256 o0, o1;
+            w[r].offsets(o0, o1);
+            const __m256 dv = _mm256_set1_ps(w[r].d);
+            for (int t = 0; t < NT; ++t) {
+                const float *s = sums[t] + (sb - sb0) * 16;
+                __m256 a = acc[r][t][0];
+                if (S > 1) a = _mm256_add_ps(a, acc[r][t][S - 1]);
+                tot[r][t] = _mm256_fmadd_ps(a, dv, tot[r][t]);
+                tot[r][t] = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(s), tot[r][t]);
+                tot[r][t] = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(s + 8), tot[r][t]);
             }
         }
-        __m256 o0, o1;
-        w.offsets(o0, o1);
+    }
+    for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) {
-            const float *s = sums[t] + (sb - sb0) * 16;
-            __m256 &ac = acc[t][0];
-            ac = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(s), ac);
-            ac = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(s + 8), ac);
+            const float v = hsum(tot[r][t]);
+            out[r][t * ldo] = add ? out[r][t * ldo] + v : v;
         }
-    }
-    for (int t = 0; t < NT; ++t) {
-        __m256 s = acc[t][0];
-        if (S > 1) s = _mm256_add_ps(s, acc[t][S - 1]);
-        const float v = hsum(s);
-        out[t * ldo] = add ? out[t * ldo] + v : v;
-    }
 }
 
 // Floats of act_sums held on the stack per call: 16 per super-block and token.
 constexpr int64_t kSumsFloats = 4096;
 
 // Rows [first, first + count) for all tokens: per tile of up to 8 tokens and per range of
-// super-blocks whose sums fit kSumsFloats, the sums once, then every row.
+// super-blocks whose sums fit kSumsFloats, the sums once, then every row (one token: rows in
+// pairs j, j + count / 2).
 template <class F>
 void kquant_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                  size_t ldo) {
@@ -309,9 +358,22 @@ void kquant_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *
                 act_sums(act[t0 + t], qbytes, sb0 * 2, n * 2, dst);
                 sp[t] = dst;
             }
-            for (int j = 0; j < count; ++j)
-                kquant_row<F, NT>(q, d, sp, m.data + size_t(first + j) * rb, sb0, n, out + size_t(t0) * ldo + j, ldo,
-                                  sb0 > 0, pf);
+            float *o = out + size_t(t0) * ldo;
+            if (NT == 1) {
+                for_row_pairs(count, [&](int R, const int *cols) {
+                    const uint8_t *const rr[2] = {m.data + size_t(first + cols[0]) * rb,
+                                                  m.data + size_t(first + cols[R - 1]) * rb};
+                    float *const oo[2] = {o + cols[0], o + cols[R - 1]};
+                    if (R == 2) kquant_rows<F, NT, 2>(q, d, sp, rr, sb0, n, oo, ldo, sb0 > 0, pf);
+                    else kquant_rows<F, NT, 1>(q, d, sp, rr, sb0, n, oo, ldo, sb0 > 0, pf);
+                });
+            } else {
+                for (int j = 0; j < count; ++j) {
+                    const uint8_t *const rr[1] = {m.data + size_t(first + j) * rb};
+                    float *const oo[1] = {o + j};
+                    kquant_rows<F, NT, 1>(q, d, sp, rr, sb0, n, oo, ldo, sb0 > 0, pf);
+                }
+            }
         }
     });
 }

@@ -104,6 +104,12 @@ TEST(QuantKernels, GgufBlockKernelsMatchReference) {
         // Small activations (|x| <= 1e-3).
         check(c, g.first, g.count, 5, rng, 1e-5, 1e-3f);
     }
+    // K of 33 super-blocks: tiles of 8 tokens take the activation sums of 32 super-blocks per
+    // pass (quant_gguf_avx2.cpp), so the rows are summed in two K ranges.
+    for (Format f : {Format::q4_k, Format::q5_k, Format::q6_k}) {
+        const Case c = make_case(rng, f, 33 * 256, 4);
+        for (int ntok : {8, 16, 11}) check(c, 1, 3, ntok, rng, 1e-5);
+    }
 }
 
 // The SIMD preparation of mxfp4 W4A8 x2 activations against its definition (ft::quantize_q8_0
@@ -275,7 +281,8 @@ TEST(QuantKernels, NonFiniteActivationsGiveNonFiniteOutputs) {
     std::mt19937 rng(91);
     const int64_t K = 256, N = 8;
     const float inf = std::numeric_limits<float>::infinity();
-    for (Format f : {Format::fp8_block, Format::nvfp4, Format::ds_fp4, Format::mxfp4, Format::q4_0}) {
+    for (Format f : {Format::fp8_block, Format::nvfp4, Format::ds_fp4, Format::mxfp4, Format::q4_0, Format::q8_0,
+                     Format::q4_k, Format::q5_k, Format::q6_k}) {
         const Case c = make_case(rng, f, K, N);
         for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
             std::vector<uint16_t> x(K);
