@@ -23,6 +23,9 @@ cuda::DeviceActivation activation_of(const ModelSpec &s) {
 CudaBackend::CudaBackend(const BackendContext &ctx)
     : ctx_(ctx), spec_(ctx.model->spec()), device_(ctx.device), threshold_(prefill_threshold(ctx.params)) {
     if (device_ < 0) fail(FT_ERR_NO_DEVICE, "the engine has no GPU (create it with a device)");
+    // The GPU kernels serve one format per model.
+    if (ctx.model->mixed_formats())
+        fail(FT_ERR_UNSUPPORTED, "the GPU backends do not run models with mixed formats per layer or matrix; use backend \"cpu\"");
     const int32_t max_tokens = ctx.params.max_tokens;
     if (max_tokens >= threshold_) {
         try {

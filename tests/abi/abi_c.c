@@ -168,6 +168,7 @@ int main(void) {
     /* NULL handles and frees. */
     EXPECT(ft_decode(NULL, 0, 1, x, ids, wts, y) == FT_ERR_INVALID_ARGUMENT);
     EXPECT(ft_model_get_info(NULL, NULL) == FT_ERR_INVALID_ARGUMENT);
+    EXPECT(ft_model_layer_formats(NULL, 0, NULL, NULL) == FT_ERR_INVALID_ARGUMENT);
     EXPECT(ft_build_info_get(NULL) == FT_ERR_INVALID_ARGUMENT);
     ft_session_free(NULL);
     ft_model_free(NULL);

@@ -64,6 +64,20 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
     info.struct_size = sizeof info;
     ASSERT_EQ(ft_model_get_info(raw, &info), FT_OK);
     EXPECT_EQ(info.format, c.format);
+    // One format throughout: its bit alone, not mixed, every layer's matrices in it.
+    EXPECT_EQ(info.formats_used, 1u << c.format);
+    EXPECT_EQ(info.mixed_formats, 0);
+    for (int32_t l = 0; l < info.num_layers; ++l) {
+        int32_t gu = -1, dn = -1;
+        ASSERT_EQ(ft_model_layer_formats(raw, l, &gu, &dn), FT_OK);
+        EXPECT_EQ(gu, c.format);
+        EXPECT_EQ(dn, c.format);
+    }
+    int32_t gu = 0, dn = 0;
+    EXPECT_EQ(ft_model_layer_formats(raw, info.num_layers, &gu, &dn), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ft_model_layer_formats(raw, -1, &gu, &dn), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ft_model_layer_formats(raw, 0, nullptr, &dn), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ft_model_layer_formats(nullptr, 0, &gu, &dn), FT_ERR_INVALID_ARGUMENT);
     auto session = make_session(raw, 16, false);
     ASSERT_TRUE(session);
 

@@ -375,7 +375,7 @@ class Model(_Handle):
     def layer_formats(self, layer):
         """(gate_up, down) FT_FORMAT_* values of MoE layer `layer`; they differ from info()["format"]
         only in models that mix formats (info()["mixed_formats"])."""
-        gu, dn = c_int32(), c_int32()
+        gu, dn = ctypes.c_int32(), ctypes.c_int32()
         self._call("ft_model_layer_formats", layer, ctypes.byref(gu), ctypes.byref(dn))
         return gu.value, dn.value
 

@@ -236,6 +236,13 @@ class Decode(Checkpoint):
             self.assertEqual(s.backend, "cpu")
             self.assertEqual(s.device, ft.FT_DEVICE_NONE)
             self.assertEqual(model.moe_layer(1), 1)
+            info = model.info()
+            # One format for every matrix of every layer: the mask has its bit alone.
+            self.assertEqual(info["mixed_formats"], 0)
+            self.assertEqual(info["formats_used"], 1 << info["format"])
+            self.assertEqual(model.layer_formats(1), (info["format"], info["format"]))
+            with self.assertRaises(ft.Error):
+                model.layer_formats(info["num_layers"])
             for layer in range(2):
                 x = to_bf16(rng.normal(0, 1, (T, H)))
                 logits = rng.normal(0, 1, (T, E)).astype(np.float32)

@@ -75,6 +75,7 @@ pub const FT_FORMAT_NVFP4: i32 = 3;
 pub const FT_FORMAT_MXFP4: i32 = 4;
 pub const FT_FORMAT_DS_FP4: i32 = 5;
 pub const FT_FORMAT_Q4_0: i32 = 6;
+/// GGUF block formats (since 0.6).
 pub const FT_FORMAT_Q8_0: i32 = 7;
 pub const FT_FORMAT_Q2_K: i32 = 8;
 pub const FT_FORMAT_Q3_K: i32 = 9;
