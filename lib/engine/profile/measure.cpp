@@ -180,7 +180,7 @@ Fill fill_of(Format f, const std::string &bank) {
             return Fill::codes;
         case Format::ds_fp4: return ends_with(bank, "_scale") ? Fill::e8m0_one : Fill::codes;
         case Format::q4_0: return Fill::q4_0_blocks;
-        // The other GGUF block formats have CPU kernels only and are not measured (kAllFormats).
+        // The other GGUF block formats are not measured yet (kAllFormats).
         case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
         case Format::q6_k: case Format::iq4_xs: return Fill::codes;
     }
@@ -574,7 +574,7 @@ ProfileGeometry profile_geometry(Format f) {
         case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
         case Format::q6_k: case Format::iq4_xs:
             fail(FT_ERR_UNSUPPORTED, "the bandwidth profile does not measure expert format ", format_name(f),
-                 " (it serves the cpu backend only, which needs no profile)");
+                 " yet (auto selection without its figures: gpu when the experts fit, else offload)");
     }
     fail(FT_ERR_INVALID_ARGUMENT, "unknown expert format ", static_cast<int32_t>(f));
 }
