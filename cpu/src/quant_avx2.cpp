@@ -28,12 +28,8 @@ namespace {
 #include "tier_tiles.inc"
 
 #include "tier_scalar.inc"
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+
+#include "tier_avx2.inc"
 
 // 2 * e2m1(code) as int8 for codes 0..15 (the pshufb table).
 inline __m128i e2m1x2_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }

@@ -27,18 +27,9 @@ namespace {
 
 #include "tier_scalar.inc"
 
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "tier_avx2.inc"
 
-inline uint32_t u32_at(const uint8_t *p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
+
 
 // body(TokenTile<NT>{}, t) for tiles of up to 8 tokens: full tiles, then one of the rest.
 template <typename Body>

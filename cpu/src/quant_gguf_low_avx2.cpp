@@ -26,18 +26,7 @@ namespace {
 
 #include "tier_scalar.inc"
 
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-inline uint32_t load_u32(const uint8_t *p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
+#include "tier_avx2.inc"
 
 // `vpshufb` control that puts int16 word a (0..7) of a 128-bit source in every word of the low
 // lane and word b in every word of the high lane.
@@ -103,7 +92,7 @@ struct Q3K {
         const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(b + 96));
         const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(a, m15), _mm_and_si128(_mm_srli_epi16(a, 4), m15));
         // High 2 bits of scale i: bits 2 * (i / 4) of byte 8 + i % 4.
-        const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(int(load_u32(b + 104))), _mm_setr_epi32(0, 2, 4, 6)),
+        const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(int(u32_at(b + 104))), _mm_setr_epi32(0, 2, 4, 6)),
                                         _mm_set1_epi8(3));
         const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(h, 4)), _mm_set1_epi8(32));
         s.lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
@@ -134,7 +123,7 @@ struct IQ4XS {
     static constexpr bool kOffsets = false;
     static void load(const uint8_t *b, Super &s) {
         const __m128i m15 = _mm_set1_epi8(15);
-        const __m128i a = _mm_cvtsi32_si128(int(load_u32(b + 4)));
+        const __m128i a = _mm_cvtsi32_si128(int(u32_at(b + 4)));
         const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(a, m15), _mm_and_si128(_mm_srli_epi16(a, 4), m15));
         // The 2-bit fields of scales_h spread to one byte each.
         uint64_t t = uint64_t(b[2]) | uint64_t(b[3]) << 8;
