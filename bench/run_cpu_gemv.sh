@@ -9,7 +9,7 @@ build=${1:-build}
 shift || true
 bench=$build/bench/bench_cpu_gemv
 [ -x "$bench" ] || { echo "no $bench: build the bench_cpu_gemv target first" >&2; exit 1; }
-filter='^moe_layer_(mxfp4|fp8_block|nvfp4|ds_fp4|q4_0|q8_0|q4_k|q5_k|q6_k)/.*bmin:-1|^moe_layer/H:4096'
+filter='^moe_layer_(mxfp4|fp8_block|nvfp4|ds_fp4|q4_0|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs)/.*bmin:-1|^moe_layer/H:4096'
 for tier in default avx2; do
   echo "== tier $tier"
   if [ "$tier" = avx2 ]; then
