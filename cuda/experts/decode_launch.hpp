@@ -50,10 +50,7 @@ inline cudaError_t launched(cudaError_t e) {
 // ---- launchers (each waits for its predecessor: launch_pdl) ------------------------------------
 
 // The GGUF block formats the CUDA-core kernel decodes with gguf_dequant8 (ft/cuda_gguf.cuh).
-constexpr bool gguf_simt_format(Format f) {
-    return f == Format::q8_0 || f == Format::q2_k || f == Format::q3_k || f == Format::q4_k || f == Format::q5_k ||
-           f == Format::q6_k || f == Format::iq4_xs;
-}
+inline bool gguf_simt_format(Format f) { return format_is_block(f) && f != Format::q4_0; }
 
 // CUDA-core kernel (decode_simt.cu): bf16 rows whose length is not a multiple of 8, and the GGUF
 // block formats q8_0, q2_k .. q6_k, iq4_xs; cudaErrorInvalidValue for another format.

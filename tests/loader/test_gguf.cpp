@@ -21,6 +21,7 @@ using synth::GgufWriter;
 using synth::Spec;
 using test::expect_error;
 using test::ScratchDir;
+using test::write_bytes;
 
 // A new seed per synthetic checkpoint, all derived from one printed run seed (FT_TEST_SEED replays).
 uint64_t fresh_seed() {
@@ -41,11 +42,6 @@ Spec gguf_spec(const char *format) {
     s.first_dense = 1;
     s.seed = fresh_seed();
     return s;
-}
-
-void write_bytes(const std::string &path, const std::vector<uint8_t> &b) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char *>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 template <typename T>

@@ -24,7 +24,9 @@ namespace {
 using synth::GgufWriter;
 using synth::Spec;
 using test::expect_error;
+using test::read_bytes;
 using test::ScratchDir;
+using test::write_bytes;
 
 uint64_t fresh_seed() {
     static const uint64_t base = test::fresh_seed("test_gguf_types");
@@ -45,16 +47,6 @@ Spec spec_of(const char *format) {
     s.first_dense = 1;
     s.seed = fresh_seed();
     return s;
-}
-
-void write_bytes(const std::string &path, const std::vector<uint8_t> &b) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char *>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-std::vector<uint8_t> read_bytes(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
 // Every bank row of every expert equals what the synth says the file's bytes become.

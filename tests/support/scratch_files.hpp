@@ -1,4 +1,4 @@
-// Scratch directories and whole-file reads (scratch_dir.hpp), whole-file writes, and the
+// Scratch directories and whole-file reads (scratch_dir.hpp), whole-file writes and byte reads, and the
 // expectation that a call throws ft::Error with a given status and message.
 #pragma once
 
@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "ft/common.hpp"
 #include "scratch_dir.hpp"
@@ -18,6 +20,17 @@ inline void write_file(const std::string &path, const std::string &text) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << text;
     ASSERT_TRUE(out.good()) << path;
+}
+
+inline void write_bytes(const std::string &path, const std::vector<uint8_t> &b) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char *>(b.data()), static_cast<std::streamsize>(b.size()));
+    ASSERT_TRUE(out.good()) << path;
+}
+
+inline std::vector<uint8_t> read_bytes(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
 // Runs f, which must throw ft::Error with `status` and a message containing every one of `parts`.
