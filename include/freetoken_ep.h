@@ -223,7 +223,10 @@ FT_API void ft_ep_group_free(ft_ep_group *group);
  * every call stays on the capturable decode path. Throughput mode reads each chunk's row count
  * on the host (one synchronisation per chunk) and calls the session for those rows only; latency
  * mode covers all max_expert_rows rows (rows without a route are skipped by the session), so
- * keep max_expert_rows small there.
+ * keep max_expert_rows small there. A session created with shared_experts computes the expert
+ * rows without them and then adds the layer's shared expert(s) once to each of this rank's
+ * `tokens` outputs, after the combine, on `stream` (out = bf16(out + shared(x))), so the result
+ * is what ft_decode_cuda of the whole model gives.
  *
  * The first call allocates this rank's route buffers (make it outside a CUDA graph capture).
  * Errors: FT_ERR_INVALID_ARGUMENT (NULL, geometry mismatch, layer or session_max_tokens out of

@@ -185,6 +185,11 @@ void CudaBackend::run(const DecodeCall &c, ft_session_stats &stats) {
     uint16_t *y = c.out;
     if (c.on_device) {
         require_device_memory(c.hidden, "hidden");
+        if (c.shared == SharedPart::only) {  // out += the shared expert(s); the routes were summed elsewhere
+            require_device_memory(c.out, "out");
+            if (shared_) check(shared_->add(c.layer, x, y, c.num_tokens, stream), "launching the shared expert");
+            return;
+        }
         require_device_memory(c.ids, "expert_ids");
         require_device_memory(c.weights, "expert_weights");
         require_device_memory(c.out, "out");
@@ -210,7 +215,8 @@ void CudaBackend::run(const DecodeCall &c, ft_session_stats &stats) {
         run_decode(c.layer, xe, ids, w, y, c.num_tokens, stream);
         check(cudaGetLastError(), "launching the decode kernels");
     }
-    if (shared_) check(shared_->add(c.layer, x, y, c.num_tokens, stream), "launching the shared expert");
+    if (shared_ && c.shared == SharedPart::with_routed)
+        check(shared_->add(c.layer, x, y, c.num_tokens, stream), "launching the shared expert");
     if (!c.on_device) {
         check(cudaMemcpyAsync(host_out_.get(), y, act, cudaMemcpyDeviceToHost, stream), "copying the output to the host");
         check(cudaStreamSynchronize(stream), "running the MoE layer on the GPU");

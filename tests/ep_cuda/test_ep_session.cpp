@@ -27,7 +27,10 @@
 #include "ft/ep_cuda.hpp"
 #include "ft/ep_probe.hpp"
 #include "ft/ep_session.hpp"
+#include "moe_reference.hpp"
+#include "scratch_dir.hpp"
 #include "sim_transport.hpp"
+#include "synth_reference.hpp"
 
 namespace {
 
@@ -436,6 +439,90 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
         double worst = 0;
         EXPECT_EQ(check_rank(full.session, 1, d, WireDtype::Fp8Fp32, out.download(d.x.size()), &worst), 0)
             << "mode " << mode << ", worst error / tolerance " << worst;
+        ft_ep_group_free(g);
+    }
+}
+
+// A session with shared experts on a one-rank NCCL group: the expert rows are computed without
+// the shared expert and the group adds it once per token after the combine (in chunks of the
+// rank session's max_tokens), so the output is the whole-model session's. A shared expert added
+// per expert row would come back weighted by the routes and fail the comparison.
+TEST(EpCudaSession, CApiForwardSessionAddsTheSharedExpertOncePerToken) {
+    REQUIRE_GPU();
+    std::string why;
+    if (!epc::NcclTransport::available(&why)) GTEST_SKIP() << why;
+    ft::synth::Spec s;
+    s.architecture = "qwen3_5_moe";  // sigmoid-gated shared expert
+    s.num_layers = 2;
+    s.num_experts = 8;
+    s.top_k = kK;
+    s.hidden = kH;
+    s.intermediate = kI;
+    s.shared_intermediate = 96;
+    ft::test::ScratchDir dir;
+    const std::string path = ft::test::write_synth_model(dir.path(), s);
+    Engine engine;
+    ASSERT_NE(engine.e, nullptr);
+    char err[512];
+    ft_model *model = nullptr;
+    ASSERT_EQ(ft_model_load(engine.e, path.c_str(), nullptr, &model, err, sizeof err), FT_OK) << err;
+    Handles full, rank, routed;  // the model is freed by `full`
+    full.model = model;
+    auto open = [&](int32_t backend, int32_t max_tokens, bool shared, ft_session **out) {
+        ft_session_params p;
+        ft_session_params_init(&p);
+        p.backend = backend;
+        p.max_tokens = max_tokens;
+        p.shared_experts = shared;
+        p.check_finite = false;
+        if (backend == FT_BACKEND_OFFLOAD) p.cache_slots = s.num_experts;
+        ASSERT_EQ(ft_session_create(model, &p, out, err, sizeof err), FT_OK) << err;
+    };
+    open(FT_BACKEND_GPU, 64, true, &full.session);
+    open(FT_BACKEND_OFFLOAD, 16, true, &rank.session);
+    open(FT_BACKEND_GPU, 64, false, &routed.session);
+    if (::testing::Test::HasFatalFailure()) return;
+
+    Rng rng(741);
+    const int64_t T = 40;  // more than the rank session's 16: the shared pass runs in chunks
+    const int32_t layer = 1;
+    const std::vector<int32_t> h_ids = ft::test::random_routing(rng, T, kK, s.num_experts);
+    std::vector<float> h_w(h_ids.size());
+    for (float &x : h_w) x = static_cast<float>(rng.uniform());
+    std::vector<uint16_t> h_x(size_t(T) * kH);
+    for (uint16_t &x : h_x) x = f32_to_bf16(static_cast<float>(rng.uniform() * 2 - 1));
+    std::vector<uint16_t> want(h_x.size()), bare(h_x.size());
+    ASSERT_EQ(ft_decode(full.session, layer, int32_t(T), h_x.data(), h_ids.data(), h_w.data(), want.data()), FT_OK)
+        << ft_session_last_error(full.session);
+    ASSERT_EQ(ft_decode(routed.session, layer, int32_t(T), h_x.data(), h_ids.data(), h_w.data(), bare.data()), FT_OK)
+        << ft_session_last_error(routed.session);
+    std::vector<double> ref(want.size());
+    for (size_t i = 0; i < want.size(); ++i) ref[i] = bf16_to_f32(want[i]);
+    EXPECT_GT(ft::test::relative_error_bf16(bare, ref), 0.05) << "the shared expert must be a visible part of the output";
+
+    DeviceArray<int32_t> ids(h_ids);
+    DeviceArray<float> wts(h_w);
+    DeviceArray<uint16_t> x(h_x), out(h_x.size());
+    for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
+        SCOPED_TRACE(ft::cat("mode ", mode));
+        ft_ep_params prm;
+        ft_ep_params_init(&prm);
+        prm.num_experts = s.num_experts;
+        prm.top_k = kK;
+        prm.hidden = kH;
+        prm.max_tokens = 64;
+        prm.mode = mode;
+        prm.wire = FT_EP_WIRE_BF16;
+        prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? T * kK : 0;
+        ft_ep_group *g = nullptr;
+        const int32_t dev = 0;
+        ASSERT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+        cudaMemset(out.ptr, 0xff, h_x.size() * 2);
+        EXPECT_EQ(ft_ep_forward_session(g, rank.session, model, 16, layer, ids.ptr, wts.ptr, x.ptr, T, out.ptr, nullptr),
+                  FT_OK)
+            << ft_ep_group_last_error(g);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_LT(ft::test::relative_error_bf16(out.download(h_x.size()), ref), 1e-2);
         ft_ep_group_free(g);
     }
 }

@@ -413,6 +413,7 @@ FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, 
             c.out = yr;
             c.on_device = true;
             c.stream = st;
+            c.shared = ft::SharedPart::skip;  // added once per token below, not per expert row
             std::string why;
             const ft_status s = guarded([&why](const std::string &m) { why = m; }, [&] { sess.decode(c); });
             if (s != FT_OK) {
@@ -424,6 +425,27 @@ FT_API ft_status ft_ep_forward_session(ft_ep_group *group, ft_session *session, 
             topk_ids, topk_weights, x, tokens,
             [&](const ft::ep::cuda::ExpertBatch &b, cudaStream_t st) { se->run(b, exact, decode, st); }, out,
             static_cast<cudaStream_t>(stream));
+        // The shared expert(s) of this rank's own tokens, on the combined output, as a session
+        // without EP adds them: out = bf16(out + shared(x)), at most the session's max_tokens a call.
+        if (sess.shared_experts()) {
+            const int64_t H = spec.hidden, step = sess.max_tokens();
+            for (int64_t t0 = 0; t0 < tokens; t0 += step) {
+                ft::DecodeCall c;
+                c.layer = layer;
+                c.num_tokens = static_cast<int32_t>(std::min(step, tokens - t0));
+                c.hidden = x + t0 * H;
+                c.out = out + t0 * H;
+                c.on_device = true;
+                c.stream = stream;
+                c.shared = ft::SharedPart::only;
+                std::string why;
+                const ft_status s = guarded([&why](const std::string &m) { why = m; }, [&] { sess.decode(c); });
+                if (s != FT_OK) {
+                    session->last_error = why;
+                    ft::fail(s, "EP forward (session): the shared expert of ", c.num_tokens, " tokens: ", why);
+                }
+            }
+        }
     });
 }
 

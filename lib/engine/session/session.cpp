@@ -139,6 +139,12 @@ void Session::decode(const DecodeCall &c) {
     if (c.num_tokens < 1 || c.num_tokens > params_.max_tokens)
         fail(FT_ERR_INVALID_ARGUMENT, "num_tokens ", c.num_tokens, " out of range [1, ", params_.max_tokens,
              "] (max_tokens of the session)");
+    if (c.shared == SharedPart::only) {
+        if (!c.on_device || !impl_->device_path() || !c.hidden || !c.out)
+            fail(FT_ERR_INVALID_ARGUMENT, "a shared-expert-only call takes device hidden and out on a GPU backend");
+        if (params_.shared_experts) impl_->decode(c, stats_);
+        return;
+    }
     if (!c.hidden || !c.ids || !c.weights || !c.out)
         fail(FT_ERR_INVALID_ARGUMENT, "hidden, expert_ids, expert_weights and out must not be NULL");
     const size_t act_bytes = static_cast<size_t>(c.num_tokens) * s.hidden * sizeof(uint16_t);

@@ -16,6 +16,11 @@ class Model;
 
 // One ft_decode / ft_decode_cuda call, validated by the session (host path: ids in range and
 // values finite; device path: pointers non-null only).
+// Which part of a MoE layer a call computes when the session adds shared experts. `skip`: the
+// routed experts only; `only`: out = bf16(out + shared(hidden)), ids and weights unused (device
+// path; the EP group adds the shared expert(s) once per token to its combined output).
+enum class SharedPart : uint8_t { with_routed, skip, only };
+
 struct DecodeCall {
     int32_t layer = 0;
     int32_t num_tokens = 0;
@@ -25,6 +30,7 @@ struct DecodeCall {
     uint16_t *out = nullptr;
     bool on_device = false;   // pointers are device memory; enqueue on `stream`, do not wait
     void *stream = nullptr;   // cudaStream_t of a device call
+    SharedPart shared = SharedPart::with_routed;
 };
 
 // What a backend may use of its engine and session.

@@ -80,6 +80,8 @@ public:
     Session(LoadedModel &model, const ft_session_params &params);
 
     int32_t backend() const { return backend_; }
+    int32_t max_tokens() const { return params_.max_tokens; }
+    bool shared_experts() const { return params_.shared_experts; }
     const std::string &backend_reason() const { return backend_reason_; }  // the selector's reason
     void route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights);
     void decode(const DecodeCall &call);
