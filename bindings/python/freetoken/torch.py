@@ -15,15 +15,23 @@ longer than the session's max_tokens are split. The router stays the model's own
 with router="freetoken"). The expert weights come from the checkpoint through ft_model_load, so host
 memory holds them once, in FreeToken's banks. Inference only: no gradients flow through the experts.
 
-Two shapes of MoE block are handled, whatever the architecture:
-  - blocks that call their experts as one module, experts(hidden, ids, weights) (transformers >= 4.57
-    style, gpt-oss): only `experts` is replaced and the block's own forward runs unchanged;
-  - blocks that loop over an nn.ModuleList of experts (older transformers): the block's forward is
-    replaced by one that calls the block's own router, FreeToken for the routed experts, and the
-    block's shared experts (`shared_experts`, or `shared_expert` scaled by sigmoid(`shared_expert_gate`)),
-    and returns what the original returned (the tensor, or (tensor, router_logits)).
+An MoE block is a module under `layers.N` with a router (`gate` or `router`) and routed experts
+(`experts`, or GraniteMoe/JetMoe-style `input_linear`/`output_linear` parallel experts). Three
+kinds are handled:
+  - blocks that call their experts as one module, experts(hidden, ids, weights) (transformers >= 5
+    and gpt-oss): only `experts` is replaced and the block's own forward runs unchanged;
+  - blocks that loop over an nn.ModuleList of experts (older transformers), call a fused experts module
+    with the hidden states alone (Llama-4: the routing weight scales the expert's input, which
+    FreeToken applies itself) or run parallel experts (input_linear/output_linear): the block's forward
+    is replaced by one that calls the block's own router, FreeToken for the routed experts, and the
+    block's shared experts (`shared_experts`, `shared_mlp`, or `shared_expert` scaled by
+    sigmoid(`shared_expert_gate`) when the block has that gate), and returns what the original returned
+    (the tensor, or (tensor, router_logits)).
+Shared experts a decoder layer holds beside its MoE block (GraniteMoeShared's `shared_mlp`) stay the
+layer's own, or are zeroed with shared_experts='freetoken'.
 """
 import contextlib
+import inspect
 import re
 import types
 
@@ -104,8 +112,9 @@ class FreeTokenExperts(nn.Module):
         return "layer=%d, num_experts=%d, backend=%s" % (self.layer, self.num_experts, self.session.backend)
 
 
-def _routing_by_rule(logits, info, bias):
-    """The model's routing rule (ft_model_info) applied in torch, for routers that return only logits."""
+def _routing_by_rule(logits, info, bias, session=None, layer=0):
+    """The model's routing rule (ft_model_info) applied in torch, for routers that return only logits;
+    rules without a torch form here go through ft_route on host logits (not capturable)."""
     rule, K = info["routing"], info["top_k"]
     lg = logits.float()
     if rule in (_ffi.FT_ROUTING_SOFTMAX_TOPK, _ffi.FT_ROUTING_SOFTMAX_TOPK_RENORM):
@@ -118,6 +127,9 @@ def _routing_by_rule(logits, info, bias):
             lg = lg + bias
         vals, ids = torch.topk(lg, K, dim=-1)
         return ids, F.softmax(vals, dim=-1)
+    if rule == _ffi.FT_ROUTING_TOPK_SIGMOID:  # Llama-4: the weight scales the expert input in ft_decode
+        vals, ids = torch.topk(lg, K, dim=-1)
+        return ids, torch.sigmoid(vals)
     if rule == _ffi.FT_ROUTING_SIGMOID_GROUP_TOPK:
         scores = torch.sigmoid(lg)
         sel = scores + (bias if bias is not None else 0)
@@ -131,11 +143,15 @@ def _routing_by_rule(logits, info, bias):
         w = scores.gather(1, ids)
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)  # DeepSeek-V3 / GLM-4.x default norm_topk_prob
         return ids, w * info["routed_scaling_factor"]
-    raise Error(_ffi.FT_ERR_UNSUPPORTED, "routing rule %d has no torch form; use router='freetoken'" % rule)
+    if session is None:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "routing rule %d has no torch form; use router='freetoken'" % rule)
+    ids, w = session.route(layer, lg.detach().cpu().contiguous())
+    return ids.to(logits.device), w.to(logits.device)
 
 
 def _moe_forward(block, hidden_states):
-    """Replacement forward of a ModuleList-style MoE block (see the module docstring)."""
+    """Replacement forward of a block whose experts FreeToken cannot take as one call (see the module
+    docstring)."""
     st = block._freetoken
     if st["returns_tuple"] is None:
         st["returns_tuple"] = _probe_returns_tuple(block, hidden_states)
@@ -143,12 +159,13 @@ def _moe_forward(block, hidden_states):
     x = hidden_states.reshape(-1, shape[-1])
     ids, weights, logits = _route(block, x)
     out = st["experts"].run(x, ids, weights)
-    shared = getattr(block, "shared_experts", None)
-    if shared is not None and not isinstance(shared, _Zero):
-        out = out + shared(x)
+    for name in ("shared_experts", "shared_mlp"):
+        shared = getattr(block, name, None)
+        if isinstance(shared, nn.Module) and not isinstance(shared, _Zero):
+            out = out + _first_tensor(shared(x))
     single = getattr(block, "shared_expert", None)
-    if single is not None and not isinstance(single, _Zero):
-        s = single(x)
+    if isinstance(single, nn.Module) and not isinstance(single, _Zero):
+        s = _first_tensor(single(x))
         gate = getattr(block, "shared_expert_gate", None)
         if gate is not None:
             s = torch.sigmoid(gate(x)) * s
@@ -161,6 +178,10 @@ def _moe_forward(block, hidden_states):
     return out
 
 
+def _first_tensor(result):
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
 def _router_module(block):
     for name in ("gate", "router"):
         m = getattr(block, name, None)
@@ -169,34 +190,73 @@ def _router_module(block):
     return None
 
 
+def _router_linear(router):
+    """The linear layer of a router module: the module itself (nn.Linear or a module with `weight`), or
+    its `layer` (GraniteMoe/JetMoe), `wg` (HunYuan), `linear` or only nn.Linear child."""
+    if isinstance(getattr(router, "weight", None), torch.Tensor):
+        return router
+    for name in ("layer", "wg", "linear", "classifier"):
+        m = getattr(router, name, None)
+        if isinstance(getattr(m, "weight", None), torch.Tensor):
+            return m
+    linears = [m for m in router.children() if isinstance(m, nn.Linear)]
+    return linears[0] if len(linears) == 1 else None
+
+
 def _router_logits(block, x):
-    gate = _router_module(block)
-    return F.linear(x, gate.weight, getattr(gate, "bias", None) if isinstance(gate, nn.Linear) else None)
+    lin = _router_linear(_router_module(block))
+    bias = getattr(lin, "bias", None)
+    return F.linear(x, lin.weight, bias if isinstance(bias, torch.Tensor) else None)
+
+
+def _routes_of(result, tokens, num_experts):
+    """(ids, weights, logits) when the router's output holds per-token ids [T, K], else None."""
+    tensors = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(t, torch.Tensor)]
+    if not any(not t.is_floating_point() and t.dim() >= 2 and t.numel() % tokens == 0 and
+               t.reshape(tokens, -1).shape[1] <= num_experts for t in tensors):
+        return None
+    return _pick_routing(result, num_experts)
 
 
 def _route(block, x):
     """(ids, weights, logits or None) by the block's own router, or ft_route with router='freetoken'."""
     st = block._freetoken
+    session, layer = st["experts"].session, st["experts"].layer
     if st["router"] == "freetoken":
         logits = _router_logits(block, x)
-        session = st["experts"].session
-        ids, w = session.route(st["experts"].layer, logits.detach().float().cpu().contiguous())
+        ids, w = session.route(layer, logits.detach().float().cpu().contiguous())
         return ids.to(x.device), w.to(x.device), logits
     gate = _router_module(block)
     result = gate(x)
-    picked = _pick_routing(result, st["num_experts"])
+    picked = _routes_of(result, x.shape[0], st["num_experts"])
     if picked is not None:
         return picked
-    logits = result
-    if hasattr(block, "route_tokens_to_experts"):
-        picked = _pick_routing(block.route_tokens_to_experts(logits), st["num_experts"])
-        if picked is not None:
-            return picked[0], picked[1], logits
+    if isinstance(result, torch.Tensor):
+        logits = result
+        if hasattr(block, "route_tokens_to_experts"):
+            picked = _pick_routing(block.route_tokens_to_experts(logits), st["num_experts"])
+            if picked is not None:
+                return picked[0], picked[1], logits
+    else:
+        # A tuple without per-token ids (Llama-4's dense scores, GraniteMoe's expert-sorted lists):
+        # the logits from the router's own linear layer, then the model's rule.
+        logits = _router_logits(block, x)
     # A correction bias the rule adds to the scores (DeepSeek-V3 style); gpt-oss routers have none
     # here, their bias is inside the linear layer and so already in `logits`.
     bias = getattr(gate, "e_score_correction_bias", None)
-    ids, w = _routing_by_rule(logits, st["info"], bias.float() if bias is not None else None)
+    ids, w = _routing_by_rule(logits, st["info"], bias.float() if bias is not None else None, session, layer)
     return ids, w, logits
+
+
+class _ZeroParallel(nn.Module):
+    """Stands for GraniteMoe parallel experts while probing: (inputs, expert_size) -> zeros [N, width]."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.width = width
+
+    def forward(self, inputs, *args, **kwargs):
+        return inputs.new_zeros(inputs.shape[0], self.width)
 
 
 def _probe_returns_tuple(block, hidden_states):
@@ -209,10 +269,15 @@ def _probe_returns_tuple(block, hidden_states):
         def forward(self, x, *args, **kwargs):
             return torch.zeros_like(x)
 
-    zeros = ZeroExperts([_Zero() for _ in range(E)])
-    saved = block.experts
+    if st["kind"] == "parallel":
+        I, H = st["info"]["intermediate_size"], st["info"]["hidden_size"]
+        swap = {"input_linear": _ZeroParallel(2 * I), "output_linear": _ZeroParallel(H)}
+    else:
+        swap = {"experts": ZeroExperts([_Zero() for _ in range(E)])}
+    saved = {name: getattr(block, name) for name in swap}
     try:
-        block.experts = zeros
+        for name, m in swap.items():
+            setattr(block, name, m)
         with torch.no_grad():
             probe = hidden_states.reshape(-1, hidden_states.shape[-1])[:1].reshape(1, 1, -1)
             result = st["original_forward"](probe)
@@ -220,34 +285,68 @@ def _probe_returns_tuple(block, hidden_states):
     except Exception:
         return False
     finally:
-        block.experts = saved
+        for name, m in saved.items():
+            setattr(block, name, m)
 
 
 def _fused_call(experts):
-    """True if the experts module is called as one (experts(hidden, ids, weights))."""
+    """True if the experts module is called as one with the routes, experts(hidden, ids, weights):
+    a forward of its own that takes more than the hidden states."""
+    if isinstance(experts, (FreeTokenExperts, nn.ModuleList)):
+        return False
     fwd = getattr(type(experts), "forward", None)
-    return fwd is not None and fwd is not nn.Module.forward and not isinstance(experts, FreeTokenExperts)
+    if fwd is None or fwd is nn.Module.forward:
+        return False
+    try:
+        params = list(inspect.signature(fwd).parameters.values())[1:]  # without self
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return True
+    return len(params) >= 3
 
 
-def _num_experts(experts):
+def _block_kind(block):
+    """'fused', 'loop' (ModuleList experts or experts called with the hidden states alone) or
+    'parallel' (GraniteMoe/JetMoe input_linear/output_linear)."""
+    experts = getattr(block, "experts", None)
+    if isinstance(experts, nn.Module):
+        return "fused" if _fused_call(experts) else "loop"
+    return "parallel"
+
+
+def _num_experts(block):
+    experts = getattr(block, "experts", None)
+    if experts is None:
+        experts = getattr(block, "input_linear", None)
     for attr in ("num_experts", "num_local_experts", "n_routed_experts"):
         n = getattr(experts, attr, None)
         if isinstance(n, int):
             return n
     if isinstance(experts, nn.ModuleList):
         return len(experts)
-    p = getattr(experts, "gate_up_proj", None)
-    if p is None:
-        p = getattr(experts, "gate_up_proj_blocks", None)
-    return int(p.shape[0]) if p is not None else None
+    for name in ("gate_up_proj", "gate_up_proj_blocks", "weight"):
+        p = getattr(experts, name, None)
+        if isinstance(p, torch.Tensor):
+            return int(p.shape[0])
+    return None
+
+
+def _is_moe_block(module):
+    if _router_module(module) is None:
+        return False
+    if isinstance(getattr(module, "experts", None), nn.Module):
+        return True
+    return isinstance(getattr(module, "input_linear", None), nn.Module) and \
+        isinstance(getattr(module, "output_linear", None), nn.Module)
 
 
 def find_moe_blocks(model):
-    """[(checkpoint layer index, name, block)] of every module with routed `experts` and a router."""
+    """[(checkpoint layer index, name, block)] of every module with a router (`gate`/`router`) and
+    routed experts (`experts`, or `input_linear` + `output_linear`)."""
     found = []
     for name, module in model.named_modules():
-        experts = getattr(module, "experts", None)
-        if not isinstance(experts, nn.Module) or _router_module(module) is None:
+        if not _is_moe_block(module):
             continue
         m = _LAYER_RE.search(name)
         if m is None:
@@ -261,7 +360,8 @@ def _model_device(blocks, device):
     if device is not None:
         return torch.device(device)
     for _, _, block in blocks:
-        w = getattr(_router_module(block), "weight", None)
+        lin = _router_linear(_router_module(block))
+        w = getattr(lin, "weight", None)
         if isinstance(w, torch.Tensor) and w.device.type != "meta":
             return w.device
     raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "the routers are on the meta device: pass device=")
@@ -318,8 +418,10 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
         raise ValueError("shared_experts must be 'model' or 'freetoken', not %r" % (shared_experts,))
     blocks = find_moe_blocks(model)
     if not blocks:
-        raise Error(_ffi.FT_ERR_UNSUPPORTED, "no MoE block (a module with `experts` and a `gate`/`router`) "
-                    "found in %s" % type(model).__name__)
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "no MoE block (a module with a `gate`/`router` and `experts` or "
+                    "`input_linear`/`output_linear`) found in %s" % type(model).__name__)
+    for _, name, block in blocks:
+        _check_block(name, block)
     dev = _model_device(blocks, device)
     prebuilt = isinstance(checkpoint, Model)
     if prebuilt:
@@ -346,7 +448,7 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
             if layer < 0:
                 raise Error(_ffi.FT_ERR_FORMAT, "'%s': checkpoint layer %d has no routed experts in %s"
                             % (name, model_layer, checkpoint))
-            n = _num_experts(block.experts)
+            n = _num_experts(block)
             if n is not None and n != info["num_experts"]:
                 raise Error(_ffi.FT_ERR_FORMAT, "'%s' has %d experts, the checkpoint %d" % (name, n,
                                                                                             info["num_experts"]))
@@ -355,7 +457,7 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
             raise Error(_ffi.FT_ERR_FORMAT, "the model has %d MoE blocks, the checkpoint %d MoE layers"
                         % (len(installed), info["num_layers"]))
         for layer, name, block in installed:
-            _install(block, session, layer, info, router, shared_experts)
+            _install(block, session, layer, info, router, shared_experts, _parent(model, name))
     except BaseException:
         if own_engine:
             engine.close()
@@ -365,17 +467,39 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
     return offload
 
 
-def _install(block, session, layer, info, router, shared_experts):
-    fused = _fused_call(block.experts) and router == "model"
+def _parent(model, name):
+    return model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+
+
+def _check_block(name, block):
+    """Raises FT_ERR_UNSUPPORTED for a block whose routes cannot be read: one whose forward must be
+    replaced (not 'fused') while its router has no linear layer to take the logits from."""
+    if _block_kind(block) != "fused" and _router_linear(_router_module(block)) is None:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "MoE block '%s' (%s): its experts are not called with the routes "
+                    "and its router %s has no linear layer to read the logits from" % (
+                        name, type(block).__name__, type(_router_module(block)).__name__))
+
+
+_SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")
+
+
+def _install(block, session, layer, info, router, shared_experts, parent):
+    kind = _block_kind(block)
     experts = FreeTokenExperts(session, layer, info["num_experts"], info["hidden_size"])
     if shared_experts == "freetoken":
-        for attr in ("shared_experts", "shared_expert"):
-            if isinstance(getattr(block, attr, None), nn.Module):
-                setattr(block, attr, _Zero())
+        # the block's shared experts, and those its decoder layer adds beside it (GraniteMoeShared)
+        for owner in (block, parent):
+            for attr in _SHARED_NAMES:
+                m = getattr(owner, attr, None)
+                if isinstance(m, nn.Module) and m is not block:
+                    setattr(owner, attr, _Zero())
     block._freetoken = dict(experts=experts, layer=layer, num_experts=info["num_experts"], info=info,
-                            router=router, returns_tuple=None, original_forward=block.forward)
+                            router=router, kind=kind, returns_tuple=None, original_forward=block.forward)
+    if kind == "parallel":
+        block.input_linear = _ZeroParallel(2 * info["intermediate_size"])  # drops the expert parameters
+        block.output_linear = _ZeroParallel(info["hidden_size"])
     block.experts = experts  # drops the block's own expert parameters
-    if not fused:
+    if kind != "fused" or router != "model":
         block.forward = types.MethodType(_moe_forward, block)
 
 
@@ -406,7 +530,9 @@ def _checkpoint_names(name, params):
     if name in params:
         return name
     for a, b in (("block_sparse_moe.", "mlp."), ("mlp.", "block_sparse_moe."),
-                 ("model.language_model.", "model."), ("language_model.model.", "model.")):
+                 ("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
+                 ("vision_model.", "model.vision_model."), ("multi_modal_projector.", "model.multi_modal_projector.")):
         alt = name.replace(a, b)
         if alt in params:
             return alt
@@ -484,7 +610,8 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
     """A transformers model of `checkpoint` whose routed experts run in FreeToken: built with its
     parameters on the meta device, experts replaced (offload_experts), then only the non-expert weights
     read from the checkpoint onto `device` (default cuda when available, else cpu). dtype: default
-    torch.bfloat16. Other keywords go to offload_experts()."""
+    torch.bfloat16. model_class: an Auto class (default AutoModelForCausalLM) or a model class (e.g. a
+    multimodal ...ForConditionalGeneration). Other keywords go to offload_experts()."""
     import transformers
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -502,11 +629,14 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
         except AttributeError:
             pass
     cls = model_class or transformers.AutoModelForCausalLM
+    # Auto classes build with from_config, model classes with _from_config
+    build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
+    extra = {"trust_remote_code": trust_remote_code} if hasattr(cls, "from_config") else {}
     with _parameters_on_meta():
         try:
-            model = cls.from_config(config, torch_dtype=dtype, trust_remote_code=trust_remote_code)
+            model = build(config, torch_dtype=dtype, **extra)
         except TypeError:  # transformers versions that name it dtype
-            model = cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+            model = build(config, dtype=dtype, **extra)
     model.eval()
     if device.type == "cpu" and backend == "auto":
         backend = "cpu"

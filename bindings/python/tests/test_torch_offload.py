@@ -20,6 +20,7 @@ from freetoken.safetensors import save_file
 from mxfp4 import mxfp4_quantise
 
 H, I, E, K, L = 64, 96, 8, 2, 2
+IS, K4 = 80, 1  # shared expert width; Llama-4 top-k
 
 
 def bf16_round_(module):
@@ -186,6 +187,171 @@ class GptOssStyleMoe(nn.Module):
         return self.experts(x, router_indices=idx, routing_weights=scores).reshape(b, s, h), scores
 
 
+class Qwen2StyleMoe(nn.Module):
+    """Experts in a ModuleList, softmax top-k without renormalisation, a shared expert scaled by
+    sigmoid(shared_expert_gate . x); returns (out, router_logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(H, E, bias=False)
+        self.experts = nn.ModuleList([MLP(I) for _ in range(E)])
+        self.shared_expert = MLP(IS)
+        self.shared_expert_gate = nn.Linear(H, 1, bias=False)
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.view(-1, h)
+        logits = self.gate(x)
+        w, ids = torch.topk(F.softmax(logits, dim=1, dtype=torch.float), K, dim=-1)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                out[t] += w[t, k] * self.experts[int(ids[t, k])](x[t])
+        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.view(b, s, h), logits
+
+
+class ParallelExperts(nn.Module):
+    """GraniteMoe/JetMoe parallel experts: weight [E, out, in]; rows grouped by expert, expert_size each."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.num_experts = E
+        self.weight = nn.Parameter(torch.randn(E, n_out, n_in) / n_in ** 0.5)
+
+    def forward(self, inputs, expert_size):
+        parts = inputs.split(expert_size, dim=0)
+        return torch.cat([F.linear(parts[e], self.weight[e]) for e in range(E)], dim=0)
+
+
+class GraniteStyleGating(nn.Module):
+    """Top-k of the logits, softmax over the k; returns the routes sorted by expert:
+    (index_sorted_experts, batch_index, batch_gates, expert_size, logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(H, E, bias=False)
+
+    def forward(self, x):
+        logits = self.layer(x).float()
+        top, ids = logits.topk(K, dim=1)
+        gates = torch.softmax(top, dim=1).type_as(x)
+        expert_size = torch.zeros(x.shape[0], E, dtype=torch.long).scatter(1, ids, 1).sum(0).tolist()
+        order = ids.flatten().sort(0)[1]
+        return order, order.div(K, rounding_mode="trunc"), gates.flatten()[order], expert_size, logits
+
+
+class GraniteStyleMoe(nn.Module):
+    """input_linear [E, 2I, H] (gate rows then up rows), output_linear [E, H, I], router.layer;
+    returns (out, router_logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.input_linear = ParallelExperts(H, 2 * I)
+        self.output_linear = ParallelExperts(I, H)
+        self.router = GraniteStyleGating()
+
+    def forward(self, layer_input):
+        b, s, h = layer_input.shape
+        x = layer_input.reshape(-1, h)
+        _, batch_index, batch_gates, expert_size, logits = self.router(x)
+        hidden = self.input_linear(x[batch_index], expert_size)
+        gate, up = hidden.chunk(2, dim=-1)
+        y = self.output_linear(F.silu(gate) * up, expert_size) * batch_gates[:, None]
+        out = torch.zeros_like(x).index_add(0, batch_index, y)
+        return out.view(b, s, h), logits
+
+
+class Llama4StyleRouter(nn.Linear):
+    """Returns (dense scores [T, E]: sigmoid of the top-k logits, 0 elsewhere; logits)."""
+
+    def __init__(self):
+        super().__init__(H, E, bias=False)
+
+    def forward(self, x):
+        logits = super().forward(x)
+        top, ids = torch.topk(logits, K4, dim=1)
+        scores = torch.full_like(logits, float("-inf")).scatter_(1, ids, top)
+        return torch.sigmoid(scores.float()).to(x.dtype), logits
+
+
+class Llama4StyleExperts(nn.Module):
+    """gate_up_proj [E, H, 2I] (gate columns then up), down_proj [E, I, H]; called with the hidden
+    states alone, already scaled by the routing weight: [E * T, H] -> [E * T, H]."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_experts = E
+        self.gate_up_proj = nn.Parameter(torch.randn(E, H, 2 * I) * 0.3)
+        self.down_proj = nn.Parameter(torch.randn(E, I, H) * 0.3)
+
+    def forward(self, hidden_states):
+        x = hidden_states.view(E, -1, H)
+        gate, up = torch.bmm(x, self.gate_up_proj).chunk(2, dim=-1)
+        return torch.bmm(up * F.silu(gate), self.down_proj).view(-1, H)
+
+
+class Llama4StyleMoe(nn.Module):
+    """Top-1, the sigmoid weight scales the expert's input, a shared expert; returns (out, logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = Llama4StyleExperts()
+        self.router = Llama4StyleRouter()
+        self.shared_expert = MLP(I)
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.reshape(-1, h)
+        scores, logits = self.router(x)
+        routed_in = x.repeat(E, 1) * scores.transpose(0, 1).reshape(-1, 1)
+        out = self.shared_expert(x) + self.experts(routed_in).view(E, -1, h).sum(dim=0)
+        return out.view(b, s, h), logits
+
+
+class RouterWithoutLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(E, H))
+
+    def forward(self, x):
+        return x @ self.w.t()
+
+
+class OpaqueRouterMoe(LoopMoe):
+    """A loop block whose router has no linear layer to read logits from."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = RouterWithoutLinear()
+
+
+class GraniteSharedMLP(nn.Module):
+    """input_linear [2 Is, H] (gate rows then up rows), output_linear [H, Is]."""
+
+    def __init__(self):
+        super().__init__()
+        self.input_linear = nn.Linear(H, 2 * IS, bias=False)
+        self.output_linear = nn.Linear(IS, H, bias=False)
+
+    def forward(self, x):
+        gate, up = self.input_linear(x).chunk(2, dim=-1)
+        return self.output_linear(F.silu(gate) * up)
+
+
+class SharedBesideLayer(nn.Module):
+    """A decoder layer holding a shared MLP beside its MoE block (GraniteMoeShared)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.mlp = block
+        self.shared_mlp = GraniteSharedMLP()
+
+    def forward(self, x):
+        y = self.mlp(x)
+        return x + (y[0] if isinstance(y, tuple) else y) + self.shared_mlp(x)
+
+
 class Layer(nn.Module):
     def __init__(self, block):
         super().__init__()
@@ -199,15 +365,40 @@ class Layer(nn.Module):
 
 
 class TinyModel(nn.Module):
-    def __init__(self, make_block):
+    def __init__(self, make_block, layer=Layer):
         super().__init__()
         self.model = nn.Module()
-        self.model.layers = nn.ModuleList([Layer(make_block()) for _ in range(L)])
+        self.model.layers = nn.ModuleList([layer(make_block()) for _ in range(L)])
 
     def forward(self, x):
         for layer in self.model.layers:
             x = layer(x)
         return x
+
+
+CONFIGS = {  # config.json per hand-built block style, as the loader reads them
+    "deepseek": {"model_type": "deepseek_v3", "hidden_size": H, "num_hidden_layers": L, "n_routed_experts": E,
+                 "num_experts_per_tok": K, "moe_intermediate_size": I, "first_k_dense_replace": 0,
+                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": DeepseekStyleMoe.scaling,
+                 "norm_topk_prob": True, "n_shared_experts": 1, "scoring_func": "sigmoid", "hidden_act": "silu"},
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": H, "num_hidden_layers": L, "num_local_experts": E,
+                "num_experts_per_tok": K, "intermediate_size": I, "swiglu_limit": 7.0,
+                "quantization_config": {"quant_method": "mxfp4"}},
+    "qwen3": {"model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": L, "num_experts": E,
+              "num_experts_per_tok": K, "moe_intermediate_size": I, "norm_topk_prob": True, "hidden_act": "silu"},
+    "qwen2": {"model_type": "qwen2_moe", "hidden_size": H, "num_hidden_layers": L, "num_experts": E,
+              "num_experts_per_tok": K, "moe_intermediate_size": I, "norm_topk_prob": False,
+              "shared_expert_intermediate_size": IS, "hidden_act": "silu"},
+    "granite": {"model_type": "granitemoe", "hidden_size": H, "num_hidden_layers": L, "num_local_experts": E,
+                "num_experts_per_tok": K, "intermediate_size": I, "hidden_act": "silu"},
+    "granite_shared": {"model_type": "granitemoeshared", "hidden_size": H, "num_hidden_layers": L,
+                       "num_local_experts": E, "num_experts_per_tok": K, "intermediate_size": I,
+                       "shared_intermediate_size": IS, "hidden_act": "silu"},
+    "llama4": {"model_type": "llama4_text", "hidden_size": H, "num_hidden_layers": L, "num_local_experts": E,
+               "num_experts_per_tok": K4, "intermediate_size": I, "interleave_moe_layer_step": 1,
+               "hidden_act": "silu"},
+}
+CONFIGS["loop"] = CONFIGS["fused"] = CONFIGS["qwen3"]
 
 
 def write_checkpoint(model, path, style):
@@ -227,19 +418,7 @@ def write_checkpoint(model, path, style):
         else:
             tensors[name] = t.to(torch.bfloat16)
     save_file(tensors, os.path.join(path, "model.safetensors"))
-    if style == "deepseek":
-        config = {"model_type": "deepseek_v3", "hidden_size": H, "num_hidden_layers": L, "n_routed_experts": E,
-                  "num_experts_per_tok": K, "moe_intermediate_size": I, "first_k_dense_replace": 0,
-                  "n_group": 1, "topk_group": 1, "routed_scaling_factor": DeepseekStyleMoe.scaling,
-                  "norm_topk_prob": True, "n_shared_experts": 1, "scoring_func": "sigmoid", "hidden_act": "silu"}
-    elif style == "gpt_oss":
-        config = {"model_type": "gpt_oss", "hidden_size": H, "num_hidden_layers": L, "num_local_experts": E,
-                  "num_experts_per_tok": K, "intermediate_size": I, "swiglu_limit": 7.0,
-                  "quantization_config": {"quant_method": "mxfp4"}}
-    else:
-        config = {"model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": L, "num_experts": E,
-                  "num_experts_per_tok": K, "moe_intermediate_size": I, "norm_topk_prob": True,
-                  "hidden_act": "silu"}
+    config = CONFIGS[style]
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
 
@@ -256,14 +435,14 @@ class OffloadExperts(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def build(self, make_block, style):
-        model = bf16_round_(TinyModel(make_block)).eval()
+    def build(self, make_block, style, layer=Layer):
+        model = bf16_round_(TinyModel(make_block, layer)).eval()
         path = os.path.join(self.tmp, style)
         write_checkpoint(model, path, style)
         return model, path
 
-    def check_matches(self, make_block, style, tokens=5, **kwargs):
-        model, path = self.build(make_block, style)
+    def check_matches(self, make_block, style, tokens=5, layer=Layer, **kwargs):
+        model, path = self.build(make_block, style, layer)
         x = torch.randn(1, tokens, H)
         with torch.no_grad():
             want = model(x)
@@ -304,6 +483,50 @@ class OffloadExperts(unittest.TestCase):
     def test_deepseek_style_with_freetokens_shared_expert(self):
         model, _ = self.check_matches(DeepseekStyleMoe, "deepseek", shared_experts="freetoken")
         self.assertIsInstance(model.model.layers[0].mlp.shared_experts, ftt._Zero)
+
+    def test_qwen2_style_sigmoid_gated_shared_expert(self):
+        model, offload = self.check_matches(Qwen2StyleMoe, "qwen2")
+        self.assertEqual(offload.ft_model.info()["shared_expert_gate"], 1)
+        block = model.model.layers[0].mlp
+        self.assertIsInstance(block.shared_expert, MLP)  # the model's own, gate applied by the new forward
+        with torch.no_grad():
+            self.assertIsInstance(block(torch.randn(1, 2, H)), tuple)
+
+    def test_qwen2_style_with_freetokens_shared_expert(self):
+        model, _ = self.check_matches(Qwen2StyleMoe, "qwen2", shared_experts="freetoken")
+        self.assertIsInstance(model.model.layers[0].mlp.shared_expert, ftt._Zero)
+
+    def test_granite_style_parallel_experts(self):
+        model, offload = self.check_matches(GraniteStyleMoe, "granite")
+        self.assertEqual(offload.ft_model.info()["routing"], ft.FT_ROUTING_TOPK_SOFTMAX)
+        block = model.model.layers[0].mlp
+        self.assertIsInstance(block.experts, ftt.FreeTokenExperts)
+        self.assertEqual([p for n, p in block.named_parameters() if "linear" in n and "router" not in n], [])
+        with torch.no_grad():
+            out = block(torch.randn(1, 3, H))
+        self.assertIsInstance(out, tuple)  # (out, router_logits) as the original
+        self.assertEqual(tuple(out[1].shape), (3, E))
+
+    def test_granite_shared_mlp_beside_the_block(self):
+        self.check_matches(GraniteStyleMoe, "granite_shared", layer=SharedBesideLayer)
+        model, _ = self.check_matches(GraniteStyleMoe, "granite_shared", layer=SharedBesideLayer,
+                                      shared_experts="freetoken")
+        self.assertIsInstance(model.model.layers[1].shared_mlp, ftt._Zero)
+
+    def test_llama4_style_input_scaled_top1(self):
+        model, offload = self.check_matches(Llama4StyleMoe, "llama4")
+        info = offload.ft_model.info()
+        self.assertEqual((info["routing"], info["route_weight"]), (ft.FT_ROUTING_TOPK_SIGMOID,
+                                                                   ft.FT_ROUTE_WEIGHT_INPUT))
+        self.assertIsNot(model.model.layers[0].mlp.forward.__func__, Llama4StyleMoe.forward)
+
+    def test_a_router_without_logits_is_unsupported(self):
+        model, path = self.build(LoopMoe, "loop")
+        opaque = TinyModel(OpaqueRouterMoe)
+        with self.assertRaises(ft.Error) as cm:
+            ftt.offload_experts(opaque, path, backend="cpu")
+        self.assertEqual(cm.exception.status, ft.FT_ERR_UNSUPPORTED)
+        self.assertIn("OpaqueRouterMoe", cm.exception.message)
 
     def test_router_freetoken(self):
         self.check_matches(LoopMoe, "loop", router="freetoken")
