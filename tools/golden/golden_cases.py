@@ -65,6 +65,17 @@ def base_overrides(p, num_experts=8, top_k=2):
     }
 
 
+def case_overrides(extra, opts, preset):
+    """The config overrides of a case (CASES entry's extra and options) at a geometry preset: the
+    common tiny geometry, the case's own fields, "last" as the preset's last decoder layer."""
+    overrides = base_overrides(preset, opts.get("num_experts", 8), opts.get("top_k", 2))
+    overrides.update(extra)
+    for k, v in list(overrides.items()):
+        if v == "last":
+            overrides[k] = preset["layers"] - 1
+    return overrides
+
+
 # case -> (model_type, extra overrides, options). Options: composite (try the multimodal model
 # with a tiny vision tower first), top_k, num_experts.
 CASES = {

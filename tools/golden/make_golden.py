@@ -33,7 +33,7 @@ import traceback
 import zlib
 
 from golden_cases import (CASES, CaseSkipped, EXPERT_COUNT_FIELDS, MAX_DIR_BYTES, NOT_GATED, SIZE_PRESETS,
-                          TOKENS, base_overrides, log)
+                          TOKENS, case_overrides, log)
 from golden_model import build_model, dir_bytes, redraw, safetensors_names, save_checkpoint
 from golden_routes import SHARED_NAMES, first_attr, flatten, moe_block_of, run_block, text_layers
 
@@ -61,11 +61,7 @@ def make_case_with(name, model_type, extra, opts, outdir, dtype_name, preset):
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
     seed = zlib.crc32(name.encode())
     out = os.path.join(outdir, name)
-    overrides = base_overrides(preset, opts.get("num_experts", 8), opts.get("top_k", 2))
-    overrides.update(extra)
-    for k, v in list(overrides.items()):
-        if v == "last":  # the last decoder layer of this geometry
-            overrides[k] = preset["layers"] - 1
+    overrides = case_overrides(extra, opts, preset)
     torch.manual_seed(seed)
     model, tcfg = build_model(transformers, model_type, overrides, opts.get("composite", False))
     model.eval()

@@ -606,12 +606,13 @@ def _fix_meta_buffers(model, device):
 
 
 def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_class=None, config=None,
-                    trust_remote_code=False, **offload_kwargs):
+                    trust_remote_code=False, attn_implementation=None, **offload_kwargs):
     """A transformers model of `checkpoint` whose routed experts run in FreeToken: built with its
     parameters on the meta device, experts replaced (offload_experts), then only the non-expert weights
     read from the checkpoint onto `device` (default cuda when available, else cpu). dtype: default
     torch.bfloat16. model_class: an Auto class (default AutoModelForCausalLM) or a model class (e.g. a
-    multimodal ...ForConditionalGeneration). Other keywords go to offload_experts()."""
+    multimodal ...ForConditionalGeneration). attn_implementation: passed to the model's construction
+    ("eager", "sdpa", ...; default transformers' choice). Other keywords go to offload_experts()."""
     import transformers
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -632,11 +633,20 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
     # Auto classes build with from_config, model classes with _from_config
     build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
     extra = {"trust_remote_code": trust_remote_code} if hasattr(cls, "from_config") else {}
+    if attn_implementation is not None:
+        extra["attn_implementation"] = attn_implementation
     with _parameters_on_meta():
         try:
             model = build(config, torch_dtype=dtype, **extra)
         except TypeError:  # transformers versions that name it dtype
             model = build(config, dtype=dtype, **extra)
+    cast = {}  # floating parameters in `dtype` whatever the build made of them, tied ones kept tied
+    for module in model.modules():
+        for pname, p in list(module._parameters.items()):
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                if id(p) not in cast:
+                    cast[id(p)] = nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+                module._parameters[pname] = cast[id(p)]
     model.eval()
     if device.type == "cpu" and backend == "auto":
         backend = "cpu"

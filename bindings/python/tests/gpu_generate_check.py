@@ -1,29 +1,44 @@
 #!/usr/bin/env python3
-"""GPU check of freetoken.torch (no pytest): for each architecture FreeToken loads, a tiny random
+"""GPU check of freetoken.torch (no pytest): for every architecture of the golden set
+(tools/golden/golden_cases.py: its cases, tiny geometry and seeded weights), a tiny random
 transformers model generates greedily with and without offload_experts on the gpu, offload and
 hybrid backends; the tokens must be identical and the logits agree within bf16 tolerance; then the
 offloaded MoE blocks' one-token decode step is captured in a CUDA graph and replayed with new inputs
 against eager calls.
 
-Usage: gpu_generate_check.py [--archs qwen3_moe,mixtral,...] [--backends gpu,offload,hybrid]
-                             [--tokens 32] [--keep DIR]
+Usage: gpu_generate_check.py [--archs CASE_OR_MODEL_TYPE,...] [--backends gpu,offload,hybrid]
+                             [--tokens 32] [--geometry HIDDEN,INTER,LAYERS] [--keep DIR] [--list]
 Exits 0 when every case passes, 1 on a failure, 77 (skip) without CUDA, torch or transformers.
+
+Per case the model is built by the golden tool (build_model: the multimodal model with tiny towers for
+composite cases, which generates from text alone; else the causal LM), its weights re-drawn (redraw)
+and saved with save_pretrained in bf16 (save_checkpoint); that directory is what FreeToken loads and
+what freetoken.torch.from_pretrained reads the non-expert weights from. The reference is the same
+model in bf16 on the GPU. gpt_oss_mxfp4 is the gpt_oss case with its experts rounded to MXFP4 and
+stored as gpt-oss does (`*_blocks`/`*_scales`), at an intermediate size of 64 (MXFP4 blocks are 32
+wide). Model types transformers cannot build, or whose model cannot generate text, are SKIP with the
+reason. A failure of one case is recorded (FAIL with the exception) and the others still run.
 
 A divergence of the greedy tokens is reported with the reference's top-1/top-2 margin at that
 step; it counts as a failure unless that margin is below the logit error measured over the steps
 before it (a near tie that bf16 rounding may flip), which is printed as such.
 """
 import argparse
+import gc
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import traceback
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools", "golden"))
 
 SKIP = 77
 
@@ -46,86 +61,103 @@ except ImportError:
 
 import freetoken as ft  # noqa: E402
 import freetoken.torch as ftt  # noqa: E402
-from freetoken.safetensors import save_file  # noqa: E402
+import golden_cases  # noqa: E402
+import golden_model  # noqa: E402
+from freetoken.safetensors import checkpoint_files, load_torch, read_header, save_file  # noqa: E402
 from mxfp4 import mxfp4_quantise  # noqa: E402
 
-VOCAB, H, I, E, K = 512, 256, 384, 16, 4
-COMMON = dict(vocab_size=VOCAB, hidden_size=H, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.05)
+PROMPT = 8  # prompt tokens
 
 
-def configs():
-    """{arch: (config class name, kwargs)}: tiny models of every architecture FreeToken loads that
-    transformers has (Qwen3.5/3.6-MoE and Kimi-K2 are checked by the C++ loader tests; DeepSeek-V4
-    has no transformers model)."""
-    return {
-        "qwen3_moe": ("Qwen3MoeConfig", dict(COMMON, num_hidden_layers=2, head_dim=64, intermediate_size=512,
-                                             num_experts=E, num_experts_per_tok=K, moe_intermediate_size=I,
-                                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
-        "mixtral": ("MixtralConfig", dict(COMMON, num_hidden_layers=2, intermediate_size=I, num_local_experts=E,
-                                          num_experts_per_tok=K)),
-        "deepseek_v3": ("DeepseekV3Config", dict(COMMON, num_hidden_layers=3, intermediate_size=512,
-                                                 moe_intermediate_size=I, n_routed_experts=E, n_shared_experts=1,
-                                                 num_experts_per_tok=K, n_group=4, topk_group=2,
-                                                 routed_scaling_factor=2.5, first_k_dense_replace=1,
-                                                 norm_topk_prob=True, kv_lora_rank=64, q_lora_rank=64,
-                                                 qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
-                                                 num_key_value_heads=4)),
-        "glm4_moe": ("Glm4MoeConfig", dict(COMMON, num_hidden_layers=3, head_dim=64, intermediate_size=512,
-                                           moe_intermediate_size=I, n_routed_experts=E, n_shared_experts=1,
-                                           num_experts_per_tok=K, n_group=1, topk_group=1,
-                                           routed_scaling_factor=1.0, first_k_dense_replace=1,
-                                           norm_topk_prob=True)),
-        "gpt_oss": ("GptOssConfig", dict(COMMON, num_hidden_layers=2, head_dim=64, intermediate_size=I,
-                                         num_local_experts=E, num_experts_per_tok=K, sliding_window=128,
-                                         layer_types=["sliding_attention", "full_attention"])),
-    }
+def cases():
+    """{case: (model_type, extra overrides, options)}: the golden cases, and gpt_oss_mxfp4."""
+    out = dict(golden_cases.CASES)
+    mt, extra, opts = out["gpt_oss"]
+    out["gpt_oss_mxfp4"] = (mt, extra, dict(opts, mxfp4=True))
+    return out
 
 
-# ---- gpt-oss: MXFP4 experts ------------------------------------------------------------------------
+class Skipped(Exception):
+    pass
 
-def quantise_gpt_oss(model):
-    """Replaces each layer's expert weights by their MXFP4 round trip; returns the checkpoint tensors."""
+
+# ---- building and saving one case -----------------------------------------------------------------
+
+def can_generate(model):
+    try:
+        return bool(model.can_generate())
+    except Exception:  # noqa: BLE001 - transformers versions without can_generate
+        return hasattr(model, "generate") and model.get_output_embeddings() is not None
+
+
+def build(name, model_type, extra, opts, preset):
+    """(model float32 with the golden re-drawn weights, text config) of a case, or raises Skipped."""
+    overrides = golden_cases.case_overrides(extra, opts, preset)
+    overrides["use_cache"] = True  # generate's decode steps: one token per call
+    seed = zlib.crc32(name.encode())
+    torch.manual_seed(seed)
+    try:
+        model, tcfg = golden_model.build_model(transformers, model_type, overrides, opts.get("composite", False))
+    except golden_cases.CaseSkipped as e:
+        raise Skipped(str(e))
+    if not can_generate(model):
+        built = type(model).__name__
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(tcfg, attn_implementation="eager")
+        except Exception as e:  # noqa: BLE001
+            raise Skipped("transformers %s: %s builds %s, which has no LM head, and AutoModelForCausalLM "
+                          "refuses its text config (%s: %s)" % (transformers.__version__, model_type, built,
+                                                               type(e).__name__, str(e)[:160]))
+        if not can_generate(model):
+            raise Skipped("transformers %s: no class of %s generates text" % (transformers.__version__, model_type))
+    model.eval()
+    model.to(torch.float32)
+    golden_model.redraw(model, seed)
+    return model, tcfg
+
+
+def quantise_mxfp4(model, H, I):
+    """Rounds each gpt-oss experts module's weights to MXFP4 in place; returns {checkpoint name: tensor}
+    of the blocks and scales, stored [E, N, K / 32, ...] as gpt-oss checkpoints do."""
     out = {}
     for name, module in model.named_modules():
-        if type(module).__name__ != "GptOssExperts":
+        gate_up = getattr(module, "gate_up_proj", None)
+        if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 3:
             continue
-        for proj, n_out, k_in in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
+        transposed = tuple(gate_up.shape[1:]) == (H, 2 * I)  # transformers keeps [E, K, N]
+        for proj in ("gate_up_proj", "down_proj"):
             p = getattr(module, proj)
-            transposed = tuple(p.shape[1:]) == (k_in, n_out)  # transformers keeps [E, K, N]
             w = p.data.transpose(1, 2) if transposed else p.data
             blocks, scales, deq = mxfp4_quantise(w)
             with torch.no_grad():
                 p.copy_((deq.transpose(1, 2) if transposed else deq).to(p.dtype))
             out[name + "." + proj + "_blocks"] = blocks
             out[name + "." + proj + "_scales"] = scales
+    if not out:
+        raise RuntimeError("no gpt-oss experts module (gate_up_proj [E, ., .]) to quantise")
     return out
 
 
-# ---- checkpoints -----------------------------------------------------------------------------------
-
-def write_checkpoint(model, path, arch):
-    os.makedirs(path, exist_ok=True)
-    tensors = {}
-    extra = quantise_gpt_oss(model) if arch == "gpt_oss" else {}
-    for name, t in model.state_dict().items():
-        if arch == "gpt_oss" and (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+def write_mxfp4(path, quantised):
+    """Replaces the bf16 expert matrices save_pretrained wrote by their MXFP4 blocks and scales."""
+    for f in checkpoint_files(path):
+        header, _ = read_header(f)
+        drop = {n for n in header if n + "_blocks" in quantised}
+        if not drop:
             continue
-        tensors[name] = t.float() if name.endswith("e_score_correction_bias") else t
-    tensors.update(extra)
-    save_file(tensors, os.path.join(path, "model.safetensors"))
-    cfg = model.config.to_dict()
-    if arch == "gpt_oss":
-        cfg["quantization_config"] = {"quant_method": "mxfp4"}
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1, default=str)
-
-
-def randomise_biases(model):
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.05)
+        tensors = {n: t for n, t in load_torch(f).items() if n not in drop}
+        for n in drop:
+            tensors[n + "_blocks"], tensors[n + "_scales"] = quantised[n + "_blocks"], quantised[n + "_scales"]
+        save_file(tensors, f, metadata={"format": "pt"})
+        quantised = {k: v for k, v in quantised.items() if k.rsplit("_", 1)[0] not in drop}
+    if quantised:
+        raise RuntimeError("save_pretrained wrote no tensor for %s" % sorted(quantised)[:4])
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    with open(cfg_path, "w") as fh:
+        json.dump(cfg, fh, indent=1)
 
 
 # ---- generation and comparison -------------------------------------------------------------------
@@ -140,6 +172,8 @@ def generate(model, prompt, tokens):
 def compare(ref_tokens, ref_logits, tokens, logits):
     """(ok, text)."""
     n = len(ref_tokens)
+    if len(tokens) != n:
+        return False, "generated %d tokens, the reference %d" % (len(tokens), n)
     first = next((i for i in range(n) if tokens[i] != ref_tokens[i]), n)
     upto = max(first, 1)
     d = (logits[:upto] - ref_logits[:upto])
@@ -160,11 +194,11 @@ def compare(ref_tokens, ref_logits, tokens, logits):
     return ok, text
 
 
-def graph_check(model):
+def graph_check(model, hidden):
     """Captures every offloaded MoE block's one-token step in one CUDA graph; replays against eager."""
     blocks = [m for m in model.modules() if hasattr(m, "_freetoken")]
     dev = next(p.device for p in model.parameters() if p.device.type == "cuda")
-    x = torch.zeros(1, 1, H, device=dev, dtype=torch.bfloat16)
+    x = torch.zeros(1, 1, hidden, device=dev, dtype=torch.bfloat16)
 
     def step():
         outs = []
@@ -184,7 +218,7 @@ def graph_check(model):
         with torch.cuda.graph(graph):
             static = step()
     worst = 0.0
-    for trial in range(4):
+    for _ in range(4):
         with torch.inference_mode():
             x.normal_(0, 1)
             graph.replay()
@@ -194,70 +228,143 @@ def graph_check(model):
             torch.cuda.synchronize()
         for a, b in zip(replayed, eager):
             worst = max(worst, float((a - b).norm() / b.norm().clamp(min=1e-30)))
-    return worst <= 1e-2, "graph of %d MoE blocks, replay vs eager rel L2 <= %.2e" % (len(blocks), worst)
+    return worst <= 1e-2, "graph of %d MoE blocks, replay vs eager rel L2 %.2e" % (len(blocks), worst)
+
+
+def offloaded_model(cls, path, backend, cache_fraction):
+    """(model, note): freetoken.torch.from_pretrained (meta build, experts replaced, non-expert weights
+    from the checkpoint); where it cannot map a non-expert tensor name, transformers' own
+    from_pretrained and offload_experts, said in the note."""
+    kwargs = dict(cache_fraction=cache_fraction)
+    try:
+        return ftt.from_pretrained(path, backend=backend, device="cuda", model_class=cls,
+                                   attn_implementation="eager", **kwargs), ""
+    except ft.Error as e:
+        if e.status != ft.FT_ERR_FORMAT or not ("no tensor for" in e.message or "has shape" in e.message):
+            raise
+        why = e.message
+    gc.collect()
+    try:
+        model = cls.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager")
+    except TypeError:
+        model = cls.from_pretrained(path, torch_dtype=torch.bfloat16, attn_implementation="eager")
+    model = model.cuda().eval()
+    ftt.offload_experts(model, path, backend=backend, **kwargs)
+    return model, "; non-expert weights read by transformers (freetoken.torch.from_pretrained: %s)" % why[:200]
+
+
+def run_case(name, spec, args, root, results):
+    model_type, extra, opts = spec
+    preset = dict(zip(("hidden", "inter", "layers"), args.geometry))
+    if opts.get("mxfp4"):
+        preset["inter"] = max(64, (preset["inter"] + 31) // 32 * 32)
+    t0 = time.time()
+    try:
+        model, tcfg = build(name, model_type, extra, opts, preset)
+    except Skipped as e:
+        results.append((name, "-", "SKIP", str(e)))
+        print("%-20s %-8s %-4s %s" % results[-1], flush=True)
+        return
+    H = tcfg.hidden_size
+    path = os.path.join(root, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    quantised = quantise_mxfp4(model, H, preset["inter"]) if opts.get("mxfp4") else None
+    golden_model.save_checkpoint(model, path, torch.bfloat16)
+    if quantised:
+        write_mxfp4(path, quantised)
+    cls = type(model)
+    ref = model.to(torch.bfloat16).cuda().eval()
+    vocab = ref.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + 7)
+    prompt = torch.randint(3, vocab, (1, PROMPT), generator=g).cuda()
+    ref_tokens, ref_logits = generate(ref, prompt, args.tokens)
+    del ref, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    built_in = time.time() - t0
+    for backend in args.backends.split(","):
+        t1 = time.time()
+        model = None
+        try:
+            model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction)
+            tokens, logits = generate(model, prompt, args.tokens)
+            ok, text = compare(ref_tokens, ref_logits, tokens, logits)
+            try:
+                gok, gtext = graph_check(model, H)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                gok, gtext = False, "graph capture failed: %s: %s" % (type(e).__name__, e)
+            ok, text = ok and gok, text + "; " + gtext + note
+        except Exception as e:  # noqa: BLE001 - a failure of one case is reported, the others still run
+            traceback.print_exc()
+            ok, text = False, "%s: %s" % (type(e).__name__, e)
+        finally:
+            offload = getattr(model, "freetoken_offload", None)
+            if offload is not None:
+                offload.close()
+            del model
+            gc.collect()
+            torch.cuda.empty_cache()
+        results.append((name, backend, "ok" if ok else "FAIL",
+                        "%s (%.1f s + %.1f s)" % (text, built_in, time.time() - t1)))
+        built_in = 0.0
+        print("%-20s %-8s %-4s %s" % results[-1], flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--archs", default=",".join(configs()))
+    ap.add_argument("--archs", default="", help="case names or model types (default: every case)")
     ap.add_argument("--backends", default="gpu,offload,hybrid")
     ap.add_argument("--tokens", type=int, default=32)
-    # The slot cache holds at least one layer's experts; these models have 2 MoE layers of E experts,
-    # so 0.6 gives 19 slots of 32: every layer switch evicts.
+    first = golden_cases.SIZE_PRESETS[0]
+    ap.add_argument("--geometry", default="%d,%d,%d" % (first["hidden"], first["inter"], first["layers"]),
+                    help="hidden,intermediate,layers (default: the golden tool's first preset)")
+    # The slot cache holds at least one layer's experts; 0.6 of 3 layers x 8 experts is 14 slots of 24:
+    # layer switches evict.
     ap.add_argument("--cache-fraction", type=float, default=0.6)
     ap.add_argument("--keep", help="write the checkpoints here and keep them")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
     args = ap.parse_args()
+    args.geometry = [int(v) for v in args.geometry.split(",")]
+    all_cases = cases()
+    if args.list:
+        for n, (mt, _, opts) in all_cases.items():
+            print("%-20s %-16s %s" % (n, mt, opts))
+        return 0
+    wanted = [w for w in args.archs.split(",") if w]
+    selected = [(n, s) for n, s in all_cases.items() if not wanted or n in wanted or s[0] in wanted]
+    unknown = [w for w in wanted if all(w != n and w != s[0] for n, s in all_cases.items())]
+    if unknown:
+        ap.error("unknown case or model type: %s (see --list)" % ", ".join(unknown))
     print("torch", torch.__version__, "transformers", transformers.__version__, "freetoken", ft.version(),
           "from", *ft.library_path())
     if not ft.build_info()["cuda"]:
         skip("this libfreetoken was built without CUDA")
     root = args.keep or tempfile.mkdtemp(prefix="ft_gpu_generate_")
-    results, failed = [], False
+    results, t0 = [], time.time()
     try:
-        for arch in args.archs.split(","):
-            cls_name, kwargs = configs()[arch]
-            cls = getattr(transformers, cls_name, None)
-            if cls is None:
-                results.append((arch, "-", "SKIP", "transformers %s has no %s" % (transformers.__version__, cls_name)))
-                continue
-            torch.manual_seed(0)
-            config = cls(**kwargs)
-            ref = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).cuda().eval()
-            randomise_biases(ref)
-            path = os.path.join(root, arch)
-            write_checkpoint(ref, path, arch)  # gpt-oss: ref's experts become their MXFP4 round trip
-            prompt = torch.randint(1, VOCAB, (1, 8), device="cuda")
-            ref_tokens, ref_logits = generate(ref, prompt, args.tokens)
-            del ref
-            torch.cuda.empty_cache()
-            for backend in args.backends.split(","):
-                t0 = time.time()
-                try:
-                    model = ftt.from_pretrained(path, backend=backend, device="cuda",
-                                                cache_fraction=0.0 if backend == "gpu" else args.cache_fraction)
-                    tokens, logits = generate(model, prompt, args.tokens)
-                    ok, text = compare(ref_tokens, ref_logits, tokens, logits)
-                    gok, gtext = graph_check(model)
-                    ok, text = ok and gok, text + "; " + gtext
-                    model.freetoken_offload.close()
-                    del model
-                except Exception as e:  # a failure of one case is reported, the others still run
-                    import traceback
-                    traceback.print_exc()
-                    ok, text = False, "%s: %s" % (type(e).__name__, e)
+        for name, spec in selected:
+            try:
+                run_case(name, spec, args, root, results)
+            except Exception as e:  # noqa: BLE001 - building or the reference failed: this case only
+                traceback.print_exc()
+                results.append((name, "-", "FAIL", "building the case or its reference: %s: %s" % (
+                    type(e).__name__, e)))
+                print("%-20s %-8s %-4s %s" % results[-1], flush=True)
+                gc.collect()
                 torch.cuda.empty_cache()
-                failed |= not ok
-                results.append((arch, backend, "ok" if ok else "FAIL", "%s (%.1f s)" % (text, time.time() - t0)))
-                print("%-12s %-8s %-4s %s" % results[-1], flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print("\n%-12s %-8s %-4s %s" % ("arch", "backend", "", "result"))
+    print("\n%-20s %-8s %-4s %s" % ("case", "backend", "", "result"))
     for r in results:
-        print("%-12s %-8s %-4s %s" % r)
-    if all(r[2] == "SKIP" for r in results):
+        print("%-20s %-8s %-4s %s" % r)
+    count = {s: sum(1 for r in results if r[2] == s) for s in ("ok", "FAIL", "SKIP")}
+    print("\n%d ok, %d FAIL, %d SKIP in %.0f s" % (count["ok"], count["FAIL"], count["SKIP"], time.time() - t0))
+    if results and all(r[2] == "SKIP" for r in results):
         return SKIP
-    return 1 if failed else 0
+    return 1 if count["FAIL"] else 0
 
 
 if __name__ == "__main__":
