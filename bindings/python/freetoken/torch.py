@@ -53,10 +53,13 @@ class _Zero(nn.Module):
         return torch.zeros_like(x)
 
 
+_ID_DTYPES = (torch.int32, torch.int64, torch.int16)  # expert ids (bool masks are not)
+
+
 def _pick_routing(result, num_experts):
     """(ids [T, K] int, weights [T, K] float, logits [T, E] or None) from what a router returned."""
     tensors = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(t, torch.Tensor)]
-    ints = [t for t in tensors if not t.is_floating_point()]
+    ints = [t for t in tensors if t.dtype in _ID_DTYPES]
     floats = [t for t in tensors if t.is_floating_point()]
     if not ints:
         return None
@@ -212,7 +215,7 @@ def _router_logits(block, x):
 def _routes_of(result, tokens, num_experts):
     """(ids, weights, logits) when the router's output holds per-token ids [T, K], else None."""
     tensors = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(t, torch.Tensor)]
-    if not any(not t.is_floating_point() and t.dim() >= 2 and t.numel() % tokens == 0 and
+    if not any(t.dtype in _ID_DTYPES and t.dim() >= 2 and t.numel() % tokens == 0 and
                t.reshape(tokens, -1).shape[1] <= num_experts for t in tensors):
         return None
     return _pick_routing(result, num_experts)
