@@ -640,9 +640,9 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
         extra["attn_implementation"] = attn_implementation
     with _parameters_on_meta():
         try:
-            model = build(config, torch_dtype=dtype, **extra)
-        except TypeError:  # transformers versions that name it dtype
             model = build(config, dtype=dtype, **extra)
+        except TypeError:  # transformers 4.x names it torch_dtype
+            model = build(config, torch_dtype=dtype, **extra)
     cast = {}  # floating parameters in `dtype` whatever the build made of them, tied ones kept tied
     for module in model.modules():
         for pname, p in list(module._parameters.items()):
