@@ -244,9 +244,13 @@ def _route(block, x):
         # A tuple without per-token ids (Llama-4's dense scores, GraniteMoe's expert-sorted lists):
         # the logits from the router's own linear layer, then the model's rule.
         logits = _router_logits(block, x)
-    # A correction bias the rule adds to the scores (DeepSeek-V3 style); gpt-oss routers have none
-    # here, their bias is inside the linear layer and so already in `logits`.
+    # A correction bias the rule adds to the scores, on the router (DeepSeek-V3) or the block
+    # (MiniMax-M2); gpt-oss routers have none here, their bias is inside the linear layer and so
+    # already in `logits`.
     bias = getattr(gate, "e_score_correction_bias", None)
+    if not isinstance(bias, torch.Tensor):
+        bias = getattr(block, "e_score_correction_bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) else None
     ids, w = _routing_by_rule(logits, st["info"], bias.float() if bias is not None else None, session, layer)
     return ids, w, logits
 
