@@ -231,11 +231,11 @@ def graph_check(model, hidden):
     return worst <= 1e-2, "graph of %d MoE blocks, replay vs eager rel L2 %.2e" % (len(blocks), worst)
 
 
-def offloaded_model(cls, path, backend, cache_fraction):
+def offloaded_model(cls, path, backend, cache_fraction, engine):
     """(model, note): freetoken.torch.from_pretrained (meta build, experts replaced, non-expert weights
     from the checkpoint); where it cannot map a non-expert tensor name, transformers' own
     from_pretrained and offload_experts, said in the note."""
-    kwargs = dict(cache_fraction=cache_fraction)
+    kwargs = dict(cache_fraction=cache_fraction, engine=engine)
     try:
         return ftt.from_pretrained(path, backend=backend, device="cuda", model_class=cls,
                                    attn_implementation="eager", **kwargs), ""
@@ -253,7 +253,7 @@ def offloaded_model(cls, path, backend, cache_fraction):
     return model, "; non-expert weights read by transformers (freetoken.torch.from_pretrained: %s)" % why[:200]
 
 
-def run_case(name, spec, args, root, results):
+def run_case(name, spec, args, root, results, engine):
     model_type, extra, opts = spec
     preset = dict(zip(("hidden", "inter", "layers"), args.geometry))
     if opts.get("mxfp4"):
@@ -287,7 +287,8 @@ def run_case(name, spec, args, root, results):
         t1 = time.time()
         model = None
         try:
-            model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction)
+            model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction,
+                                          engine)
             tokens, logits = generate(model, prompt, args.tokens)
             ok, text = compare(ref_tokens, ref_logits, tokens, logits)
             try:
@@ -343,10 +344,11 @@ def main():
         skip("this libfreetoken was built without CUDA")
     root = args.keep or tempfile.mkdtemp(prefix="ft_gpu_generate_")
     results, t0 = [], time.time()
+    engine = ft.Engine(device=torch.cuda.current_device())  # one for every session of the run
     try:
         for name, spec in selected:
             try:
-                run_case(name, spec, args, root, results)
+                run_case(name, spec, args, root, results, engine)
             except Exception as e:  # noqa: BLE001 - building or the reference failed: this case only
                 traceback.print_exc()
                 results.append((name, "-", "FAIL", "building the case or its reference: %s: %s" % (
@@ -355,6 +357,7 @@ def main():
                 gc.collect()
                 torch.cuda.empty_cache()
     finally:
+        engine.close()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     print("\n%-20s %-8s %-4s %s" % ("case", "backend", "", "result"))
