@@ -195,7 +195,9 @@ def _router_module(block):
 
 def _router_linear(router):
     """The linear layer of a router module: the module itself (nn.Linear or a module with `weight`), or
-    its `layer` (GraniteMoe/JetMoe), `wg` (HunYuan), `linear` or only nn.Linear child."""
+    its `layer` (GraniteMoe/JetMoe), `wg` (HunYuan), `linear` or only nn.Linear child; None if none."""
+    if router is None:
+        return None
     if isinstance(getattr(router, "weight", None), torch.Tensor):
         return router
     for name in ("layer", "wg", "linear", "classifier"):
@@ -208,6 +210,9 @@ def _router_linear(router):
 
 def _router_logits(block, x):
     lin = _router_linear(_router_module(block))
+    if lin is None:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s: no router linear layer to read the logits from"
+                    % type(block).__name__)
     bias = getattr(lin, "bias", None)
     return F.linear(x, lin.weight, bias if isinstance(bias, torch.Tensor) else None)
 
@@ -340,17 +345,21 @@ def _num_experts(block):
 
 
 def _is_moe_block(module):
+    experts = getattr(module, "experts", None)
+    if isinstance(experts, nn.Module) and not isinstance(experts, FreeTokenExperts) and _fused_call(experts):
+        return True  # the block routes by itself, whatever its router is called
     if _router_module(module) is None:
         return False
-    if isinstance(getattr(module, "experts", None), nn.Module):
+    if isinstance(experts, nn.Module):
         return True
     return isinstance(getattr(module, "input_linear", None), nn.Module) and \
         isinstance(getattr(module, "output_linear", None), nn.Module)
 
 
 def find_moe_blocks(model):
-    """[(checkpoint layer index, name, block)] of every module with a router (`gate`/`router`) and
-    routed experts (`experts`, or `input_linear` + `output_linear`)."""
+    """[(checkpoint layer index, name, block)] of every module with routed experts called with the
+    routes (`experts(x, ids, weights)`), or with a router (`gate`/`router`) and routed experts
+    (`experts`, or `input_linear` + `output_linear`)."""
     found = []
     for name, module in model.named_modules():
         if not _is_moe_block(module):
@@ -366,12 +375,13 @@ def find_moe_blocks(model):
 def _model_device(blocks, device):
     if device is not None:
         return torch.device(device)
-    for _, _, block in blocks:
+    for _, _, block in blocks:  # the router's weight, else any of the block's tensors
         lin = _router_linear(_router_module(block))
-        w = getattr(lin, "weight", None)
-        if isinstance(w, torch.Tensor) and w.device.type != "meta":
-            return w.device
-    raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "the routers are on the meta device: pass device=")
+        tensors = [getattr(lin, "weight", None)] + list(block.parameters()) + list(block.buffers())
+        for w in tensors:
+            if isinstance(w, torch.Tensor) and w.device.type != "meta":
+                return w.device
+    raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "the MoE blocks are on the meta device: pass device=")
 
 
 class Offload:
@@ -428,7 +438,7 @@ def offload_experts(model, checkpoint, backend="auto", cache_fraction=0.0, max_t
         raise Error(_ffi.FT_ERR_UNSUPPORTED, "no MoE block (a module with a `gate`/`router` and `experts` or "
                     "`input_linear`/`output_linear`) found in %s" % type(model).__name__)
     for _, name, block in blocks:
-        _check_block(name, block)
+        _check_block(name, block, router)
     dev = _model_device(blocks, device)
     prebuilt = isinstance(checkpoint, Model)
     if prebuilt:
@@ -478,13 +488,15 @@ def _parent(model, name):
     return model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
 
 
-def _check_block(name, block):
+def _check_block(name, block, router):
     """Raises FT_ERR_UNSUPPORTED for a block whose routes cannot be read: one whose forward must be
-    replaced (not 'fused') while its router has no linear layer to take the logits from."""
-    if _block_kind(block) != "fused" and _router_linear(_router_module(block)) is None:
-        raise Error(_ffi.FT_ERR_UNSUPPORTED, "MoE block '%s' (%s): its experts are not called with the routes "
-                    "and its router %s has no linear layer to read the logits from" % (
-                        name, type(block).__name__, type(_router_module(block)).__name__))
+    replaced (not 'fused', or router='freetoken') while its router has no linear layer to take the
+    logits from."""
+    fused = _block_kind(block) == "fused"
+    if (not fused or router == "freetoken") and _router_linear(_router_module(block)) is None:
+        why = "its experts are not called with the routes" if not fused else "router='freetoken' needs the logits"
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "MoE block '%s' (%s): %s and its router %s has no linear layer to "
+                    "read them from" % (name, type(block).__name__, why, type(_router_module(block)).__name__))
 
 
 _SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")

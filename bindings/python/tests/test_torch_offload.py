@@ -104,6 +104,21 @@ class FusedMoe(nn.Module):
         return self.experts(x, ids, w).view(b, s, h)
 
 
+class FusedMoeOwnRouterName(nn.Module):
+    """A block that routes by itself with a router under another name (`scorer`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scorer = TopKRouter()
+        self.experts = FusedExperts()
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.view(-1, h)
+        _, w, ids = self.scorer(x)
+        return self.experts(x, ids, w).view(b, s, h)
+
+
 class SigmoidRouter(nn.Module):
     def __init__(self):
         super().__init__()
@@ -471,6 +486,21 @@ class OffloadExperts(unittest.TestCase):
     def test_fused_experts_keep_the_blocks_forward(self):
         model, _ = self.check_matches(FusedMoe, "fused")
         self.assertEqual(model.model.layers[0].mlp.forward.__func__, FusedMoe.forward)
+
+    def test_fused_experts_whatever_the_router_is_called(self):
+        source, path = self.build(FusedMoe, "fused")  # the checkpoint names the router `gate`
+        model = TinyModel(FusedMoeOwnRouterName).eval()
+        model.load_state_dict({k.replace(".gate.", ".scorer."): v for k, v in source.state_dict().items()})
+        x = torch.randn(1, 4, H)
+        with torch.no_grad():
+            want = model(x)
+        with self.assertRaises(ft.Error) as cm:  # router='freetoken' needs the router's logits
+            ftt.offload_experts(model, path, backend="cpu", router="freetoken")
+        self.assertEqual(cm.exception.status, ft.FT_ERR_UNSUPPORTED)
+        ftt.offload_experts(model, path, backend="cpu", cpu_threads=2)
+        self.assertIsInstance(model.model.layers[0].mlp.experts, ftt.FreeTokenExperts)
+        with torch.no_grad():
+            self.assertLess(rel_l2(model(x) - x, want - x), 1e-2)
 
     def test_gpt_oss_style_mxfp4_experts(self):
         model, offload = self.check_matches(GptOssStyleMoe, "gpt_oss")
