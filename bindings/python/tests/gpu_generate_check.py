@@ -275,7 +275,7 @@ def run_case(name, spec, args, root, results, engine):
         write_mxfp4(path, quantised)
     cls = type(model)
     ref = model.to(torch.bfloat16).cuda().eval()
-    vocab = ref.get_output_embeddings().weight.shape[0]
+    vocab = tcfg.vocab_size
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + 7)
     prompt = torch.randint(3, vocab, (1, PROMPT), generator=g).cuda()
     ref_tokens, ref_logits = generate(ref, prompt, args.tokens)
