@@ -16,8 +16,10 @@ and saved with save_pretrained in bf16 (save_checkpoint); that directory is what
 what freetoken.torch.from_pretrained reads the non-expert weights from. The reference is the same
 model in bf16 on the GPU. gpt_oss_mxfp4 is the gpt_oss case with its experts rounded to MXFP4 and
 stored as gpt-oss does (`*_blocks`/`*_scales`), at an intermediate size of 64 (MXFP4 blocks are 32
-wide). Model types transformers cannot build, or whose model cannot generate text, are SKIP with the
-reason. A failure of one case is recorded (FAIL with the exception) and the others still run.
+wide). Cases the golden tool skips (a model type this transformers lacks; the Qwen3-Omni
+thinker/talker composite) and models that cannot generate text are SKIP with the reason. A failure of
+one case (building it, its reference, or a backend) is recorded as FAIL with the exception and the
+others still run. One FreeToken engine serves every session of the run.
 
 A divergence of the greedy tokens is reported with the reference's top-1/top-2 margin at that
 step; it counts as a failure unless that margin is below the logit error measured over the steps
