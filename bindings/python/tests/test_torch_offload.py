@@ -1,9 +1,14 @@
 """freetoken.torch.offload_experts on small hand-built torch MoE models (CPU, backend 'cpu'): the
-output with FreeToken's experts matches the module's own (relative L2 <= 1e-2) for the three block
-shapes it handles: a loop over an nn.ModuleList of experts returning (out, router_logits) (Qwen3-MoE
-as older transformers write it), a fused experts module called as experts(x, ids, weights)
-(newer transformers), and a DeepSeek-V3-style block with a sigmoid router, correction bias and a
-shared expert. The checkpoint each time is written from the module's own weights."""
+output with FreeToken's experts matches the module's own (relative L2 <= 1e-2) for the block
+conventions it handles: a loop over an nn.ModuleList of experts returning (out, router_logits)
+(Qwen3-MoE as transformers 4.x writes it), a fused experts module called as experts(x, ids, weights)
+(transformers 5; gpt-oss with MXFP4 experts and biases), a DeepSeek-V3-style block with a sigmoid
+router, correction bias and a shared expert, a Qwen2-MoE-style block with a sigmoid-gated shared
+expert, GraniteMoe-style parallel experts (input_linear/output_linear, expert-sorted router output;
+with a shared_mlp beside the block in the decoder layer as GraniteMoeShared has), and a
+Llama-4-style block (top-1, the weight scales the expert input, experts called with the hidden
+states alone, a shared expert). The checkpoint each time is written from the module's own weights.
+"""
 import json
 import os
 import shutil
