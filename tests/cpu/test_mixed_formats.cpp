@@ -1,7 +1,7 @@
 // Models whose MoE layers mix GGUF block formats (a format per matrix and per layer): the banks
 // hold each layer's rows at that layer's size, ModelSpec::validate refuses bad mixes, the cpu
 // backend computes every layer with its own formats (against the fp64 reference of each layer's
-// dequantised weights), and the backend registry sends such models to the cpu backend.
+// dequantised weights), and the backend registry offers such models to the GPU backends too.
 #include <gtest/gtest.h>
 
 #include <cstring>
