@@ -361,6 +361,9 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
     if (!slots || !out || ex.hidden <= 0 || ex.inter <= 0 || ex.hidden % 8 || ex.inter % 8)
         return cudaErrorInvalidValue;
     const Roles ro = roles_of(ex.format);
+    const Format f_dn = ex.down();
+    // Only block formats mix per matrix.
+    if (f_dn != ex.format && (!format_is_block(ex.format) || !format_is_block(f_dn))) return cudaErrorInvalidValue;
     if (ex.format == Format::mxfp4) {
         const int64_t tiles = ((2 * int64_t(ex.inter) + kMxTile - 1) / kMxTile) * ((ex.hidden + kMxTile - 1) / kMxTile);
         const int64_t tiles_dn = ((int64_t(ex.hidden) + kMxTile - 1) / kMxTile) * ((ex.inter + kMxTile - 1) / kMxTile);
@@ -370,14 +373,13 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
         return cudaGetLastError();
     }
     const int threads = 128;  // K / 8 units per row: 88 .. 896 at real shapes
-    const Format f_dn = ex.down();
     if (f_dn == ex.format) {
         if (2 * int64_t(n) > 65535) return cudaErrorInvalidValue;
         const dim3 grid(unsigned(std::max(2 * ex.inter, ex.hidden)), unsigned(2 * n));
         return launch_dequant_rows(ex.format, grid, threads, ex, ro, slots, out, -1, stream);
     }
     // A model mixing block formats: gate_up and down each by its own format's kernel.
-    if (!format_is_block(ex.format) || !format_is_block(f_dn) || n > 65535) return cudaErrorInvalidValue;
+    if (n > 65535) return cudaErrorInvalidValue;
     for (const Format f : {ex.format, f_dn})
         if (ex.hidden % format_block(f) != 0 || ex.inter % format_block(f) != 0) return cudaErrorInvalidValue;
     cudaError_t e = launch_dequant_rows(ex.format, dim3(unsigned(2 * ex.inter), unsigned(n)), threads, ex, ro, slots, out, 0, stream);
