@@ -23,9 +23,8 @@ cuda::DeviceActivation activation_of(const ModelSpec &s) {
 CudaBackend::CudaBackend(const BackendContext &ctx)
     : ctx_(ctx), spec_(ctx.model->spec()), device_(ctx.device), threshold_(prefill_threshold(ctx.params)) {
     if (device_ < 0) fail(FT_ERR_NO_DEVICE, "the engine has no GPU (create it with a device)");
-    // The GPU kernels serve one format per model.
-    if (ctx.model->mixed_formats())
-        fail(FT_ERR_UNSUPPORTED, "the GPU backends do not run models with mixed formats per layer or matrix; use backend \"cpu\"");
+    // A model mixing GGUF block formats: the decoder and the prefill are made for spec_.format
+    // (layer 0's gate_up, a block format) and run every layer in its own formats.
     const int32_t max_tokens = ctx.params.max_tokens;
     if (max_tokens >= threshold_) {
         try {
@@ -90,7 +89,7 @@ void CudaBackend::add_device_stats(ft_session_stats &stats) const {
     const std::vector<int64_t> rows = guarded_rows();
     if (rows.empty()) return;
     for (int32_t l = 0; l < spec_.num_layers; ++l) {
-        const ft_layer_stats s = to_layer_stats(rows.data() + size_t(l) * kLayerColumns);
+        const ft_layer_stats s = to_layer_stats(rows.data() + size_t(l) * kLayerColumns, l);
         stats.cache_hits += s.active_experts - s.misses;
         stats.cache_misses += s.misses;
         stats.fetched_experts += s.fetched_experts;
@@ -102,7 +101,7 @@ void CudaBackend::layer_stats(int32_t layer, ft_layer_stats &out) const {
     if (lost_) fail(FT_ERR_DEVICE_LOST, "the session's GPU is lost: ", lost_message_);
     const std::vector<int64_t> rows = guarded_rows();
     if (rows.empty()) fail(FT_ERR_DEVICE_LOST, "the session's GPU is lost: ", lost_message_);
-    out = to_layer_stats(rows.data() + size_t(layer) * kLayerColumns);
+    out = to_layer_stats(rows.data() + size_t(layer) * kLayerColumns, layer);
 }
 
 void CudaBackend::reset_stats() {
@@ -134,15 +133,21 @@ std::vector<int64_t> CudaBackend::guarded_rows() const {
     }
 }
 
-ft_layer_stats CudaBackend::to_layer_stats(const int64_t *row) const {
+ft_layer_stats CudaBackend::to_layer_stats(const int64_t *row, int32_t layer) const {
     ft_layer_stats s{};
     s.struct_size = sizeof s;
     s.calls = uint64_t(row[kStatCalls]);
     s.active_experts = uint64_t(row[kStatActive]);
     s.misses = uint64_t(row[kStatMissing]);
     s.fetched_experts = uint64_t(row[kStatFetched]);
-    s.fetched_bytes = s.fetched_experts * expert_bytes_;
+    s.fetched_bytes = s.fetched_experts * (layer >= 0 ? ctx_.model->banks().expert_bytes(layer) : expert_bytes_);
     return s;
+}
+
+void CudaBackend::set_layer_formats(cuda::DeviceExperts &d, int32_t layer) const {
+    const LayerFormats lf = spec_.formats_of(layer);
+    d.format = lf.gate_up;
+    d.down_format = lf.down != lf.gate_up ? int32_t(lf.down) : -1;
 }
 
 cuda::DeviceExperts CudaBackend::device_experts(const std::vector<DeviceBuffer> &arrays, size_t slot_offset) const {

@@ -64,8 +64,12 @@ protected:
     bool note_lost(const Error &e) const;
     // The statistic rows, or empty once the device is lost (which this records).
     std::vector<int64_t> guarded_rows() const;
-    ft_layer_stats to_layer_stats(const int64_t *row) const;
+    // layer >= 0: fetched_bytes counts that layer's own expert bytes (models mixing formats).
+    ft_layer_stats to_layer_stats(const int64_t *row, int32_t layer = -1) const;
     cuda::DeviceExperts device_experts(const std::vector<DeviceBuffer> &arrays, size_t slot_offset) const;
+    // Gives `d` MoE layer `layer`'s formats (gate_up's and down's; unchanged unless the model
+    // mixes GGUF block formats).
+    void set_layer_formats(cuda::DeviceExperts &d, int32_t layer) const;
 
     BackendContext ctx_;
     const ModelSpec &spec_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "backend_offload.hpp"
 #include "ft/cpu.hpp"
@@ -16,6 +17,16 @@
 
 namespace ft::gpu_backend {
 namespace {
+
+// The block formats other than spec.format that the layers of a model mixing them use (the CPU
+// share's executor needs kernels for each).
+std::vector<Format> other_block_formats(const ModelSpec &spec) {
+    std::vector<Format> out;
+    for (const LayerFormats &lf : spec.layer_formats)
+        for (const Format f : {lf.gate_up, lf.down})
+            if (f != spec.format && std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
+    return out;
+}
 
 // ---- hybrid: slot cache + CPU ------------------------------------------------------------------
 //
@@ -30,7 +41,7 @@ public:
         : OffloadBackend(ctx),
           cpu_(*ctx.pool, spec_.format, spec_.hidden, spec_.intermediate, spec_.top_k, std::max(decode_max_, 1),
                cpu::ActivationSpec{spec_.activation, spec_.swiglu_alpha, spec_.swiglu_limit}, 0, cpu::Isa(ctx.cpu_isa),
-               cpu::moe_tuning(ctx.tuning)) {
+               cpu::moe_tuning(ctx.tuning), other_block_formats(spec_)) {
         const double f = ctx.params.hybrid_fraction;
         if (!(f >= 0.0 && f <= 1.0)) fail(FT_ERR_INVALID_ARGUMENT, "hybrid_fraction must be in [0, 1], got ", f);
         if (!(ctx.params.handoff_timeout_seconds > 0.0))
@@ -128,7 +139,7 @@ private:
         check(handoff_->signal(site, stream), "signalling the CPU task");
         if (eager) check(cudaEventRecord(gpu_start_.get(), stream), "recording a timing event");
         gather(layer, stream);
-        check(decoder_->compute(device_experts(slot_arrays_, 0), x, slots, tokens, stream), "launching the expert kernels");
+        check(decoder_->compute(slot_experts(layer), x, slots, tokens, stream), "launching the expert kernels");
         if (eager) {
             check(cudaEventRecord(gpu_stop_.get(), stream), "recording a timing event");
             pending_site_ = site;

@@ -16,7 +16,8 @@ OffloadBackend::OffloadBackend(const BackendContext &ctx) : CudaBackend(ctx) {
     const int nb = banks.num_banks();
     if (nb > 8) fail(FT_ERR_INTERNAL, "offload: ", nb, " banks, at most 8 supported");
     map_host_banks();
-    // Prefill streams whole layers through two buffers of its own (never the decode slots).
+    // Prefill streams whole layers through two buffers of its own (never the decode slots), each
+    // sized for the largest layer.
     if (has_prefill()) {
         for (auto &buf : prefill_buf_) {
             for (int b = 0; b < nb; ++b)
@@ -66,6 +67,8 @@ void OffloadBackend::allocate_slots() {
     check(cuda::launch_slot_cache_clear_stats(state_, nullptr), "resetting the slot cache");
     for (int b = 0; b < nb; ++b) {
         slot_arrays_.emplace_back(banks.row_bytes(b) * size_t(shape_.slots), "allocating GPU expert slots");
+        // A slot holds the bank's largest row over the layers (row_bytes); a layer of a model
+        // mixing block formats fills the first layer_row_bytes of it.
         // Free slots hold NaN in every format (0xFF bytes: bf16/fp16 NaN, e4m3 and e8m0 NaN
         // codes), so a kernel that ever reads an unfilled slot shows up in its output.
         check(cudaMemset(slot_arrays_.back().get(), 0xff, slot_arrays_.back().bytes()), "poisoning free slots");
@@ -80,8 +83,13 @@ void OffloadBackend::run_decode(int32_t layer, const uint16_t *x, const int32_t 
     int32_t *slots = slots_.get<int32_t>();
     check(cuda::launch_admit_lru(state_, layer, ids, slots, int64_t(tokens) * spec_.top_k, stream), "launching admission");
     gather(layer, stream);
-    check(decoder_->decode(device_experts(slot_arrays_, 0), x, slots, w, nullptr, y, tokens, stream),
-          "launching the expert kernels");
+    check(decoder_->decode(slot_experts(layer), x, slots, w, nullptr, y, tokens, stream), "launching the expert kernels");
+}
+
+cuda::DeviceExperts OffloadBackend::slot_experts(int32_t layer) const {
+    cuda::DeviceExperts d = device_experts(slot_arrays_, 0);
+    set_layer_formats(d, layer);
+    return d;
 }
 
 void OffloadBackend::gather(int32_t layer, cudaStream_t stream) {
@@ -90,7 +98,8 @@ void OffloadBackend::gather(int32_t layer, cudaStream_t stream) {
     for (int b = 0; b < nb; ++b) {
         gb[b].host_layer = host_banks_[size_t(layer) * nb + b];
         gb[b].slots = slot_arrays_[b].get();
-        gb[b].row_bytes = ctx_.model->banks().row_bytes(b);
+        gb[b].row_bytes = ctx_.model->banks().layer_row_bytes(b, layer);
+        gb[b].slot_bytes = ctx_.model->banks().row_bytes(b);
     }
     cuda::GatherPlan plan;
     plan.evict_slots = state_.evict_slots;
@@ -115,7 +124,11 @@ cuda::DeviceExperts OffloadBackend::prefill_experts(int32_t layer, cudaStream_t 
     next_buf_ = use == &prefill_buf_[0] ? 1 : 0;
     const int32_t next = (layer + 1) % spec_.num_layers;
     if (other.layer != next && spec_.num_layers > 1) load_layer(other, next, stream, stats);
-    return device_experts(use->arrays, 0);
+    // The layer is copied compactly: its own rows, in its own formats.
+    cuda::DeviceExperts d = device_experts(use->arrays, 0);
+    set_layer_formats(d, layer);
+    for (int b = 0; b < d.num_banks; ++b) d.row_bytes[b] = ctx_.model->banks().layer_row_bytes(b, layer);
+    return d;
 }
 
 void OffloadBackend::load_layer(PrefillBuffer &buf, int32_t layer, cudaStream_t stream, ft_session_stats &stats) {
@@ -124,7 +137,7 @@ void OffloadBackend::load_layer(PrefillBuffer &buf, int32_t layer, cudaStream_t 
     check(cudaEventRecord(buf.free.get(), stream), "recording a prefill event");
     check(cudaStreamWaitEvent(copy_.get(), buf.free.get(), 0), "ordering the prefill copy");
     for (int b = 0; b < banks.num_banks(); ++b) {
-        const size_t bytes = banks.row_bytes(b) * size_t(spec_.num_experts);
+        const size_t bytes = banks.layer_row_bytes(b, layer) * size_t(spec_.num_experts);
         check(cudaMemcpyAsync(buf.arrays[b].get(), banks.layer_base(b, layer), bytes, cudaMemcpyHostToDevice, copy_.get()),
               "streaming a layer for prefill");
         stats.prefill_bytes += bytes;

@@ -11,7 +11,8 @@
 // gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for every format;
 // bf16 rows whose length is not a multiple of 8 take a CUDA-core kernel instead (a warp owns two
 // output rows, its lanes split the reduction and finish with a shuffle reduction).
-// Every sum runs in a fixed order, so results are deterministic run to run.
+// Every sum runs in a fixed order, so results are deterministic run to run. Experts of a model
+// that mixes GGUF block formats run gate_up and down each on its own format's kernel.
 // Files: decode_launch.hpp (constants, arguments, launchers), decode_kernels.cuh (shared device
 // code), decode_group.cu (prep, round trip, combine), decode_mma.cu (row-major formats),
 // decode_mxfp4.cu, decode_simt.cu (CUDA-core); this file holds ExpertDecoder (host code).
@@ -111,6 +112,20 @@ bool banks_usable(const DeviceExperts &ex, Format format, const BankRoles &r) {
         if (!ex.base[b] || !aligned(ex.base[b], a) || ex.row_bytes[b] % a != 0) return false;
     }
     return true;
+}
+
+// Experts of a model mixing block formats, for a decoder made for block format `decoder`: both
+// projections' formats are block formats whose blocks divide H and I (as a model's validation
+// demands), and every bank's rows hold at least that format's rows (gate_up [2I rows of H], down
+// [H rows of I]).
+bool block_mix_usable(const DeviceExperts &ex, Format decoder, int32_t H, int32_t I) {
+    if (!format_is_block(decoder) || ex.num_banks != 2) return false;
+    const Format f_gu = ex.format, f_dn = ex.down();
+    if (!format_is_block(f_gu) || !format_is_block(f_dn)) return false;  // also false for unknown values
+    for (const Format f : {f_gu, f_dn})
+        if (H % format_block(f) != 0 || I % format_block(f) != 0) return false;
+    return ex.row_bytes[0] >= 2 * size_t(I) * block_row_bytes(f_gu, H) &&
+           ex.row_bytes[1] >= size_t(H) * block_row_bytes(f_dn, I);
 }
 
 void set_banks(ProjArgs &p, const DeviceExperts &ex, const int *roles) {
@@ -227,9 +242,18 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     if (tokens < 0 || tokens > max_tokens_) return cudaErrorInvalidValue;
     if (tokens == 0) return cudaSuccess;
     if (!x || !slots) return cudaErrorInvalidValue;
-    if (ex.format != format_ || ex.hidden != hidden_ || ex.inter != inter_) return cudaErrorInvalidValue;
-    const BankRoles roles = bank_roles(format_, vec_);
+    if (ex.hidden != hidden_ || ex.inter != inter_) return cudaErrorInvalidValue;
+    // Each projection runs on its own format: the decoder's, or (a block-format decoder) any
+    // block formats of a model that mixes them.
+    const Format f_gu = ex.format, f_dn = ex.down();
+    const bool mixed = f_gu != format_ || f_dn != format_;
+    if (mixed && !block_mix_usable(ex, format_, hidden_, inter_)) return cudaErrorInvalidValue;
+    // q4_0's data loads need 4-byte alignment, the other block formats' none (bank_roles).
+    const Format align_format = mixed && (f_gu == Format::q4_0 || f_dn == Format::q4_0) ? Format::q4_0 : format_;
+    const BankRoles roles = bank_roles(align_format, vec_);
     if (!banks_usable(ex, format_, roles)) return cudaErrorInvalidValue;
+    const bool mma_gu = mixed ? vec_ && !gguf_simt_format(f_gu) : mma_;
+    const bool mma_dn = mixed ? vec_ && !gguf_simt_format(f_dn) : mma_;
 
     const int64_t H = hidden_, I = inter_, R = int64_t(tokens) * top_k_;
     const uint16_t *xact = nullptr;
@@ -267,7 +291,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const ProjGrids grids_gu{dim3(unsigned((I + 7) / 8), grid_y((I + 7) / 8)),  // mma: 8 units (16 rows) per CTA
                              dim3(unsigned((I + kWarps - 1) / kWarps), grid_y((I + kWarps - 1) / kWarps)),
                              dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu))};
-    if ((e = launched(launch_projection(true, format_, mma_, vec_, grids_gu, p, stream))) != cudaSuccess) return e;
+    if ((e = launched(launch_projection(true, f_gu, mma_gu, vec_, grids_gu, p, stream))) != cudaSuccess) return e;
 
     if (ds && (e = launched(launch_inter_round_trip(slots, inter_buf_, R, inter_, stream))) != cudaSuccess) return e;
 
@@ -282,7 +306,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const ProjGrids grids_dn{dim3(unsigned((H + 15) / 16), grid_y((H + 15) / 16)),  // mma: 16 rows per CTA
                              dim3(unsigned(gx_dn), grid_y(gx_dn)),
                              dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn))};
-    return launched(launch_projection(false, format_, mma_, vec_, grids_dn, p, stream));
+    return launched(launch_projection(false, f_dn, mma_dn, vec_, grids_dn, p, stream));
 }
 
 cudaError_t ExpertDecoder::combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,

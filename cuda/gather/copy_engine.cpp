@@ -56,10 +56,12 @@ cudaError_t CopyEngineGather::gather(const GatherBank *banks, int num_banks, con
                sources[i + run] == int64_t{sources[i]} + run)
             ++run;
         for (int b = 0; b < num_banks; ++b) {
-            const size_t row = banks[b].row_bytes;
-            e = cudaMemcpyAsync(banks[b].slots + static_cast<size_t>(slots[i]) * row,
-                                banks[b].host_layer + static_cast<size_t>(sources[i]) * row,
-                                row * static_cast<size_t>(run), cudaMemcpyDefault, stream);
+            const size_t row = banks[b].row_bytes, slot = banks[b].slot_bytes ? banks[b].slot_bytes : row;
+            uint8_t *dst = banks[b].slots + static_cast<size_t>(slots[i]) * slot;
+            const uint8_t *src = banks[b].host_layer + static_cast<size_t>(sources[i]) * row;
+            // Slots wider than the rows: the run's rows land slot_bytes apart.
+            e = slot == row ? cudaMemcpyAsync(dst, src, row * static_cast<size_t>(run), cudaMemcpyDefault, stream)
+                            : cudaMemcpy2DAsync(dst, slot, src, row, row, static_cast<size_t>(run), cudaMemcpyDefault, stream);
             if (e != cudaSuccess) return e;
         }
         i += run;

@@ -23,6 +23,7 @@ struct KernelParams {
     const uint8_t *host[kMaxGatherBanks];
     uint8_t *slots[kMaxGatherBanks];
     uint64_t row_bytes[kMaxGatherBanks];
+    uint64_t slot_bytes[kMaxGatherBanks];  // destination stride (>= row_bytes)
     uint64_t chunk_end[kMaxGatherBanks];  // chunks of one entry in banks 0..b together
     int32_t vec_bytes[kMaxGatherBanks];
     const int32_t *evict_slots;
@@ -117,7 +118,7 @@ __device__ __forceinline__ Piece piece_at(const KernelParams &p, uint64_t v, uin
     const uint64_t offset = chunk * p.chunk_bytes;
     c.bytes = row - offset < p.chunk_bytes ? row - offset : p.chunk_bytes;
     c.src = p.host[b] + static_cast<uint64_t>(src_row) * row + offset;
-    c.dst = p.slots[b] + static_cast<uint64_t>(dst_slot) * row + offset;
+    c.dst = p.slots[b] + static_cast<uint64_t>(dst_slot) * p.slot_bytes[b] + offset;
     c.vec_bytes = p.vec_bytes[b];
     return c;
 }
@@ -316,7 +317,8 @@ GatherTuning default_gather_tuning() {
 }
 
 int gather_vector_bytes(const GatherBank &bank) {
-    const uint64_t bits = static_cast<uint64_t>(bank.row_bytes) | reinterpret_cast<uintptr_t>(bank.host_layer) |
+    const uint64_t bits = static_cast<uint64_t>(bank.row_bytes) | static_cast<uint64_t>(bank.slot_bytes) |
+                          reinterpret_cast<uintptr_t>(bank.host_layer) |
                           reinterpret_cast<uintptr_t>(bank.slots);
     for (int w = 16; w > 1; w /= 2)
         if (bits % static_cast<uint64_t>(w) == 0) return w;
@@ -329,6 +331,7 @@ const char *gather_argument_error(const GatherBank *banks, int num_banks, const 
     for (int b = 0; b < num_banks; ++b) {
         if (!banks[b].host_layer || !banks[b].slots) return "a bank has a null host or slot address";
         if (banks[b].row_bytes == 0) return "a bank has row_bytes 0";
+        if (banks[b].slot_bytes != 0 && banks[b].slot_bytes < banks[b].row_bytes) return "a bank's slot_bytes is below its row_bytes";
     }
     if (plan.capacity < 0) return "plan capacity < 0";
     if (!plan.evict_slots || !plan.src_indices || !plan.num_indices) return "a plan pointer is null";
@@ -346,6 +349,7 @@ cudaError_t launch_gather_zero_copy_tuned(const GatherBank *banks, int num_banks
         p.host[b] = banks[b].host_layer;
         p.slots[b] = banks[b].slots;
         p.row_bytes[b] = banks[b].row_bytes;
+        p.slot_bytes[b] = banks[b].slot_bytes ? banks[b].slot_bytes : banks[b].row_bytes;
         p.vec_bytes[b] = gather_vector_bytes(banks[b]);
         chunks += (banks[b].row_bytes + tuning.chunk_bytes - 1) / tuning.chunk_bytes;
         p.chunk_end[b] = chunks;

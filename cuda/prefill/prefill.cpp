@@ -449,16 +449,25 @@ void ExpertPrefill::Impl::check_run_arguments(const DeviceExperts &ex, const uin
     const Impl &s = *this;
     if (!x || !slots_dev || !slots_host || !w || !y)
         fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: NULL x, slots, weights or output");
-    if (ex.format != s.format || ex.hidden != s.H || ex.inter != s.I)
-        fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: experts are ", format_name(ex.format), " H=", ex.hidden,
-             " I=", ex.inter, ", the prefill was made for ", format_name(s.format), " H=", s.H, " I=", s.I);
-    if (ex.num_banks != int(s.bank_bytes.size()))
+    const Format f_dn = ex.down();
+    // A prefill for a block format runs any block formats per matrix (models mixing them).
+    const bool mixed = ex.format != s.format || f_dn != s.format;
+    const bool mix_ok = format_is_block(s.format) && format_is_block(ex.format) && format_is_block(f_dn) &&
+                        format_geometry_error(ex.format, s.H, s.I).empty() && format_geometry_error(f_dn, s.H, s.I).empty();
+    if ((mixed && !mix_ok) || ex.hidden != s.H || ex.inter != s.I)
+        fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: experts are ", format_known(int32_t(ex.format)) ? format_name(ex.format) : "?",
+             mixed && f_dn != ex.format ? cat(" gate_up with ", format_known(int32_t(f_dn)) ? format_name(f_dn) : "?", " down") : "",
+             " H=", ex.hidden, " I=", ex.inter, ", the prefill was made for ", format_name(s.format), " H=", s.H, " I=", s.I);
+    // Bank rows must hold each matrix's rows in its own format.
+    std::vector<size_t> need = s.bank_bytes;
+    if (mixed) need = {bank_schema(ex.format, s.H, s.I)[0].row_bytes, bank_schema(f_dn, s.H, s.I)[1].row_bytes};
+    if (ex.num_banks != int(need.size()))
         fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: ", ex.num_banks, " banks, ", format_name(s.format), " has ",
-             s.bank_bytes.size());
+             need.size());
     for (int b = 0; b < ex.num_banks; ++b)
-        if (!ex.base[b] || ex.row_bytes[b] < s.bank_bytes[b])
+        if (!ex.base[b] || ex.row_bytes[b] < need[b])
             fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: bank ", b, " has no base or rows of ", ex.row_bytes[b],
-                 " bytes (< ", s.bank_bytes[b], ")");
+                 " bytes (< ", need[b], ")");
 }
 
 ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots_dev,

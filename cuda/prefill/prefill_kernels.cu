@@ -48,13 +48,15 @@ __device__ __forceinline__ uint4 pack8(const float *v) {
 }
 
 // Row-major formats (fp8_block, nvfp4, ds_fp4, the GGUF block formats): one block per output row (blockIdx.x)
-// of one matrix (blockIdx.y = 2 * expert + (0 gate_up | 1 down)); each thread makes 8
-// consecutive bf16 outputs per step, so a warp reads 128 (fp4) or 256 (fp8) contiguous bytes.
+// of one matrix (matrix < 0: blockIdx.y = 2 * expert + (0 gate_up | 1 down); matrix 0 or 1: only
+// gate_up or only down, blockIdx.y = expert, for models mixing block formats per matrix); each
+// thread makes 8 consecutive bf16 outputs per step, so a warp reads 128 (fp4) or 256 (fp8)
+// contiguous bytes.
 template <Format F>
-__global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *slots, uint16_t *out) {
+__global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *slots, uint16_t *out, int matrix) {
     const int32_t H = ex.hidden, I = ex.inter;
-    const int32_t j = int32_t(blockIdx.y >> 1);
-    const bool down = (blockIdx.y & 1) != 0;
+    const int32_t j = matrix < 0 ? int32_t(blockIdx.y >> 1) : int32_t(blockIdx.y);
+    const bool down = matrix < 0 ? (blockIdx.y & 1) != 0 : matrix == 1;
     const int32_t N = down ? H : 2 * I, K = down ? I : H;
     const int32_t row = int32_t(blockIdx.x);
     if (row >= N) return;
@@ -305,6 +307,53 @@ void launch_format(Format f, bool scatter, const float *acc, const int32_t *rt, 
 
 using namespace prefill;
 
+namespace {
+
+// One dequant_rows_kernel launch of row-major format f (matrix: see the kernel).
+cudaError_t launch_dequant_rows(Format f, dim3 grid, int threads, const DeviceExperts &ex, const Roles &ro,
+                                const int32_t *slots, uint16_t *out, int matrix, cudaStream_t stream) {
+    switch (f) {
+        case Format::fp8_block:
+            dequant_rows_kernel<Format::fp8_block><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::nvfp4:
+            dequant_rows_kernel<Format::nvfp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::ds_fp4:
+            dequant_rows_kernel<Format::ds_fp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q4_0:
+            dequant_rows_kernel<Format::q4_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q8_0:
+            dequant_rows_kernel<Format::q8_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q2_k:
+            dequant_rows_kernel<Format::q2_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q3_k:
+            dequant_rows_kernel<Format::q3_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q4_k:
+            dequant_rows_kernel<Format::q4_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q5_k:
+            dequant_rows_kernel<Format::q5_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::q6_k:
+            dequant_rows_kernel<Format::q6_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        case Format::iq4_xs:
+            dequant_rows_kernel<Format::iq4_xs><<<grid, threads, 0, stream>>>(ex, ro, slots, out, matrix);
+            break;
+        default:
+            return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, int32_t n, uint16_t *out,
                                 cudaStream_t stream) {
     if (n < 0 || ex.format == Format::bf16 || !format_known(int32_t(ex.format))) return cudaErrorInvalidValue;
@@ -312,6 +361,9 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
     if (!slots || !out || ex.hidden <= 0 || ex.inter <= 0 || ex.hidden % 8 || ex.inter % 8)
         return cudaErrorInvalidValue;
     const Roles ro = roles_of(ex.format);
+    const Format f_dn = ex.down();
+    // Only block formats mix per matrix.
+    if (f_dn != ex.format && (!format_is_block(ex.format) || !format_is_block(f_dn))) return cudaErrorInvalidValue;
     if (ex.format == Format::mxfp4) {
         const int64_t tiles = ((2 * int64_t(ex.inter) + kMxTile - 1) / kMxTile) * ((ex.hidden + kMxTile - 1) / kMxTile);
         const int64_t tiles_dn = ((int64_t(ex.hidden) + kMxTile - 1) / kMxTile) * ((ex.inter + kMxTile - 1) / kMxTile);
@@ -320,47 +372,19 @@ cudaError_t launch_dequant_bf16(const DeviceExperts &ex, const int32_t *slots, i
         dequant_mxfp4_kernel<<<grid, 256, 0, stream>>>(ex, ro, slots, out);
         return cudaGetLastError();
     }
-    if (2 * int64_t(n) > 65535) return cudaErrorInvalidValue;
-    const dim3 grid(unsigned(std::max(2 * ex.inter, ex.hidden)), unsigned(2 * n));
     const int threads = 128;  // K / 8 units per row: 88 .. 896 at real shapes
-    switch (ex.format) {
-        case Format::fp8_block:
-            dequant_rows_kernel<Format::fp8_block><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::nvfp4:
-            dequant_rows_kernel<Format::nvfp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::ds_fp4:
-            dequant_rows_kernel<Format::ds_fp4><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q4_0:
-            dequant_rows_kernel<Format::q4_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q8_0:
-            dequant_rows_kernel<Format::q8_0><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q2_k:
-            dequant_rows_kernel<Format::q2_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q3_k:
-            dequant_rows_kernel<Format::q3_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q4_k:
-            dequant_rows_kernel<Format::q4_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q5_k:
-            dequant_rows_kernel<Format::q5_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::q6_k:
-            dequant_rows_kernel<Format::q6_k><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        case Format::iq4_xs:
-            dequant_rows_kernel<Format::iq4_xs><<<grid, threads, 0, stream>>>(ex, ro, slots, out);
-            break;
-        default:
-            return cudaErrorInvalidValue;
+    if (f_dn == ex.format) {
+        if (2 * int64_t(n) > 65535) return cudaErrorInvalidValue;
+        const dim3 grid(unsigned(std::max(2 * ex.inter, ex.hidden)), unsigned(2 * n));
+        return launch_dequant_rows(ex.format, grid, threads, ex, ro, slots, out, -1, stream);
     }
-    return cudaGetLastError();
+    // A model mixing block formats: gate_up and down each by its own format's kernel.
+    if (n > 65535) return cudaErrorInvalidValue;
+    for (const Format f : {ex.format, f_dn})
+        if (ex.hidden % format_block(f) != 0 || ex.inter % format_block(f) != 0) return cudaErrorInvalidValue;
+    cudaError_t e = launch_dequant_rows(ex.format, dim3(unsigned(2 * ex.inter), unsigned(n)), threads, ex, ro, slots, out, 0, stream);
+    if (e == cudaSuccess) e = launch_dequant_rows(f_dn, dim3(unsigned(ex.hidden), unsigned(n)), threads, ex, ro, slots, out, 1, stream);
+    return e;
 }
 
 }  // namespace ft::cuda

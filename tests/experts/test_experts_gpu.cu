@@ -4,7 +4,7 @@
 // device decoders against the host ones bit for bit; routes with slot -1 never read anything
 // (a NaN-filled slot stays out of the outputs); CUDA-graph replays equal eager runs; tokens = 0
 // is a no-op; the tensor-core kernels serve every format, the CUDA-core one bf16 rows that are
-// not a multiple of 8.
+// not a multiple of 8; a block-format decoder runs experts mixing block formats per matrix.
 // Skips where no CUDA device is usable.
 #include <gtest/gtest.h>
 
@@ -385,6 +385,82 @@ TEST(ExpertDecoderGpu, ZeroTokensAndBadArguments) {
     EXPECT_THROW(ft::cuda::ExpertDecoder(Format::ds_fp4, 100, 128, 2, 4, {}), ft::Error);
     EXPECT_THROW(ft::cuda::ExpertDecoder(Format::bf16, 64, 32, 0, 4, {}), ft::Error);
     EXPECT_THROW(ft::cuda::ExpertDecoder(Format::bf16, 64, 32, 2, 0, {}), ft::Error);
+}
+
+// A decoder made for one GGUF block format runs experts whose gate_up and down are in other block
+// formats (models mixing them), from slots wider than their rows (slots of a model's largest
+// layer): each projection on its own format's kernel (q4_0 tensor cores, the others CUDA cores),
+// within the bound of the uniform formats of the fp64 reference of that mix. Mixes with a
+// non-block format, rows shorter than a format's, or a decoder of a non-block format are refused.
+TEST(ExpertDecoderGpu, MixedBlockFormatsPerMatrix) {
+    SKIP_WITHOUT_GPU();
+    const int32_t H = 256, I = 256, E = 6, K = 3;
+    struct Mix {
+        Format decoder, gu, dn;
+    };
+    const Mix mixes[] = {{Format::q4_k, Format::q4_k, Format::q6_k}, {Format::q4_k, Format::q4_0, Format::q8_0},
+                         {Format::q8_0, Format::iq4_xs, Format::q4_0}, {Format::q4_0, Format::q2_k, Format::q3_k},
+                         {Format::q6_k, Format::q5_k, Format::q5_k}};
+    const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
+    for (const Mix &m : mixes) {
+        const std::string name = ft::cat(ft::format_name(m.gu), "/", ft::format_name(m.dn), " on a ",
+                                         ft::format_name(m.decoder), " decoder");
+        std::mt19937 rng(40 + int(m.gu) * 13 + int(m.dn));
+        const Layer A(rng, m.gu, H, I, E), B(rng, m.dn, H, I, E);  // A's gate_up, B's down
+        const size_t rb[2] = {A.schema[0].row_bytes, B.schema[1].row_bytes};
+        const size_t stride[2] = {rb[0] + 64, rb[1] + 48};  // wider slots, the tail NaN bytes
+        std::vector<std::unique_ptr<DevBuf>> bufs;
+        ft::cuda::DeviceExperts dx;
+        dx.format = m.gu;
+        dx.down_format = m.dn == m.gu ? -1 : int32_t(m.dn);
+        dx.hidden = H, dx.inter = I, dx.num_banks = 2;
+        for (int b = 0; b < 2; ++b) {
+            const Layer &src = b == 0 ? A : B;
+            std::vector<uint8_t> slots(stride[b] * E, 0xff);
+            for (int32_t e = 0; e < E; ++e) std::memcpy(slots.data() + stride[b] * e, src.banks[b].data() + rb[b] * e, rb[b]);
+            bufs.push_back(std::make_unique<DevBuf>(slots.size()));
+            bufs.back()->put(slots);
+            dx.base[b] = bufs.back()->as<uint8_t>();
+            dx.row_bytes[b] = stride[b];
+        }
+        ft::cuda::ExpertDecoder dec(m.decoder, H, I, K, 8, act);
+        const ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
+        for (int32_t T : {1, 3, 8}) {
+            const Batch b = random_batch(rng, E, H, T, K, false);
+            DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);
+            x.put(b.x), ids.put(b.ids), w.put(b.w);
+            CUDA_OK(cudaMemset(y.p, 0xff, y.n));
+            CUDA_OK(dec.decode(dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T, nullptr));
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<double> ref = ft::test::moe_reference_f32(
+                [&](int32_t e) {
+                    ft::test::ExpertF32 x = A.expert(e);
+                    x.down = B.expert(e).down;
+                    return x;
+                },
+                E, a, ft::test::FormatNumerics{}, H, I, T, K, b.x.data(), b.ids.data(), b.w.data());
+            EXPECT_LT(ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * H), ref), gpu_bound(m.gu)) << name << " T=" << T;
+        }
+        DevBuf x(size_t(H) * 2), ids(size_t(K) * 4);
+        CUDA_OK(cudaMemset(ids.p, 0, ids.n));
+        ft::cuda::DeviceExperts bad = dx;
+        bad.down_format = int32_t(Format::bf16);
+        EXPECT_EQ(dec.compute(bad, x.as<uint16_t>(), ids.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue) << name;
+        bad = dx;
+        bad.format = Format::nvfp4;
+        EXPECT_EQ(dec.compute(bad, x.as<uint16_t>(), ids.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue) << name;
+        bad = dx;
+        bad.down_format = 99;
+        EXPECT_EQ(dec.compute(bad, x.as<uint16_t>(), ids.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue) << name;
+        if (m.gu != m.decoder || m.dn != m.decoder) {
+            bad = dx;
+            bad.row_bytes[1] = rb[1] - 4;  // slots shorter than the down rows
+            EXPECT_EQ(dec.compute(bad, x.as<uint16_t>(), ids.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue) << name;
+        }
+        ft::cuda::ExpertDecoder bf16(Format::bf16, H, I, K, 8, act);
+        EXPECT_EQ(bf16.compute(dx, x.as<uint16_t>(), ids.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue) << name;
+        CUDA_OK(cudaDeviceSynchronize());
+    }
 }
 
 // ---- device decoders against the host reference, bit for bit -----------------------------------

@@ -2,8 +2,8 @@
 // (including rows that only allow 8-, 4-, 2- or 1-byte accesses), slots prefilled with a sentinel,
 // random plans of every count; planned slots must hold their source rows byte for byte and every
 // other slot must keep the sentinel. Also count 0, counts above the capacity, skipped entries,
-// CUDA-graph replays with new plans in device memory, every tuning the benchmark sweeps, and
-// argument errors. Skips where no CUDA device is usable.
+// CUDA-graph replays with new plans in device memory, every tuning the benchmark sweeps, slots
+// wider than the rows, and argument errors. Skips where no CUDA device is usable.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -51,11 +51,12 @@ struct DeviceFree {
 };
 
 // One bank of one layer: `experts` random rows in page-locked host memory (starting `offset`
-// bytes into the registered block, to test unaligned bases) and `slots` device rows.
+// bytes into the registered block, to test unaligned bases) and `slots` device slots of
+// slot_bytes each (0: row_bytes; wider slots hold the row at their start).
 class Bank {
 public:
-    Bank(size_t row_bytes, int32_t experts, int32_t slots, size_t offset, std::mt19937 &rng)
-        : row_(row_bytes), experts_(experts), slots_(slots), offset_(offset) {
+    Bank(size_t row_bytes, int32_t experts, int32_t slots, size_t offset, std::mt19937 &rng, size_t slot_bytes = 0)
+        : row_(row_bytes), slot_(slot_bytes ? slot_bytes : row_bytes), experts_(experts), slots_(slots), offset_(offset) {
         const size_t bytes = offset + row_bytes * static_cast<size_t>(experts);
         const size_t rounded = (bytes + 4095) / 4096 * 4096;
         host_.reset(static_cast<uint8_t *>(std::aligned_alloc(4096, rounded)));
@@ -65,7 +66,7 @@ public:
         if (cudaHostGetDevicePointer(&mapped, host_.get(), 0) != cudaSuccess) return;
         mapped_ = static_cast<uint8_t *>(mapped) + offset;
         void *dev = nullptr;
-        if (cudaMalloc(&dev, row_bytes * static_cast<size_t>(slots)) != cudaSuccess) return;
+        if (cudaMalloc(&dev, slot_ * static_cast<size_t>(slots)) != cudaSuccess) return;
         slots_mem_.reset(dev);
     }
 
@@ -75,21 +76,23 @@ public:
         b.host_layer = mapped_;
         b.slots = static_cast<uint8_t *>(slots_mem_.get());
         b.row_bytes = row_;
+        b.slot_bytes = slot_ == row_ ? 0 : slot_;
         return b;
     }
     const uint8_t *host_row(int32_t e) const { return host_.get() + offset_ + row_ * static_cast<size_t>(e); }
     cudaError_t fill_sentinel() const {
-        return cudaMemset(slots_mem_.get(), kSentinel, row_ * static_cast<size_t>(slots_));
+        return cudaMemset(slots_mem_.get(), kSentinel, slot_ * static_cast<size_t>(slots_));
     }
     std::vector<uint8_t> read_slots() const {
-        std::vector<uint8_t> out(row_ * static_cast<size_t>(slots_));
+        std::vector<uint8_t> out(slot_ * static_cast<size_t>(slots_));
         if (cudaMemcpy(out.data(), slots_mem_.get(), out.size(), cudaMemcpyDeviceToHost) != cudaSuccess) out.clear();
         return out;
     }
     size_t row() const { return row_; }
+    size_t slot() const { return slot_; }
 
 private:
-    size_t row_;
+    size_t row_, slot_;
     int32_t experts_, slots_;
     size_t offset_;
     std::unique_ptr<uint8_t, FreeDeleter> host_;
@@ -108,11 +111,11 @@ struct HostPlan {
 class Rig {
 public:
     Rig(const std::vector<size_t> &rows, int32_t experts, int32_t slots, int32_t stored, uint32_t seed,
-        const std::vector<size_t> &offsets = {})
+        const std::vector<size_t> &offsets = {}, const std::vector<size_t> &slot_bytes = {})
         : experts_(experts), slots_(slots), stored_(stored), rng_(seed) {
         for (size_t b = 0; b < rows.size(); ++b)
-            banks_.push_back(
-                std::make_unique<Bank>(rows[b], experts, slots, b < offsets.size() ? offsets[b] : 0, rng_));
+            banks_.push_back(std::make_unique<Bank>(rows[b], experts, slots, b < offsets.size() ? offsets[b] : 0, rng_,
+                                                    b < slot_bytes.size() ? slot_bytes[b] : 0));
         void *plan = nullptr;
         if (cudaMalloc(&plan, sizeof(int64_t) + 2 * sizeof(int32_t) * static_cast<size_t>(stored)) == cudaSuccess)
             plan_mem_.reset(plan);
@@ -175,7 +178,8 @@ public:
     }
 
     // Slot s must hold source row src if the first min(count, capacity) entries plan it, else the
-    // sentinel. Entries with a negative slot or source plan nothing.
+    // sentinel; bytes of a slot past the row always keep the sentinel. Entries with a negative
+    // slot or source plan nothing.
     std::string verify(const HostPlan &p, int32_t capacity) const {
         const int64_t n = std::min<int64_t>(std::max<int64_t>(p.count, 0), capacity);
         std::vector<int32_t> source_of(static_cast<size_t>(slots_), -1);
@@ -186,12 +190,14 @@ public:
             const Bank &bank = *banks_[b];
             const std::vector<uint8_t> got = bank.read_slots();
             if (got.empty()) return "bank " + std::to_string(b) + ": slot readback failed";
-            const size_t row = bank.row();
-            const std::vector<uint8_t> sentinel(row, kSentinel);
+            const size_t row = bank.row(), stride = bank.slot();
+            const std::vector<uint8_t> sentinel(stride, kSentinel);
             for (int32_t s = 0; s < slots_; ++s) {
-                const uint8_t *slot = got.data() + row * static_cast<size_t>(s);
+                const uint8_t *slot = got.data() + stride * static_cast<size_t>(s);
                 const int32_t src = source_of[static_cast<size_t>(s)];
                 const uint8_t *want = src >= 0 ? bank.host_row(src) : sentinel.data();
+                if (std::memcmp(slot + row, sentinel.data(), stride - row) != 0)
+                    return "bank " + std::to_string(b) + " slot " + std::to_string(s) + ": bytes past the row were written";
                 if (std::memcmp(slot, want, row) != 0)
                     return "bank " + std::to_string(b) + " (row " + std::to_string(row) + ") slot " +
                            std::to_string(s) +
@@ -321,6 +327,34 @@ TEST(Gather, ContiguousRuns) {
         CUDA_OK(rig.fill_sentinel());
         CUDA_OK(run_gather(m, rig, engine, experts, nullptr));
         EXPECT_EQ(rig.verify(plan, experts), "") << name(m);
+    }
+}
+
+// Slots wider than the rows (a model whose layers' rows differ: slots of the largest): each row
+// lands at the start of its slot, the rest of the slot untouched, by both methods, in random
+// plans and in runs the copy engine merges.
+TEST(Gather, SlotsWiderThanRows) {
+    SKIP_WITHOUT_GPU();
+    const int32_t experts = 16;
+    Rig rig({150000, 100, 4096, 7}, experts, experts + 4, experts, 21u, {}, {200000, 112, 4096 + 16, 9});
+    ASSERT_TRUE(rig.ok());
+    CopyEngineGather engine(experts);
+    HostPlan runs;
+    runs.count = 12;
+    runs.slots = {0, 1, 2, 3, 9, 10, 5, 6, 7, 15, 16, 17, 0, 0, 0, 0};
+    runs.sources = {4, 5, 6, 7, 0, 1, 13, 14, 2, 8, 9, 10, 0, 0, 0, 0};
+    for (const GatherMethod m : {GatherMethod::zero_copy, GatherMethod::copy_engine}) {
+        for (const int64_t count : {int64_t(1), int64_t(7), int64_t(experts)}) {
+            const HostPlan plan = rig.random_plan(count);
+            CUDA_OK(rig.upload(plan));
+            CUDA_OK(rig.fill_sentinel());
+            CUDA_OK(run_gather(m, rig, engine, experts, nullptr));
+            EXPECT_EQ(rig.verify(plan, experts), "") << name(m) << " count " << count;
+        }
+        CUDA_OK(rig.upload(runs));
+        CUDA_OK(rig.fill_sentinel());
+        CUDA_OK(run_gather(m, rig, engine, experts, nullptr));
+        EXPECT_EQ(rig.verify(runs, experts), "") << name(m) << " runs";
     }
 }
 
@@ -559,6 +593,9 @@ TEST(GatherHost, ArgumentChecksAndVectorWidth) {
     bank.row_bytes = 33;
     EXPECT_EQ(ft::cuda::detail::gather_vector_bytes(bank), 1);
     bank.row_bytes = 32;
+    bank.slot_bytes = 40;  // the slot stride limits the width too
+    EXPECT_EQ(ft::cuda::detail::gather_vector_bytes(bank), 8);
+    bank.slot_bytes = 0;
     bank.host_layer = host + 4;
     EXPECT_EQ(ft::cuda::detail::gather_vector_bytes(bank), 4);
     bank.host_layer = host;
@@ -574,6 +611,12 @@ TEST(GatherHost, ArgumentChecksAndVectorWidth) {
     EXPECT_EQ(ft::cuda::detail::gather_argument_error(&bank, 1, plan), nullptr);
     EXPECT_NE(ft::cuda::detail::gather_argument_error(&bank, 0, plan), nullptr);
     EXPECT_NE(ft::cuda::detail::gather_argument_error(nullptr, 1, plan), nullptr);
+    bank.slot_bytes = 16;  // slots narrower than the rows
+    EXPECT_NE(ft::cuda::detail::gather_argument_error(&bank, 1, plan), nullptr);
+    EXPECT_EQ(ft::cuda::launch_gather_zero_copy(&bank, 1, plan, nullptr), cudaErrorInvalidValue);
+    bank.slot_bytes = 32;
+    EXPECT_EQ(ft::cuda::detail::gather_argument_error(&bank, 1, plan), nullptr);
+    bank.slot_bytes = 0;
     // The launcher rejects before touching CUDA, so this holds without a device too.
     EXPECT_EQ(ft::cuda::launch_gather_zero_copy(&bank, 9, plan, nullptr), cudaErrorInvalidValue);
     plan.capacity = -2;

@@ -1,7 +1,8 @@
 // GPU prefill (ft::cuda::ExpertPrefill) against the fp64 reference of every format: random valid
 // banks, skewed routing with an expert that gets no tokens and skipped routes (-1), a NaN-filled
 // slot nobody routes to, padded bank rows, with and without an addend; plus the bf16
-// dequantisation bit for bit, small chunks and the grouped cuBLAS path. Skips without a GPU.
+// dequantisation bit for bit, small chunks, the grouped cuBLAS path, and experts mixing GGUF block
+// formats per matrix. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -391,6 +392,91 @@ TEST(PrefillGpuDequant, BitExactAgainstReference) {
                 }
             }
         }
+    }
+}
+
+// A prefill made for one GGUF block format runs experts whose gate_up and down are in other block
+// formats (models mixing them): each matrix dequantised by its own format (padded rows, a NaN
+// slot nobody routes to), the reference of that mix within the block formats' bound; the decode
+// path agrees. Mixes with another kind of format or rows shorter than a format's are refused.
+TEST(PrefillGpuMixed, BlockFormatsPerMatrix) {
+    if (!gpu_ready() || !ft::cuda::cublas_api()) GTEST_SKIP() << "no usable GPU or cuBLAS";
+    struct Mix {
+        Format made_for, gu, dn;
+    };
+    const Mix mixes[] = {{Format::q4_k, Format::q4_k, Format::q6_k},
+                         {Format::q6_k, Format::q2_k, Format::iq4_xs},
+                         {Format::q4_k, Format::q5_k, Format::q3_k}};  // all {512, 256} (geometry())
+    for (const Mix &m : mixes) {
+        const std::string name = ft::cat(ft::format_name(m.gu), "/", ft::format_name(m.dn));
+        const int32_t E = 12, T = 70;
+        Banks A(m.gu, E, 500u + uint32_t(m.gu)), B(m.dn, E, 600u + uint32_t(m.dn));  // A's gate_up, B's down
+        ASSERT_TRUE(A.upload() && B.upload());
+        ASSERT_EQ(A.H, B.H);
+        ASSERT_EQ(A.I, B.I);
+        const int32_t H = A.H, I = A.I;
+        DeviceExperts d = A.device();
+        d.down_format = int32_t(m.dn);
+        d.base[1] = B.dev[1];
+        d.row_bytes[1] = B.row_bytes[1];
+        const DeviceActivation act = activation(m.gu);
+        std::mt19937 rng(77u + uint32_t(m.dn));
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 1.0f, rng);
+        const std::vector<int32_t> slots = skewed_slots(T, E, rng);
+        std::vector<float> w(slots.size());
+        std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+        for (float &v : w) v = uw(rng);
+        Call c;
+        CUDA_OK(to_device(c.x, x));
+        CUDA_OK(to_device(c.slots, slots));
+        CUDA_OK(to_device(c.w, w));
+        CUDA_OK(cudaMalloc(&c.y, size_t(T) * H * 2));
+        CUDA_OK(cudaMemset(c.y, 0xff, size_t(T) * H * 2));
+        ExpertPrefill pf(m.made_for, H, I, kTopK, T, act);
+        ASSERT_EQ(pf.run(d, c.x, c.slots, slots.data(), c.w, nullptr, c.y, T, nullptr), FT_OK) << name << ": " << pf.last_error();
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<uint16_t> y(size_t(T) * H);
+        CUDA_OK(cudaMemcpy(y.data(), c.y, y.size() * 2, cudaMemcpyDeviceToHost));
+
+        // The reference of the mix: gate/up of A's rows, down of B's.
+        std::map<int32_t, std::vector<float>> gate, up, down;
+        for (int32_t sl : slots) {
+            if (sl < 0 || gate.count(sl)) continue;
+            const auto ra = A.rows(sl), rb = B.rows(sl);
+            gate[sl].resize(size_t(I) * H), up[sl].resize(size_t(I) * H), down[sl].resize(size_t(H) * I);
+            ft::dequant_projection(m.gu, ra.data(), H, I, FT_PROJ_GATE, gate[sl].data());
+            ft::dequant_projection(m.gu, ra.data(), H, I, FT_PROJ_UP, up[sl].data());
+            ft::dequant_projection(m.dn, rb.data(), H, I, FT_PROJ_DOWN, down[sl].data());
+        }
+        ft::test::ActivationRef a;
+        a.kind = act.kind, a.alpha = act.alpha, a.limit = act.limit;
+        const std::vector<double> ref = ft::test::moe_reference_f32(
+            [&](int32_t sl) { return ft::test::ExpertF32{gate.at(sl).data(), up.at(sl).data(), down.at(sl).data()}; }, E, a,
+            ft::test::FormatNumerics{}, H, I, T, kTopK, x.data(), slots.data(), w.data());
+        EXPECT_LE(ft::test::relative_error_bf16(y, ref), bound(m.gu)) << name;
+
+        // The decode kernels on the same mixed experts agree.
+        ft::cuda::ExpertDecoder dec(m.made_for, H, I, kTopK, T, act);
+        CUDA_OK(dec.decode(d, c.x, c.slots, c.w, nullptr, c.y, T, nullptr));
+        std::vector<uint16_t> yd(y.size());
+        CUDA_OK(cudaMemcpy(yd.data(), c.y, yd.size() * 2, cudaMemcpyDeviceToHost));
+        EXPECT_LE(ft::test::relative_error_bf16(yd, ref), bound(m.gu)) << name << " decode";
+
+        DeviceExperts bad = d;
+        bad.down_format = int32_t(Format::fp8_block);
+        EXPECT_EQ(pf.run(bad, c.x, c.slots, slots.data(), c.w, nullptr, c.y, T, nullptr), FT_ERR_INVALID_ARGUMENT) << name;
+        EXPECT_NE(std::string(pf.last_error()).find("fp8_block"), std::string::npos) << pf.last_error();
+        bad = d;
+        bad.row_bytes[1] = B.schema[1].row_bytes - 2;
+        EXPECT_EQ(pf.run(bad, c.x, c.slots, slots.data(), c.w, nullptr, c.y, T, nullptr), FT_ERR_INVALID_ARGUMENT) << name;
+        ExpertPrefill other(Format::nvfp4, H, I, kTopK, T, DeviceActivation{});  // not a block format
+        EXPECT_EQ(other.run(d, c.x, c.slots, slots.data(), c.w, nullptr, c.y, T, nullptr), FT_ERR_INVALID_ARGUMENT) << name;
+        uint16_t *dq = nullptr;
+        CUDA_OK(cudaMalloc(&dq, size_t(2) * 3 * H * I * 2));
+        DeviceExperts bad_dq = d;
+        bad_dq.down_format = int32_t(Format::nvfp4);
+        EXPECT_EQ(ft::cuda::launch_dequant_bf16(bad_dq, c.slots, 2, dq, nullptr), cudaErrorInvalidValue) << name;
+        cudaFree(dq);
     }
 }
 

@@ -18,37 +18,12 @@ std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     return {};
 }
 
-// "mixed formats (q4_k gate_up with q6_k down in layers 0-3, ...)": the distinct pairs, for refusals.
-std::string gpu_mix_refusal(const ModelSpec &model) {
-    std::string pairs;
-    int shown = 0;
-    for (int32_t l = 0; l < model.num_layers; ++l) {
-        const LayerFormats lf = model.formats_of(l);
-        bool seen = false;
-        for (int32_t k = 0; k < l && !seen; ++k) {
-            const LayerFormats o = model.formats_of(k);
-            seen = o.gate_up == lf.gate_up && o.down == lf.down;
-        }
-        if (seen) continue;
-        if (shown++ == 4) {
-            pairs += ", ...";
-            break;
-        }
-        pairs += cat(pairs.empty() ? "" : ", ", format_name(lf.gate_up), " gate_up with ", format_name(lf.down),
-                     " down");
-    }
-    return cat("the model mixes expert formats per layer or matrix (mixed formats: ", pairs,
-               "), which the GPU backends do not run; use backend \"cpu\"");
-}
-
 std::string gpu_missing(const MachineCaps &caps, const ModelSpec &model) {
     if (!caps.gpu_kernels) return "this build has no CUDA support";
     if (!caps.gpu) return "the engine has no GPU";
     if (model.expert_biases) return "the routed experts carry biases (bf16 gpt-oss), which only the cpu backend adds";
     if (model.route_weight == FT_ROUTE_WEIGHT_INPUT && model.top_k != 1)
         return "route weights scale the expert input with top_k > 1, which only the cpu backend does (the GPU backends do it for top-1 models such as Llama-4)";
-    if (model.mixed_formats())
-        return gpu_mix_refusal(model);
     return {};
 }
 

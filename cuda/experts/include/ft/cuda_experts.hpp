@@ -28,13 +28,17 @@
 namespace ft::cuda {
 
 // One layer's experts in device-readable memory: bank b (bank_schema order) of the expert in
-// slot s starts at base[b] + s * row_bytes[b].
+// slot s starts at base[b] + s * row_bytes[b]. A layer of a model that mixes GGUF block formats
+// (ModelSpec::layer_formats) has `format` for gate_up and down_format for down; row_bytes[b] may
+// then exceed the layer's own rows (slots sized for the largest layer).
 struct DeviceExperts {
     Format format = Format::bf16;
     int32_t hidden = 0, inter = 0;
     int num_banks = 0;
     const uint8_t *base[8] = {};
     size_t row_bytes[8] = {};
+    int32_t down_format = -1;  // a Format when down's differs from `format`; -1: down is `format`
+    Format down() const { return down_format < 0 ? format : Format(down_format); }
 };
 
 // y[t] = sum over k in order of w[t,k] * route_out[t*K+k] over routes with slots[t*K+k] >= 0
@@ -53,6 +57,9 @@ public:
     // Allocates all scratch (cudaMalloc on the current device) for max_tokens tokens of top_k
     // routes. Throws ft::Error: FT_ERR_INVALID_ARGUMENT (geometry per format_geometry_error,
     // top_k/max_tokens <= 0), FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_DEVICE_LOST.
+    // A decoder made for a GGUF block format (format_is_block) also runs experts whose gate_up
+    // and down are in other block formats (models mixing them): each projection takes its own
+    // format's kernel (q4_0: tensor cores, the others: CUDA cores); nothing else depends on it.
     ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
                   DeviceActivation act);
     ~ExpertDecoder() = default;  // frees; non-copyable
@@ -65,7 +72,9 @@ public:
     // slot's weights are read once per call for all tokens routed to it (dedup on the device).
     // x bf16 [T,H] device; slots int32 [T,K] device. tokens in [0, max_tokens] (0: no-op).
     // Capturable in a CUDA graph: no sync, no allocation, no host reads of device data.
-    // cudaErrorInvalidValue for a format/geometry other than the decoder's, tokens outside
+    // cudaErrorInvalidValue for a format/geometry other than the decoder's (block formats: a
+    // projection's format not a block format, H or I not a multiple of its block, or bank rows
+    // shorter than its rows), tokens outside
     // [0, max_tokens], NULL pointers or bank pointers not aligned as the kernels need (16 bytes
     // for base[b] and row_bytes[b] multiples of 16, 4 for q4_0/mxfp4, 2 for unaligned bf16 shapes).
     cudaError_t compute(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
@@ -80,7 +89,7 @@ public:
 
     const float *route_out() const { return route_out_; }  // f32 [max_tokens*K, H]
     size_t scratch_bytes() const { return scratch_bytes_; }
-    const char *kernel_name() const;  // e.g. "bf16-mma", "bf16-gemv-scalar"
+    const char *kernel_name() const;  // e.g. "bf16-mma", "bf16-gemv-scalar" (the constructor's format)
 
 private:
     // compute's first kernel: groups the routes by slot and stages x; *xact = what gate_up reads.

@@ -12,7 +12,8 @@
 // choose_gather_method measures both.
 //
 // Plan semantics shared by both methods: n = clamp(*num_indices, 0, capacity) entries; entry i
-// copies expert src_indices[i] of the layer to slot evict_slots[i] of every bank. Entries with a
+// copies expert src_indices[i] of the layer (row_bytes at row_bytes apart) to slot evict_slots[i]
+// (slot_bytes apart) of every bank. Entries with a
 // negative slot or source are skipped. Slots and sources are not range-checked (the admission
 // kernels only produce valid ones); destination slots of one plan must be distinct.
 #pragma once
@@ -35,6 +36,9 @@ struct GatherBank {
     uint8_t *slots = nullptr;             // device slot array of this bank
     size_t row_bytes = 0;                 // bytes of one expert in this bank (any size; multiples of
                                           // 16 with 16-byte aligned bases take the 16-byte path)
+    // Bytes from one slot to the next (0: row_bytes; else >= row_bytes): slots sized for the
+    // largest layer of a model whose layers' rows differ (mixed block formats).
+    size_t slot_bytes = 0;
 };
 
 struct GatherPlan {  // device pointers, as SlotCacheState holds them
@@ -51,7 +55,7 @@ enum class GatherMethod { zero_copy, copy_engine };
 // CUDA graph: no sync, no allocation, no host reads (the bank addresses, row sizes and plan
 // pointers are baked into the launch). Returns cudaErrorInvalidValue (nothing enqueued) for bad
 // arguments: num_banks not in 1..kMaxGatherBanks, a null banks/plan pointer or bank address, a
-// zero row size, capacity < 0; else the launch status.
+// zero row size, a slot size below the row size, capacity < 0; else the launch status.
 cudaError_t launch_gather_zero_copy(const GatherBank *banks, int num_banks, const GatherPlan &plan,
                                     cudaStream_t stream);
 
@@ -132,7 +136,7 @@ cudaError_t launch_gather_zero_copy_tuned(const GatherBank *banks, int num_banks
                                           const GatherTuning &tuning, cudaStream_t stream);
 
 // The widest access (16, 8, 4, 2 or 1 bytes) that every row of the bank can use: the largest power
-// of two dividing the row size and both base addresses.
+// of two dividing the row size, the slot size and both base addresses.
 int gather_vector_bytes(const GatherBank &bank);
 
 // Why these arguments cannot be gathered, nullptr when they can (shared by both methods).

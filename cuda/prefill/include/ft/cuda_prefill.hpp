@@ -43,7 +43,8 @@ namespace ft::cuda {
 // so row i is unit i's gate and row I + i its up) followed by down [H, I], row-major. Every value
 // is the reference's e2m1/e4m3/e8m0/fp16 product rounded once to bf16 (RNE); nvfp4's fp16
 // per-row global is NOT applied (ExpertPrefill applies it to the GEMM output rows). bf16: error
-// (nothing to dequantise). Does not synchronise.
+// (nothing to dequantise). Experts whose down is in another block format than gate_up
+// (DeviceExperts::down_format) dequantise each matrix by its own format. Does not synchronise.
 cudaError_t launch_dequant_bf16(const DeviceExperts &experts, const int32_t *slots, int32_t n, uint16_t *out,
                                 cudaStream_t stream);
 
@@ -80,7 +81,8 @@ public:
     // (quantised formats), all cudaMalloc'd here on the current device. H and I must suit the
     // format (ft::format_geometry_error) and be multiples of 8. Throws ft::Error:
     // FT_ERR_INVALID_ARGUMENT, FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_DEVICE_LOST, FT_ERR_UNSUPPORTED
-    // (no cuBLAS).
+    // (no cuBLAS). A prefill made for a GGUF block format also runs experts whose gate_up and
+    // down are in other block formats (models mixing them): only the dequantisation differs.
     ExpertPrefill(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
                   DeviceActivation act, PrefillTuning tuning = {});
     ~ExpertPrefill();
