@@ -202,6 +202,52 @@ TEST_F(MeasuredProfile, OldCallersOutputStructs) {
     EXPECT_EQ(ft_profile_get_format(profile_, FT_FORMAT_BF16, &e), FT_ERR_INVALID_ARGUMENT);
 }
 
+// Every expert format in one short CPU-only run, each on its own production kernel: a finite,
+// positive figure, the canonical expert size, a kernel name, progress in format order, and no
+// non-finite output (the synthetic banks of each format hold valid codes and finite scales).
+TEST(AllFormatsProfile, EveryFormatGetsFiniteFigures) {
+    Warnings warnings;
+    ft_log_set_callback(Warnings::call, &warnings, FT_LOG_WARN);
+    ProgressLog progress;
+    ft_profile_params p = cpu_params(0, 6.0);  // 0: every format
+    p.progress = ProgressLog::call;
+    p.progress_user_data = &progress;
+    ft_profile *out = nullptr;
+    char err[512] = {};
+    const auto t0 = std::chrono::steady_clock::now();
+    const ft_status s = ft_profile_bandwidth(&p, &out, err, sizeof err);
+    const double seconds = seconds_since(t0);
+    ft_log_set_callback(nullptr, nullptr, FT_LOG_WARN);
+    ProfilePtr prof(out);
+    ASSERT_EQ(s, FT_OK) << err;
+    EXPECT_LT(seconds, 30.0) << "a 6-second profile of every format took " << seconds << " s";
+
+    const int32_t all[] = {FT_FORMAT_BF16, FT_FORMAT_FP8_BLOCK, FT_FORMAT_NVFP4, FT_FORMAT_MXFP4, FT_FORMAT_DS_FP4,
+                           FT_FORMAT_Q4_0, FT_FORMAT_Q8_0,      FT_FORMAT_Q2_K,  FT_FORMAT_Q3_K,  FT_FORMAT_Q4_K,
+                           FT_FORMAT_Q5_K, FT_FORMAT_Q6_K,      FT_FORMAT_IQ4_XS};
+    for (int32_t f : all) {
+        ft_profile_format e;
+        e.struct_size = sizeof e;
+        ASSERT_EQ(ft_profile_get_format(prof.get(), f, &e), FT_OK) << f;
+        EXPECT_EQ(e.format, f);
+        EXPECT_TRUE(std::isfinite(e.cpu_gbs) && e.cpu_gbs > 0.0) << f << ": " << e.cpu_gbs;
+        EXPECT_GT(e.expert_bytes, 0u) << f;
+        ASSERT_NE(e.cpu_kernel, nullptr);
+        EXPECT_GT(std::strlen(e.cpu_kernel), 0u) << f;
+    }
+    // The GGUF K-quants and iq4_xs are measured at one shape (2048 x 768): their expert sizes
+    // are in the ratio of their bytes per 256-element super-block.
+    ft_profile_format q4k, q6k;
+    q4k.struct_size = q6k.struct_size = sizeof q4k;
+    ASSERT_EQ(ft_profile_get_format(prof.get(), FT_FORMAT_Q4_K, &q4k), FT_OK);
+    ASSERT_EQ(ft_profile_get_format(prof.get(), FT_FORMAT_Q6_K, &q6k), FT_OK);
+    EXPECT_EQ(q4k.expert_bytes * 210, q6k.expert_bytes * 144);
+    EXPECT_EQ(progress.phases, (std::vector<std::string>{"read", "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0", "q8_0",
+                                                         "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}));
+    EXPECT_TRUE(progress.ordered);
+    for (const std::string &w : warnings.lines) EXPECT_EQ(w.find("non-finite"), std::string::npos) << w;
+}
+
 TEST(ProfileApi, CancelledAtTheFirstCallOfAFormatPhase) {
     ProgressLog log;
     log.cancel_phase = "bf16";
@@ -423,7 +469,7 @@ TEST(ProfileApi, InvalidParams) {
     p = cpu_params(1u << 0, 1.0);  // bit 0 names no format
     EXPECT_EQ(ft_profile_bandwidth(&p, &out, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(err).find("formats"), std::string::npos) << err;
-    p = cpu_params(1u << 9, 1.0);
+    p = cpu_params(1u << (FT_FORMAT_IQ4_XS + 1), 1.0);  // one past the last format
     EXPECT_EQ(ft_profile_bandwidth(&p, &out, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
     p = cpu_params(bit(FT_FORMAT_BF16), 1.0);
     p.cpu_threads = -1;
