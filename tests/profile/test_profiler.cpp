@@ -44,6 +44,20 @@ TEST(ProfileGeometry, ExpertBytesOfSpec12) {
     EXPECT_EQ(bytes(ft::Format::q4_k), 2u * 768 * 8 * 144 + 2048u * 3 * 144);
 }
 
+// Small experts (the GGUF low-bit formats) fill a window beyond 4 x LLC on a large cache, where
+// 128 of them would not; otherwise the window's size and the 128-expert cap decide.
+TEST(ProfileWindow, SmallExpertsSpanFourTimesTheCache) {
+    const size_t MiB = size_t{1} << 20, GiB = size_t{1} << 30;
+    const size_t q2k = ft::expert_bytes(ft::Format::q2_k, 2048, 768);  // 1.55 MB
+    EXPECT_EQ(ft::window_experts(2 * GiB, q2k, 8, 8 * MiB), 128);        // 128 x 1.55 MB >> 4 x 8 MiB
+    EXPECT_EQ(ft::window_experts(32 * MiB, q2k, 8, 8 * MiB), int64_t(32 * MiB / q2k));
+    const int64_t e = ft::window_experts(2 * GiB, q2k, 8, 105 * MiB);   // a 105 MiB LLC
+    EXPECT_EQ(e, int64_t((4 * 105 * MiB + q2k - 1) / q2k));
+    EXPECT_GE(uint64_t(e) * q2k, 4 * 105 * MiB);
+    EXPECT_EQ(ft::window_experts(2 * GiB, q2k, 8, 1024 * MiB), 1024);   // the cap
+    EXPECT_EQ(ft::window_experts(64 * MiB, 9437184, 8, 8 * MiB), 16);    // 2 top_k at least
+}
+
 // Where each GGUF block format keeps its fp16 scales (docs/formats.md, "GGUF block formats").
 struct ScaleFields {
     ft::Format format;

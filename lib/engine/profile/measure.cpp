@@ -42,7 +42,8 @@ constexpr int kPcieMaxIters = 30;
 constexpr int kWarmupSteps = 8;            // CPU expert steps
 constexpr int kMaxTimedSteps = 64;
 constexpr int kMinTimedSteps = 8;          // fewer would make the median a coin toss
-constexpr int64_t kMaxExperts = 128;       // synthetic experts per format, at most
+constexpr int64_t kMaxExperts = 128;       // synthetic experts per format, at most, unless
+constexpr int64_t kMaxSmallExperts = 1024;  // small experts need more to span 4 x LLC (this many at most)
 // best_read_bandwidth tries 21 probe shapes per pass (cpu/src/membw.cpp); only used to predict
 // how long a buffer size takes, so a change there costs accuracy of the bound, nothing else.
 constexpr int kReadProbes = 21;
@@ -257,6 +258,12 @@ void fill_synthetic_bank(cpu::ThreadPool &pool, Format f, const std::string &ban
     fill_bank(pool, f, fill_of(f, bank), p, bytes, seed);
 }
 
+int64_t window_experts(size_t window, size_t expert_bytes, int64_t top_k, size_t llc) {
+    const int64_t llc_experts = static_cast<int64_t>((4 * llc + expert_bytes - 1) / expert_bytes);
+    return std::clamp<int64_t>(static_cast<int64_t>(window / expert_bytes), 2 * top_k,
+                               std::max(kMaxExperts, std::min(kMaxSmallExperts, llc_experts)));
+}
+
 namespace {
 
 // ---- phases --------------------------------------------------------------------------------
@@ -330,7 +337,9 @@ struct FormatWindow {
 
 // The window: what a share of the budget can fill, at most 2 GiB (the original's budget) and
 // the memory cap, at least 4 x LLC so that it is DRAM-bound, and 2K experts so that
-// consecutive steps are disjoint. With a GPU, also at least the gather's window, within the cap.
+// consecutive steps are disjoint. At most 128 experts, or as many as 4 x LLC takes when they are
+// smaller (the GGUF low-bit formats on a large LLC), up to 1024. With a GPU, also at least the
+// gather's window, within the cap.
 FormatWindow plan_window(Format f, bool gpu, double budget_s, size_t mem_cap, size_t llc, double fill_rate) {
     FormatWindow w;
     w.g = profile_geometry(f);
@@ -339,7 +348,7 @@ FormatWindow plan_window(Format f, bool gpu, double budget_s, size_t mem_cap, si
     const double fill_fit = fill_rate * budget_s * kFillShare;
     const size_t window = std::max(static_cast<size_t>(std::min({static_cast<double>(2 * kGiB), static_cast<double>(mem_cap), fill_fit})),
                                    4 * llc);
-    w.E = std::clamp<int64_t>(static_cast<int64_t>(window / w.eb), 2 * w.K, kMaxExperts);
+    w.E = window_experts(window, w.eb, w.K, llc);
     if (gpu)
         w.E = std::max<int64_t>(w.E, std::min<int64_t>(kMinGatherExperts, std::max<int64_t>(2 * w.K, static_cast<int64_t>(mem_cap / w.eb))));
     return w;

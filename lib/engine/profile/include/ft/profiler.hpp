@@ -31,6 +31,11 @@ ProfileGeometry profile_geometry(Format f);
 // biases zero. The bytes depend only on (f, bank, bytes, seed).
 void fill_synthetic_bank(cpu::ThreadPool &pool, Format f, const std::string &bank, uint8_t *p, size_t bytes, uint64_t seed);
 
+// Synthetic experts of `expert_bytes` each in a window of `window` bytes: at least 2 top_k (so
+// consecutive steps share none), at most 128, or as many as span 4 x `llc` (the last-level
+// cache) when 128 do not, up to 1024.
+int64_t window_experts(size_t window, size_t expert_bytes, int64_t top_k, size_t llc);
+
 // Runs the measurements `p` asks for (fields already validated against their struct_size by the
 // caller; they are range-checked here). FT_ERR_INVALID_ARGUMENT for bad fields,
 // FT_ERR_NO_DEVICE for an explicit device that is not usable, FT_ERR_CANCELLED when the
