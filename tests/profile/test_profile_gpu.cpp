@@ -76,7 +76,8 @@ TEST(ProfileGpu, EveryFormatWithinTheDefaultBudget) {
     ASSERT_EQ(ft_profile_bandwidth(&p, &prof, err, sizeof err), FT_OK) << err;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("every format: %.1f s for a %.0f-second budget\n", seconds, p.max_seconds);
-    EXPECT_LT(seconds, 1.25 * p.max_seconds) << "the default profile took " << seconds << " s";
+    // Beyond the soft bound: CUDA's start-up and at most the overlapped pair's 0.2 s minimum per format.
+    EXPECT_LT(seconds, p.max_seconds + 10.0) << "the default profile took " << seconds << " s";
     for (int32_t f = FT_FORMAT_BF16; f <= FT_FORMAT_IQ4_XS; ++f) {
         ft_profile_format e;
         e.struct_size = sizeof e;
