@@ -169,6 +169,23 @@ def case_plot_svg(ft, source_dir, work):
     expect(root.tag.endswith("svg"), "the plot's root element is %r" % root.tag)
 
 
+def case_profile_gguf(ft, source_dir, work):
+    # A short CPU-only profile of three GGUF block formats: the table has a row per format with a
+    # positive CPU figure and its kernel, and the saved file an entry per format.
+    saved = os.path.join(work, "p.json")
+    args = ["profile", "--no-gpu", "--seconds", "3", "--formats", "q8_0,q4_k,iq4_xs", "--threads", "2", "--out", saved]
+    rc, out, err = ft(*args, timeout=120)
+    expect(rc == 0, show(args, rc, out, err))
+    for name in ("q8_0", "q4_k", "iq4_xs"):
+        rows = [line.split() for line in out.splitlines() if line.split()[:1] == [name]]
+        expect(len(rows) == 1, "not one %s row: " % name + show(args, rc, out, err))
+        expect(float(rows[0][2]) > 0, "%s's CPU GB/s is not positive: " % name + show(args, rc, out, err))
+        expect(rows[0][-1].startswith(name + "-"), "%s's CPU kernel is %r" % (name, rows[0][-1]))
+        entry = json.load(open(saved))["dtype_kernels"][name]
+        expect(entry["cpu_moe_gbs"] > 0 and entry["expert_bytes"] > 0, "%s entry: %s" % (name, entry))
+    expect("q2_k" not in json.load(open(saved))["dtype_kernels"], "a format not asked for was measured")
+
+
 def case_missing_files(ft, source_dir, work):
     enoent = os.strerror(errno.ENOENT)
     missing = os.path.join(work, "nonexistent", "model")

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ft_profile_machine mach;
     mach.struct_size = sizeof mach;
     if (ft_profile_get_machine(p, &mach) == FT_OK && (!mach.gpu_name || !mach.cpu_model)) std::abort();
-    for (int32_t f = 0; f <= 7; ++f) {
+    for (int32_t f = 0; f <= FT_FORMAT_IQ4_XS + 1; ++f) {
         ft_profile_format pf;
         pf.struct_size = sizeof pf;
         if (ft_profile_get_format(p, f, &pf) == FT_OK && !pf.cpu_kernel) std::abort();

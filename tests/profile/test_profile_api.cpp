@@ -202,6 +202,80 @@ TEST_F(MeasuredProfile, OldCallersOutputStructs) {
     EXPECT_EQ(ft_profile_get_format(profile_, FT_FORMAT_BF16, &e), FT_ERR_INVALID_ARGUMENT);
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Every expert format in one short CPU-only run, each on its own production kernel: a finite,
+// positive figure, a kernel name, progress in format order, and no non-finite output (the
+// synthetic banks of each format hold valid codes and finite scales). Under sanitizers a kernel
+// step takes up to seconds (nvfp4, ds_fp4): there the run takes the GGUF block formats only.
+TEST(AllFormatsProfile, EveryFormatGetsFiniteFigures) {
+    const std::vector<std::pair<int32_t, const char *>> all = {
+        {FT_FORMAT_BF16, "bf16"}, {FT_FORMAT_FP8_BLOCK, "fp8_block"}, {FT_FORMAT_NVFP4, "nvfp4"}, {FT_FORMAT_MXFP4, "mxfp4"},
+        {FT_FORMAT_DS_FP4, "ds_fp4"}, {FT_FORMAT_Q4_0, "q4_0"}, {FT_FORMAT_Q8_0, "q8_0"}, {FT_FORMAT_Q2_K, "q2_k"},
+        {FT_FORMAT_Q3_K, "q3_k"}, {FT_FORMAT_Q4_K, "q4_k"}, {FT_FORMAT_Q5_K, "q5_k"}, {FT_FORMAT_Q6_K, "q6_k"},
+        {FT_FORMAT_IQ4_XS, "iq4_xs"}};
+    const int32_t first = kSanitized ? FT_FORMAT_Q4_0 : FT_FORMAT_BF16;
+    const double budget = 6.0, bound = kSanitized ? 120.0 : 30.0;
+    Warnings warnings;
+    ft_log_set_callback(Warnings::call, &warnings, FT_LOG_WARN);
+    ProgressLog progress;
+    uint32_t formats = 0;  // 0: every format
+    for (int32_t f = first; kSanitized && f <= FT_FORMAT_IQ4_XS; ++f) formats |= bit(f);
+    ft_profile_params p = cpu_params(formats, budget);
+    p.progress = ProgressLog::call;
+    p.progress_user_data = &progress;
+    ft_profile *out = nullptr;
+    char err[512] = {};
+    const auto t0 = std::chrono::steady_clock::now();
+    const ft_status s = ft_profile_bandwidth(&p, &out, err, sizeof err);
+    const double seconds = seconds_since(t0);
+    ft_log_set_callback(nullptr, nullptr, FT_LOG_WARN);
+    ProfilePtr prof(out);
+    ASSERT_EQ(s, FT_OK) << err;
+    EXPECT_LT(seconds, bound) << "a " << budget << "-second profile took " << seconds << " s";
+
+    std::vector<std::string> phases{"read"};
+    for (const auto &[f, name] : all) {
+        ft_profile_format e;
+        e.struct_size = sizeof e;
+        if (f < first) {
+            EXPECT_EQ(ft_profile_get_format(prof.get(), f, &e), FT_ERR_UNSUPPORTED) << name;
+            continue;
+        }
+        phases.push_back(name);
+        ASSERT_EQ(ft_profile_get_format(prof.get(), f, &e), FT_OK) << name;
+        EXPECT_EQ(e.format, f);
+        EXPECT_TRUE(std::isfinite(e.cpu_gbs) && e.cpu_gbs > 0.0) << name << ": " << e.cpu_gbs;
+        EXPECT_GT(e.expert_bytes, 0u) << name;
+        ASSERT_NE(e.cpu_kernel, nullptr);
+        // The GGUF block formats' kernels are named after their format ("q4_k-w4a8-avx2").
+        if (f >= FT_FORMAT_Q4_0) {
+            EXPECT_EQ(std::string(e.cpu_kernel).rfind(std::string(name) + "-", 0), 0u) << e.cpu_kernel;
+        }
+        EXPECT_GT(std::strlen(e.cpu_kernel), 0u) << name;
+    }
+    // The GGUF K-quants and iq4_xs are measured at one shape (2048 x 768): their expert sizes
+    // are in the ratio of their bytes per 256-element super-block.
+    ft_profile_format q4k, q6k;
+    q4k.struct_size = q6k.struct_size = sizeof q4k;
+    ASSERT_EQ(ft_profile_get_format(prof.get(), FT_FORMAT_Q4_K, &q4k), FT_OK);
+    ASSERT_EQ(ft_profile_get_format(prof.get(), FT_FORMAT_Q6_K, &q6k), FT_OK);
+    EXPECT_EQ(q4k.expert_bytes * 210, q6k.expert_bytes * 144);
+    EXPECT_EQ(progress.phases, phases);
+    EXPECT_TRUE(progress.ordered);
+    for (const std::string &w : warnings.lines) EXPECT_EQ(w.find("non-finite"), std::string::npos) << w;
+}
+
 TEST(ProfileApi, CancelledAtTheFirstCallOfAFormatPhase) {
     ProgressLog log;
     log.cancel_phase = "bf16";
@@ -423,7 +497,7 @@ TEST(ProfileApi, InvalidParams) {
     p = cpu_params(1u << 0, 1.0);  // bit 0 names no format
     EXPECT_EQ(ft_profile_bandwidth(&p, &out, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(err).find("formats"), std::string::npos) << err;
-    p = cpu_params(1u << 9, 1.0);
+    p = cpu_params(1u << (FT_FORMAT_IQ4_XS + 1), 1.0);  // one past the last format
     EXPECT_EQ(ft_profile_bandwidth(&p, &out, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
     p = cpu_params(bit(FT_FORMAT_BF16), 1.0);
     p.cpu_threads = -1;

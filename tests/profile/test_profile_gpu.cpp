@@ -63,4 +63,35 @@ TEST(ProfileGpu, GatherAndOverlappedFigures) {
     EXPECT_TRUE(verdict) << text;
 }
 
+// Every format with the default budget (30 s, soft): the gather and the overlapped pair measured
+// for each, and the whole run close to its bound.
+TEST(ProfileGpu, EveryFormatWithinTheDefaultBudget) {
+    if (ft::cuda::device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    ft_profile_params p;
+    ft_profile_params_init(&p);
+    p.device = 0;
+    ft_profile *prof = nullptr;
+    char err[512];
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(ft_profile_bandwidth(&p, &prof, err, sizeof err), FT_OK) << err;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("every format: %.1f s for a %.0f-second budget\n", seconds, p.max_seconds);
+    // Beyond the soft bound: CUDA's start-up and at most the overlapped pair's 0.2 s minimum per format.
+    EXPECT_LT(seconds, p.max_seconds + 10.0) << "the default profile took " << seconds << " s";
+    for (int32_t f = FT_FORMAT_BF16; f <= FT_FORMAT_IQ4_XS; ++f) {
+        ft_profile_format e;
+        e.struct_size = sizeof e;
+        ASSERT_EQ(ft_profile_get_format(prof, f, &e), FT_OK) << f;
+        std::printf("format %2d: cpu %.1f, gather %.1f, overlapped cpu %.1f + gather %.1f GB/s, f %.2f (%s)\n", f, e.cpu_gbs,
+                    e.gather_gbs, e.cpu_overlap_gbs, e.gather_overlap_gbs, e.fetch_fraction, e.cpu_kernel);
+        EXPECT_TRUE(std::isfinite(e.cpu_gbs) && e.cpu_gbs > 0.0) << f;
+        EXPECT_GT(e.gather_gbs, 0.0) << f;
+        EXPECT_GT(e.cpu_overlap_gbs, 0.0) << f;
+        EXPECT_GT(e.gather_overlap_gbs, 0.0) << f;
+        EXPECT_GT(e.fetch_fraction, 0.0) << f;
+        EXPECT_LE(e.fetch_fraction, 1.0) << f;
+    }
+    ft_profile_free(prof);
+}
+
 }  // namespace

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <string>
 
+#include "ft/backend_registry.hpp"
 #include "ft/common.hpp"
+#include "ft/formats.hpp"
 #include "ft/profile.hpp"
 #include "ft/selector.hpp"
 #include "scratch_dir.hpp"
@@ -198,6 +200,109 @@ TEST(Selection, ExplicitRequestsAreUnchanged) {
     } catch (const ft::Error &e) {
         EXPECT_EQ(e.status(), FT_ERR_UNSUPPORTED);
     }
+}
+
+// A qwen3-30b-shaped model of block formats: gate/up q4_k in every layer, down q6_k in the first
+// half of the layers and q5_k in the second (as Q4_K_M-style GGUF files mix them).
+ft::ModelSpec mixed_gguf() {
+    ft::ModelSpec s = big_bf16();
+    s.format = ft::Format::q4_k;
+    for (int32_t l = 0; l < s.num_layers; ++l)
+        s.layer_formats.push_back({ft::Format::q4_k, l < s.num_layers / 2 ? ft::Format::q6_k : ft::Format::q5_k});
+    return s;
+}
+
+// Bytes of one expert's gate/up bank (2I rows of H) and down bank (H rows of I) in block format f.
+double gate_up_bytes(ft::Format f) { return 2.0 * 768 * double(ft::block_row_bytes(f, 2048)); }
+double down_bytes(ft::Format f) { return 2048.0 * double(ft::block_row_bytes(f, 768)); }
+
+// A model mixing formats is predicted from every format it uses, weighted by its bytes: each rate
+// is the total bytes over the time each format's bytes take at that format's rate.
+TEST(Selection, MixedFormatsWeighEachFormatByItsBytes) {
+    const ft::ModelSpec m = mixed_gguf();
+    ASSERT_TRUE(m.mixed_formats());
+    ft::Profile p;
+    p.gpu_name = "NVIDIA Test GPU";
+    p.dtype_kernels["q4_k"] = entry(80, 20, 30, 16);
+    p.dtype_kernels["q6_k"] = entry(10, 25, 6, 18);
+    ft::WorkloadEntry w;  // q5_k's figures from a per-model entry (the reader's order)
+    w.name = "qwen3-30b";
+    w.kernels["q5_k"] = entry(40, 22, 20, 17);
+    p.workloads.push_back(w);
+    p.dtype_kernels["bf16"] = entry(500, 500, 500, 500);  // a format the model does not use: ignored
+
+    // Shares of the routed bytes: q4_k in every layer's gate/up, q6_k and q5_k in half the downs each.
+    const double b4 = 48 * gate_up_bytes(ft::Format::q4_k), b6 = 24 * down_bytes(ft::Format::q6_k),
+                 b5 = 24 * down_bytes(ft::Format::q5_k), total = b4 + b5 + b6;
+    EXPECT_DOUBLE_EQ(total * 128, double(m.routed_bytes()));
+    auto blend = [&](double r4, double r5, double r6) { return total / (b4 / r4 + b5 / r5 + b6 / r6); };
+
+    const ft::StepPrediction s = ft::predict_step(p, m, 0.25, 3000);
+    ASSERT_TRUE(s.usable) << s.missing;
+    EXPECT_NEAR(s.cpu_gbs, blend(80, 40, 10), 1e-9);
+    EXPECT_NEAR(s.gather_gbs, blend(20, 22, 25), 1e-9);
+    EXPECT_NEAR(s.cpu_ov_gbs, blend(30, 20, 6), 1e-9);
+    EXPECT_NEAR(s.gather_ov_gbs, blend(16, 17, 18), 1e-9);
+    const double f = s.gather_ov_gbs / (s.gather_ov_gbs + s.cpu_ov_gbs);
+    EXPECT_NEAR(s.fetch_fraction, f, 1e-12);
+    ASSERT_TRUE(ft::model_fetch_fraction(p, m).has_value());
+    EXPECT_NEAR(*ft::model_fetch_fraction(p, m), f, 1e-12);
+    // Step times from the model's real bytes per layer and the blended rates.
+    const double B = 8 * total / 48, miss = 0.75 * B, hit_s = 0.25 * B / 3000e9;
+    EXPECT_NEAR(s.cpu_s, B / (s.cpu_gbs * 1e9), 1e-12);
+    EXPECT_NEAR(s.offload_s, miss / (s.gather_gbs * 1e9) + hit_s, 1e-12);
+    EXPECT_NEAR(s.hybrid_s, std::max(f * miss / (s.gather_ov_gbs * 1e9), (1 - f) * miss / (s.cpu_ov_gbs * 1e9)) + hit_s, 1e-12);
+    // Every entry used is named, the largest share first.
+    EXPECT_EQ(s.source, "dtype_kernels.q4_k + dtype_kernels.q6_k + workloads.qwen3-30b.kernels.q5_k") << s.source;
+    EXPECT_TRUE(has(s.formats, "q4_k") && has(s.formats, "q5_k") && has(s.formats, "q6_k")) << s.formats;
+    EXPECT_TRUE(s.missing.empty()) << s.missing;
+
+    // A single-format model keeps its own entry's figures and the reader rules' fraction.
+    ft::ModelSpec one = big_bf16();
+    one.format = ft::Format::q6_k;
+    const ft::StepPrediction o = ft::predict_step(p, one, 0.25, 3000);
+    EXPECT_EQ(o.cpu_gbs, 10.0);
+    EXPECT_EQ(o.source, "dtype_kernels.q6_k");
+    EXPECT_NEAR(*ft::model_fetch_fraction(p, one), 18.0 / 24.0, 1e-12);
+}
+
+// The choice follows the blend: q4_k (layer 0's gate/up format, ft_model_info's `format`) alone
+// would pick the CPU, but most of the slow q6_k/q5_k bytes make offload faster.
+TEST(Selection, MixedModelChoosesFromTheFiguresOfItsFormats) {
+    const ft::ModelSpec m = mixed_gguf();
+    ft::Profile p;
+    p.gpu_name = "NVIDIA Test GPU";
+    p.dtype_kernels["q4_k"] = entry(100, 20);
+    p.dtype_kernels["q5_k"] = entry(8, 20);
+    p.dtype_kernels["q6_k"] = entry(6, 20);
+    const ft::MachineCaps caps = gpu_caps(8.0);  // 22 GB of q-experts: not all resident
+    ft::SelectionInputs in;
+    in.profile = &p;
+    const double s = ft::expected_slot_fraction(caps, m, in);
+    const ft::StepPrediction mixed = ft::predict_step(p, m, s);
+    ASSERT_TRUE(mixed.usable);
+    EXPECT_LT(mixed.offload_s, mixed.cpu_s);
+    ft::ModelSpec layer0 = m;
+    layer0.layer_formats.clear();
+    const ft::StepPrediction q4k_only = ft::predict_step(p, layer0, s);
+    EXPECT_LT(q4k_only.cpu_s, q4k_only.offload_s);
+
+    const ft::BackendChoice c = ft::select_backend(FT_BACKEND_AUTO, caps, m, in);
+    if (ft::find_backend(FT_BACKEND_OFFLOAD)->unavailable(caps, m).empty()) {
+        EXPECT_EQ(c.backend, FT_BACKEND_OFFLOAD) << c.reason;
+        EXPECT_TRUE(has(c.reason, "q4_k") && has(c.reason, "q5_k") && has(c.reason, "q6_k")) << c.reason;
+    } else {
+        // The GPU backends of this build refuse models that mix formats: the CPU is all there is.
+        EXPECT_EQ(c.backend, FT_BACKEND_CPU) << c.reason;
+    }
+
+    // A format without figures leaves the model unpredicted, naming what is missing.
+    p.dtype_kernels.erase("q5_k");
+    const ft::StepPrediction gap = ft::predict_step(p, m, s);
+    EXPECT_FALSE(gap.usable);
+    EXPECT_EQ(gap.missing, "q5_k");
+    EXPECT_TRUE(gap.source.empty());
+    EXPECT_FALSE(ft::model_fetch_fraction(p, m).has_value());
 }
 
 // A profile of another GPU is not used: the session's path (load_usable_profile) returns nothing

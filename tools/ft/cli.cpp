@@ -74,7 +74,7 @@ const char *kProfileHelp =
     "\n"
     "options:\n"
     "  --formats LIST   comma list of formats to measure (default: all of bf16, fp8_block,\n"
-    "                   nvfp4, mxfp4, ds_fp4, q4_0)\n"
+    "                   nvfp4, mxfp4, ds_fp4, q4_0, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs)\n"
     "  --threads N      CPU worker threads (default: one per physical core)\n"
     "  --no-gpu         measure the CPU only\n"
     "  --seconds S      soft bound on the whole run (default 30)\n"

@@ -8,7 +8,10 @@ namespace ft::tool {
 
 namespace {
 
-const char *kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+// One colour per expert format (13), so no two formats of a full profile share one.
+const char *kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2",
+                         "#5254a3", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39"};
+constexpr size_t kNumColors = sizeof kColors / sizeof kColors[0];
 
 std::string escape(const std::string &s) {
     std::string out;
@@ -63,7 +66,7 @@ struct Bar {
 std::vector<Bar> bandwidth_bars(const PlotData &d) {
     std::vector<Bar> bars = {{"CPU read", d.read_gbs, "#555555"}, {"H2D pinned", d.h2d_gbs, "#888888"}, {"D2H pinned", d.d2h_gbs, "#aaaaaa"}};
     for (size_t i = 0; i < d.formats.size(); ++i) {
-        const char *c = kColors[i % 6];
+        const char *c = kColors[i % kNumColors];
         bars.push_back({d.formats[i].name + " CPU", d.formats[i].cpu_gbs, c});
         if (d.formats[i].gather_gbs > 0) bars.push_back({d.formats[i].name + " gather", d.formats[i].gather_gbs, c});
     }
@@ -130,7 +133,7 @@ std::string curves_svg(const PlotData &d, double chart_top, double chart_h) {
     s += text(8, y1 - 2, "ms per GB of misses");
     for (size_t n = 0; n < curves.size(); ++n) {
         const PlotFormat &f = d.formats[curves[n]];
-        const char *color = kColors[curves[n] % 6];
+        const char *color = kColors[curves[n] % kNumColors];
         double c, g;
         curve_rates(f, &c, &g);
         std::string pts;

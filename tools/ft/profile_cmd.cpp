@@ -27,11 +27,18 @@ struct FormatName {
 // The library's names, plus the original bench's keys and aliases.
 const FormatName kFormats[] = {{"bf16", FT_FORMAT_BF16},     {"fp8_block", FT_FORMAT_FP8_BLOCK}, {"fp8", FT_FORMAT_FP8_BLOCK},
                                {"nvfp4", FT_FORMAT_NVFP4},   {"mxfp4", FT_FORMAT_MXFP4},         {"mxfp4_triton", FT_FORMAT_MXFP4},
-                               {"ds_fp4", FT_FORMAT_DS_FP4}, {"q4_0", FT_FORMAT_Q4_0}};
+                               {"ds_fp4", FT_FORMAT_DS_FP4}, {"q4_0", FT_FORMAT_Q4_0},           {"q8_0", FT_FORMAT_Q8_0},
+                               {"q2_k", FT_FORMAT_Q2_K},     {"q3_k", FT_FORMAT_Q3_K},           {"q4_k", FT_FORMAT_Q4_K},
+                               {"q5_k", FT_FORMAT_Q5_K},     {"q6_k", FT_FORMAT_Q6_K},           {"iq4_xs", FT_FORMAT_IQ4_XS}};
+
+// The profile's rows: every format, in FT_FORMAT_* order.
+constexpr int32_t kFirstFormat = FT_FORMAT_BF16, kLastFormat = FT_FORMAT_IQ4_XS;
 
 const char *format_label(int32_t f) {
-    static const char *names[] = {"?", "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"};
-    return f >= 1 && f <= 6 ? names[f] : "?";
+    static const char *names[] = {"?",    "bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0",
+                                  "q8_0", "q2_k", "q3_k",      "q4_k",  "q5_k",  "q6_k",   "iq4_xs"};
+    static_assert(sizeof names / sizeof names[0] == kLastFormat + 1, "a label per format");
+    return f >= kFirstFormat && f <= kLastFormat ? names[f] : "?";
 }
 
 bool parse_formats(const std::string &list, uint32_t *mask) {
@@ -48,7 +55,8 @@ bool parse_formats(const std::string &list, uint32_t *mask) {
             }
         }
         if (!found) {
-            std::fprintf(stderr, "ft: unknown format '%s' in --formats (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0)\n"
+            std::fprintf(stderr, "ft: unknown format '%s' in --formats (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, "
+                                 "q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs)\n"
                                  "see 'ft profile --help'\n", item.c_str());
             return false;
         }
@@ -182,7 +190,7 @@ int cmd_profile(const ProfileOptions &o) {
     m.struct_size = sizeof m;
     ft_profile_get_machine(prof, &m);
     std::vector<ft_profile_format> rows;
-    for (int32_t f = FT_FORMAT_BF16; f <= FT_FORMAT_Q4_0; ++f) {
+    for (int32_t f = kFirstFormat; f <= kLastFormat; ++f) {
         ft_profile_format e;
         e.struct_size = sizeof e;
         if (ft_profile_get_format(prof, f, &e) == FT_OK) rows.push_back(e);

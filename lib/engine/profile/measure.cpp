@@ -42,7 +42,8 @@ constexpr int kPcieMaxIters = 30;
 constexpr int kWarmupSteps = 8;            // CPU expert steps
 constexpr int kMaxTimedSteps = 64;
 constexpr int kMinTimedSteps = 8;          // fewer would make the median a coin toss
-constexpr int64_t kMaxExperts = 128;       // synthetic experts per format, at most
+constexpr int64_t kMaxExperts = 128;       // synthetic experts per format, at most, unless
+constexpr int64_t kMaxSmallExperts = 1024;  // small experts need more to span 4 x LLC (this many at most)
 // best_read_bandwidth tries 21 probe shapes per pass (cpu/src/membw.cpp); only used to predict
 // how long a buffer size takes, so a change there costs accuracy of the bound, nothing else.
 constexpr int kReadProbes = 21;
@@ -65,7 +66,9 @@ constexpr double kOverlapBatchSeconds = 0.02;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-const Format kAllFormats[] = {Format::bf16, Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4, Format::q4_0};
+const Format kAllFormats[] = {Format::bf16,  Format::fp8_block, Format::nvfp4, Format::mxfp4, Format::ds_fp4,
+                              Format::q4_0,  Format::q8_0,      Format::q2_k,  Format::q3_k,  Format::q4_k,
+                              Format::q5_k,  Format::q6_k,      Format::iq4_xs};
 
 // Calls the progress callback; a false answer ends the run with FT_ERR_CANCELLED.
 class Progress {
@@ -158,8 +161,9 @@ void fill_u8(cpu::ThreadPool &pool, uint8_t *p, size_t bytes, uint8_t value) {
 }
 
 // How a bank is filled so that every code is valid and the outputs stay finite: weights random,
-// scales fixed at 1.0 (as the original bench sets them), biases zero.
-enum class Fill { codes, bf16_weights, e4m3_weights, bf16_one, e4m3_one, f16_one, e8m0_one, zero, q4_0_blocks };
+// scales fixed at 1.0 (as the original bench sets them), biases zero; GGUF blocks random with
+// small normal fp16 scales (gguf_blocks).
+enum class Fill { codes, bf16_weights, e4m3_weights, bf16_one, e4m3_one, f16_one, e8m0_one, zero, gguf_blocks };
 
 bool ends_with(const std::string &s, const char *suffix) {
     const size_t n = std::strlen(suffix);
@@ -179,15 +183,58 @@ Fill fill_of(Format f, const std::string &bank) {
             if (ends_with(bank, "_bias")) return Fill::zero;
             return Fill::codes;
         case Format::ds_fp4: return ends_with(bank, "_scale") ? Fill::e8m0_one : Fill::codes;
-        case Format::q4_0: return Fill::q4_0_blocks;
-        // The other GGUF block formats are not measured yet (kAllFormats).
-        case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
-        case Format::q6_k: case Format::iq4_xs: return Fill::codes;
+        case Format::q4_0: case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
+        case Format::q6_k: case Format::iq4_xs: return Fill::gguf_blocks;
     }
     return Fill::codes;
 }
 
-void fill_bank(cpu::ThreadPool &pool, Fill fill, uint8_t *p, size_t bytes, uint64_t seed) {
+// The fp16 fields of a GGUF block (d, and dmin where the format has one: docs/formats.md) and
+// the binade [2^e, 2^(e+1)) their values are drawn from. Everything else in a block is a code or
+// an integer sub-block scale, valid at any bit pattern. e keeps the largest |weight| (codes and
+// sub-block scales at their extremes) at or below 1 and each scale at or above 2^-13, a binade
+// clear of fp16's subnormals (below 2^-14).
+struct GgufScales {
+    int offsets[2];
+    int count;
+    int exponent;
+};
+
+GgufScales gguf_scales(Format f) {
+    switch (f) {
+        case Format::q4_0: return {{0, 0}, 1, -7};     // |q - 8| <= 8
+        case Format::q8_0: return {{0, 0}, 1, -11};    // |q| <= 128
+        case Format::q2_k: return {{80, 82}, 2, -9};   // scale 15 x code 3, min 15
+        case Format::q3_k: return {{108, 0}, 1, -11};  // |sc - 32| <= 32 x |q| <= 4
+        case Format::q4_k: return {{0, 2}, 2, -13};    // sc 63 x code 15, min 63
+        case Format::q5_k: return {{0, 2}, 2, -13};    // sc 63 x code 31, min 63
+        case Format::q6_k: return {{208, 0}, 1, -13};  // |int8 scale| <= 128 x |code - 32| <= 32
+        case Format::iq4_xs: return {{0, 0}, 1, -13};  // |ls - 32| <= 32 x |level| <= 127
+        default: break;
+    }
+    fail(FT_ERR_INTERNAL, "profile: ", format_name(f), " is not a GGUF block format");
+}
+
+// Random bytes, then each block's fp16 scale fields set to positive normal values of the
+// format's binade with random mantissas (rows, and so banks, are whole blocks).
+void fill_gguf_blocks(cpu::ThreadPool &pool, Format f, uint8_t *p, size_t bytes, uint64_t seed) {
+    const size_t bb = static_cast<size_t>(block_bytes(f));
+    if (bb == 0 || bytes % bb != 0) fail(FT_ERR_INTERNAL, "profile: ", bytes, " bytes are not whole ", format_name(f), " blocks");
+    const GgufScales s = gguf_scales(f);
+    const uint16_t exponent_bits = static_cast<uint16_t>((15 + s.exponent) << 10);
+    fill_random(pool, p, bytes, seed, ~uint64_t{0}, 0);
+    parallel_range(pool, bytes / bb, [&](size_t a, size_t b) {
+        for (size_t i = a; i < b; ++i) {
+            const uint64_t r = splitmix64(~seed ^ (i * 0x9e3779b97f4a7c15ull));
+            for (int k = 0; k < s.count; ++k) {
+                const uint16_t v = static_cast<uint16_t>(exponent_bits | ((r >> (16 * k)) & 0x3ffu));
+                std::memcpy(p + i * bb + static_cast<size_t>(s.offsets[k]), &v, 2);
+            }
+        }
+    });
+}
+
+void fill_bank(cpu::ThreadPool &pool, Format f, Fill fill, uint8_t *p, size_t bytes, uint64_t seed) {
     constexpr uint64_t all = ~uint64_t{0};
     switch (fill) {
         case Fill::codes: fill_random(pool, p, bytes, seed, all, 0); break;  // e2m1 nibbles: all 16 finite
@@ -201,21 +248,23 @@ void fill_bank(cpu::ThreadPool &pool, Fill fill, uint8_t *p, size_t bytes, uint6
         case Fill::f16_one: fill_u16(pool, p, bytes, f32_to_f16(1.0f)); break;
         case Fill::e8m0_one: fill_u8(pool, p, bytes, 127); break;
         case Fill::zero: fill_u8(pool, p, bytes, 0); break;
-        case Fill::q4_0_blocks: {
-            // Random nibbles, then every 18-byte block's fp16 d set to 1/64 (rows are whole blocks).
-            fill_random(pool, p, bytes, seed, all, 0);
-            const uint16_t d = f32_to_f16(1.0f / 64.0f);
-            const uint8_t lo = static_cast<uint8_t>(d & 0xff), hi = static_cast<uint8_t>(d >> 8);
-            parallel_range(pool, bytes / kQ4_0BlockBytes, [&](size_t a, size_t b) {
-                for (size_t i = a; i < b; ++i) {
-                    p[i * kQ4_0BlockBytes] = lo;
-                    p[i * kQ4_0BlockBytes + 1] = hi;
-                }
-            });
-            break;
-        }
+        case Fill::gguf_blocks: fill_gguf_blocks(pool, f, p, bytes, seed); break;
     }
 }
+
+}  // namespace
+
+void fill_synthetic_bank(cpu::ThreadPool &pool, Format f, const std::string &bank, uint8_t *p, size_t bytes, uint64_t seed) {
+    fill_bank(pool, f, fill_of(f, bank), p, bytes, seed);
+}
+
+int64_t window_experts(size_t window, size_t expert_bytes, int64_t top_k, size_t llc) {
+    const int64_t llc_experts = static_cast<int64_t>((4 * llc + expert_bytes - 1) / expert_bytes);
+    return std::clamp<int64_t>(static_cast<int64_t>(window / expert_bytes), 2 * top_k,
+                               std::max(kMaxExperts, std::min(kMaxSmallExperts, llc_experts)));
+}
+
+namespace {
 
 // ---- phases --------------------------------------------------------------------------------
 
@@ -288,7 +337,9 @@ struct FormatWindow {
 
 // The window: what a share of the budget can fill, at most 2 GiB (the original's budget) and
 // the memory cap, at least 4 x LLC so that it is DRAM-bound, and 2K experts so that
-// consecutive steps are disjoint. With a GPU, also at least the gather's window, within the cap.
+// consecutive steps are disjoint. At most 128 experts, or as many as 4 x LLC takes when they are
+// smaller (the GGUF low-bit formats on a large LLC), up to 1024. With a GPU, also at least the
+// gather's window, within the cap.
 FormatWindow plan_window(Format f, bool gpu, double budget_s, size_t mem_cap, size_t llc, double fill_rate) {
     FormatWindow w;
     w.g = profile_geometry(f);
@@ -297,7 +348,7 @@ FormatWindow plan_window(Format f, bool gpu, double budget_s, size_t mem_cap, si
     const double fill_fit = fill_rate * budget_s * kFillShare;
     const size_t window = std::max(static_cast<size_t>(std::min({static_cast<double>(2 * kGiB), static_cast<double>(mem_cap), fill_fit})),
                                    4 * llc);
-    w.E = std::clamp<int64_t>(static_cast<int64_t>(window / w.eb), 2 * w.K, kMaxExperts);
+    w.E = window_experts(window, w.eb, w.K, llc);
     if (gpu)
         w.E = std::max<int64_t>(w.E, std::min<int64_t>(kMinGatherExperts, std::max<int64_t>(2 * w.K, static_cast<int64_t>(mem_cap / w.eb))));
     return w;
@@ -320,7 +371,7 @@ SyntheticBanks fill_window(cpu::ThreadPool &pool, Format f, const FormatWindow &
     for (size_t b = 0; b < schema.size(); ++b) {
         const size_t bytes = schema[b].row_bytes * static_cast<size_t>(w.E);
         s.buffers.push_back(alloc_host(bytes, "synthetic expert banks"));
-        fill_bank(pool, fill_of(f, schema[b].name), s.buffers.back().get(), bytes, splitmix64(static_cast<uint64_t>(f) * 16 + b));
+        fill_synthetic_bank(pool, f, schema[b].name, s.buffers.back().get(), bytes, splitmix64(static_cast<uint64_t>(f) * 16 + b));
         s.src.base[b] = s.buffers.back().get();
         s.src.row_bytes[b] = schema[b].row_bytes;
     }
@@ -571,10 +622,10 @@ ProfileGeometry profile_geometry(Format f) {
         case Format::mxfp4: return {2880, 2880, 4, FT_ACT_SWIGLU_CLAMP, 7.0f};
         case Format::ds_fp4: return {4096, 2048, 6, FT_ACT_SILU, 7.0f};
         case Format::q4_0: return {2816, 704, 8, FT_ACT_GELU_TANH, 0.0f};
+        // The other GGUF block formats at qwen3-30b-a3b's shape (one for all, so they compare
+        // directly; H and I are whole 256-element super-blocks).
         case Format::q8_0: case Format::q2_k: case Format::q3_k: case Format::q4_k: case Format::q5_k:
-        case Format::q6_k: case Format::iq4_xs:
-            fail(FT_ERR_UNSUPPORTED, "the bandwidth profile does not measure expert format ", format_name(f),
-                 " yet (auto selection without its figures: gpu when the experts fit, else offload)");
+        case Format::q6_k: case Format::iq4_xs: return {2048, 768, 8, FT_ACT_SILU, 0.0f};
     }
     fail(FT_ERR_INVALID_ARGUMENT, "unknown expert format ", static_cast<int32_t>(f));
 }

@@ -292,13 +292,15 @@ std::optional<std::string> backend_recommendation(const Profile &p, const std::s
     return std::nullopt;
 }
 
+std::optional<double> entry_fetch_fraction(const KernelEntry &e) {
+    if (positive(e.pcie_gather_overlap_gbs) && positive(e.cpu_moe_overlap_gbs))
+        return std::min(1.0, *e.pcie_gather_overlap_gbs / (*e.pcie_gather_overlap_gbs + *e.cpu_moe_overlap_gbs));
+    if (positive(e.pcie_gather_gbs) && positive(e.cpu_moe_gbs)) return std::min(1.0, *e.pcie_gather_gbs / *e.cpu_moe_gbs);
+    return std::nullopt;
+}
+
 std::optional<double> hybrid_fetch_fraction(const Profile &p, const std::string &key) {
-    auto from = [](const KernelEntry &e) -> std::optional<double> {
-        if (positive(e.pcie_gather_overlap_gbs) && positive(e.cpu_moe_overlap_gbs))
-            return std::min(1.0, *e.pcie_gather_overlap_gbs / (*e.pcie_gather_overlap_gbs + *e.cpu_moe_overlap_gbs));
-        if (positive(e.pcie_gather_gbs) && positive(e.cpu_moe_gbs)) return std::min(1.0, *e.pcie_gather_gbs / *e.cpu_moe_gbs);
-        return std::nullopt;
-    };
+    const auto from = entry_fetch_fraction;
     if (auto it = p.dtype_kernels.find(key); it != p.dtype_kernels.end()) {
         if (auto f = from(it->second)) return f;
     }

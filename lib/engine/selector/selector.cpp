@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "ft/backend_registry.hpp"
 #include "ft/common.hpp"
@@ -32,6 +33,87 @@ std::string gbs(double v) {
     return buf;
 }
 
+// One format of a model: its share of a decode step's bytes, and the profile entry its figures
+// come from (null if the profile has none with CPU and gather figures).
+struct FormatShare {
+    FormatShare(Format f, double s) : format(f), share(s) {}
+    Format format;
+    double share;
+    const KernelEntry *entry = nullptr;
+    std::string source;
+};
+
+// The first entry for `key` with CPU and gather figures, in the reader's order (dtype_kernels,
+// then each workload in file order); null if none.
+const KernelEntry *measured_entry(const Profile &profile, const std::string &key, std::string &source) {
+    auto usable = [](const KernelEntry &e) { return positive(e.cpu_moe_gbs) && positive(e.pcie_gather_gbs); };
+    if (auto it = profile.dtype_kernels.find(key); it != profile.dtype_kernels.end() && usable(it->second)) {
+        source = "dtype_kernels." + key;
+        return &it->second;
+    }
+    for (const WorkloadEntry &w : profile.workloads) {
+        if (auto it = w.kernels.find(key); it != w.kernels.end() && usable(it->second)) {
+            source = cat("workloads.", w.name, ".kernels.", key);
+            return &it->second;
+        }
+    }
+    return nullptr;
+}
+
+// The formats of `model`, each with its share of the routed bytes: every MoE layer's gate/up bank
+// in its format and its down bank in its own. A step reads top_k experts of every layer, so
+// these are also the shares of a token's expert bytes. Largest share first.
+std::vector<FormatShare> format_shares(const Profile &profile, const ModelSpec &model) {
+    std::vector<FormatShare> out;
+    if (!model.mixed_formats()) {
+        out.emplace_back(model.format, 1.0);
+    } else {
+        std::map<Format, double> bytes;
+        double total = 0.0;
+        for (int32_t l = 0; l < model.num_layers; ++l) {
+            const LayerFormats lf = model.formats_of(l);
+            const double gu = double(bank_schema(lf.gate_up, model.hidden, model.intermediate)[0].row_bytes);
+            const double dn = double(bank_schema(lf.down, model.hidden, model.intermediate)[1].row_bytes);
+            bytes[lf.gate_up] += gu;
+            bytes[lf.down] += dn;
+            total += gu + dn;
+        }
+        for (const auto &[f, b] : bytes) out.emplace_back(f, total > 0.0 ? b / total : 0.0);
+        std::stable_sort(out.begin(), out.end(), [](const FormatShare &a, const FormatShare &b) { return a.share > b.share; });
+    }
+    for (FormatShare &f : out) f.entry = measured_entry(profile, profile_format_key(f.format), f.source);
+    return out;
+}
+
+// One rate for bytes split over the formats at their shares: the bytes over the time each
+// share takes at its format's rate, 1 / sum(share / rate). Empty when a format lacks the figure.
+std::optional<double> blended(const std::vector<FormatShare> &shares, std::optional<double> KernelEntry::*figure) {
+    double seconds_per_byte = 0.0;
+    for (const FormatShare &f : shares) {
+        if (!f.entry || !positive(f.entry->*figure)) return std::nullopt;
+        seconds_per_byte += f.share / *(f.entry->*figure);
+    }
+    if (!(seconds_per_byte > 0.0)) return std::nullopt;
+    return 1.0 / seconds_per_byte;
+}
+
+// The figures a model's decode traffic meets: the one entry of a single-format model, else the
+// byte-weighted blend of its formats' entries (overlapped figures only when every format has them).
+KernelEntry model_entry(const std::vector<FormatShare> &shares) {
+    if (shares.size() == 1) return *shares[0].entry;
+    KernelEntry e;
+    e.cpu_moe_gbs = blended(shares, &KernelEntry::cpu_moe_gbs);
+    e.pcie_gather_gbs = blended(shares, &KernelEntry::pcie_gather_gbs);
+    e.cpu_moe_overlap_gbs = blended(shares, &KernelEntry::cpu_moe_overlap_gbs);
+    e.pcie_gather_overlap_gbs = blended(shares, &KernelEntry::pcie_gather_overlap_gbs);
+    if (!e.cpu_moe_overlap_gbs || !e.pcie_gather_overlap_gbs) e.cpu_moe_overlap_gbs = e.pcie_gather_overlap_gbs = std::nullopt;
+    return e;
+}
+
+bool all_measured(const std::vector<FormatShare> &shares) {
+    return std::all_of(shares.begin(), shares.end(), [](const FormatShare &f) { return f.entry != nullptr; });
+}
+
 BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {
     BackendChoice c;
     const std::string gpu_why = unavailable(FT_BACKEND_GPU, caps, model);
@@ -42,7 +124,6 @@ BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const
     }
     const std::string offload_why = unavailable(FT_BACKEND_OFFLOAD, caps, model);
     const std::string cpu_why = unavailable(FT_BACKEND_CPU, caps, model);
-    const std::string key = profile_format_key(model.format);
     // Without a GPU (or room for one layer) only the CPU remains; no prediction needed.
     if (!offload_why.empty()) {
         if (!cpu_why.empty()) fail(FT_ERR_UNSUPPORTED, "no backend can run this model: gpu: ", gpu_why, "; cpu: ", cpu_why,
@@ -57,7 +138,7 @@ BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const
     if (!p.usable) {
         c.backend = FT_BACKEND_OFFLOAD;
         c.reason = cat("auto: offload, the fallback with a GPU: ",
-                       in.profile ? cat("the profile has no cpu and gather figures for ", key) : std::string("no usable profile"),
+                       in.profile ? cat("the profile has no cpu and gather figures for ", p.missing) : std::string("no usable profile"),
                        " (run `ft profile` to let measurements choose between cpu, offload and hybrid); gpu: ", gpu_why);
         return c;
     }
@@ -73,7 +154,7 @@ BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const
         if (k.seconds > 0.0 && (!best || k.seconds < best->seconds)) best = &k;
     }
     c.backend = best->id;
-    c.reason = cat("auto: ", backend_name(c.backend), ", lowest predicted step time per layer (", key, " figures of ",
+    c.reason = cat("auto: ", backend_name(c.backend), ", lowest predicted step time per layer (", p.formats, " figures of ",
                    p.source, "; slots ", std::lround(100.0 * p.slot_fraction), "% of experts, expected hit rate ",
                    std::lround(100.0 * p.hit_rate), "% assuming uniform routing): cpu ", ms(p.cpu_s), " at ", gbs(p.cpu_gbs),
                    ", offload ", ms(p.offload_s), " at ", gbs(p.gather_gbs), ", hybrid ",
@@ -88,19 +169,13 @@ BackendChoice select_auto(const MachineCaps &caps, const ModelSpec &model, const
 
 StepPrediction predict_step(const Profile &profile, const ModelSpec &model, double slot_fraction, double hbm_gbs) {
     StepPrediction p;
-    const std::string key = profile_format_key(model.format);
-    const KernelEntry *e = nullptr;
-    if (auto it = profile.dtype_kernels.find(key); it != profile.dtype_kernels.end() && positive(it->second.cpu_moe_gbs) &&
-                                                   positive(it->second.pcie_gather_gbs)) {
-        e = &it->second;
-        p.source = "dtype_kernels." + key;
-    }
-    for (size_t w = 0; !e && w < profile.workloads.size(); ++w) {
-        auto it = profile.workloads[w].kernels.find(key);
-        if (it != profile.workloads[w].kernels.end() && positive(it->second.cpu_moe_gbs) && positive(it->second.pcie_gather_gbs)) {
-            e = &it->second;
-            p.source = cat("workloads.", profile.workloads[w].name, ".kernels.", key);
-        }
+    const std::vector<FormatShare> shares = format_shares(profile, model);
+    for (const FormatShare &f : shares) {
+        const std::string key = profile_format_key(f.format);
+        if (shares.size() > 1) p.formats += cat(p.formats.empty() ? "" : " + ", key, " ", std::lround(100.0 * f.share), "%");
+        else p.formats = key;
+        if (!f.entry) p.missing += cat(p.missing.empty() ? "" : ", ", key);
+        else p.source += cat(p.source.empty() ? "" : " + ", f.source);
     }
     p.slot_fraction = std::clamp(slot_fraction, 0.0, 1.0);
     p.hit_rate = p.slot_fraction;  // uniform routing (header)
@@ -109,24 +184,35 @@ StepPrediction predict_step(const Profile &profile, const ModelSpec &model, doub
     const double step_bytes = double(model.top_k) * double(model.routed_bytes()) /
                               (double(std::max(model.num_layers, 1)) * double(std::max(model.num_experts, 1)));
     p.gpu_s = step_bytes / (p.hbm_gbs * 1e9);
-    if (!e) return p;
+    if (!all_measured(shares)) {
+        p.source.clear();
+        return p;
+    }
+    const KernelEntry e = model_entry(shares);
     p.usable = true;
-    p.cpu_gbs = *e->cpu_moe_gbs;
-    p.gather_gbs = *e->pcie_gather_gbs;
+    p.cpu_gbs = *e.cpu_moe_gbs;
+    p.gather_gbs = *e.pcie_gather_gbs;
     const double h = p.hit_rate, miss = (1.0 - h) * step_bytes, hit_s = h * step_bytes / (p.hbm_gbs * 1e9);
     p.cpu_s = step_bytes / (p.cpu_gbs * 1e9);
     p.offload_s = miss / (p.gather_gbs * 1e9) + hit_s;
-    if (positive(e->cpu_moe_overlap_gbs) && positive(e->pcie_gather_overlap_gbs)) {
-        p.cpu_ov_gbs = *e->cpu_moe_overlap_gbs;
-        p.gather_ov_gbs = *e->pcie_gather_overlap_gbs;
-        // The fraction the session's hybrid backend will use (the reader rules), from this profile.
-        p.fetch_fraction = hybrid_fetch_fraction(profile, key).value_or(p.gather_ov_gbs / (p.gather_ov_gbs + p.cpu_ov_gbs));
+    if (positive(e.cpu_moe_overlap_gbs) && positive(e.pcie_gather_overlap_gbs)) {
+        p.cpu_ov_gbs = *e.cpu_moe_overlap_gbs;
+        p.gather_ov_gbs = *e.pcie_gather_overlap_gbs;
+        // The fraction the session's hybrid backend will use (model_fetch_fraction), from this profile.
+        p.fetch_fraction = model_fetch_fraction(profile, model).value_or(p.gather_ov_gbs / (p.gather_ov_gbs + p.cpu_ov_gbs));
         const double f = p.fetch_fraction;
         p.hybrid_s = std::max(f * miss / (p.gather_ov_gbs * 1e9), (1.0 - f) * miss / (p.cpu_ov_gbs * 1e9)) + hit_s;
         // Every expert a hit: nothing for the CPU, the step is the hit part alone (still > 0).
         if (!(p.hybrid_s > 0.0)) p.hybrid_s = hit_s;
     }
     return p;
+}
+
+std::optional<double> model_fetch_fraction(const Profile &profile, const ModelSpec &model) {
+    if (!model.mixed_formats()) return hybrid_fetch_fraction(profile, profile_format_key(model.format));
+    const std::vector<FormatShare> shares = format_shares(profile, model);
+    if (!all_measured(shares)) return std::nullopt;
+    return entry_fetch_fraction(model_entry(shares));
 }
 
 double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, const SelectionInputs &in) {

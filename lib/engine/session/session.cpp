@@ -4,19 +4,21 @@
 #include "ft/backend_registry.hpp"
 #include "ft/common.hpp"
 #include "ft/profile.hpp"
+#include "ft/selector.hpp"
 #include "ft/session.hpp"
 
 namespace ft {
 
 namespace {
 
-// The hybrid fetch fraction the saved profile of this machine gives the model's format
-// (docs/formulas.md, "Bandwidth profile": reader rules), or 0.5 without a usable profile.
+// The hybrid fetch fraction the saved profile of this machine gives the model's format, or its
+// formats weighted by bytes (docs/formulas.md, "Bandwidth profile": reader rules), or 0.5
+// without a usable profile.
 double profiled_fetch_fraction(Engine &engine, const ModelSpec &spec) {
     try {
         const auto profile = load_usable_profile(default_profile_path(), engine.device_name());
         if (profile) {
-            if (const auto f = hybrid_fetch_fraction(*profile, profile_format_key(spec.format))) {
+            if (const auto f = model_fetch_fraction(*profile, spec)) {
                 log(FT_LOG_INFO, "hybrid: fetch fraction ", *f, " from the profile");
                 return *f;
             }

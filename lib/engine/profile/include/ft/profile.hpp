@@ -88,6 +88,8 @@ std::optional<std::string> backend_recommendation(const Profile &p, const std::s
 // overlapped figures, min(1, pcie_ov / (pcie_ov + cpu_ov)); else with both standalone figures,
 // min(1, pcie / cpu) (the original's rule, which assumes the two fully contend for DRAM).
 std::optional<double> hybrid_fetch_fraction(const Profile &p, const std::string &format_key);
+// The same rule on one entry: from its overlapped pair, else its standalone pair, else nothing.
+std::optional<double> entry_fetch_fraction(const KernelEntry &e);
 
 // The per-format verdict a profile records ("recommended", and `dtypes`), between the two
 // backends the original engine chooses from. With both overlapped figures: "hybrid" iff

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ft/model.hpp"
@@ -48,16 +49,27 @@ inline constexpr double kDefaultHbmGbs = 3000.0;
 // (docs/formulas.md, "Bandwidth profile").
 struct StepPrediction {
     bool usable = false;       // cpu and gather figures present: offload and cpu are predicted
-    std::string source;        // the profile entry the figures came from, e.g. "dtype_kernels.bf16"
+    std::string formats;       // the format keys weighed, e.g. "bf16" or "q4_k 71% + q6_k 29%"
+    std::string source;        // the profile entries the figures came from, e.g. "dtype_kernels.bf16"
+    std::string missing;       // the format keys without cpu and gather figures ("" when usable)
     double cpu_gbs = 0, gather_gbs = 0, cpu_ov_gbs = 0, gather_ov_gbs = 0, hbm_gbs = 0;
     double slot_fraction = 0, hit_rate = 0, fetch_fraction = 0;
     double cpu_s = 0, offload_s = 0, hybrid_s = 0, gpu_s = 0;
 };
 
-// The figures of `format` in `profile` (the first entry with both cpu and gather figures, in the
-// reader's order: dtype_kernels, then each workload) and the predicted step times of `model` for
-// a slot cache holding `slot_fraction` of all experts.
+// The figures of the model's format in `profile` (the first entry with both cpu and gather
+// figures, in the reader's order: dtype_kernels, then each workload) and the predicted step times
+// of `model` for a slot cache holding `slot_fraction` of all experts. A model that mixes formats
+// (per matrix or per layer) is predicted from its formats' figures weighted by their bytes: each
+// rate is 1 / sum(s_f / rate_f), with s_f format f's share of the routed bytes (every layer's
+// gate/up bank in its format, its down bank in its own), the rate at which the model's bytes
+// move when each format's part moves at its own rate; every format must have figures.
 StepPrediction predict_step(const Profile &profile, const ModelSpec &model, double slot_fraction, double hbm_gbs = 0.0);
+
+// The hybrid fetch fraction for `model`: for one format the reader rules (hybrid_fetch_fraction);
+// for a model mixing formats the same rule (entry_fetch_fraction) over the byte-weighted figures
+// above. Nothing when the profile has no figures for some format of the model.
+std::optional<double> model_fetch_fraction(const Profile &profile, const ModelSpec &model);
 
 // The slots an offload/hybrid session would get (plan_slots of the slot cache, the rule the GPU
 // backends size with: explicit count, else fraction, else what the free memory beyond the reserve
