@@ -80,7 +80,7 @@ void OffloadBackend::run_decode(int32_t layer, const uint16_t *x, const int32_t 
     int32_t *slots = slots_.get<int32_t>();
     check(cuda::launch_admit_lru(state_, layer, ids, slots, int64_t(tokens) * spec_.top_k, stream), "launching admission");
     gather(layer, stream);
-    check(decoder_->decode(device_experts(slot_arrays_, 0), x, slots, w, nullptr, y, tokens, stream),
+    check(decoder_->decode(with_biases(device_experts(slot_arrays_, 0), layer), x, slots, w, nullptr, y, tokens, stream, ids),
           "launching the expert kernels");
 }
 

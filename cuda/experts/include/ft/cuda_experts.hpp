@@ -7,7 +7,8 @@
 // Numerics (the same function as ft::cpu::MoeExecutor, up to fp32 summation order):
 //   fp32 accumulation; gate/up outputs -> act -> intermediate rounded to bf16; down -> f32 per
 //   route; y = sum_k w * route (k order) + addend, rounded once to bf16.
-//   bf16 W16A16; fp8_block W8A16 (e4m3 x bf16 scale_inv per 128x128); nvfp4 W4A16 (e2m1 x e4m3
+//   bf16 W16A16 (bf16 gpt-oss: f32 biases per expert before the clamped SwiGLU and per route
+//   after down, DeviceExperts::gate_up_bias / down_bias); fp8_block W8A16 (e4m3 x bf16 scale_inv per 128x128); nvfp4 W4A16 (e2m1 x e4m3
 //   per 16 x fp16 global per row); mxfp4 W4A16 (transposed, biases before the clamped SwiGLU and
 //   per route after down); ds_fp4 W4A16 on FP8-round-tripped activations (input and
 //   intermediate, per 128), gate/up rounded to bf16 then clamped (silu with finite limit > 0),
@@ -35,6 +36,13 @@ struct DeviceExperts {
     int num_banks = 0;
     const uint8_t *base[8] = {};
     size_t row_bytes[8] = {};
+    // bf16 only (bf16 gpt-oss): the layer's per-expert biases in f32, indexed by expert id (not
+    // slot): gate_up_bias [bias_experts, 2I] (gate then up), down_bias [bias_experts, H]; both or
+    // neither (nullptr: none). Decode finds each route's expert in the expert ids given to
+    // compute/decode; the prefill takes slot = expert id.
+    const float *gate_up_bias = nullptr;
+    const float *down_bias = nullptr;
+    int32_t bias_experts = 0;
 };
 
 // y[t] = sum over k in order of w[t,k] * route_out[t*K+k] over routes with slots[t*K+k] >= 0
@@ -59,7 +67,7 @@ public:
     ExpertDecoder(const ExpertDecoder &) = delete;
     ExpertDecoder &operator=(const ExpertDecoder &) = delete;
 
-    // Phase 1: route_out[t*K+k] = expert(slots[t*K+k])(x[t]) (down output incl. mxfp4 down bias,
+    // Phase 1: route_out[t*K+k] = expert(slots[t*K+k])(x[t]) (down output incl. mxfp4/bf16 down bias,
     // before the route weight) for every route with slot >= 0; routes with slot < 0 are skipped
     // (never read slot 0 times zero: a NaN-poisoned slot must never reach an output). Each distinct
     // slot's weights are read once per call for all tokens routed to it (dedup on the device).
@@ -68,15 +76,19 @@ public:
     // cudaErrorInvalidValue for a format/geometry other than the decoder's, tokens outside
     // [0, max_tokens], NULL pointers or bank pointers not aligned as the kernels need (16 bytes
     // for base[b] and row_bytes[b] multiples of 16, 4 for q4_0/mxfp4, 2 for unaligned bf16 shapes).
+    // Experts with bias tables: expert_ids int32 [T,K] device (the routing's ids) names the expert
+    // of every route with slot >= 0; the gate/up biases are added in f32 before the activation and
+    // the down bias to the route's output (cudaErrorInvalidValue without expert_ids, for a format
+    // other than bf16, or with only one table).
     cudaError_t compute(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
-                        int32_t tokens, cudaStream_t stream);
+                        int32_t tokens, cudaStream_t stream, const int32_t *expert_ids = nullptr);
     // Phase 2: launch_combine_routes over this decoder's route_out.
     cudaError_t combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,
                         int32_t tokens, cudaStream_t stream);
     // compute + combine.
     cudaError_t decode(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
                        const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const int32_t *expert_ids = nullptr);
 
     const float *route_out() const { return route_out_; }  // f32 [max_tokens*K, H]
     size_t scratch_bytes() const { return scratch_bytes_; }
