@@ -51,20 +51,13 @@ std::string gpu_missing(const MachineCaps &caps, const ModelSpec &model) {
     return {};
 }
 
-// bf16 gpt-oss: the GPU backends keep every layer's expert biases resident (f32).
-uint64_t bias_bytes(const ModelSpec &model) {
-    if (!model.expert_biases) return 0;
-    return uint64_t(model.num_layers) * uint64_t(model.num_experts) *
-           (2 * uint64_t(model.intermediate) + uint64_t(model.hidden)) * sizeof(float);
-}
-
 uint64_t usable_vram(const MachineCaps &caps) {
     return caps.gpu_free_bytes > caps.vram_reserve_bytes ? caps.gpu_free_bytes - caps.vram_reserve_bytes : 0;
 }
 
 std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     if (std::string why = gpu_missing(caps, model); !why.empty()) return why;
-    const uint64_t need = model.routed_bytes() + bias_bytes(model);
+    const uint64_t need = model.routed_bytes() + gpu_bias_bytes(model);
     if (need > usable_vram(caps))
         return cat(need / 1e9, " GB of experts do not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
     return {};
@@ -73,7 +66,7 @@ std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model
 std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     if (std::string why = gpu_missing(caps, model); !why.empty()) return why;
     if (model.num_experts > 1024) return cat(model.num_experts, " experts per layer; the slot cache admits at most 1024");
-    const uint64_t layer = model.max_expert_bytes() * uint64_t(model.num_experts) + bias_bytes(model);
+    const uint64_t layer = model.max_expert_bytes() * uint64_t(model.num_experts) + gpu_bias_bytes(model);
     if (layer > usable_vram(caps))
         return cat("one layer of experts (", layer / 1e9, " GB", model.expert_biases ? " with every layer's biases" : "",
                    ") does not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
@@ -105,6 +98,12 @@ const std::vector<BackendInfo> &backend_registry() {
         {FT_BACKEND_HYBRID, "hybrid", true, offload_unavailable, kMakeHybrid},
     };
     return kBackends;
+}
+
+uint64_t gpu_bias_bytes(const ModelSpec &model) {
+    if (!model.expert_biases) return 0;
+    return uint64_t(model.num_layers) * uint64_t(model.num_experts) *
+           (2 * uint64_t(model.intermediate) + uint64_t(model.hidden)) * sizeof(float);
 }
 
 const BackendInfo *find_backend(int32_t id) {
