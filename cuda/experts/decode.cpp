@@ -7,7 +7,8 @@
 //            (register chunks of kRouteChunk), epilogue = format clamp/bias + activation -> bf16
 //            (bf16 gpt-oss: + the route's expert's f32 gate/up bias, from the bias table)
 //   [ds_fp4] the intermediate is FP8-round-tripped per 128 in place
-//   down     the same over the down rows -> f32 per route (mxfp4, bf16 gpt-oss: + down bias)
+//   down     the same over the down rows -> f32 per route (mxfp4: + down bias)
+//            (bf16 gpt-oss: + the route's expert's f32 down bias, from the bias table)
 //   combine  y[t] = sum_k w * route (+ addend), one bf16 rounding
 // gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for every format;
 // bf16 rows whose length is not a multiple of 8 take a CUDA-core kernel instead (a warp owns two

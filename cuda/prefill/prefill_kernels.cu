@@ -180,8 +180,7 @@ __global__ void gather_rows_kernel(const uint16_t *x, const int32_t *row_token, 
 }
 
 // Intermediate of the chunk's rows from the gate_up GEMM output acc [rows, 2I] (gate units,
-// then up units): nvfp4 globals, mxfp4 biases, bf16 gpt-oss's f32 bias tables (ex.gate_up_bias,
-// indexed by slot = expert id), ds_fp4 bf16 rounding and clamp, activation,
+// then up units): nvfp4 globals, mxfp4 biases, ds_fp4 bf16 rounding and clamp, activation,
 // bf16; ds_fp4 then FP8-round-trips each 128 of the bf16 intermediate. A warp owns 128 units.
 template <Format F>
 __global__ void epilogue_kernel(const float *acc, const int32_t *row_slot, DeviceExperts ex, Roles ro,
@@ -239,8 +238,8 @@ __global__ void epilogue_kernel(const float *acc, const int32_t *row_slot, Devic
     }
 }
 
-// route_out[row_route[r]] = acc[r] [H] (down GEMM output) with nvfp4's per-row global, or
-// mxfp4's down bias, or bf16 gpt-oss's (ex.down_bias); unweighted (launch_combine_routes applies w).
+// route_out[row_route[r]] = acc[r] [H] (down GEMM output) with nvfp4's per-row global or
+// mxfp4's down bias; unweighted (launch_combine_routes applies w).
 template <Format F>
 __global__ void scatter_kernel(const float *acc, const int32_t *row_route, const int32_t *row_slot, DeviceExperts ex,
                                Roles ro, float *route_out) {
@@ -310,7 +309,7 @@ void launch_format(Format f, bool scatter, const float *acc, const int32_t *rt, 
         case Format::ds_fp4:
             return launch_epilogue_scatter<Format::ds_fp4>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter,
                                                            route_out, rows, s);
-        default:  // bf16 (its bias tables when ex has them), fp8_block, the GGUF block formats
+        default:  // bf16, fp8_block, the GGUF block formats: no per-row factor, no bias
             return launch_epilogue_scatter<Format::bf16>(scatter, acc, rt, rs, ex, ro, act, ds_clamp, inter, route_out,
                                                          rows, s);
     }

@@ -7,14 +7,14 @@
 // Numerics (the same function as ft::cpu::MoeExecutor, up to fp32 summation order):
 //   fp32 accumulation; gate/up outputs -> act -> intermediate rounded to bf16; down -> f32 per
 //   route; y = sum_k w * route (k order) + addend, rounded once to bf16.
-//   bf16 W16A16 (bf16 gpt-oss: f32 biases per expert before the clamped SwiGLU and per route
-//   after down, DeviceExperts::gate_up_bias / down_bias); fp8_block W8A16 (e4m3 x bf16 scale_inv per 128x128); nvfp4 W4A16 (e2m1 x e4m3
+//   bf16 W16A16; fp8_block W8A16 (e4m3 x bf16 scale_inv per 128x128); nvfp4 W4A16 (e2m1 x e4m3
 //   per 16 x fp16 global per row); mxfp4 W4A16 (transposed, biases before the clamped SwiGLU and
 //   per route after down); ds_fp4 W4A16 on FP8-round-tripped activations (input and
 //   intermediate, per 128), gate/up rounded to bf16 then clamped (silu with finite limit > 0),
 //   each weighted route rounded to bf16 before the sum; q4_0 W4A16 (the CPU quantises activations
 //   to Q8_0; the GPU keeps the bf16 activations, so it is closer to the exact layer: both are
 //   within 1e-2 of max|y| of the fp64 reference at the tested shapes, GPU vs CPU within 3e-2).
+//   bf16 gpt-oss: f32 biases per expert (DeviceExperts bias tables) added as mxfp4 adds its own.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -67,7 +67,7 @@ public:
     ExpertDecoder(const ExpertDecoder &) = delete;
     ExpertDecoder &operator=(const ExpertDecoder &) = delete;
 
-    // Phase 1: route_out[t*K+k] = expert(slots[t*K+k])(x[t]) (down output incl. mxfp4/bf16 down bias,
+    // Phase 1: route_out[t*K+k] = expert(slots[t*K+k])(x[t]) (down output incl. mxfp4 down bias,
     // before the route weight) for every route with slot >= 0; routes with slot < 0 are skipped
     // (never read slot 0 times zero: a NaN-poisoned slot must never reach an output). Each distinct
     // slot's weights are read once per call for all tokens routed to it (dedup on the device).

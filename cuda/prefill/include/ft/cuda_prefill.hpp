@@ -7,11 +7,10 @@
 // Numerics (the CPU executor's rounding points, cpu/README.md; fp32 accumulation in cuBLAS):
 //   x rows gathered as bf16 (ds_fp4: FP8-round-tripped per 128, ft::fp8_round_trip_per128);
 //   gate/up = fp32 GEMM outputs; nvfp4: x fp16 global of the output row (exact fp32 product,
-//   never folded into the bf16 weights); mxfp4: + bf16 bias before the clamped SwiGLU (bf16
-//   with DeviceExperts bias tables: + the f32 gate/up bias of expert = slot); ds_fp4:
+//   never folded into the bf16 weights); mxfp4: + bf16 bias before the clamped SwiGLU; ds_fp4:
 //   rounded to bf16, clamped at limit (silu, finite limit > 0); activation; intermediate rounded
 //   to bf16 (ds_fp4: then FP8-round-tripped per 128); down = fp32 GEMM output (nvfp4 x global,
-//   mxfp4 or bias tables + down bias) per route; launch_combine_routes sums w * route in k order (ds_fp4: each
+//   mxfp4 + down bias) per route; launch_combine_routes sums w * route in k order (ds_fp4: each
 //   term rounded to bf16) + addend, one bf16 rounding.
 // Weights are dequantised to bf16 once per expert and call:
 //   bf16, nvfp4 (e2m1 x e4m3 <= 6 significant bits), mxfp4 and ds_fp4 (e2m1 x 2^k, bf16 has
@@ -23,6 +22,8 @@
 //   (W4A16), more exact than the CPU's Q8_0 (W4A8).
 // Tested bounds (max |y - ref| / max |ref|, fp64 reference with the same rounding points):
 //   bf16, nvfp4, mxfp4 1e-2; fp8_block, q4_0 2e-2; ds_fp4 3e-2.
+// bf16 with DeviceExperts bias tables (bf16 gpt-oss): + the f32 gate/up bias of expert = slot
+// before the activation, + its f32 down bias per route, as mxfp4 adds its own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -89,8 +90,8 @@ public:
     ExpertPrefill &operator=(const ExpertPrefill &) = delete;
 
     // y[t] = sum_k w[t,k] * expert(slots[t,k])(x[t]) (+ addend[t]), bf16 [tokens, H], exactly the
-    // semantics of launch_combine_routes; routes with slot < 0 are skipped (never read). Experts
-    // with bias tables (bf16 only) hold expert e at slot e: every slot must be < bias_experts.
+    // semantics of launch_combine_routes; routes with slot < 0 are skipped (never read).
+    // Experts with bias tables (bf16 only) hold expert e at slot e: every slot < bias_experts.
     // slots_host is the host copy of slots_dev (int32 [tokens, K]): the grouping of tokens per
     // slot is planned on the host, so this call is NOT capturable in a CUDA graph, and it may
     // block the host until the previous run's plan upload has been consumed. x, w, addend, y and
