@@ -64,6 +64,35 @@ CudaBackend::CudaBackend(const BackendContext &ctx)
     layer_stats_ = DeviceBuffer(size_t(spec_.num_layers) * kLayerColumns * sizeof(int64_t), "allocating GPU statistics");
     check(cudaMemset(layer_stats_.get(), 0, layer_stats_.bytes()), "clearing GPU statistics");
     for (int b = 0; b < ctx.model->banks().num_banks(); ++b) expert_bytes_ += ctx.model->banks().row_bytes(b);
+    if (spec_.expert_biases) upload_biases();
+}
+
+void CudaBackend::upload_biases() {
+    if (spec_.format != Format::bf16)
+        fail(FT_ERR_INTERNAL, "expert biases beside the banks are for bf16 experts, the model is ", format_name(spec_.format));
+    const size_t E = size_t(spec_.num_experts), gu = E * 2 * size_t(spec_.intermediate), dn = E * size_t(spec_.hidden);
+    biases_ = DeviceBuffer(size_t(spec_.num_layers) * (gu + dn) * sizeof(float), "allocating the expert biases");
+    for (int32_t l = 0; l < spec_.num_layers; ++l) {
+        const LayerExtras &x = ctx_.model->extras(l);
+        if (x.expert_gate_up_bias.bytes.size() != gu * sizeof(float) || x.expert_down_bias.bytes.size() != dn * sizeof(float))
+            fail(FT_ERR_INTERNAL, "layer ", l, ": expert biases of ", x.expert_gate_up_bias.bytes.size(), " and ",
+                 x.expert_down_bias.bytes.size(), " bytes, expected ", gu * sizeof(float), " and ", dn * sizeof(float));
+        float *dst = biases_.get<float>() + size_t(l) * (gu + dn);
+        check(cudaMemcpy(dst, x.expert_gate_up_bias.bytes.data(), gu * sizeof(float), cudaMemcpyHostToDevice),
+              "copying the expert biases to the GPU");
+        check(cudaMemcpy(dst + gu, x.expert_down_bias.bytes.data(), dn * sizeof(float), cudaMemcpyHostToDevice),
+              "copying the expert biases to the GPU");
+    }
+}
+
+cuda::DeviceExperts CudaBackend::with_biases(cuda::DeviceExperts d, int32_t layer) const {
+    if (!biases_.get()) return d;
+    const size_t E = size_t(spec_.num_experts), gu = E * 2 * size_t(spec_.intermediate), dn = E * size_t(spec_.hidden);
+    const float *base = biases_.get<float>() + size_t(layer) * (gu + dn);
+    d.gate_up_bias = base;
+    d.down_bias = base + gu;
+    d.bias_experts = spec_.num_experts;
+    return d;
 }
 
 bool CudaBackend::note_lost(const Error &e) const {
@@ -261,7 +290,7 @@ void CudaBackend::run_prefill(const DecodeCall &c, const uint16_t *x, const int3
         if (host_ids[i] >= spec_.num_experts) host_ids[i] = -1;
     check(cudaMemcpyAsync(slots_.get(), host_ids, routes * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
           "copying the prefill routing");
-    const cuda::DeviceExperts experts = prefill_experts(c.layer, stream, stats);
+    const cuda::DeviceExperts experts = with_biases(prefill_experts(c.layer, stream, stats), c.layer);
     const ft_status s = prefill_->run(experts, x, slots_.get<int32_t>(), host_ids, w, nullptr, y, c.num_tokens, stream);
     if (s != FT_OK) fail(s, "prefill path: ", prefill_->last_error());
     stats.prefill_calls += 1;

@@ -70,6 +70,9 @@ protected:
     // Gives `d` MoE layer `layer`'s formats (gate_up's and down's; unchanged unless the model
     // mixes GGUF block formats).
     void set_layer_formats(cuda::DeviceExperts &d, int32_t layer) const;
+    // `d` with the bias tables of `layer` when the model's experts carry biases (bf16 gpt-oss):
+    // indexed by expert id, so the decode also needs the call's expert ids.
+    cuda::DeviceExperts with_biases(cuda::DeviceExperts d, int32_t layer) const;
 
     BackendContext ctx_;
     const ModelSpec &spec_;
@@ -77,6 +80,9 @@ protected:
     int32_t threshold_, decode_max_ = 0;
     size_t expert_bytes_ = 0;
     DeviceBuffer slots_, layer_stats_;
+    // bf16 gpt-oss: every layer's expert biases (f32, as the cpu backend adds them), resident for
+    // the session: per layer [E, 2I] gate/up then [E, H] down. Empty for other models.
+    DeviceBuffer biases_;
     std::unique_ptr<cuda::ExpertDecoder> decoder_;
 
 private:
@@ -86,6 +92,7 @@ private:
     void run_prefill(const DecodeCall &c, const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y,
                      cudaStream_t stream, ft_session_stats &stats);
     static void require_device_memory(const void *p, const char *name);
+    void upload_biases();
 
     Stream own_;
     DeviceBuffer in_x_, in_ids_, in_w_, out_y_;

@@ -139,7 +139,10 @@ private:
         check(handoff_->signal(site, stream), "signalling the CPU task");
         if (eager) check(cudaEventRecord(gpu_start_.get(), stream), "recording a timing event");
         gather(layer, stream);
-        check(decoder_->compute(slot_experts(layer), x, slots, tokens, stream), "launching the expert kernels");
+        // The GPU share reads the device bias tables; the CPU share gets the model's biases
+        // through cpu::expert_source (cpu_task).
+        check(decoder_->compute(with_biases(slot_experts(layer), layer), x, slots, tokens, stream, ids),
+              "launching the expert kernels");
         if (eager) {
             check(cudaEventRecord(gpu_stop_.get(), stream), "recording a timing event");
             pending_site_ = site;

@@ -83,7 +83,8 @@ void OffloadBackend::run_decode(int32_t layer, const uint16_t *x, const int32_t 
     int32_t *slots = slots_.get<int32_t>();
     check(cuda::launch_admit_lru(state_, layer, ids, slots, int64_t(tokens) * spec_.top_k, stream), "launching admission");
     gather(layer, stream);
-    check(decoder_->decode(slot_experts(layer), x, slots, w, nullptr, y, tokens, stream), "launching the expert kernels");
+    check(decoder_->decode(with_biases(slot_experts(layer), layer), x, slots, w, nullptr, y, tokens, stream, ids),
+          "launching the expert kernels");
 }
 
 cuda::DeviceExperts OffloadBackend::slot_experts(int32_t layer) const {

@@ -42,8 +42,9 @@ private:
         int64_t *row = layer_stats_.get<int64_t>() + size_t(layer) * kLayerColumns;
         check(cuda::launch_resident_slots(ids, slots_.get<int32_t>(), int64_t(tokens) * spec_.top_k, spec_.num_experts, row, stream),
               "launching the slot rewrite");
-        const cuda::DeviceExperts experts = layer_experts(layer);
-        check(decoder_->decode(experts, x, slots_.get<int32_t>(), w, nullptr, y, tokens, stream), "launching the expert kernels");
+        const cuda::DeviceExperts experts = with_biases(layer_experts(layer), layer);
+        check(decoder_->decode(experts, x, slots_.get<int32_t>(), w, nullptr, y, tokens, stream, ids),
+              "launching the expert kernels");
     }
 
     cuda::DeviceExperts prefill_experts(int32_t layer, cudaStream_t, ft_session_stats &) override {

@@ -5,8 +5,10 @@
 //   gate_up  grid (row tiles, distinct-slot capacity): CTAs past the device's group count return
 //            at once; each streams its weight rows once and dots them with all the group's routes
 //            (register chunks of kRouteChunk), epilogue = format clamp/bias + activation -> bf16
+//            (bf16 gpt-oss: + the route's expert's f32 gate/up bias, from the bias table)
 //   [ds_fp4] the intermediate is FP8-round-tripped per 128 in place
 //   down     the same over the down rows -> f32 per route (mxfp4: + down bias)
+//            (bf16 gpt-oss: + the route's expert's f32 down bias, from the bias table)
 //   combine  y[t] = sum_k w * route (+ addend), one bf16 rounding
 // gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for every format;
 // bf16 rows whose length is not a multiple of 8 take a CUDA-core kernel instead (a warp owns two
@@ -128,6 +130,14 @@ bool block_mix_usable(const DeviceExperts &ex, Format decoder, int32_t H, int32_
            ex.row_bytes[1] >= size_t(H) * block_row_bytes(f_dn, I);
 }
 
+// The bias tables (bf16 gpt-oss) are absent, or complete: bf16, both tables, a positive row
+// count, f32-aligned, and the expert id of every route to index them.
+bool biases_usable(const DeviceExperts &ex, const int32_t *expert_ids) {
+    if (!ex.gate_up_bias && !ex.down_bias) return true;
+    return ex.format == Format::bf16 && ex.down() == Format::bf16 && ex.gate_up_bias && ex.down_bias && ex.bias_experts > 0 && expert_ids &&
+           aligned(ex.gate_up_bias, 4) && aligned(ex.down_bias, 4) && aligned(expert_ids, 4);
+}
+
 void set_banks(ProjArgs &p, const DeviceExperts &ex, const int *roles) {
     p.data = ex.base[roles[0]];
     p.data_rb = ex.row_bytes[roles[0]];
@@ -238,7 +248,7 @@ cudaError_t ExpertDecoder::launch_prep_step(const uint16_t *x, const int32_t *sl
 }
 
 cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots, int32_t tokens,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const int32_t *expert_ids) {
     if (tokens < 0 || tokens > max_tokens_) return cudaErrorInvalidValue;
     if (tokens == 0) return cudaSuccess;
     if (!x || !slots) return cudaErrorInvalidValue;
@@ -254,6 +264,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     if (!banks_usable(ex, format_, roles)) return cudaErrorInvalidValue;
     const bool mma_gu = mixed ? vec_ && !gguf_simt_format(f_gu) : mma_;
     const bool mma_dn = mixed ? vec_ && !gguf_simt_format(f_dn) : mma_;
+    if (!biases_usable(ex, expert_ids)) return cudaErrorInvalidValue;
 
     const int64_t H = hidden_, I = inter_, R = int64_t(tokens) * top_k_;
     const uint16_t *xact = nullptr;
@@ -270,6 +281,8 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.ds_clamp = ds && act_.kind == FT_ACT_SILU && std::isfinite(act_.limit) && act_.limit > 0.0f;
     p.inter_out = inter_buf_;
     p.route_out = route_out_;
+    p.bias_ids = ex.gate_up_bias ? expert_ids : nullptr;
+    p.bias_experts = ex.bias_experts;
     // Grid rows over the groups: CTAs past the device's group count exit at once, but each still
     // has to be scheduled, and R rows (one per route) at T = 8 meant 7 empty CTAs for every busy
     // one. A few waves of CTAs in all suffice (rows loop over the groups, each group still read by
@@ -283,6 +296,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
 
     // gate_up
     set_banks(p, ex, roles.gu);
+    p.bias = ex.gate_up_bias;
     p.K = hidden_;
     p.N = 2 * inter_;
     p.act = xact;
@@ -297,6 +311,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
 
     // down
     set_banks(p, ex, roles.dn);
+    p.bias = ex.down_bias;
     p.K = inter_;
     p.N = hidden_;
     p.act = inter_buf_;
@@ -318,8 +333,8 @@ cudaError_t ExpertDecoder::combine(const int32_t *slots, const float *w, const u
 
 cudaError_t ExpertDecoder::decode(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
                                   const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens,
-                                  cudaStream_t stream) {
-    const cudaError_t e = compute(experts, x, slots, tokens, stream);
+                                  cudaStream_t stream, const int32_t *expert_ids) {
+    const cudaError_t e = compute(experts, x, slots, tokens, stream, expert_ids);
     if (e != cudaSuccess) return e;
     return combine(slots, w, addend, y, tokens, stream);
 }

@@ -71,6 +71,16 @@ __device__ __forceinline__ uint16_t gate_up_out(const ProjArgs &p, float g, floa
     return f32_to_bf16(activate(p.activation, g, u));
 }
 
+// bf16 gpt-oss: the bias row (N floats) of the route's expert for this projection, nullptr when
+// the decode has no biases. Routes reaching an epilogue have a slot, so their id is in range; the
+// check only keeps a broken id from reading outside the table.
+__device__ __forceinline__ const float *route_bias(const ProjArgs &p, int route) {
+    if (!p.bias) return nullptr;
+    const int32_t e = p.bias_ids[route];
+    return uint32_t(e) < uint32_t(p.bias_experts) ? p.bias + int64_t(e) * p.N : nullptr;
+}
+__device__ __forceinline__ float plus_bias(const float *b, int row, float v) { return b ? v + __ldg(b + row) : v; }
+
 // ---- mma.sync primitives (decode_mma.cu, decode_mxfp4.cu) -------------------------------------
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,

@@ -39,6 +39,11 @@ struct ProjArgs {
     float *route_out;     // down: [R, N]
     DeviceActivation activation;
     bool ds_fp4, ds_clamp;
+    // bf16 biases (bf16 gpt-oss; nullptr: none): this projection's f32 table [bias_experts, N],
+    // indexed by the expert id bias_ids[route] of each route.
+    const float *bias;
+    const int32_t *bias_ids;
+    int32_t bias_experts;
 };
 
 // A launch's own error, else the last one pending (and cleared), as a checked launch returns.

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_kernels.cuh"
 #include "ft/cuda_launch.cuh"
@@ -310,14 +311,18 @@ __global__ void __launch_bounds__(kThreads, F::kMinBlocks) mma_kernel(ProjArgs p
                     const int n = 2 * t + c;
                     if (n >= nr) continue;
                     const int route = p.g.routes[first + r0 + n];
+                    // bf16 gpt-oss biases (f32, before the activation / per route after down).
+                    const float *b = nullptr;
+                    if constexpr (std::is_same_v<F, MmaBf16>) b = route_bias(p, route);
                     if (GATE_UP) {
                         if (ok0)
                             p.inter_out[int64_t(route) * p.inter + unit] =
-                                gate_up_out(p, f.finish(row0, v[c]), f.finish(row1, v[2 + c]));
+                                gate_up_out(p, plus_bias(b, row0, f.finish(row0, v[c])),
+                                            plus_bias(b, row1, f.finish(row1, v[2 + c])));
                     } else {
                         float *o = p.route_out + int64_t(route) * p.N;
-                        if (ok0) o[row0] = f.finish(row0, v[c]);
-                        if (ok1) o[row1] = f.finish(row1, v[2 + c]);
+                        if (ok0) o[row0] = plus_bias(b, row0, f.finish(row0, v[c]));
+                        if (ok1) o[row1] = plus_bias(b, row1, f.finish(row1, v[2 + c]));
                     }
                 }
             }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_kernels.cuh"
 #include "ft/cuda_gguf.cuh"
@@ -145,8 +146,13 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
 #pragma unroll
             for (int j = 0; j < kRouteChunk; ++j) {
                 if (j < nr) {
-                    const float v0 = f.finish(n0, warp_sum(acc0[j]));
-                    const float v1 = has1 ? f.finish(n1, warp_sum(acc1[j])) : 0.0f;
+                    float v0 = f.finish(n0, warp_sum(acc0[j]));
+                    float v1 = has1 ? f.finish(n1, warp_sum(acc1[j])) : 0.0f;
+                    if constexpr (std::is_same_v<F, Bf16Scalar>) {  // bf16 gpt-oss biases
+                        const float *b = route_bias(p, route[j]);
+                        v0 = plus_bias(b, n0, v0);
+                        if (has1) v1 = plus_bias(b, n1, v1);
+                    }
                     if (lane == j) {
                         if (GATE_UP)
                             p.inter_out[int64_t(route[j]) * p.inter + unit] = gate_up_out(p, v0, v1);

@@ -137,6 +137,7 @@ struct ExpertPrefill::Impl {
     // run() steps.
     void check_run_arguments(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots_dev,
                              const int32_t *slots_host, const float *w, const uint16_t *y) const;
+    void check_biases(const DeviceExperts &ex, const int32_t *slots_host, int64_t routes) const;
     PlanView upload_plan(const DeviceExperts &ex, const int32_t *slots_host, int64_t routes, cudaStream_t stream);
     void operands(const DeviceExperts &ex, const Piece &pc, const Chunk &c, size_t ci, bool down, const void *&A,
                   const void *&B, void *&C) const;
@@ -470,6 +471,19 @@ void ExpertPrefill::Impl::check_run_arguments(const DeviceExperts &ex, const uin
                  " bytes (< ", need[b], ")");
 }
 
+// Bias tables (bf16 gpt-oss) are indexed by slot = expert id: bf16 only, both tables, and every
+// slot of the call a row of them.
+void ExpertPrefill::Impl::check_biases(const DeviceExperts &ex, const int32_t *slots_host, int64_t routes) const {
+    if (format != Format::bf16 || !ex.gate_up_bias || !ex.down_bias || ex.bias_experts <= 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: expert bias tables need bf16 experts and both tables (",
+             format_name(format), ", gate_up ", ex.gate_up_bias ? "set" : "NULL", ", down ",
+             ex.down_bias ? "set" : "NULL", ", ", ex.bias_experts, " rows)");
+    for (int64_t r = 0; r < routes; ++r)
+        if (slots_host[r] >= ex.bias_experts)
+            fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: slot ", slots_host[r], " of route ", r, " has no row in the ",
+                 ex.bias_experts, "-expert bias tables (slot = expert id)");
+}
+
 ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const int32_t *slots_dev,
                              const int32_t *slots_host, const float *w, const uint16_t *addend, uint16_t *y,
                              int32_t tokens, cudaStream_t stream) {
@@ -480,6 +494,7 @@ ft_status ExpertPrefill::run(const DeviceExperts &ex, const uint16_t *x, const i
             fail(FT_ERR_INVALID_ARGUMENT, "GPU prefill: tokens ", tokens, " outside [0, ", s.max_tokens, "]");
         if (tokens == 0) return FT_OK;
         s.check_run_arguments(ex, x, slots_dev, slots_host, w, y);
+        if (ex.gate_up_bias || ex.down_bias) s.check_biases(ex, slots_host, int64_t(tokens) * s.K);
         const Impl::PlanView pv = s.upload_plan(ex, slots_host, int64_t(tokens) * s.K, stream);
         if (s.grouped) check_blas(s.blas->set_stream(s.handles[kStreams], stream), "cublasSetStream");
         if (s.quant && !s.plan.chunks.empty()) {

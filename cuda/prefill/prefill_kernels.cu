@@ -215,6 +215,12 @@ __global__ void epilogue_kernel(const float *acc, const int32_t *row_slot, Devic
                     g = fminf(g, act.limit);
                     u = fmaxf(fminf(u, act.limit), -act.limit);
                 }
+            } else if constexpr (F == Format::bf16) {
+                if (ex.gate_up_bias && slot < ex.bias_experts) {  // bf16 gpt-oss: slot = expert id
+                    const float *bias = ex.gate_up_bias + int64_t(slot) * 2 * I;
+                    g += bias[i];
+                    u += bias[I + i];
+                }
             }
             a[e] = round_bf16(activate(act, g, u));
             amax = fmaxf(amax, fabsf(a[e]));
@@ -257,6 +263,14 @@ __global__ void scatter_kernel(const float *acc, const int32_t *row_route, const
             v.y += bf16_to_f32(load_u16(b + 2));
             v.z += bf16_to_f32(load_u16(b + 4));
             v.w += bf16_to_f32(load_u16(b + 6));
+        } else if constexpr (F == Format::bf16) {
+            if (ex.down_bias && slot < ex.bias_experts) {  // bf16 gpt-oss: slot = expert id
+                const float *b = ex.down_bias + int64_t(slot) * H + h;
+                v.x += b[0];
+                v.y += b[1];
+                v.z += b[2];
+                v.w += b[3];
+            }
         }
         *reinterpret_cast<float4 *>(dst + h) = v;
     }

@@ -62,6 +62,39 @@ TEST(BackendRegistry, ProbesRefuseTheGpuBackendsWithoutKernels) {
     EXPECT_EQ(ft::select_backend(FT_BACKEND_CPU, caps, m).backend, FT_BACKEND_CPU);
 }
 
+// bf16 gpt-oss (expert biases) runs on the GPU backends; their memory probes count the bias
+// tables the backends keep resident (f32, every layer): a GPU that holds the experts but not the
+// tables is refused by gpu, and by offload when one layer plus the tables do not fit.
+TEST(BackendRegistry, GpuBackendsTakeExpertBiasesAndCountTheirTables) {
+    ft::ModelSpec m;
+    m.num_layers = 3;
+    m.num_experts = 8;
+    m.top_k = 2;
+    m.hidden = 64;
+    m.intermediate = 32;
+    m.activation = FT_ACT_SWIGLU_CLAMP;
+    m.expert_biases = true;
+    const uint64_t tables = uint64_t(3) * 8 * (2 * 32 + 64) * sizeof(float);
+    EXPECT_EQ(ft::gpu_bias_bytes(m), tables);
+    ft::ModelSpec plain = m;
+    plain.expert_biases = false;
+    EXPECT_EQ(ft::gpu_bias_bytes(plain), 0u);
+
+    ft::MachineCaps caps;
+    caps.gpu = caps.gpu_kernels = true;
+    caps.gpu_free_bytes = m.routed_bytes() + tables;  // exactly enough
+    for (int32_t id : {FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID})
+        EXPECT_EQ(ft::find_backend(id)->unavailable(caps, m), "") << ft::backend_name(id);
+    caps.gpu_free_bytes -= 1;
+    EXPECT_NE(ft::find_backend(FT_BACKEND_GPU)->unavailable(caps, m), "");
+    EXPECT_EQ(ft::find_backend(FT_BACKEND_GPU)->unavailable(caps, plain), "");
+    const uint64_t layer = m.max_expert_bytes() * uint64_t(m.num_experts);
+    caps.gpu_free_bytes = layer + tables - 1;
+    const std::string why = ft::find_backend(FT_BACKEND_OFFLOAD)->unavailable(caps, m);
+    EXPECT_NE(why.find("biases"), std::string::npos) << why;
+    EXPECT_EQ(ft::find_backend(FT_BACKEND_OFFLOAD)->unavailable(caps, plain), "");
+}
+
 // The selector predicts the slots with plan_slots itself: over a sweep of requests and memory,
 // its fraction times L * E is what plan_slots gives once the two prefill buffers are taken, and 0
 // exactly where plan_slots refuses.

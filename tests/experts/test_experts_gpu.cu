@@ -463,6 +463,41 @@ TEST(ExpertDecoderGpu, MixedBlockFormatsPerMatrix) {
     }
 }
 
+// Bias tables (bf16 gpt-oss) are used only when complete: both tables, bf16 experts, and the
+// call's expert ids to index them; anything less is cudaErrorInvalidValue before any launch.
+TEST(ExpertDecoderGpu, BiasTablesNeedBothTablesBf16AndExpertIds) {
+    SKIP_WITHOUT_GPU();
+    std::mt19937 rng(6);
+    const Layer L(rng, Format::bf16, 64, 32, 2);
+    const DeviceLayer D(L);
+    ft::cuda::ExpertDecoder dec(Format::bf16, 64, 32, 2, 4, {});
+    DevBuf x(64 * 2), slots(2 * 4), gu(2 * 64 * 4), dn(2 * 64 * 4);
+    for (const DevBuf *b : {&x, &slots, &gu, &dn}) CUDA_OK(cudaMemset(b->p, 0, b->n));
+    ft::cuda::DeviceExperts biased = D.dx;
+    biased.gate_up_bias = gu.as<float>();
+    biased.down_bias = dn.as<float>();
+    biased.bias_experts = 2;
+    const int32_t *ids = slots.as<int32_t>();  // expert 0 twice
+    EXPECT_EQ(dec.compute(biased, x.as<uint16_t>(), slots.as<int32_t>(), 1, nullptr), cudaErrorInvalidValue);
+    ft::cuda::DeviceExperts one = biased;
+    one.down_bias = nullptr;
+    EXPECT_EQ(dec.compute(one, x.as<uint16_t>(), slots.as<int32_t>(), 1, nullptr, ids), cudaErrorInvalidValue);
+    ft::cuda::DeviceExperts no_rows = biased;
+    no_rows.bias_experts = 0;
+    EXPECT_EQ(dec.compute(no_rows, x.as<uint16_t>(), slots.as<int32_t>(), 1, nullptr, ids), cudaErrorInvalidValue);
+    CUDA_OK(dec.compute(biased, x.as<uint16_t>(), slots.as<int32_t>(), 1, nullptr, ids));
+    CUDA_OK(cudaDeviceSynchronize());
+
+    const Layer Q(rng, Format::q4_0, 64, 32, 2);
+    const DeviceLayer DQ(Q);
+    ft::cuda::ExpertDecoder qdec(Format::q4_0, 64, 32, 2, 4, {});
+    ft::cuda::DeviceExperts qbiased = DQ.dx;
+    qbiased.gate_up_bias = gu.as<float>();
+    qbiased.down_bias = dn.as<float>();
+    qbiased.bias_experts = 2;
+    EXPECT_EQ(qdec.compute(qbiased, x.as<uint16_t>(), slots.as<int32_t>(), 1, nullptr, ids), cudaErrorInvalidValue);
+}
+
 // ---- device decoders against the host reference, bit for bit -----------------------------------
 
 __global__ void decode_codes_kernel(float *e4m3, float *e8m0, float *e2m1, float *e2m1_mul, float *e4m3x2) {

@@ -511,6 +511,35 @@ TEST(PrefillGpuEdge, AllRoutesSkippedAndBadArguments) {
     EXPECT_EQ(pf.run(other, c.x, c.slots, slots.data(), c.w, nullptr, c.y, T, nullptr), FT_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(pf.last_error()), "");
     EXPECT_EQ(pf.run(bk.device(), c.x, c.slots, slots.data(), c.w, nullptr, c.y, 0, nullptr), FT_OK);
+
+    // Expert bias tables (bf16 gpt-oss) are for bf16 experts, and every slot must be a row of them.
+    float *tables = nullptr;
+    CUDA_OK(cudaMalloc(&tables, size_t(bk.E) * (2 * bk.I + bk.H) * sizeof(float)));
+    DeviceExperts biased = bk.device();
+    biased.gate_up_bias = tables;
+    biased.down_bias = tables + size_t(bk.E) * 2 * bk.I;
+    biased.bias_experts = bk.E;
+    EXPECT_EQ(pf.run(biased, c.x, c.slots, slots.data(), c.w, nullptr, c.y, T, nullptr), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(pf.last_error()).find("bias"), std::string::npos) << pf.last_error();
+    Banks b16(Format::bf16, 4, 3);
+    ASSERT_TRUE(b16.upload());
+    ExpertPrefill pf16(Format::bf16, b16.H, b16.I, kTopK, 64, DeviceActivation{});
+    const std::vector<uint16_t> x16 = random_bf16(size_t(T) * b16.H, 1.0f, rng);
+    Call c16;
+    std::vector<int32_t> slots16(size_t(T) * kTopK, -1);
+    slots16[1] = 3;  // a slot beyond two table rows
+    CUDA_OK(to_device(c16.x, x16));
+    CUDA_OK(to_device(c16.slots, slots16));
+    CUDA_OK(to_device(c16.w, w));
+    CUDA_OK(cudaMalloc(&c16.y, x16.size() * 2));
+    DeviceExperts b16_biased = b16.device();
+    b16_biased.gate_up_bias = tables;
+    b16_biased.down_bias = tables + 2 * size_t(2 * b16.I);
+    b16_biased.bias_experts = 2;
+    EXPECT_EQ(pf16.run(b16_biased, c16.x, c16.slots, slots16.data(), c16.w, nullptr, c16.y, T, nullptr),
+              FT_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(pf16.last_error()).find("slot 3"), std::string::npos) << pf16.last_error();
+    cudaFree(tables);
 }
 
 TEST(PrefillGpuEdge, ConstructorRejectsBadGeometry) {

@@ -21,7 +21,6 @@ std::string cpu_unavailable(const MachineCaps &caps, const ModelSpec &model) {
 std::string gpu_missing(const MachineCaps &caps, const ModelSpec &model) {
     if (!caps.gpu_kernels) return "this build has no CUDA support";
     if (!caps.gpu) return "the engine has no GPU";
-    if (model.expert_biases) return "the routed experts carry biases (bf16 gpt-oss), which only the cpu backend adds";
     if (model.route_weight == FT_ROUTE_WEIGHT_INPUT && model.top_k != 1)
         return "route weights scale the expert input with top_k > 1, which only the cpu backend does (the GPU backends do it for top-1 models such as Llama-4)";
     return {};
@@ -33,7 +32,7 @@ uint64_t usable_vram(const MachineCaps &caps) {
 
 std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     if (std::string why = gpu_missing(caps, model); !why.empty()) return why;
-    const uint64_t need = model.routed_bytes();
+    const uint64_t need = model.routed_bytes() + gpu_bias_bytes(model);
     if (need > usable_vram(caps))
         return cat(need / 1e9, " GB of experts do not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
     return {};
@@ -42,10 +41,10 @@ std::string resident_unavailable(const MachineCaps &caps, const ModelSpec &model
 std::string offload_unavailable(const MachineCaps &caps, const ModelSpec &model) {
     if (std::string why = gpu_missing(caps, model); !why.empty()) return why;
     if (model.num_experts > 1024) return cat(model.num_experts, " experts per layer; the slot cache admits at most 1024");
-    const uint64_t layer = model.max_expert_bytes() * uint64_t(model.num_experts);
+    const uint64_t layer = model.max_expert_bytes() * uint64_t(model.num_experts) + gpu_bias_bytes(model);
     if (layer > usable_vram(caps))
-        return cat("one layer of experts (", layer / 1e9, " GB) does not fit the ", usable_vram(caps) / 1e9,
-                   " GB of GPU memory free beyond the reserve");
+        return cat("one layer of experts (", layer / 1e9, " GB", model.expert_biases ? " with every layer's biases" : "",
+                   ") does not fit the ", usable_vram(caps) / 1e9, " GB of GPU memory free beyond the reserve");
     return {};
 }
 
@@ -74,6 +73,12 @@ const std::vector<BackendInfo> &backend_registry() {
         {FT_BACKEND_HYBRID, "hybrid", true, offload_unavailable, kMakeHybrid},
     };
     return kBackends;
+}
+
+uint64_t gpu_bias_bytes(const ModelSpec &model) {
+    if (!model.expert_biases) return 0;
+    return uint64_t(model.num_layers) * uint64_t(model.num_experts) *
+           (2 * uint64_t(model.intermediate) + uint64_t(model.hidden)) * sizeof(float);
 }
 
 const BackendInfo *find_backend(int32_t id) {

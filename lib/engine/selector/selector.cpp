@@ -220,8 +220,9 @@ double expected_slot_fraction(const MachineCaps &caps, const ModelSpec &model, c
     SlotRequest r;
     r.count = std::max<int64_t>(in.cache_slots, 0);
     r.fraction = in.cache_fraction > 0.0 ? in.cache_fraction : 0.0;
-    // The backend allocates its two prefill layer buffers before it sizes the cache.
-    const uint64_t prefill = 2 * eb * uint64_t(std::max(model.num_experts, 0));
+    // The backend allocates its two prefill layer buffers (and bf16 gpt-oss's bias tables) before
+    // it sizes the cache.
+    const uint64_t prefill = 2 * eb * uint64_t(std::max(model.num_experts, 0)) + gpu_bias_bytes(model);
     r.free_bytes = caps.gpu_free_bytes > prefill ? caps.gpu_free_bytes - prefill : 0;
     r.reserve_bytes = caps.vram_reserve_bytes;
     const SlotPlan p = plan_slots(r, model.num_layers, model.num_experts, eb);

@@ -14,6 +14,7 @@
 //   each weighted route rounded to bf16 before the sum; q4_0 W4A16 (the CPU quantises activations
 //   to Q8_0; the GPU keeps the bf16 activations, so it is closer to the exact layer: both are
 //   within 1e-2 of max|y| of the fp64 reference at the tested shapes, GPU vs CPU within 3e-2).
+//   bf16 gpt-oss: f32 biases per expert (DeviceExperts bias tables) added as mxfp4 adds its own.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,6 +40,13 @@ struct DeviceExperts {
     size_t row_bytes[8] = {};
     int32_t down_format = -1;  // a Format when down's differs from `format`; -1: down is `format`
     Format down() const { return down_format < 0 ? format : Format(down_format); }
+    // bf16 only (bf16 gpt-oss): the layer's per-expert biases in f32, indexed by expert id (not
+    // slot): gate_up_bias [bias_experts, 2I] (gate then up), down_bias [bias_experts, H]; both or
+    // neither (nullptr: none). Decode finds each route's expert in the expert ids given to
+    // compute/decode; the prefill takes slot = expert id.
+    const float *gate_up_bias = nullptr;
+    const float *down_bias = nullptr;
+    int32_t bias_experts = 0;
 };
 
 // y[t] = sum over k in order of w[t,k] * route_out[t*K+k] over routes with slots[t*K+k] >= 0
@@ -77,15 +85,19 @@ public:
     // shorter than its rows), tokens outside
     // [0, max_tokens], NULL pointers or bank pointers not aligned as the kernels need (16 bytes
     // for base[b] and row_bytes[b] multiples of 16, 4 for q4_0/mxfp4, 2 for unaligned bf16 shapes).
+    // Experts with bias tables: expert_ids int32 [T,K] device (the routing's ids) names the expert
+    // of every route with slot >= 0; the gate/up biases are added in f32 before the activation and
+    // the down bias to the route's output (cudaErrorInvalidValue without expert_ids, for a format
+    // other than bf16, or with only one table).
     cudaError_t compute(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
-                        int32_t tokens, cudaStream_t stream);
+                        int32_t tokens, cudaStream_t stream, const int32_t *expert_ids = nullptr);
     // Phase 2: launch_combine_routes over this decoder's route_out.
     cudaError_t combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,
                         int32_t tokens, cudaStream_t stream);
     // compute + combine.
     cudaError_t decode(const DeviceExperts &experts, const uint16_t *x, const int32_t *slots,
                        const float *w, const uint16_t *addend, uint16_t *y, int32_t tokens,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const int32_t *expert_ids = nullptr);
 
     const float *route_out() const { return route_out_; }  // f32 [max_tokens*K, H]
     size_t scratch_bytes() const { return scratch_bytes_; }

@@ -22,6 +22,8 @@
 //   (W4A16), more exact than the CPU's Q8_0 (W4A8).
 // Tested bounds (max |y - ref| / max |ref|, fp64 reference with the same rounding points):
 //   bf16, nvfp4, mxfp4 1e-2; fp8_block, q4_0 2e-2; ds_fp4 3e-2.
+// bf16 with DeviceExperts bias tables (bf16 gpt-oss): + the f32 gate/up bias of expert = slot
+// before the activation, + its f32 down bias per route, as mxfp4 adds its own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -91,6 +93,7 @@ public:
 
     // y[t] = sum_k w[t,k] * expert(slots[t,k])(x[t]) (+ addend[t]), bf16 [tokens, H], exactly the
     // semantics of launch_combine_routes; routes with slot < 0 are skipped (never read).
+    // Experts with bias tables (bf16 only) hold expert e at slot e: every slot < bias_experts.
     // slots_host is the host copy of slots_dev (int32 [tokens, K]): the grouping of tokens per
     // slot is planned on the host, so this call is NOT capturable in a CUDA graph, and it may
     // block the host until the previous run's plan upload has been consumed. x, w, addend, y and

@@ -35,4 +35,8 @@ const BackendInfo *find_backend(int32_t id);
 // The row named `name` ("cpu", "gpu", "offload", "hybrid"), or null.
 const BackendInfo *find_backend(const std::string &name);
 
+// Device bytes a GPU backend keeps for the model's expert biases (bf16 gpt-oss: every layer's
+// gate/up and down biases in f32, resident for the session); 0 for models without them.
+uint64_t gpu_bias_bytes(const ModelSpec &model);
+
 }  // namespace ft
