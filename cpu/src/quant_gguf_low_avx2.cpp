@@ -15,6 +15,8 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels.hpp"
 #include "quant_kernels.hpp"
@@ -150,6 +152,15 @@ struct IQ4XS {
     }
 };
 
+// fn(std::integral_constant<int, g>{}) for g = 0 .. 7, unrolled: block indices stay compile-time
+// constants (shift counts and shuffle controls become immediates, per-block registers stay registers).
+template <class Fn, int... I>
+inline void unroll_seq(Fn &&fn, std::integer_sequence<int, I...>) {
+    (fn(std::integral_constant<int, I>{}), ...);
+}
+template <class Fn>
+inline void unroll8(Fn &&fn) { unroll_seq(fn, std::make_integer_sequence<int, 8>{}); }
+
 constexpr int kChunkSuper = 32;  // super-blocks of K per chunk of offset sums (8192 elements)
 
 // The activation's sums per sub-block of 16 times its d, super-blocks [s0, s0 + n), 16 floats per
@@ -195,7 +206,8 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
             F::load(blk[r], sp[r]);
         }
         __m256 part[R][NT][S];
-        for (int g = 0; g < 8; ++g) {
+        unroll8([&](auto gc) {
+            constexpr int g = decltype(gc)::value;
             __m256i u[R], w[R], sc[R];
             for (int r = 0; r < R; ++r) {
                 F::weights(blk[r], g, u[r], w[r]);
@@ -208,13 +220,14 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
                     const __m256 v = _mm256_cvtepi32_ps(F::dot(u[r], w[r], sc[r], a));
                     if constexpr (kSplit) {
                         __m256 &p = part[r][t][g % S];
-                        p = g < S ? _mm256_mul_ps(v, da) : _mm256_fmadd_ps(v, da, p);
+                        if constexpr (g < S) p = _mm256_mul_ps(v, da);
+                        else p = _mm256_fmadd_ps(v, da, p);
                     } else {
                         acc[r][t] = _mm256_fmadd_ps(v, _mm256_mul_ps(sp[r].vd, da), acc[r][t]);
                     }
                 }
             }
-        }
+        });
         for (int r = 0; r < R; ++r)
             for (int t = 0; t < NT; ++t) {
                 if constexpr (kSplit) {
