@@ -143,9 +143,11 @@ struct IQ4XS {
     // Returns u = |w8|, sets w = w8 (the signed levels).
     template <int G>
     static __m256i weights(const uint8_t *b, __m256i &w) {
-        const __m128i m15 = _mm_set1_epi8(15);
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 8 + 16 * G));
-        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
+        // The 16 bytes in both lanes (a broadcast load), the high lane shifted right by 4: masked,
+        // the low nibbles index elements 0..15 and the high nibbles elements 16..31.
+        const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 8 + 16 * G)));
+        const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                             _mm256_set1_epi8(15));
         const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues)));
         w = _mm256_shuffle_epi8(lut, idx);
         return _mm256_abs_epi8(w);
