@@ -166,6 +166,18 @@ inline void unroll_seq(Fn &&fn, std::integer_sequence<int, I...>) {
 template <class Fn>
 inline void unroll8(Fn &&fn) { unroll_seq(fn, std::make_integer_sequence<int, 8>{}); }
 
+// Two blocks' int32 lane sums in one vector: lanes alternate x0, x1 ([x0_0 + x0_2, x1_0 + x1_2,
+// x0_1 + x0_3, x1_1 + x1_3] per 128-bit lane), so one conversion and one FMA by pair_bcast serve both.
+inline __m256i fold_pair(__m256i x0, __m256i x1) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(x0, x1), _mm256_unpackhi_epi32(x0, x1));
+}
+// Floats p[0], p[1] alternating over the 8 lanes.
+inline __m256 pair_bcast(const float *p) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return _mm256_castsi256_ps(_mm256_set1_epi64x(v));
+}
+
 constexpr int kChunkSuper = 32;  // super-blocks of K per chunk of offset sums (8192 elements)
 
 // The activation's sums per sub-block of 16 times its d, super-blocks [s0, s0 + n), 16 floats per
@@ -188,14 +200,15 @@ void offset_sums(const int8_t *q, const float *d, int64_t s0, int64_t n, float *
 }
 
 // R rows x NT tokens over super-blocks [s0, s0 + n); fs[t]: offset_sums of token t for them.
-// Tiles of up to 4 tokens sum the 8 blocks of a super-block in their own register (two for one
-// token) and multiply by its d once; larger tiles multiply d into each block's factor (16 ymm
-// registers leave no room for a second set of 8 accumulators).
+// Tiles of up to 4 tokens sum the 8 blocks of a super-block in their own register and multiply by
+// its d once (one token: pairs of blocks folded into one vector first, fold_pair); larger tiles
+// multiply d into each block's factor (16 ymm registers leave no room for a second set of 8
+// accumulators).
 template <class F, int NT, int R>
 void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, const int8_t *const q[NT],
                 const float *const d[NT], const float *const fs[NT], int64_t s0, int64_t n, bool add, int pf) {
     constexpr bool kSplit = NT <= 4;
-    constexpr int S = NT == 1 ? 2 : 1;
+    constexpr bool kFold = NT == 1;  // one token: each pair of blocks shares a conversion and an FMA
     __m256 acc[R][NT];
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -212,7 +225,8 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
             sc[r] = F::scales16(blk[r]);
             if constexpr (!kSplit) vd[r] = _mm256_set1_ps(F::d(blk[r]));
         }
-        __m256 part[R][NT][S];
+        __m256 part[R][NT];
+        __m256i x0[R][NT];  // kFold: the even block's integer dot, until the odd one folds it in
         unroll8([&](auto gc) {
             constexpr int g = decltype(gc)::value;
             __m256i u[R], w[R], s16[R];
@@ -222,15 +236,26 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
             }
             for (int t = 0; t < NT; ++t) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + s * 256 + g * 32));
-                const __m256 da = _mm256_broadcast_ss(d[t] + s * 8 + g);
                 for (int r = 0; r < R; ++r) {
-                    const __m256 v = _mm256_cvtepi32_ps(F::dot(u[r], w[r], s16[r], a));
-                    if constexpr (kSplit) {
-                        __m256 &p = part[r][t][g % S];
-                        if constexpr (g < S) p = _mm256_mul_ps(v, da);
-                        else p = _mm256_fmadd_ps(v, da, p);
+                    const __m256i x = F::dot(u[r], w[r], s16[r], a);
+                    if constexpr (kFold) {
+                        if constexpr (g % 2 == 0) {
+                            x0[r][t] = x;
+                        } else {
+                            const __m256 v = _mm256_cvtepi32_ps(fold_pair(x0[r][t], x));
+                            const __m256 da2 = pair_bcast(d[t] + s * 8 + g - 1);
+                            if constexpr (g == 1) part[r][t] = _mm256_mul_ps(v, da2);
+                            else part[r][t] = _mm256_fmadd_ps(v, da2, part[r][t]);
+                        }
                     } else {
-                        acc[r][t] = _mm256_fmadd_ps(v, _mm256_mul_ps(vd[r], da), acc[r][t]);
+                        const __m256 v = _mm256_cvtepi32_ps(x);
+                        const __m256 da = _mm256_broadcast_ss(d[t] + s * 8 + g);
+                        if constexpr (kSplit) {
+                            if constexpr (g == 0) part[r][t] = _mm256_mul_ps(v, da);
+                            else part[r][t] = _mm256_fmadd_ps(v, da, part[r][t]);
+                        } else {
+                            acc[r][t] = _mm256_fmadd_ps(v, _mm256_mul_ps(vd[r], da), acc[r][t]);
+                        }
                     }
                 }
             }
@@ -239,9 +264,7 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
             if constexpr (kSplit) {
                 const __m256 dv = _mm256_set1_ps(F::d(blk[r]));
                 for (int t = 0; t < NT; ++t) {
-                    __m256 p = part[r][t][0];
-                    if constexpr (S == 2) p = _mm256_add_ps(p, part[r][t][1]);
-                    acc[r][t] = _mm256_fmadd_ps(p, dv, acc[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(part[r][t], dv, acc[r][t]);
                 }
             }
             if constexpr (F::kOffsets) {
