@@ -151,12 +151,6 @@ void act_sums(const uint8_t *act, int64_t qbytes, int64_t g0, int64_t ng, float 
     }
 }
 
-// Word j (0..7) of each 128-bit lane of v in every word of that lane.
-template <int J>
-inline __m256i word_bcast(__m256i v) {
-    return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(((2 * J + 1) << 8) | (2 * J))));
-}
-
 // q4_k and q5_k: 8 sub-blocks of 32 with 6-bit scales and mins (12 packed bytes): sc[j] / m[j]
 // for j < 4 are the low 6 bits of bytes j / j + 4; for j >= 4 the low 4 bits come from the low /
 // high nibble of byte j + 4 and the top 2 from bits 6-7 of byte j - 4 / j. Four at a time in

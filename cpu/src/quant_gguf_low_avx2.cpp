@@ -30,12 +30,6 @@ namespace {
 
 #include "tier_avx2.inc"
 
-// Word J (0..7) of each 128-bit lane of v in every word of that lane.
-template <int J>
-inline __m256i word_bcast(__m256i v) {
-    return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(((2 * J + 1) << 8) | (2 * J))));
-}
-
 // 16 per-sub-block bytes as int16, even-numbered sub-blocks in the low 128-bit lane and odd ones
 // in the high lane, so word_bcast<g> gives block g's two halves (sub-blocks 2g, 2g + 1) their scales.
 inline __m256i even_odd16(__m128i v8, bool is_signed) {
