@@ -10,9 +10,11 @@
 // format and batch, GB/s, the interleaved read bound, their ratio, bs / bs=1 and µs per token.
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
 // FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format),
-// FT_BENCH_DS_FP4_SCALE=c ds_fp4's.
+// FT_BENCH_DS_FP4_SCALE=c ds_fp4's. kernel_<format> benchmarks: the block formats' kernels on
+// in-cache weights in thread CPU time, their compute ceiling next to the read bound.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +30,8 @@
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
+#include "ft/formats.hpp"
+#include "quant.hpp"  // cpu/src: the format kernels, for the in-cache kernel benchmarks
 
 namespace {
 
@@ -285,7 +289,15 @@ const FormatWindow &format_window(ft::Format f, int32_t H, int32_t I) {
                                  schema[b].name.find("_scale") != std::string::npos;
         const uint8_t base = uint8_t(std::atoi(sc.c_str()));
         pool().run([&](int w, int nw) {
-            for (size_t i = n * w / nw; i < n * (w + 1) / nw; ++i) p[i] = real_scales ? uint8_t(base + (p[i] & 7)) : p[i] & 0x77;
+            // Locals: stores through a uint8_t pointer may alias the captured variables, which would
+            // keep the loop scalar (it dominated the run time of a benchmark).
+            uint8_t *const q = p;
+            const size_t lo = n * w / nw, hi = n * (w + 1) / nw;
+            if (real_scales) {
+                for (size_t i = lo; i < hi; ++i) q[i] = uint8_t(base + (q[i] & 7));
+            } else {
+                for (size_t i = lo; i < hi; ++i) q[i] = uint8_t(q[i] & 0x77);
+            }
         });
         src.base[b] = p;
         src.row_bytes[b] = schema[b].row_bytes;
@@ -318,6 +330,61 @@ void BM_moe_layer_format(benchmark::State &state) {
     if (state.range(4) < 0)
         add_summary({ft::format_name(f), std::to_string(H) + "x" + std::to_string(I), label, T,
                              state.counters["GBps"], state.counters["read_GBps"], state.counters["us_per_layer"]});
+}
+
+double thread_cpu_seconds() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// The compute ceiling of a block format's kernel (the default tier's, as the layers run it): 32
+// rows of K = 2048 that stay in L2, all tokens per call, on this thread, timed in thread CPU time
+// (so other processes on a shared machine do not count). GBps_core: weight bytes per CPU second;
+// ceiling_to_read = GBps_core x pool threads / read_GBps, the bound of the layer benchmarks: below
+// 1 the kernel, not memory, limits the layer at that token count. Args: format id, tokens.
+void BM_kernel_format(benchmark::State &state) {
+    const ft::Format f = ft::Format(state.range(0));
+    const int T = int(state.range(1));
+    const int64_t K = 2048;
+    const int N = 32;
+    const ft::cpu::QuantOps *ops =
+        ft::cpu::quant_ops(f, ft::cpu::default_isa(), ft::cpu::moe_tuning(ft::read_tuning(false)).quant);
+    if (!ops) {
+        state.SkipWithError("no kernel for this format");
+        return;
+    }
+    const size_t rb = ft::block_row_bytes(f, K);
+    std::vector<uint8_t> w(rb * N);
+    std::mt19937 rng(uint32_t(state.range(0) * 64 + T));
+    for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;  // fp16 block scales stay finite
+    const size_t ab = ops->act_bytes(K);
+    std::vector<uint8_t> act(ab * size_t(T) + 64);
+    std::vector<const uint8_t *> ap(static_cast<size_t>(T));
+    std::vector<uint16_t> x(static_cast<size_t>(K));
+    for (int t = 0; t < T; ++t) {
+        for (uint16_t &v : x) v = uint16_t((rng() & 0x807f) | 0x3c00);  // bf16 +-[2^-7, 2^-6)
+        uint8_t *dst = act.data() + size_t(t) * ab;
+        ops->prepare(x.data(), K, dst);
+        ap[size_t(t)] = dst;
+    }
+    const ft::cpu::detail::QuantMatrix m{w.data(), nullptr, nullptr, K, N};
+    std::vector<float> out(size_t(T) * N);
+    double secs = 0;
+    int64_t calls = 0;
+    for (auto _ : state) {
+        const double t0 = thread_cpu_seconds();
+        for (int i = 0; i < 64; ++i) ops->gemv(m, 0, N, ap.data(), T, out.data(), N);
+        const double s = thread_cpu_seconds() - t0;
+        benchmark::DoNotOptimize(out.data());
+        state.SetIterationTime(s);
+        secs += s;
+        calls += 64;
+    }
+    const double gbps = double(rb) * N * double(calls) / secs / 1e9;
+    state.counters["GBps_core"] = gbps;
+    state.counters["ceiling_to_read"] = gbps * pool().size() / read_bandwidth();
+    state.SetLabel(ops->kernel);
 }
 
 // M=1 GEMV of one expert's gate_up matrix [2I, H] over a rotating window: the SIMD kernel on the
@@ -419,6 +486,15 @@ void register_all() {
                     ->ArgNames({"fmt", "H", "I", "bs", "bmin"})
                     ->UseManualTime()
                     ->Unit(benchmark::kMicrosecond);
+    // Kernel compute ceilings of the block formats (in cache, one thread).
+    for (ft::Format f : {ft::Format::q4_0, ft::Format::q8_0, ft::Format::q2_k, ft::Format::q3_k, ft::Format::q4_k,
+                         ft::Format::q5_k, ft::Format::q6_k, ft::Format::iq4_xs})
+        for (int64_t t : {1, 4, 8})
+            benchmark::RegisterBenchmark((std::string("kernel_") + ft::format_name(f)).c_str(), BM_kernel_format)
+                ->Args({int64_t(f), t})
+                ->ArgNames({"fmt", "tokens"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
     for (auto &s : kShapes)
         for (int64_t od : {0, 1})
             benchmark::RegisterBenchmark("gemv_m1", BM_gemv_m1)

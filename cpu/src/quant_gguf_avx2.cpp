@@ -52,6 +52,20 @@ inline void tiles8(int ntok, Body &&body) {
 template <int NT>
 constexpr int sets() { return NT <= 2 ? 2 : 1; }
 
+// Two little-endian bytes as a word.
+inline uint16_t u16_at(const uint8_t *p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+// fn(std::integral_constant<int, i>{}) for i = 0 .. N-1, unrolled (sub-block indices stay
+// compile-time constants: shift counts and shuffle controls become immediates / constants).
+template <class Fn, int... I>
+inline void unroll(Fn &&fn, std::integer_sequence<int, I...>) {
+    (fn(std::integral_constant<int, I>{}), ...);
+}
+
 // ---- q8_0 -------------------------------------------------------------------------------------
 
 template <int NT>
@@ -81,7 +95,29 @@ void q8_0_row(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *
                                         acc[t][A]);
         }
     };
+    // Groups of 8 blocks: the 8 products dw * d_act per token in one multiply, kept on the stack
+    // and broadcast from there (a load, not an ALU operation, per block and token).
     int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const uint8_t *g = row + b * 34;
+        const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
+            short(u16_at(g)), short(u16_at(g + 34)), short(u16_at(g + 68)), short(u16_at(g + 102)),
+            short(u16_at(g + 136)), short(u16_at(g + 170)), short(u16_at(g + 204)), short(u16_at(g + 238))));
+        alignas(32) float pr[NT][8];
+        for (int t = 0; t < NT; ++t) _mm256_store_ps(pr[t], _mm256_mul_ps(dw, _mm256_loadu_ps(d[t] + b)));
+        unroll([&](auto ic) {
+            constexpr int i = decltype(ic)::value;
+            const uint8_t *blk = g + i * 34;
+            if (pf && (i & 1) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 2));
+            const __m256i aw = _mm256_abs_epi8(w);
+            for (int t = 0; t < NT; ++t) {
+                const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + (b + i) * 32));
+                const __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w)), ones);
+                acc[t][i % S] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_broadcast_ss(&pr[t][i]), acc[t][i % S]);
+            }
+        }, std::make_integer_sequence<int, 8>{});
+    }
     for (; b + 1 < nb; b += 2) {
         block(b, std::integral_constant<int, 0>{});
         block(b + 1, std::integral_constant<int, S - 1>{});
@@ -113,19 +149,6 @@ void act_sums(const uint8_t *act, int64_t qbytes, int64_t g0, int64_t ng, float 
         const __m256 da = _mm256_broadcast_ps(reinterpret_cast<const __m128 *>(d + g * 4));
         _mm256_storeu_ps(dst + (g - g0) * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(s), da));
     }
-}
-
-// fn(std::integral_constant<int, i>{}) for i = 0 .. N-1, unrolled (sub-block indices stay
-// compile-time constants: shift counts and shuffle controls become immediates / constants).
-template <class Fn, int... I>
-inline void unroll(Fn &&fn, std::integer_sequence<int, I...>) {
-    (fn(std::integral_constant<int, I>{}), ...);
-}
-
-// Word j (0..7) of each 128-bit lane of v in every word of that lane.
-template <int J>
-inline __m256i word_bcast(__m256i v) {
-    return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(((2 * J + 1) << 8) | (2 * J))));
 }
 
 // q4_k and q5_k: 8 sub-blocks of 32 with 6-bit scales and mins (12 packed bytes): sc[j] / m[j]

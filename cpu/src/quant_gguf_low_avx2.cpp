@@ -15,6 +15,8 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels.hpp"
 #include "quant_kernels.hpp"
@@ -28,55 +30,48 @@ namespace {
 
 #include "tier_avx2.inc"
 
-// `vpshufb` control that puts int16 word a (0..7) of a 128-bit source in every word of the low
-// lane and word b in every word of the high lane.
-inline __m256i word_pick(int a, int b) {
-    return _mm256_set_m128i(_mm_set1_epi16(short((2 * b + 1) << 8 | 2 * b)),
-                            _mm_set1_epi16(short((2 * a + 1) << 8 | 2 * a)));
+// 16 per-sub-block bytes as int16, even-numbered sub-blocks in the low 128-bit lane and odd ones
+// in the high lane, so word_bcast<g> gives block g's two halves (sub-blocks 2g, 2g + 1) their scales.
+inline __m256i even_odd16(__m128i v8, bool is_signed) {
+    const __m128i eo = _mm_shuffle_epi8(v8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    return is_signed ? _mm256_cvtepi8_epi16(eo) : _mm256_cvtepu8_epi16(eo);
 }
 
-// Bytes of the 16 sub-blocks in the order of the per-token offset sums: [0 2 4 6 1 3 5 7], [8 10
-// 12 14 9 11 13 15] (the low / high 16 elements of blocks 4j .. 4j + 3).
-inline __m128i deinterleave16() { return _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15); }
-
-// Per super-block and row: the sub-block scales as int16 in both lanes (sub-blocks 0..7 in lo,
-// 8..15 in hi; iq4_xs: its 8 scales in lo), d, and the 16 offset factors (q2_k, q3_k).
-struct Super {
-    __m256i lo, hi;
-    __m256 vd, off0, off1;
-};
-
-// 16 sub-block int8 values -> the two fp32 offset vectors in deinterleave16 order, times f.
-inline void offsets(__m128i v8, bool is_signed, float f, Super &s) {
-    const __m128i v = _mm_shuffle_epi8(v8, deinterleave16());
+// 16 sub-block int8 values -> two fp32 vectors times f, in the order of the per-token offset sums
+// (offset_sums): [0 2 4 6 1 3 5 7], [8 10 12 14 9 11 13 15] (the low / high 16 elements of blocks
+// 4j .. 4j + 3).
+inline void offsets16(__m128i v8, bool is_signed, float f, __m256 &o0, __m256 &o1) {
+    const __m128i v = _mm_shuffle_epi8(v8, _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
     const __m128i v1 = _mm_srli_si128(v, 8);
     const __m256 a = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
     const __m256 b = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v1) : _mm256_cvtepu8_epi32(v1));
     const __m256 vf = _mm256_set1_ps(f);
-    s.off0 = _mm256_mul_ps(a, vf), s.off1 = _mm256_mul_ps(b, vf);
+    o0 = _mm256_mul_ps(a, vf), o1 = _mm256_mul_ps(b, vf);
 }
+
+// Each format: scales16 (the int16 sub-block scales of a super-block, one register for the whole
+// super-block: block g's are word_bcast<g> of it), weights<g> (block g's 32 weights as bytes u, plus
+// the signed levels w where the dot needs them), d, and offsets (the 16 offset factors, read again
+// from the block after its 8 blocks so they hold no register meanwhile).
 
 // q2_k (84 bytes): scales[16] (low nibble scale, high nibble min), qs[64], fp16 d, fp16 dmin.
 struct Q2K {
     static constexpr int kBytes = 84;
     static constexpr bool kOffsets = true;
-    static void load(const uint8_t *b, Super &s) {
-        const __m128i m15 = _mm_set1_epi8(15);
+    static __m256i scales16(const uint8_t *b) {
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b));
-        const __m128i sc = _mm_and_si128(raw, m15), mn = _mm_and_si128(_mm_srli_epi16(raw, 4), m15);
-        s.lo = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc));
-        s.hi = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(sc, 8)));
-        s.vd = _mm256_set1_ps(f16(b + 80));
-        offsets(mn, false, -f16(b + 82), s);
+        return even_odd16(_mm_and_si128(raw, _mm_set1_epi8(15)), false);
     }
-    static __m256i scales(const Super &s, int g) {
-        return _mm256_shuffle_epi8(g < 4 ? s.lo : s.hi, word_pick((2 * g) & 7, (2 * g + 1) & 7));
+    static float d(const uint8_t *b) { return f16(b + 80); }
+    static void offsets(const uint8_t *b, __m256 &o0, __m256 &o1) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b));
+        offsets16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)), false, -f16(b + 82), o0, o1);
     }
-    // The 32 weights of block g as unsigned bytes (w unused).
-    static void weights(const uint8_t *b, int g, __m256i &u, __m256i &w) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 16 + 32 * (g / 4)));
-        u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (g % 4)), _mm256_set1_epi8(3));
-        w = u;
+    template <int G>
+    static __m256i weights(const uint8_t *b, __m256i &w) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 16 + 32 * (G / 4)));
+        w = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (G % 4)), _mm256_set1_epi8(3));
+        return w;
     }
     static __m256i dot(__m256i u, __m256i, __m256i sc, __m256i a) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sc);
@@ -87,29 +82,31 @@ struct Q2K {
 struct Q3K {
     static constexpr int kBytes = 110;
     static constexpr bool kOffsets = true;
-    static void load(const uint8_t *b, Super &s) {
+    static __m128i scales8(const uint8_t *b) {
         const __m128i m15 = _mm_set1_epi8(15);
         const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(b + 96));
         const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(a, m15), _mm_and_si128(_mm_srli_epi16(a, 4), m15));
         // High 2 bits of scale i: bits 2 * (i / 4) of byte 8 + i % 4.
         const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(int(u32_at(b + 104))), _mm_setr_epi32(0, 2, 4, 6)),
                                         _mm_set1_epi8(3));
-        const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(h, 4)), _mm_set1_epi8(32));
-        s.lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
-        s.hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8)));
-        const float d = f16(b + 108);
-        s.vd = _mm256_set1_ps(d);
-        offsets(sc, true, -4.0f * d, s);  // u - 4: the -4 of every element
+        return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(h, 4)), _mm_set1_epi8(32));
     }
-    static __m256i scales(const Super &s, int g) { return Q2K::scales(s, g); }
-    static void weights(const uint8_t *b, int g, __m256i &u, __m256i &w) {
-        const int bit = 4 * (g / 4) + g % 4;
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 32 + 32 * (g / 4)));
+    static __m256i scales16(const uint8_t *b) { return even_odd16(scales8(b), true); }
+    static float d(const uint8_t *b) { return f16(b + 108); }
+    static void offsets(const uint8_t *b, __m256 &o0, __m256 &o1) {
+        offsets16(scales8(b), true, -4.0f * f16(b + 108), o0, o1);  // u - 4: the -4 of every element
+    }
+    template <int G>
+    static __m256i weights(const uint8_t *b, __m256i &w) {
+        constexpr int bit = 4 * (G / 4) + G % 4;
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 32 + 32 * (G / 4)));
         const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b));
-        const __m256i hb = bit >= 2 ? _mm256_srli_epi16(hm, bit - 2) : _mm256_slli_epi16(hm, 2 - bit);
-        u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * (g % 4)), _mm256_set1_epi8(3)),
+        __m256i hb;
+        if constexpr (bit >= 2) hb = _mm256_srli_epi16(hm, bit - 2);
+        else hb = _mm256_slli_epi16(hm, 2 - bit);
+        w = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * (G % 4)), _mm256_set1_epi8(3)),
                             _mm256_and_si256(hb, _mm256_set1_epi8(4)));
-        w = u;
+        return w;
     }
     static __m256i dot(__m256i u, __m256i, __m256i sc, __m256i a) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sc);
@@ -121,7 +118,8 @@ struct Q3K {
 struct IQ4XS {
     static constexpr int kBytes = 136;
     static constexpr bool kOffsets = false;
-    static void load(const uint8_t *b, Super &s) {
+    // The 8 scales ls - 32 as int16 in both lanes (one per block of 32).
+    static __m256i scales16(const uint8_t *b) {
         const __m128i m15 = _mm_set1_epi8(15);
         const __m128i a = _mm_cvtsi32_si128(int(u32_at(b + 4)));
         const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(a, m15), _mm_and_si128(_mm_srli_epi16(a, 4), m15));
@@ -132,28 +130,52 @@ struct IQ4XS {
         t = (t | t << 6) & 0x0303030303030303ull;
         const __m128i ls = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_cvtsi64_si128(int64_t(t)), 4)),
                                         _mm_set1_epi8(32));
-        s.lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(ls));
-        s.vd = _mm256_set1_ps(f16(b));
+        return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(ls));
     }
-    static __m256i scales(const Super &s, int g) { return _mm256_shuffle_epi8(s.lo, word_pick(g, g)); }
-    // u = |w8|, w = w8 (signed levels).
-    static void weights(const uint8_t *b, int g, __m256i &u, __m256i &w) {
-        const __m128i m15 = _mm_set1_epi8(15);
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 8 + 16 * g));
-        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
+    static float d(const uint8_t *b) { return f16(b); }
+    static void offsets(const uint8_t *, __m256 &, __m256 &) {}
+    // Returns u = |w8|, sets w = w8 (the signed levels).
+    template <int G>
+    static __m256i weights(const uint8_t *b, __m256i &w) {
+        // The 16 bytes in both lanes (a broadcast load), the high lane shifted right by 4: masked,
+        // the low nibbles index elements 0..15 and the high nibbles elements 16..31.
+        const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 8 + 16 * G)));
+        const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                             _mm256_set1_epi8(15));
         const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues)));
         w = _mm256_shuffle_epi8(lut, idx);
-        u = _mm256_abs_epi8(w);
+        return _mm256_abs_epi8(w);
     }
     static __m256i dot(__m256i u, __m256i w, __m256i sc, __m256i a) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(a, w)), sc);
     }
 };
 
+// fn(std::integral_constant<int, g>{}) for g = 0 .. 7, unrolled: block indices stay compile-time
+// constants (shift counts and shuffle controls become immediates, per-block registers stay registers).
+template <class Fn, int... I>
+inline void unroll_seq(Fn &&fn, std::integer_sequence<int, I...>) {
+    (fn(std::integral_constant<int, I>{}), ...);
+}
+template <class Fn>
+inline void unroll8(Fn &&fn) { unroll_seq(fn, std::make_integer_sequence<int, 8>{}); }
+
+// Two blocks' int32 lane sums in one vector: lanes alternate x0, x1 ([x0_0 + x0_2, x1_0 + x1_2,
+// x0_1 + x0_3, x1_1 + x1_3] per 128-bit lane), so one conversion and one FMA by pair_bcast serve both.
+inline __m256i fold_pair(__m256i x0, __m256i x1) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(x0, x1), _mm256_unpackhi_epi32(x0, x1));
+}
+// Floats p[0], p[1] alternating over the 8 lanes.
+inline __m256 pair_bcast(const float *p) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return _mm256_castsi256_ps(_mm256_set1_epi64x(v));
+}
+
 constexpr int kChunkSuper = 32;  // super-blocks of K per chunk of offset sums (8192 elements)
 
 // The activation's sums per sub-block of 16 times its d, super-blocks [s0, s0 + n), 16 floats per
-// super-block in deinterleave16 order.
+// super-block in the order of offsets16.
 void offset_sums(const int8_t *q, const float *d, int64_t s0, int64_t n, float *fs) {
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int64_t s = s0; s < s0 + n; ++s)
@@ -172,62 +194,83 @@ void offset_sums(const int8_t *q, const float *d, int64_t s0, int64_t n, float *
 }
 
 // R rows x NT tokens over super-blocks [s0, s0 + n); fs[t]: offset_sums of token t for them.
-// Tiles of up to 4 tokens sum the 8 blocks of a super-block in their own register (two for one
-// token) and multiply by its d once; larger tiles multiply d into each block's factor (16 ymm
-// registers leave no room for a second set of 8 accumulators).
+// Tiles of up to 4 tokens sum the 8 blocks of a super-block in their own register and multiply by
+// its d once (one token: pairs of blocks folded into one vector first, fold_pair); larger tiles
+// multiply d into each block's factor (16 ymm registers leave no room for a second set of 8
+// accumulators).
 template <class F, int NT, int R>
 void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, const int8_t *const q[NT],
                 const float *const d[NT], const float *const fs[NT], int64_t s0, int64_t n, bool add, int pf) {
     constexpr bool kSplit = NT <= 4;
-    constexpr int S = NT == 1 ? 2 : 1;
+    constexpr bool kFold = NT == 1;  // one token: each pair of blocks shares a conversion and an FMA
     __m256 acc[R][NT];
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
     for (int64_t s = s0; s < s0 + n; ++s) {
-        Super sp[R];
         const uint8_t *blk[R];
+        __m256i sc[R];
+        __m256 vd[R];
         for (int r = 0; r < R; ++r) {
             blk[r] = row[r] + s * F::kBytes;
             if (pf) {
                 _mm_prefetch(reinterpret_cast<const char *>(blk[r]) + pf, _MM_HINT_T0);
                 _mm_prefetch(reinterpret_cast<const char *>(blk[r]) + pf + 64, _MM_HINT_T0);
             }
-            F::load(blk[r], sp[r]);
+            sc[r] = F::scales16(blk[r]);
+            if constexpr (!kSplit) vd[r] = _mm256_set1_ps(F::d(blk[r]));
         }
-        __m256 part[R][NT][S];
-        for (int g = 0; g < 8; ++g) {
-            __m256i u[R], w[R], sc[R];
+        __m256 part[R][NT];
+        __m256i x0[R][NT];  // kFold: the even block's integer dot, until the odd one folds it in
+        unroll8([&](auto gc) {
+            constexpr int g = decltype(gc)::value;
+            __m256i u[R], w[R], s16[R];
             for (int r = 0; r < R; ++r) {
-                F::weights(blk[r], g, u[r], w[r]);
-                sc[r] = F::scales(sp[r], g);
+                u[r] = F::template weights<g>(blk[r], w[r]);
+                s16[r] = word_bcast<g>(sc[r]);
             }
             for (int t = 0; t < NT; ++t) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + s * 256 + g * 32));
-                const __m256 da = _mm256_broadcast_ss(d[t] + s * 8 + g);
                 for (int r = 0; r < R; ++r) {
-                    const __m256 v = _mm256_cvtepi32_ps(F::dot(u[r], w[r], sc[r], a));
-                    if constexpr (kSplit) {
-                        __m256 &p = part[r][t][g % S];
-                        p = g < S ? _mm256_mul_ps(v, da) : _mm256_fmadd_ps(v, da, p);
+                    const __m256i x = F::dot(u[r], w[r], s16[r], a);
+                    if constexpr (kFold) {
+                        if constexpr (g % 2 == 0) {
+                            x0[r][t] = x;
+                        } else {
+                            const __m256 v = _mm256_cvtepi32_ps(fold_pair(x0[r][t], x));
+                            const __m256 da2 = pair_bcast(d[t] + s * 8 + g - 1);
+                            if constexpr (g == 1) part[r][t] = _mm256_mul_ps(v, da2);
+                            else part[r][t] = _mm256_fmadd_ps(v, da2, part[r][t]);
+                        }
                     } else {
-                        acc[r][t] = _mm256_fmadd_ps(v, _mm256_mul_ps(sp[r].vd, da), acc[r][t]);
+                        const __m256 v = _mm256_cvtepi32_ps(x);
+                        const __m256 da = _mm256_broadcast_ss(d[t] + s * 8 + g);
+                        if constexpr (kSplit) {
+                            if constexpr (g == 0) part[r][t] = _mm256_mul_ps(v, da);
+                            else part[r][t] = _mm256_fmadd_ps(v, da, part[r][t]);
+                        } else {
+                            acc[r][t] = _mm256_fmadd_ps(v, _mm256_mul_ps(vd[r], da), acc[r][t]);
+                        }
                     }
                 }
             }
-        }
-        for (int r = 0; r < R; ++r)
-            for (int t = 0; t < NT; ++t) {
-                if constexpr (kSplit) {
-                    __m256 p = part[r][t][0];
-                    if constexpr (S == 2) p = _mm256_add_ps(p, part[r][t][1]);
-                    acc[r][t] = _mm256_fmadd_ps(p, sp[r].vd, acc[r][t]);
-                }
-                if constexpr (F::kOffsets) {
-                    const float *f = fs[t] + (s - s0) * 16;
-                    acc[r][t] = _mm256_fmadd_ps(sp[r].off0, _mm256_loadu_ps(f), acc[r][t]);
-                    acc[r][t] = _mm256_fmadd_ps(sp[r].off1, _mm256_loadu_ps(f + 8), acc[r][t]);
+        });
+        for (int r = 0; r < R; ++r) {
+            if constexpr (kSplit) {
+                const __m256 dv = _mm256_set1_ps(F::d(blk[r]));
+                for (int t = 0; t < NT; ++t) {
+                    acc[r][t] = _mm256_fmadd_ps(part[r][t], dv, acc[r][t]);
                 }
             }
+            if constexpr (F::kOffsets) {
+                __m256 o0, o1;
+                F::offsets(blk[r], o0, o1);
+                for (int t = 0; t < NT; ++t) {
+                    const float *f = fs[t] + (s - s0) * 16;
+                    acc[r][t] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(f), acc[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(f + 8), acc[r][t]);
+                }
+            }
+        }
     }
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) {

@@ -86,13 +86,15 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
 }
 
 // The GGUF block formats beyond q4_0 on fresh random blocks (codes and scales random bytes, fp16
-// d / dmin finite): K of one, two and three super-blocks (q8_0: 1, 7 and 24 blocks), first row
+// d / dmin finite): K of one, two and three super-blocks (q8_0: 1, 7, 24 and 27 blocks: the AVX2
+// kernel takes groups of 8 blocks, then pairs, then one), first row
 // != 0, row counts that are not a multiple of any tile, every token count 1..32.
 TEST(QuantKernels, GgufBlockKernelsMatchReference) {
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.GgufBlockKernelsMatchReference")));
     struct G { Format f; int64_t K, N, first; int count; };
     const G geos[] = {
         {Format::q8_0, 32, 9, 1, 7},   {Format::q8_0, 224, 20, 3, 17}, {Format::q8_0, 768, 6, 0, 6},
+        {Format::q8_0, 864, 7, 2, 5},
         {Format::q4_k, 256, 9, 2, 7},  {Format::q4_k, 512, 12, 0, 11}, {Format::q4_k, 768, 5, 1, 3},
         {Format::q5_k, 256, 9, 2, 7},  {Format::q5_k, 512, 12, 0, 11}, {Format::q5_k, 768, 5, 1, 3},
         {Format::q6_k, 256, 9, 2, 7},  {Format::q6_k, 512, 12, 0, 11}, {Format::q6_k, 768, 5, 1, 3},
