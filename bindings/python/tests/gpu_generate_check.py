@@ -21,9 +21,15 @@ thinker/talker composite) and models that cannot generate text are SKIP with the
 one case (building it, its reference, or a backend) is recorded as FAIL with the exception and the
 others still run. One FreeToken engine serves every session of the run.
 
-A divergence of the greedy tokens is reported with the reference's top-1/top-2 margin at that
-step; it counts as a failure unless that margin is below the logit error measured over the steps
-before it (a near tie that bf16 rounding may flip), which is printed as such.
+Logits are judged against the exact model, not against one bf16 run: the reference's greedy
+sequence is fed once more (teacher forcing) to the model in fp32 (its bf16 weights held exactly),
+to transformers' bf16 model and to the offloaded one. FreeToken's relative L2 error to the fp32
+logits must stay within twice transformers' own bf16 error (+ 2e-3): random tiny models amplify
+rounding differently at every size, so a fixed threshold would judge the model, not the library.
+A divergence of the greedy tokens counts as a failure unless the fp32 top-1/top-2 margin at that
+step is within twice the larger bf16 logit error (a near tie that rounding may flip). A model whose
+own bf16 reference cannot be built or generate (transformers at this tiny geometry) is SKIP with
+transformers' error.
 """
 import argparse
 import gc
@@ -171,25 +177,32 @@ def generate(model, prompt, tokens):
     return r.sequences[0, prompt.shape[1]:].tolist(), torch.stack([lg[0].float() for lg in r.logits])
 
 
-def compare(ref_tokens, ref_logits, tokens, logits):
-    """(ok, text)."""
+def forced_logits(model, seq, n):
+    """Logits predicting the last n tokens of seq from one forward pass over it (teacher forcing)."""
+    with torch.inference_mode():
+        out = model(seq, use_cache=False)
+    return out.logits[0, -n - 1:-1].float()
+
+
+def compare(ref_tokens, tokens, exact, hf16, ft16):
+    """(ok, text): FreeToken's teacher-forced logits ft16 and transformers' bf16 ones hf16 against the
+    fp32 model's, exact; then the greedy tokens of FreeToken's generate against the reference's."""
     n = len(ref_tokens)
     if len(tokens) != n:
         return False, "generated %d tokens, the reference %d" % (len(tokens), n)
+    scale = float(exact.norm())
+    e_ft, e_hf = float((ft16 - exact).norm()) / scale, float((hf16 - exact).norm()) / scale
+    ok = e_ft <= 2 * e_hf + 2e-3
+    text = "logits rel L2 to fp32 %.2e (transformers bf16 %.2e)" % (e_ft, e_hf)
     first = next((i for i in range(n) if tokens[i] != ref_tokens[i]), n)
-    upto = max(first, 1)
-    d = (logits[:upto] - ref_logits[:upto])
-    rel = float(d.norm() / ref_logits[:upto].norm())
-    err = float(d.abs().max())
-    text = "logits rel L2 %.2e, max |d| %.3g over %d steps" % (rel, err, upto)
-    ok = rel <= 3e-2
     if first < n:
-        top2 = ref_logits[first].topk(2).values
+        top2 = exact[first].topk(2).values
         margin = float(top2[0] - top2[1])
-        if margin <= 2 * err:
-            text += "; tokens diverge at step %d at a near tie (margin %.3g <= 2 x max |d|)" % (first, margin)
+        noise = max(float((ft16[first] - exact[first]).abs().max()), float((hf16[first] - exact[first]).abs().max()))
+        if margin <= 2 * noise:
+            text += "; tokens diverge at step %d at a near tie (fp32 margin %.3g <= 2 x %.3g)" % (first, margin, noise)
         else:
-            text += "; tokens DIVERGE at step %d (margin %.3g)" % (first, margin)
+            text += "; tokens DIVERGE at step %d (fp32 margin %.3g, bf16 error %.3g)" % (first, margin, noise)
             ok = False
     else:
         text += "; tokens identical"
@@ -280,7 +293,17 @@ def run_case(name, spec, args, root, results, engine):
     vocab = tcfg.vocab_size
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + 7)
     prompt = torch.randint(3, vocab, (1, PROMPT), generator=g).cuda()
-    ref_tokens, ref_logits = generate(ref, prompt, args.tokens)
+    try:
+        ref_tokens, _ = generate(ref, prompt, args.tokens)
+        seq = torch.cat([prompt, torch.tensor([ref_tokens], device=prompt.device)], 1)
+        hf16 = forced_logits(ref, seq, args.tokens)
+        exact = forced_logits(ref.float(), seq, args.tokens)  # the bf16 weights, exactly, in fp32
+    except Exception as e:  # noqa: BLE001 - transformers' own model, before FreeToken takes part
+        traceback.print_exc()
+        results.append((name, "-", "SKIP", "transformers' bf16 model cannot generate here: %s: %s" % (
+            type(e).__name__, str(e)[:160])))
+        print("%-20s %-8s %-4s %s" % results[-1], flush=True)
+        return
     del ref, model
     gc.collect()
     torch.cuda.empty_cache()
@@ -291,8 +314,8 @@ def run_case(name, spec, args, root, results, engine):
         try:
             model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction,
                                           engine)
-            tokens, logits = generate(model, prompt, args.tokens)
-            ok, text = compare(ref_tokens, ref_logits, tokens, logits)
+            tokens, _ = generate(model, prompt, args.tokens)
+            ok, text = compare(ref_tokens, tokens, exact, hf16, forced_logits(model, seq, args.tokens))
             try:
                 gok, gtext = graph_check(model, H)
             except Exception as e:  # noqa: BLE001
