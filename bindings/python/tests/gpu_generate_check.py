@@ -359,7 +359,9 @@ def main():
             print("%-20s %-16s %s" % (n, mt, opts))
         return 0
     wanted = [w for w in args.archs.split(",") if w]
-    selected = [(n, s) for n, s in all_cases.items() if not wanted or n in wanted or s[0] in wanted]
+    # A name that is a case selects that case only; another name selects every case of that model type.
+    by_type = [w for w in wanted if w not in all_cases]
+    selected = [(n, s) for n, s in all_cases.items() if not wanted or n in wanted or s[0] in by_type]
     unknown = [w for w in wanted if all(w != n and w != s[0] for n, s in all_cases.items())]
     if unknown:
         ap.error("unknown case or model type: %s (see --list)" % ", ".join(unknown))
