@@ -85,16 +85,6 @@ void CudaBackend::upload_biases() {
     }
 }
 
-cuda::DeviceExperts CudaBackend::with_biases(cuda::DeviceExperts d, int32_t layer) const {
-    if (!biases_.get()) return d;
-    const size_t E = size_t(spec_.num_experts), gu = E * 2 * size_t(spec_.intermediate), dn = E * size_t(spec_.hidden);
-    const float *base = biases_.get<float>() + size_t(layer) * (gu + dn);
-    d.gate_up_bias = base;
-    d.down_bias = base + gu;
-    d.bias_experts = spec_.num_experts;
-    return d;
-}
-
 bool CudaBackend::note_lost(const Error &e) const {
     if (e.status() != FT_ERR_DEVICE_LOST) return false;
     if (!lost_) lost_message_ = e.what();
@@ -173,15 +163,12 @@ ft_layer_stats CudaBackend::to_layer_stats(const int64_t *row, int32_t layer) co
     return s;
 }
 
-void CudaBackend::set_layer_formats(cuda::DeviceExperts &d, int32_t layer) const {
+cuda::DeviceExperts CudaBackend::device_experts(const std::vector<DeviceBuffer> &arrays, size_t slot_offset,
+                                                int32_t layer) const {
+    cuda::DeviceExperts d;
     const LayerFormats lf = spec_.formats_of(layer);
     d.format = lf.gate_up;
     d.down_format = lf.down != lf.gate_up ? int32_t(lf.down) : -1;
-}
-
-cuda::DeviceExperts CudaBackend::device_experts(const std::vector<DeviceBuffer> &arrays, size_t slot_offset) const {
-    cuda::DeviceExperts d;
-    d.format = spec_.format;
     d.hidden = spec_.hidden;
     d.inter = spec_.intermediate;
     const ExpertBanks &banks = ctx_.model->banks();
@@ -189,6 +176,13 @@ cuda::DeviceExperts CudaBackend::device_experts(const std::vector<DeviceBuffer> 
     for (int b = 0; b < d.num_banks; ++b) {
         d.base[b] = arrays[b].get() + slot_offset * banks.row_bytes(b);
         d.row_bytes[b] = banks.row_bytes(b);
+    }
+    if (biases_.get()) {
+        const size_t E = size_t(spec_.num_experts), gu = E * 2 * size_t(spec_.intermediate), dn = E * size_t(spec_.hidden);
+        const float *base = biases_.get<float>() + size_t(layer) * (gu + dn);
+        d.gate_up_bias = base;
+        d.down_bias = base + gu;
+        d.bias_experts = spec_.num_experts;
     }
     return d;
 }
@@ -290,7 +284,7 @@ void CudaBackend::run_prefill(const DecodeCall &c, const uint16_t *x, const int3
         if (host_ids[i] >= spec_.num_experts) host_ids[i] = -1;
     check(cudaMemcpyAsync(slots_.get(), host_ids, routes * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
           "copying the prefill routing");
-    const cuda::DeviceExperts experts = with_biases(prefill_experts(c.layer, stream, stats), c.layer);
+    const cuda::DeviceExperts experts = prefill_experts(c.layer, stream, stats);
     const ft_status s = prefill_->run(experts, x, slots_.get<int32_t>(), host_ids, w, nullptr, y, c.num_tokens, stream);
     if (s != FT_OK) fail(s, "prefill path: ", prefill_->last_error());
     stats.prefill_calls += 1;

@@ -66,13 +66,11 @@ protected:
     std::vector<int64_t> guarded_rows() const;
     // layer >= 0: fetched_bytes counts that layer's own expert bytes (models mixing formats).
     ft_layer_stats to_layer_stats(const int64_t *row, int32_t layer = -1) const;
-    cuda::DeviceExperts device_experts(const std::vector<DeviceBuffer> &arrays, size_t slot_offset) const;
-    // Gives `d` MoE layer `layer`'s formats (gate_up's and down's; unchanged unless the model
-    // mixes GGUF block formats).
-    void set_layer_formats(cuda::DeviceExperts &d, int32_t layer) const;
-    // `d` with the bias tables of `layer` when the model's experts carry biases (bf16 gpt-oss):
-    // indexed by expert id, so the decode also needs the call's expert ids.
-    cuda::DeviceExperts with_biases(cuda::DeviceExperts d, int32_t layer) const;
+    // MoE layer `layer`'s experts in `arrays` from slot `slot_offset` on, at the banks' row sizes:
+    // the layer's formats (gate_up's and down's differ only in models mixing GGUF block formats)
+    // and, when the experts carry biases (bf16 gpt-oss), the layer's bias tables, indexed by
+    // expert id (so the decode also needs the call's expert ids).
+    cuda::DeviceExperts device_experts(const std::vector<DeviceBuffer> &arrays, size_t slot_offset, int32_t layer) const;
 
     BackendContext ctx_;
     const ModelSpec &spec_;

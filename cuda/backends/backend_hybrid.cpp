@@ -141,7 +141,7 @@ private:
         gather(layer, stream);
         // The GPU share reads the device bias tables; the CPU share gets the model's biases
         // through cpu::expert_source (cpu_task).
-        check(decoder_->compute(with_biases(slot_experts(layer), layer), x, slots, tokens, stream, ids),
+        check(decoder_->compute(device_experts(slot_arrays_, 0, layer), x, slots, tokens, stream, ids),
               "launching the expert kernels");
         if (eager) {
             check(cudaEventRecord(gpu_stop_.get(), stream), "recording a timing event");

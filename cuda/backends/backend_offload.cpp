@@ -83,14 +83,8 @@ void OffloadBackend::run_decode(int32_t layer, const uint16_t *x, const int32_t 
     int32_t *slots = slots_.get<int32_t>();
     check(cuda::launch_admit_lru(state_, layer, ids, slots, int64_t(tokens) * spec_.top_k, stream), "launching admission");
     gather(layer, stream);
-    check(decoder_->decode(with_biases(slot_experts(layer), layer), x, slots, w, nullptr, y, tokens, stream, ids),
+    check(decoder_->decode(device_experts(slot_arrays_, 0, layer), x, slots, w, nullptr, y, tokens, stream, ids),
           "launching the expert kernels");
-}
-
-cuda::DeviceExperts OffloadBackend::slot_experts(int32_t layer) const {
-    cuda::DeviceExperts d = device_experts(slot_arrays_, 0);
-    set_layer_formats(d, layer);
-    return d;
 }
 
 void OffloadBackend::gather(int32_t layer, cudaStream_t stream) {
@@ -126,8 +120,7 @@ cuda::DeviceExperts OffloadBackend::prefill_experts(int32_t layer, cudaStream_t 
     const int32_t next = (layer + 1) % spec_.num_layers;
     if (other.layer != next && spec_.num_layers > 1) load_layer(other, next, stream, stats);
     // The layer is copied compactly: its own rows, in its own formats.
-    cuda::DeviceExperts d = device_experts(use->arrays, 0);
-    set_layer_formats(d, layer);
+    cuda::DeviceExperts d = device_experts(use->arrays, 0, layer);
     for (int b = 0; b < d.num_banks; ++b) d.row_bytes[b] = ctx_.model->banks().layer_row_bytes(b, layer);
     return d;
 }

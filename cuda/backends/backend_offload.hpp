@@ -28,8 +28,6 @@ protected:
                     cudaStream_t stream) override;
     // Copies the plan the last admission left on the device into the slots (zero-copy kernel).
     void gather(int32_t layer, cudaStream_t stream);
-    // The slot arrays as the experts of MoE layer `layer` (its formats; slots of the largest rows).
-    cuda::DeviceExperts slot_experts(int32_t layer) const;
     // The layer's experts copied whole into one of two buffers by the copy engine; the next
     // layer is fetched into the other buffer while this one computes.
     cuda::DeviceExperts prefill_experts(int32_t layer, cudaStream_t stream, ft_session_stats &stats) override;

@@ -42,7 +42,7 @@ private:
         int64_t *row = layer_stats_.get<int64_t>() + size_t(layer) * kLayerColumns;
         check(cuda::launch_resident_slots(ids, slots_.get<int32_t>(), int64_t(tokens) * spec_.top_k, spec_.num_experts, row, stream),
               "launching the slot rewrite");
-        const cuda::DeviceExperts experts = with_biases(layer_experts(layer), layer);
+        const cuda::DeviceExperts experts = layer_experts(layer);
         check(decoder_->decode(experts, x, slots_.get<int32_t>(), w, nullptr, y, tokens, stream, ids),
               "launching the expert kernels");
     }
@@ -51,15 +51,10 @@ private:
         return layer_experts(layer);
     }
 
-    // Layer `layer`'s experts at slot = expert id, in the layer's formats.
+    // Layer `layer`'s experts at slot = expert id, in the layer's formats (device_experts).
     cuda::DeviceExperts layer_experts(int32_t layer) const {
-        if (uniform_) {
-            cuda::DeviceExperts d = device_experts(arrays_, size_t(layer) * spec_.num_experts);
-            set_layer_formats(d, layer);
-            return d;
-        }
-        cuda::DeviceExperts d = device_experts(arrays_, 0);
-        set_layer_formats(d, layer);
+        if (uniform_) return device_experts(arrays_, size_t(layer) * spec_.num_experts, layer);
+        cuda::DeviceExperts d = device_experts(arrays_, 0, layer);
         const ExpertBanks &banks = ctx_.model->banks();
         for (int b = 0; b < d.num_banks; ++b) {
             d.base[b] = arrays_[b].get() + layer_offset_[size_t(b) * spec_.num_layers + layer];
