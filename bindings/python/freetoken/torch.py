@@ -725,12 +725,32 @@ def _fix_meta_buffers(model, device):
                         "cannot be rebuilt" % (bname, type(module).__name__))
 
 
+def _keep_in_fp32(model, dtype):
+    """A regex of the parameter names transformers keeps in float32 when loading in `dtype`: the
+    `_keep_in_fp32_modules_strict` of the model and its submodels for fp16 and bf16, their
+    `_keep_in_fp32_modules` for fp16 only; None if none."""
+    names = []
+    for module in model.modules():
+        strict = getattr(module, "_keep_in_fp32_modules_strict", None)
+        loose = getattr(module, "_keep_in_fp32_modules", None)
+        if strict and dtype in (torch.float16, torch.bfloat16):
+            names += list(strict)
+        if loose and dtype == torch.float16:
+            names += list(loose)
+    names = sorted(set(n for n in names if isinstance(n, str) and n))
+    if not names:
+        return None
+    return re.compile("|".join(r"(^|\.)%s($|\.)" % re.escape(n) for n in names))
+
+
 def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_class=None, config=None,
                     trust_remote_code=False, attn_implementation=None, **offload_kwargs):
     """A transformers model of `checkpoint` whose routed experts run in FreeToken: built with its
     parameters on the meta device, experts replaced (offload_experts), then only the non-expert weights
     read from the checkpoint onto `device` (default cuda when available, else cpu). dtype: default
-    torch.bfloat16. model_class: an Auto class (default AutoModelForCausalLM) or a model class (e.g. a
+    torch.bfloat16 (parameters the model keeps in float32 for transformers stay float32). Checkpoint
+    names are matched to the model's as transformers' own loading does (load_non_expert_weights).
+    model_class: an Auto class (default AutoModelForCausalLM) or a model class (e.g. a
     multimodal ...ForConditionalGeneration). attn_implementation: passed to the model's construction
     ("eager", "sdpa", ...; default transformers' choice). Other keywords go to offload_experts()."""
     import transformers
@@ -760,12 +780,20 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
             model = build(config, dtype=dtype, **extra)
         except TypeError:  # transformers 4.x names it torch_dtype
             model = build(config, torch_dtype=dtype, **extra)
-    cast = {}  # floating parameters in `dtype` whatever the build made of them, tied ones kept tied
-    for module in model.modules():
+    # floating parameters in `dtype` whatever the build made of them (tied ones kept tied), except
+    # those the model keeps in float32 as transformers' from_pretrained does (ERNIE-4.5's correction
+    # bias and router weight)
+    keep_fp32 = _keep_in_fp32(model, dtype)
+    cast = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
         for pname, p in list(module._parameters.items()):
-            if p is not None and p.is_floating_point() and p.dtype != dtype:
+            if p is None or not p.is_floating_point():
+                continue
+            want = torch.float32 if keep_fp32 is not None and keep_fp32.search(
+                (mname + "." if mname else "") + pname) else dtype
+            if p.dtype != want:
                 if id(p) not in cast:
-                    cast[id(p)] = nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+                    cast[id(p)] = nn.Parameter(p.to(want), requires_grad=p.requires_grad)
                 module._parameters[pname] = cast[id(p)]
     model.eval()
     if device.type == "cpu" and backend == "auto":

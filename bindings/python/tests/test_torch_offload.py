@@ -643,6 +643,19 @@ class OffloadExperts(unittest.TestCase):
         with torch.no_grad():
             self.assertLess(rel_l2(skeleton(x) - x, want - x), 1e-2)
 
+    def test_parameters_kept_in_float32_as_transformers_keeps_them(self):
+        # from_pretrained casts the model to its dtype except what the model class keeps in float32
+        model = TinyModel(LoopMoe)
+        model._keep_in_fp32_modules_strict = ["gate.weight", "moe_statics"]
+        model.model.layers[0]._keep_in_fp32_modules = ["down_proj"]
+        keep = ftt._keep_in_fp32(model, torch.bfloat16)
+        self.assertTrue(keep.search("model.layers.0.mlp.gate.weight"))
+        self.assertTrue(keep.search("model.layers.1.mlp.gate.moe_statics.e_score_correction_bias"))
+        self.assertFalse(keep.search("model.layers.0.mlp.gate_proj.weight"))
+        self.assertFalse(keep.search("model.layers.0.mlp.experts.0.down_proj.weight"))  # fp16 only
+        self.assertTrue(ftt._keep_in_fp32(model, torch.float16).search("model.layers.0.mlp.experts.0.down_proj.weight"))
+        self.assertIsNone(ftt._keep_in_fp32(TinyModel(LoopMoe), torch.bfloat16))
+
     def test_llama4_style_input_scaled_top1(self):
         model, offload = self.check_matches(Llama4StyleMoe, "llama4")
         info = offload.ft_model.info()
