@@ -33,9 +33,10 @@ transformers' error.
 
 Each offloaded MoE block is also checked on its own (block_check): on random inputs of 1 and 8
 tokens its output against the fp32 reference's block must stay within twice the error of
-transformers' bf16 block (+ 2e-3). Both run the bf16 router, so they take the same routes: a block
-that fails here computes something other than transformers' block, while a case that passes here and
-fails only on the whole model's logits differs by rounding that the model amplifies.
+transformers' bf16 block (+ 2e-3). Both run the same router (bf16, or float32 where the model keeps
+it so), so they take the same routes: a block that fails here computes something other than
+transformers' block, while a case that passes here and fails only on the whole model's logits
+differs by rounding that the model amplifies.
 """
 import argparse
 import copy
@@ -237,9 +238,10 @@ def _first(result):
 def block_check(ref32, model, hidden, seed):
     """Every offloaded MoE block against the same block of the fp32 reference model (its own
     experts) and of a bf16 copy of it (transformers' bf16 error), on random inputs of 1 and 8 tokens.
-    FreeToken's block runs the bf16 model's own router, as the bf16 copy does, so the two take the
-    same routes: a block whose error to fp32 exceeds twice transformers' (+ 2e-3) computes something
-    else, whatever the whole model's drift. Returns (ok, text)."""
+    FreeToken's block runs the offloaded model's own router, as the bf16 copy does (which keeps in
+    float32 what the offloaded block keeps so), so the two take the same routes: a block whose error
+    to fp32 exceeds twice transformers' (+ 2e-3) computes something else, whatever the whole
+    model's drift. Returns (ok, text)."""
     ref_blocks = dict(ref32.named_modules())
     g = torch.Generator().manual_seed(seed)
     worst_ft, worst_hf, worst_name, bad = 0.0, 0.0, "", []
@@ -250,6 +252,12 @@ def block_check(ref32, model, hidden, seed):
         if ref is None:
             return False, "block check: the reference model has no module '%s'" % name
         ref16 = copy.deepcopy(ref).to(torch.bfloat16)
+        # parameters the offloaded model keeps in float32 (a router transformers keeps so) alike here
+        kept = {n for n, p in block.named_parameters() if p.dtype == torch.float32}
+        exact = dict(ref.named_parameters())
+        for n, p in ref16.named_parameters():
+            if n in kept:
+                p.data = exact[n].data.float().clone()
         for tokens in (1, 8):
             x = torch.randn(1, tokens, hidden, generator=g).to(torch.bfloat16).to(next(ref.parameters()).device)
             with torch.inference_mode():
