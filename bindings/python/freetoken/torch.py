@@ -582,7 +582,7 @@ def _transformers_renamings(model):
                     new, matched = rename(name)
                 except Exception:  # noqa: BLE001 - a transform that cannot handle this key
                     return name, False
-                return new, matched is not None and new != name
+                return new, matched is not None
             out.append((kind, apply))
         if out:
             return out

@@ -864,6 +864,13 @@ class CheckpointNames(unittest.TestCase):
                 ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
         self.assertIn("converts", cm.exception.message)
         self.assertIn("model.layers.0.mlp.gate.weight", cm.exception.message)
+        # a conversion that keeps the name (a transpose in place) is refused alike
+        model = self.skeleton()
+        with transformers_mapping([_Transform(r"\.mlp\.gate\.", ".mlp.gate.", operations=["transpose"]),
+                                   _Transform(r"\.mlp\.gate\.", ".mlp.scorer.")]):
+            with self.assertRaises(ft.Error) as cm:
+                ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
+        self.assertIn("model.layers.0.mlp.scorer.weight", cm.exception.message)
 
 
 if __name__ == "__main__":
