@@ -544,7 +544,7 @@ def _parameters_on_meta():
 _EXPERT_KEY = re.compile(r"\.experts\.")
 # Checkpoint tensors FreeToken reads as experts although their name has no ".experts." (GraniteMoe's
 # parallel experts); left out of the list of unmatched checkpoint names.
-_EXPERT_LIKE_KEY = re.compile(r"\.experts\.|\.(input|output)_linear\.weight$")
+_EXPERT_LIKE_KEY = re.compile(r"\.experts\.|\.block_sparse_moe\.(input|output)_linear\.weight$")
 
 # Renames tried when transformers' own mapping gives no parameter name: checkpoint spelling ->
 # model spelling, applied alone or two together (PhiMoE: block_sparse_moe.gate -> mlp.router).
