@@ -559,9 +559,11 @@ _RENAMES = (("block_sparse_moe.", "mlp."), ("mlp.", "block_sparse_moe."),
 
 def _transformers_renamings(model):
     """[(kind, rename)]: transformers' own checkpoint-key renaming for `model` (its conversion
-    mapping, transformers >= 5), as functions name -> (new name, matched); kind is 'rename' for a
-    pure renaming and 'convert' for a weight conversion (the tensor is transformed too: concatenated,
-    transposed, split). Without transformers or that machinery: the model's class attribute
+    mapping, transformers >= 5), as functions name -> (new name, matched). kind: 'rename' for a
+    renaming (transformers applies every one that matches, in order), 'converter' for a weight
+    converter that only renames and 'convert' for one that transforms the tensor too (concatenates,
+    transposes, splits); transformers applies the first converter that matches, after the renamings.
+    Without transformers or that machinery: the model's class attribute
     `_checkpoint_conversion_mapping` (regex -> replacement, transformers 4.x); else []."""
     out = []
     try:
@@ -574,8 +576,10 @@ def _transformers_renamings(model):
             rename = getattr(t, "rename_source_key", None)
             if not callable(rename):
                 continue
-            ops = getattr(t, "operations", None)
-            kind = "convert" if ops else "rename"
+            if "Converter" in type(t).__name__:
+                kind = "convert" if getattr(t, "operations", None) else "converter"
+            else:
+                kind = "rename"
 
             def apply(name, rename=rename):
                 try:
@@ -598,7 +602,7 @@ def _transformers_renamings(model):
 
 class _CheckpointKeys:
     """Which model parameter or buffer a checkpoint tensor fills: the same name, else the name
-    transformers gives it on load (its renamings in order; a weight conversion ends the chain), else
+    transformers gives it on load (its renamings, then its first matching converter), else
     the name with the model's base_model_prefix added or removed, and after one or two of _RENAMES."""
 
     def __init__(self, model):
@@ -608,12 +612,16 @@ class _CheckpointKeys:
         self.prefix = prefix + "." if isinstance(prefix, str) and prefix else ""
 
     def transformers_name(self, name):
-        """(name after transformers' renamings, True when a conversion that transforms the tensor
-        matched)."""
+        """(name after transformers' renamings and first matching converter, True when that
+        converter transforms the tensor)."""
         for kind, apply in self.renamings:
-            name, matched = apply(name)
-            if matched and kind == "convert":
-                return name, True
+            if kind == "rename":
+                name, _ = apply(name)
+        for kind, apply in self.renamings:
+            if kind != "rename":
+                new, matched = apply(name)
+                if matched:
+                    return new, kind == "convert"
         return name, False
 
     def target(self, name, targets):

@@ -779,16 +779,24 @@ class OffloadExperts(unittest.TestCase):
         self.assertEqual(cm.exception.status, ft.FT_ERR_STATE)
 
 
-class _Transform:
-    """Stands for a transformers >= 5 WeightRenaming (operations empty) or WeightConverter:
-    rename_source_key(key) -> (new key, the pattern that matched or None)."""
+class WeightRenaming:
+    """Stands for transformers' (>= 5) WeightRenaming: rename_source_key(key) -> (new key, the
+    pattern that matched or None)."""
 
-    def __init__(self, source, target, operations=()):
-        self.source, self.target, self.operations = source, target, list(operations)
+    def __init__(self, source, target):
+        self.source, self.target = source, target
 
     def rename_source_key(self, key):
         new, n = re.subn(self.source, self.target, key, count=1)
         return new, (self.source if n else None)
+
+
+class WeightConverter(WeightRenaming):
+    """Stands for transformers' WeightConverter: a renaming whose operations transform the tensor."""
+
+    def __init__(self, source, target, operations=()):
+        super().__init__(source, target)
+        self.operations = list(operations)
 
 
 @contextlib.contextmanager
@@ -838,14 +846,16 @@ class CheckpointNames(unittest.TestCase):
 
     def test_transformers_renaming_is_applied(self):
         model = self.skeleton()
-        with transformers_mapping([_Transform(r"\.mlp\.gate\.", ".mlp.scorer.")]):
+        # a converter that only renames (no operations) is a renaming too
+        with transformers_mapping([WeightRenaming(r"\.mlp\.gate\.", ".mlp.router."),
+                                   WeightConverter(r"\.mlp\.router\.", ".mlp.scorer.")]):
             ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
         with torch.no_grad():
             self.assertLess(rel_l2(model(self.x) - self.x, self.want - self.x), 1e-2)
 
     def test_unmatched_names_are_reported_on_both_sides(self):
         model = self.skeleton()
-        with transformers_mapping([_Transform(r"\.unrelated\.", ".other.")]):
+        with transformers_mapping([WeightRenaming(r"\.unrelated\.", ".other.")]):
             with self.assertRaises(ft.Error) as cm:
                 ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
         self.assertEqual(cm.exception.status, ft.FT_ERR_FORMAT)
@@ -858,16 +868,17 @@ class CheckpointNames(unittest.TestCase):
         # a conversion transforms the tensor (fuses, transposes): copying it as it is would load
         # wrong values, so the parameter stays unloaded and the error says why
         model = self.skeleton()
-        convert = _Transform(r"\.mlp\.gate\.", ".mlp.scorer.", operations=["transpose"])
+        convert = WeightConverter(r"\.mlp\.gate\.", ".mlp.scorer.", operations=["transpose"])
         with transformers_mapping([convert]):
             with self.assertRaises(ft.Error) as cm:
                 ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
         self.assertIn("converts", cm.exception.message)
         self.assertIn("model.layers.0.mlp.gate.weight", cm.exception.message)
-        # a conversion that keeps the name (a transpose in place) is refused alike
+        # as transformers does, the renamings apply first (wherever they are in the list), then the
+        # first converter that matches; one that keeps the name (a transpose in place) is refused alike
         model = self.skeleton()
-        with transformers_mapping([_Transform(r"\.mlp\.gate\.", ".mlp.gate.", operations=["transpose"]),
-                                   _Transform(r"\.mlp\.gate\.", ".mlp.scorer.")]):
+        with transformers_mapping([WeightConverter(r"\.mlp\.scorer\.", ".mlp.scorer.", operations=["transpose"]),
+                                   WeightRenaming(r"\.mlp\.gate\.", ".mlp.scorer.")]):
             with self.assertRaises(ft.Error) as cm:
                 ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
         self.assertIn("model.layers.0.mlp.scorer.weight", cm.exception.message)
