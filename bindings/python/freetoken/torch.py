@@ -542,26 +542,122 @@ def _parameters_on_meta():
 
 
 _EXPERT_KEY = re.compile(r"\.experts\.")
+# Checkpoint tensors FreeToken reads as experts although their name has no ".experts." (GraniteMoe's
+# parallel experts); left out of the list of unmatched checkpoint names.
+_EXPERT_LIKE_KEY = re.compile(r"\.experts\.|\.block_sparse_moe\.(input|output)_linear\.weight$")
+
+# Renames tried when transformers' own mapping gives no parameter name: checkpoint spelling ->
+# model spelling, applied alone or two together (PhiMoE: block_sparse_moe.gate -> mlp.router).
+_RENAMES = (("block_sparse_moe.", "mlp."), ("mlp.", "block_sparse_moe."),
+            ("model.language_model.", "model."), ("language_model.model.", "model."),
+            ("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
+            ("vision_model.", "model.vision_model."), ("multi_modal_projector.", "model.multi_modal_projector."),
+            (".router.layer.", ".router."),  # GraniteMoe (transformers >= 5: the router holds the weight)
+            (".gate.weight", ".router.weight"),  # PhiMoE (transformers >= 5)
+            ("mlp.moe_statics.", "mlp.gate.moe_statics."))  # ERNIE-4.5 MoE (transformers >= 5)
 
 
-def _checkpoint_names(name, params):
-    """Model parameter name for a checkpoint tensor name, or None."""
-    if name in params:
-        return name
-    for a, b in (("block_sparse_moe.", "mlp."), ("mlp.", "block_sparse_moe."),
-                 ("model.language_model.", "model."), ("language_model.model.", "model."),
-                 ("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
-                 ("vision_model.", "model.vision_model."), ("multi_modal_projector.", "model.multi_modal_projector.")):
-        alt = name.replace(a, b)
-        if alt in params:
-            return alt
-    return None
+def _transformers_renamings(model):
+    """[(kind, rename)]: transformers' own checkpoint-key renaming for `model` (its conversion
+    mapping, transformers >= 5), as functions name -> (new name, matched). kind: 'rename' for a
+    renaming (transformers applies every one that matches, in order), 'converter' for a weight
+    converter that only renames and 'convert' for one that transforms the tensor too (concatenates,
+    transposes, splits); transformers applies the first converter that matches, after the renamings.
+    Without transformers or that machinery: the model's class attribute
+    `_checkpoint_conversion_mapping` (regex -> replacement, transformers 4.x); else []."""
+    out = []
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        transforms = list(get_model_conversion_mapping(model) or ())
+    except Exception:  # noqa: BLE001 - no transformers, an older one, or a model it does not know
+        transforms = None
+    if transforms:
+        for t in transforms:
+            rename = getattr(t, "rename_source_key", None)
+            if not callable(rename):
+                continue
+            if "Converter" in type(t).__name__:
+                kind = "convert" if getattr(t, "operations", None) else "converter"
+            else:
+                kind = "rename"
+
+            def apply(name, rename=rename):
+                try:
+                    new, matched = rename(name)
+                except Exception:  # noqa: BLE001 - a transform that cannot handle this key
+                    return name, False
+                return new, matched is not None
+            out.append((kind, apply))
+        if out:
+            return out
+    mapping = getattr(type(model), "_checkpoint_conversion_mapping", None)
+    if isinstance(mapping, dict):
+        for pattern, replacement in mapping.items():
+            def apply(name, pattern=pattern, replacement=replacement):
+                new, n = re.subn(pattern, replacement, name)
+                return new, n > 0
+            out.append(("rename", apply))
+    return out
+
+
+class _CheckpointKeys:
+    """Which model parameter or buffer a checkpoint tensor fills: the same name, else the name
+    transformers gives it on load (its renamings, then its first matching converter), else
+    the name with the model's base_model_prefix added or removed, and after one or two of _RENAMES."""
+
+    def __init__(self, model):
+        self.renamings = _transformers_renamings(model)
+        self.needs_conversion = {}  # checkpoint name -> model name a transformers conversion gives it
+        prefix = getattr(model, "base_model_prefix", "")
+        self.prefix = prefix + "." if isinstance(prefix, str) and prefix else ""
+
+    def transformers_name(self, name):
+        """(name after transformers' renamings and first matching converter, True when that
+        converter transforms the tensor)."""
+        for kind, apply in self.renamings:
+            if kind == "rename":
+                name, _ = apply(name)
+        for kind, apply in self.renamings:
+            if kind != "rename":
+                new, matched = apply(name)
+                if matched:
+                    return new, kind == "convert"
+        return name, False
+
+    def target(self, name, targets):
+        if name in targets:
+            return name
+        renamed, converted = self.transformers_name(name)
+        if renamed in targets:
+            if converted:  # the tensor itself differs from the parameter (fused, transposed)
+                self.needs_conversion[name] = renamed
+                return None
+            return renamed
+        bases = [name, renamed]
+        if self.prefix:  # a checkpoint of the base model read into a model with a head, and back
+            bases += [n[len(self.prefix):] if n.startswith(self.prefix) else self.prefix + n for n in bases]
+        for base in dict.fromkeys(bases):
+            if base in targets:
+                return base
+            for a, b in _RENAMES:
+                once = base.replace(a, b)
+                if once == base:
+                    continue
+                if once in targets:
+                    return once
+                for c, d in _RENAMES:
+                    twice = once.replace(c, d)
+                    if twice != once and twice in targets:
+                        return twice
+        return None
 
 
 def load_non_expert_weights(model, checkpoint, device):
     """Materialises every parameter still on the meta device on `device` and fills it, and every
     persistent buffer the checkpoint holds, from the checkpoint's tensors (expert tensors skipped),
-    keeping tied parameters tied; raises Error naming any parameter left unloaded."""
+    keeping tied parameters tied. Checkpoint names are matched to the model's by transformers' own
+    key renaming where it has one (_CheckpointKeys). Raises Error naming any parameter left unloaded
+    and the checkpoint tensors no parameter took."""
     replaced = {}
     for module in model.modules():
         for pname, p in list(module._parameters.items()):
@@ -579,15 +675,18 @@ def load_non_expert_weights(model, checkpoint, device):
         for bname, b in module._buffers.items():
             if b is not None and bname not in getattr(module, "_non_persistent_buffers_set", ()):
                 targets[prefix + bname] = b
-    loaded = set()
+    keys = _CheckpointKeys(model)
+    loaded, unmatched = set(), []
     for path in checkpoint_files(checkpoint):
         header, _ = read_header(path)
         wanted = {}
         for name, meta in header.items():
             if _EXPERT_KEY.search(name):
                 continue
-            target = _checkpoint_names(name, targets)
+            target = keys.target(name, targets)
             if target is None:
+                if not _EXPERT_LIKE_KEY.search(name):
+                    unmatched.append(name)
                 continue
             if meta["dtype"].startswith("F8"):
                 raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s: non-expert tensor '%s' is %s; from_pretrained loads "
@@ -601,11 +700,21 @@ def load_non_expert_weights(model, checkpoint, device):
             with torch.no_grad():
                 p.copy_(t.to(dtype=p.dtype))
             loaded.add(id(p))
-    missing = sorted({n for n, p in targets.items() if id(p) in {id(v) for v in replaced.values()} and
-                      id(p) not in loaded})
+    new = {id(v) for v in replaced.values()}
+    missing = sorted({n for n, p in targets.items() if id(p) in new and id(p) not in loaded})
     if missing:
-        raise Error(_ffi.FT_ERR_FORMAT, "%s: no tensor for %d parameter(s): %s" % (
-            checkpoint, len(missing), ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")))
+        how = ("transformers' checkpoint conversion mapping of %s and freetoken's own renames"
+               % type(model).__name__ if keys.renamings else "freetoken's own renames (transformers has no "
+               "checkpoint conversion mapping for %s here)" % type(model).__name__)
+        text = "%s: no tensor for %d parameter(s): %s" % (
+            checkpoint, len(missing), ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""))
+        converted = sorted(n for n in keys.needs_conversion if keys.needs_conversion[n] in missing)
+        if converted:
+            text += "; transformers converts (not only renames) %s into them, which from_pretrained does " \
+                    "not do" % ", ".join(converted[:4])
+        text += "; checkpoint tensors that matched no parameter by %s: %s" % (
+            how, ", ".join(sorted(unmatched)[:8]) + (" ..." if len(unmatched) > 8 else "") if unmatched else "none")
+        raise Error(_ffi.FT_ERR_FORMAT, text)
 
 
 def _fix_meta_buffers(model, device):
@@ -624,12 +733,32 @@ def _fix_meta_buffers(model, device):
                         "cannot be rebuilt" % (bname, type(module).__name__))
 
 
+def _keep_in_fp32(model, dtype):
+    """A regex of the parameter names transformers keeps in float32 when loading in `dtype`: the
+    `_keep_in_fp32_modules_strict` of the model and its submodels for fp16 and bf16, their
+    `_keep_in_fp32_modules` for fp16 only; None if none."""
+    names = []
+    for module in model.modules():
+        strict = getattr(module, "_keep_in_fp32_modules_strict", None)
+        loose = getattr(module, "_keep_in_fp32_modules", None)
+        if strict and dtype in (torch.float16, torch.bfloat16):
+            names += list(strict)
+        if loose and dtype == torch.float16:
+            names += list(loose)
+    names = sorted(set(n for n in names if isinstance(n, str) and n))
+    if not names:
+        return None
+    return re.compile("|".join(r"(^|\.)%s($|\.)" % re.escape(n) for n in names))
+
+
 def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_class=None, config=None,
                     trust_remote_code=False, attn_implementation=None, **offload_kwargs):
     """A transformers model of `checkpoint` whose routed experts run in FreeToken: built with its
     parameters on the meta device, experts replaced (offload_experts), then only the non-expert weights
     read from the checkpoint onto `device` (default cuda when available, else cpu). dtype: default
-    torch.bfloat16. model_class: an Auto class (default AutoModelForCausalLM) or a model class (e.g. a
+    torch.bfloat16 (parameters the model keeps in float32 for transformers stay float32). Checkpoint
+    names are matched to the model's as transformers' own loading does (load_non_expert_weights).
+    model_class: an Auto class (default AutoModelForCausalLM) or a model class (e.g. a
     multimodal ...ForConditionalGeneration). attn_implementation: passed to the model's construction
     ("eager", "sdpa", ...; default transformers' choice). Other keywords go to offload_experts()."""
     import transformers
@@ -659,12 +788,20 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
             model = build(config, dtype=dtype, **extra)
         except TypeError:  # transformers 4.x names it torch_dtype
             model = build(config, torch_dtype=dtype, **extra)
-    cast = {}  # floating parameters in `dtype` whatever the build made of them, tied ones kept tied
-    for module in model.modules():
+    # floating parameters in `dtype` whatever the build made of them (tied ones kept tied), except
+    # those the model keeps in float32 as transformers' from_pretrained does (ERNIE-4.5's correction
+    # bias and router weight)
+    keep_fp32 = _keep_in_fp32(model, dtype)
+    cast = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
         for pname, p in list(module._parameters.items()):
-            if p is not None and p.is_floating_point() and p.dtype != dtype:
+            if p is None or not p.is_floating_point():
+                continue
+            want = torch.float32 if keep_fp32 is not None and keep_fp32.search(
+                (mname + "." if mname else "") + pname) else dtype
+            if p.dtype != want:
                 if id(p) not in cast:
-                    cast[id(p)] = nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+                    cast[id(p)] = nn.Parameter(p.to(want), requires_grad=p.requires_grad)
                 module._parameters[pname] = cast[id(p)]
     model.eval()
     if device.type == "cpu" and backend == "auto":

@@ -30,8 +30,16 @@ A divergence of the greedy tokens counts as a failure unless the fp32 top-1/top-
 step is within twice the larger bf16 logit error (a near tie that rounding may flip). A model whose
 own bf16 reference cannot be built or generate (transformers at this tiny geometry) is SKIP with
 transformers' error.
+
+Each offloaded MoE block is also checked on its own (block_check): on random inputs of 1 and 8
+tokens its output against the fp32 reference's block must stay within twice the error of
+transformers' bf16 block (+ 2e-3). Both run the same router (bf16, or float32 where the model keeps
+it so), so they take the same routes: a block that fails here computes something other than
+transformers' block, while a case that passes here and fails only on the whole model's logits
+differs by rounding that the model amplifies.
 """
 import argparse
+import copy
 import gc
 import json
 import os
@@ -184,9 +192,11 @@ def forced_logits(model, seq, n):
     return out.logits[0, -n - 1:-1].float()
 
 
-def compare(ref_tokens, tokens, exact, hf16, ft16):
+def compare(ref_tokens, tokens, exact, hf16, ft16, suppressed=()):
     """(ok, text): FreeToken's teacher-forced logits ft16 and transformers' bf16 ones hf16 against the
-    fp32 model's, exact; then the greedy tokens of FreeToken's generate against the reference's."""
+    fp32 model's, exact; then the greedy tokens of FreeToken's generate against the reference's.
+    suppressed: token ids generate never picks (the EOS ids, masked while min_new_tokens is not
+    reached); the top-1/top-2 margin at a divergence is taken over the other tokens."""
     n = len(ref_tokens)
     if len(tokens) != n:
         return False, "generated %d tokens, the reference %d" % (len(tokens), n)
@@ -196,7 +206,11 @@ def compare(ref_tokens, tokens, exact, hf16, ft16):
     text = "logits rel L2 to fp32 %.2e (transformers bf16 %.2e)" % (e_ft, e_hf)
     first = next((i for i in range(n) if tokens[i] != ref_tokens[i]), n)
     if first < n:
-        top2 = exact[first].topk(2).values
+        pickable = exact[first].clone()
+        for t in suppressed:
+            if 0 <= t < pickable.numel():
+                pickable[t] = float("-inf")
+        top2 = pickable.topk(2).values
         margin = float(top2[0] - top2[1])
         noise = max(float((ft16[first] - exact[first]).abs().max()), float((hf16[first] - exact[first]).abs().max()))
         if margin <= 2 * noise:
@@ -207,6 +221,60 @@ def compare(ref_tokens, tokens, exact, hf16, ft16):
     else:
         text += "; tokens identical"
     return ok, text
+
+
+def eos_ids(tcfg):
+    """The EOS token ids of a text config (generate masks them until min_new_tokens)."""
+    eos = getattr(tcfg, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+
+
+def _first(result):
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def block_check(ref32, model, hidden, seed):
+    """Every offloaded MoE block against the same block of the fp32 reference model (its own
+    experts) and of a bf16 copy of it (transformers' bf16 error), on random inputs of 1 and 8 tokens.
+    FreeToken's block runs the offloaded model's own router, as the bf16 copy does (which keeps in
+    float32 what the offloaded block keeps so), so the two take the same routes: a block whose error
+    to fp32 exceeds twice transformers' (+ 2e-3) computes something else, whatever the whole
+    model's drift. Returns (ok, text)."""
+    ref_blocks = dict(ref32.named_modules())
+    g = torch.Generator().manual_seed(seed)
+    worst_ft, worst_hf, worst_name, bad = 0.0, 0.0, "", []
+    for name, block in model.named_modules():
+        if not hasattr(block, "_freetoken"):
+            continue
+        ref = ref_blocks.get(name)
+        if ref is None:
+            return False, "block check: the reference model has no module '%s'" % name
+        ref16 = copy.deepcopy(ref).to(torch.bfloat16)
+        # parameters the offloaded model keeps in float32 (a router transformers keeps so) alike here
+        kept = {n for n, p in block.named_parameters() if p.dtype == torch.float32}
+        exact = dict(ref.named_parameters())
+        for n, p in ref16.named_parameters():
+            if n in kept:
+                p.data = exact[n].data.float().clone()
+        for tokens in (1, 8):
+            x = torch.randn(1, tokens, hidden, generator=g).to(torch.bfloat16).to(next(ref.parameters()).device)
+            with torch.inference_mode():
+                want = _first(ref(x.float())).float()
+                hf = _first(ref16(x)).float()
+                got = _first(block(x)).float()
+            scale = float(want.norm()) or 1.0
+            e_ft, e_hf = float((got - want).norm()) / scale, float((hf - want).norm()) / scale
+            if e_ft - 2 * e_hf > worst_ft - 2 * worst_hf or not worst_name:
+                worst_ft, worst_hf, worst_name = e_ft, e_hf, "%s, %d token%s" % (name, tokens, "s" * (tokens > 1))
+            if e_ft > 2 * e_hf + 2e-3:
+                bad.append(name)
+        del ref16
+    text = "MoE blocks vs fp32: FreeToken %.2e, transformers bf16 %.2e (worst: %s)" % (worst_ft, worst_hf, worst_name)
+    if bad:
+        text += "; blocks DIFFER: %s" % ", ".join(sorted(set(bad)))
+    return not bad, text
 
 
 def graph_check(model, hidden):
@@ -297,14 +365,15 @@ def run_case(name, spec, args, root, results, engine):
         ref_tokens, _ = generate(ref, prompt, args.tokens)
         seq = torch.cat([prompt, torch.tensor([ref_tokens], device=prompt.device)], 1)
         hf16 = forced_logits(ref, seq, args.tokens)
-        exact = forced_logits(ref.float(), seq, args.tokens)  # the bf16 weights, exactly, in fp32
+        # the bf16 weights, exactly, in fp32; ref stays this fp32 model for block_check
+        exact = forced_logits(ref.float(), seq, args.tokens)
     except Exception as e:  # noqa: BLE001 - transformers' own model, before FreeToken takes part
         traceback.print_exc()
         results.append((name, "-", "SKIP", "transformers' bf16 model cannot generate here: %s: %s" % (
             type(e).__name__, str(e)[:160])))
         print("%-20s %-8s %-4s %s" % results[-1], flush=True)
         return
-    del ref, model
+    del model
     gc.collect()
     torch.cuda.empty_cache()
     built_in = time.time() - t0
@@ -315,7 +384,14 @@ def run_case(name, spec, args, root, results, engine):
             model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction,
                                           engine)
             tokens, _ = generate(model, prompt, args.tokens)
-            ok, text = compare(ref_tokens, tokens, exact, hf16, forced_logits(model, seq, args.tokens))
+            ok, text = compare(ref_tokens, tokens, exact, hf16, forced_logits(model, seq, args.tokens),
+                               eos_ids(tcfg))
+            try:
+                bok, btext = block_check(ref, model, H, zlib.crc32(name.encode()) + 11)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                bok, btext = False, "block check failed: %s: %s" % (type(e).__name__, e)
+            ok, text = ok and bok, text + "; " + btext
             try:
                 gok, gtext = graph_check(model, H)
             except Exception as e:  # noqa: BLE001

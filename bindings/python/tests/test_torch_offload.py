@@ -7,12 +7,19 @@ router, correction bias and a shared expert, a Qwen2-MoE-style block with a sigm
 expert, GraniteMoe-style parallel experts (input_linear/output_linear, expert-sorted router output;
 with a shared_mlp beside the block in the decoder layer as GraniteMoeShared has), and a
 Llama-4-style block (top-1, the weight scales the expert input, experts called with the hidden
-states alone, a shared expert). The checkpoint each time is written from the module's own weights.
+states alone, a shared expert), and GraniteMoe as transformers >= 5.15 writes it (router returning
+(index, weights, logits), fused experts) read from a checkpoint with the Hub's older names. The
+checkpoint each time is written from the module's own weights. CheckpointNames: the checkpoint-name
+matching of load_non_expert_weights with a stand-in for transformers' conversion mapping.
 """
+import contextlib
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
+import types
 import unittest
 
 import torch
@@ -282,6 +289,59 @@ class GraniteStyleMoe(nn.Module):
         return out.view(b, s, h), logits
 
 
+class Granite5StyleRouter(nn.Module):
+    """GraniteMoeTopKRouter as transformers >= 5.15 writes it: the weight on the router itself, top-k
+    of the fp32 logits, softmax over the k; returns (top_k_index, top_k_weights, router_logits), the
+    reverse of the (logits, weights, index) order of the other families."""
+
+    def __init__(self):
+        super().__init__()
+        self.top_k = K
+        self.weight = nn.Parameter(torch.randn(E, H) / H ** 0.5)
+
+    def forward(self, x):
+        logits = F.linear(x, self.weight).float()
+        top, ids = logits.topk(self.top_k, dim=-1)
+        return ids, torch.softmax(top, dim=-1), logits
+
+
+class Granite5StyleMoe(nn.Module):
+    """GraniteMoeMoE as transformers >= 5.15 writes it: `router` and fused `experts` (gate_up_proj
+    [E, 2I, H], down_proj [E, H, I]) called with the routes; returns the tensor alone. Its Hub
+    checkpoints keep the older names (router.layer.weight, input_linear.weight, output_linear.weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = Granite5StyleRouter()
+        self.experts = FusedExperts()
+
+    def forward(self, layer_input):
+        b, s, h = layer_input.shape
+        x = layer_input.reshape(-1, h)
+        ids, w, _ = self.router(x)
+        return self.experts(x, ids, w).view(b, s, h)
+
+
+class GraniteLayer(nn.Module):
+    """A GraniteMoe decoder layer: the block is `block_sparse_moe`, its output scaled by the
+    residual multiplier."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block_sparse_moe = block
+        self.residual_multiplier = 0.5
+
+    def forward(self, x):
+        y = self.block_sparse_moe(x)
+        return x + self.residual_multiplier * (y[0] if isinstance(y, tuple) else y)
+
+
+# GraniteMoe's names in Hub checkpoints for what transformers >= 5.15 holds under other names
+GRANITE_HUB_NAMES = (("block_sparse_moe.router.weight", "block_sparse_moe.router.layer.weight"),
+                     ("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.input_linear.weight"),
+                     ("block_sparse_moe.experts.down_proj", "block_sparse_moe.output_linear.weight"))
+
+
 class Llama4StyleRouter(nn.Linear):
     """Returns (dense scores [T, E]: sigmoid of the top-k logits, 0 elsewhere; logits)."""
 
@@ -421,11 +481,15 @@ CONFIGS = {  # config.json per hand-built block style, as the loader reads them
 CONFIGS["loop"] = CONFIGS["fused"] = CONFIGS["qwen3"]
 
 
-def write_checkpoint(model, path, style):
+def write_checkpoint(model, path, style, renames=()):
+    """model's state dict as a safetensors checkpoint with the style's config.json; renames:
+    (model spelling, checkpoint spelling) substitutions of the tensor names."""
     os.makedirs(path, exist_ok=True)
     tensors = {}
     for name, p in model.state_dict().items():
         t = p.detach()
+        for a, b in renames:
+            name = name.replace(a, b)
         if style == "gpt_oss" and (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
             # MXFP4 as gpt-oss stores it: [E, N, K] (the module holds [E, K, N]); the module gets the
             # dequantised weights, so both sides compute with the same values
@@ -455,14 +519,14 @@ class OffloadExperts(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def build(self, make_block, style, layer=Layer):
+    def build(self, make_block, style, layer=Layer, renames=()):
         model = bf16_round_(TinyModel(make_block, layer)).eval()
         path = os.path.join(self.tmp, style)
-        write_checkpoint(model, path, style)
+        write_checkpoint(model, path, style, renames)
         return model, path
 
-    def check_matches(self, make_block, style, tokens=5, layer=Layer, **kwargs):
-        model, path = self.build(make_block, style, layer)
+    def check_matches(self, make_block, style, tokens=5, layer=Layer, renames=(), **kwargs):
+        model, path = self.build(make_block, style, layer, renames)
         x = torch.randn(1, tokens, H)
         with torch.no_grad():
             want = model(x)
@@ -547,6 +611,50 @@ class OffloadExperts(unittest.TestCase):
         model, _ = self.check_matches(GraniteStyleMoe, "granite_shared", layer=SharedBesideLayer,
                                       shared_experts="freetoken")
         self.assertIsInstance(model.model.layers[1].shared_mlp, ftt._Zero)
+
+    def test_granite5_style_block_from_a_hub_checkpoint(self):
+        # transformers >= 5.15 GraniteMoe: the router returns (index, weights, logits) and the fused
+        # experts are called with the routes, so the block keeps its forward; every token count
+        # (decode steps are one token) matches the block's own output
+        for tokens in (1, 2, 7):
+            with self.subTest(tokens=tokens):
+                model, offload = self.check_matches(Granite5StyleMoe, "granite", tokens=tokens,
+                                                    layer=GraniteLayer, renames=GRANITE_HUB_NAMES)
+                block = model.model.layers[0].block_sparse_moe
+                self.assertEqual(block.forward.__func__, Granite5StyleMoe.forward)
+                self.assertIsInstance(block.experts, ftt.FreeTokenExperts)
+                self.assertEqual(offload.stats()["decode_calls"], L)
+                offload.close()
+
+    def test_granite5_style_built_on_meta_maps_the_hub_names(self):
+        # from_pretrained's path: parameters on meta, experts replaced, router.layer.weight of the Hub
+        # checkpoint read into the router's own weight
+        model, path = self.build(Granite5StyleMoe, "granite", GraniteLayer, GRANITE_HUB_NAMES)
+        x = torch.randn(1, 4, H)
+        with torch.no_grad():
+            want = model(x)
+        torch.manual_seed(321)
+        with ftt._parameters_on_meta():
+            skeleton = TinyModel(Granite5StyleMoe, GraniteLayer).eval()
+        ftt.offload_experts(skeleton, path, backend="cpu", device="cpu", cpu_threads=2)
+        ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
+        for a, b in zip(model.model.layers, skeleton.model.layers):
+            self.assertTrue(torch.equal(a.block_sparse_moe.router.weight, b.block_sparse_moe.router.weight))
+        with torch.no_grad():
+            self.assertLess(rel_l2(skeleton(x) - x, want - x), 1e-2)
+
+    def test_parameters_kept_in_float32_as_transformers_keeps_them(self):
+        # from_pretrained casts the model to its dtype except what the model class keeps in float32
+        model = TinyModel(LoopMoe)
+        model._keep_in_fp32_modules_strict = ["gate.weight", "moe_statics"]
+        model.model.layers[0]._keep_in_fp32_modules = ["down_proj"]
+        keep = ftt._keep_in_fp32(model, torch.bfloat16)
+        self.assertTrue(keep.search("model.layers.0.mlp.gate.weight"))
+        self.assertTrue(keep.search("model.layers.1.mlp.gate.moe_statics.e_score_correction_bias"))
+        self.assertFalse(keep.search("model.layers.0.mlp.gate_proj.weight"))
+        self.assertFalse(keep.search("model.layers.0.mlp.experts.0.down_proj.weight"))  # fp16 only
+        self.assertTrue(ftt._keep_in_fp32(model, torch.float16).search("model.layers.0.mlp.experts.0.down_proj.weight"))
+        self.assertIsNone(ftt._keep_in_fp32(TinyModel(LoopMoe), torch.bfloat16))
 
     def test_llama4_style_input_scaled_top1(self):
         model, offload = self.check_matches(Llama4StyleMoe, "llama4")
@@ -669,6 +777,111 @@ class OffloadExperts(unittest.TestCase):
             with torch.no_grad():
                 model(torch.randn(1, 1, H))
         self.assertEqual(cm.exception.status, ft.FT_ERR_STATE)
+
+
+class WeightRenaming:
+    """Stands for transformers' (>= 5) WeightRenaming: rename_source_key(key) -> (new key, the
+    pattern that matched or None)."""
+
+    def __init__(self, source, target):
+        self.source, self.target = source, target
+
+    def rename_source_key(self, key):
+        new, n = re.subn(self.source, self.target, key, count=1)
+        return new, (self.source if n else None)
+
+
+class WeightConverter(WeightRenaming):
+    """Stands for transformers' WeightConverter: a renaming whose operations transform the tensor."""
+
+    def __init__(self, source, target, operations=()):
+        super().__init__(source, target)
+        self.operations = list(operations)
+
+
+@contextlib.contextmanager
+def transformers_mapping(transforms):
+    """A `transformers.conversion_mapping` whose get_model_conversion_mapping(model) gives
+    `transforms`, in place of transformers (installed or not) meanwhile."""
+    names = ("transformers", "transformers.conversion_mapping")
+    saved = {n: sys.modules.get(n) for n in names}
+    pkg, mod = types.ModuleType(names[0]), types.ModuleType(names[1])
+    mod.get_model_conversion_mapping = lambda model: list(transforms)
+    pkg.conversion_mapping = mod
+    sys.modules.update({names[0]: pkg, names[1]: mod})
+    try:
+        yield
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+
+
+class CheckpointNames(unittest.TestCase):
+    """load_non_expert_weights matches checkpoint names to the model's by transformers' own key
+    renaming when it has one, and fails naming both sides when nothing matches."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ft_py_names_")
+        torch.manual_seed(0)
+        # the checkpoint calls the router `gate`; the skeleton's block calls it `scorer`, a rename
+        # only a mapping can know
+        self.source = bf16_round_(TinyModel(FusedMoe)).eval()
+        self.path = os.path.join(self.tmp, "fused")
+        write_checkpoint(self.source, self.path, "fused")
+        self.x = torch.randn(1, 3, H)
+        with torch.no_grad():
+            self.want = self.source(self.x)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def skeleton(self):
+        with ftt._parameters_on_meta():
+            model = TinyModel(FusedMoeOwnRouterName).eval()
+        ftt.offload_experts(model, self.path, backend="cpu", device="cpu", cpu_threads=2)
+        return model
+
+    def test_transformers_renaming_is_applied(self):
+        model = self.skeleton()
+        # a converter that only renames (no operations) is a renaming too
+        with transformers_mapping([WeightRenaming(r"\.mlp\.gate\.", ".mlp.router."),
+                                   WeightConverter(r"\.mlp\.router\.", ".mlp.scorer.")]):
+            ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
+        with torch.no_grad():
+            self.assertLess(rel_l2(model(self.x) - self.x, self.want - self.x), 1e-2)
+
+    def test_unmatched_names_are_reported_on_both_sides(self):
+        model = self.skeleton()
+        with transformers_mapping([WeightRenaming(r"\.unrelated\.", ".other.")]):
+            with self.assertRaises(ft.Error) as cm:
+                ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
+        self.assertEqual(cm.exception.status, ft.FT_ERR_FORMAT)
+        message = cm.exception.message
+        self.assertIn("model.layers.0.mlp.scorer.weight", message)  # the parameter left empty
+        self.assertIn("model.layers.0.mlp.gate.weight", message)  # the checkpoint tensor no one took
+        self.assertIn("transformers' checkpoint conversion mapping", message)
+
+    def test_a_transformers_conversion_is_not_taken_for_a_rename(self):
+        # a conversion transforms the tensor (fuses, transposes): copying it as it is would load
+        # wrong values, so the parameter stays unloaded and the error says why
+        model = self.skeleton()
+        convert = WeightConverter(r"\.mlp\.gate\.", ".mlp.scorer.", operations=["transpose"])
+        with transformers_mapping([convert]):
+            with self.assertRaises(ft.Error) as cm:
+                ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
+        self.assertIn("converts", cm.exception.message)
+        self.assertIn("model.layers.0.mlp.gate.weight", cm.exception.message)
+        # as transformers does, the renamings apply first (wherever they are in the list), then the
+        # first converter that matches; one that keeps the name (a transpose in place) is refused alike
+        model = self.skeleton()
+        with transformers_mapping([WeightConverter(r"\.mlp\.scorer\.", ".mlp.scorer.", operations=["transpose"]),
+                                   WeightRenaming(r"\.mlp\.gate\.", ".mlp.scorer.")]):
+            with self.assertRaises(ft.Error) as cm:
+                ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
+        self.assertIn("model.layers.0.mlp.scorer.weight", cm.exception.message)
 
 
 if __name__ == "__main__":
