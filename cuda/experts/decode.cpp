@@ -10,14 +10,17 @@
 //   down     the same over the down rows -> f32 per route (mxfp4: + down bias)
 //            (bf16 gpt-oss: + the route's expert's f32 down bias, from the bias table)
 //   combine  y[t] = sum_k w * route (+ addend), one bf16 rounding
-// gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for every format;
-// bf16 rows whose length is not a multiple of 8 take a CUDA-core kernel instead (a warp owns two
-// output rows, its lanes split the reduction and finish with a shuffle reduction).
+// gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for bf16, the FP8
+// and FP4 formats and q4_0; the other GGUF block formats on an integer-dot CUDA-core kernel with
+// Q8_0 activations (decode_dp4a.cu), and bf16 rows whose length is not a multiple of 8 on a float
+// one (decode_simt.cu; also the block formats' fallback where the integer one does not fit).
+// On both, a warp owns two output rows, its lanes split the reduction and finish with a shuffle.
 // Every sum runs in a fixed order, so results are deterministic run to run. Experts of a model
 // that mixes GGUF block formats run gate_up and down each on its own format's kernel.
 // Files: decode_launch.hpp (constants, arguments, launchers), decode_kernels.cuh (shared device
 // code), decode_group.cu (prep, round trip, combine), decode_mma.cu (row-major formats),
-// decode_mxfp4.cu, decode_simt.cu (CUDA-core); this file holds ExpertDecoder (host code).
+// decode_mxfp4.cu, decode_dp4a.cu and decode_simt.cu (CUDA-core); this file holds ExpertDecoder
+// (host code).
 #include "ft/cuda_experts.hpp"
 
 #include <cuda_runtime.h>
@@ -214,14 +217,17 @@ const char *ExpertDecoder::kernel_name() const {
             default: break;
         }
     }
+    // The integer-dot kernel where both projections' activations fit its shared memory (banks
+    // whose rows are not 2-byte aligned would take the float one).
+    const bool dp4a = dp4a_fits(std::max(hidden_, inter_));
     switch (format_) {
-        case Format::q8_0: return "q8_0-simt";
-        case Format::q2_k: return "q2_k-simt";
-        case Format::q3_k: return "q3_k-simt";
-        case Format::q4_k: return "q4_k-simt";
-        case Format::q5_k: return "q5_k-simt";
-        case Format::q6_k: return "q6_k-simt";
-        case Format::iq4_xs: return "iq4_xs-simt";
+        case Format::q8_0: return dp4a ? "q8_0-dp4a" : "q8_0-simt";
+        case Format::q2_k: return dp4a ? "q2_k-dp4a" : "q2_k-simt";
+        case Format::q3_k: return dp4a ? "q3_k-dp4a" : "q3_k-simt";
+        case Format::q4_k: return dp4a ? "q4_k-dp4a" : "q4_k-simt";
+        case Format::q5_k: return dp4a ? "q5_k-dp4a" : "q5_k-simt";
+        case Format::q6_k: return dp4a ? "q6_k-dp4a" : "q6_k-simt";
+        case Format::iq4_xs: return dp4a ? "iq4_xs-dp4a" : "iq4_xs-simt";
         default: break;
     }
     return format_ == Format::bf16 ? "bf16-gemv-scalar" : "unknown";

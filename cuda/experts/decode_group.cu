@@ -45,17 +45,33 @@ __device__ int2 block_exclusive_scan2(int2 v, int2 *total) {
     return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
 }
 
-// Groups routes by slot through an open-addressing hash table (global scratch, 2^bits >= 2R
-// entries, so probing ends): one CAS per route finds its slot's entry, an atomicAdd there gives
-// its position in the group; a scan over the table numbers the used entries. O((R + 2^bits) /
-// threads) per thread. The order of routes inside a group follows the atomics, which does not
-// change any result: every route is computed by the same operations whatever its position.
-// Values written by atomics or by other threads are read back with ld.cg (L2), never a stale L1.
-__device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g) {
+// The grouping's temporaries fit shared memory up to these sizes (one call's routes R = tokens x
+// top_k, table 2^bits >= 2R entries); larger calls keep them in the global scratch.
+constexpr int kSmemTable = 2048, kSmemRoutes = 1024;
+
+// A temporary written by atomics or by other threads of the block, read after a barrier: shared
+// memory is coherent within the block; global values are read from L2 (ld.cg), never a stale L1.
+template <bool SMEM>
+__device__ __forceinline__ int32_t ld_temp(const int32_t *p) {
+    if constexpr (SMEM)
+        return *p;
+    else
+        return __ldcg(p);
+}
+
+// Groups routes by slot through an open-addressing hash table (key, cnt, grp: 2^bits >= 2R
+// entries, so probing ends; entry, rank: per route): one CAS per route finds its slot's entry, an
+// atomicAdd there gives its position in the group; a scan over the table numbers the used
+// entries. O((R + 2^bits) / threads) per thread. The order of routes inside a group follows the
+// atomics, which does not change any result: every route is computed by the same operations
+// whatever its position. The temporaries are in shared memory (SMEM) or the global scratch.
+template <bool SMEM>
+__device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g, int32_t *key, int32_t *cnt,
+                             int32_t *grp, int32_t *entry, int32_t *rank) {
     const int P = 1 << g.table_bits;
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
-        g.key[i] = -1;
-        g.cnt[i] = 0;
+        key[i] = -1;
+        cnt[i] = 0;
     }
     __syncthreads();
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
@@ -63,12 +79,12 @@ __device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g)
         if (s < 0) continue;
         uint32_t h = (uint32_t(s) * 2654435761u) >> (32 - g.table_bits);
         for (;;) {
-            const int32_t old = atomicCAS(&g.key[h], -1, s);
+            const int32_t old = atomicCAS(&key[h], -1, s);
             if (old == -1 || old == s) break;
             h = (h + 1) & uint32_t(P - 1);
         }
-        g.entry[r] = int32_t(h);
-        g.rank[r] = atomicAdd(&g.cnt[h], 1);
+        entry[r] = int32_t(h);
+        rank[r] = atomicAdd(&cnt[h], 1);
     }
     __syncthreads();
     __shared__ int2 carry;
@@ -76,15 +92,15 @@ __device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g)
     __syncthreads();
     for (int base = 0; base < P; base += blockDim.x) {
         const int i = base + threadIdx.x;
-        const int32_t c = i < P ? __ldcg(&g.cnt[i]) : 0;
+        const int32_t c = i < P ? ld_temp<SMEM>(&cnt[i]) : 0;
         int2 total;
         const int2 pos = block_exclusive_scan2(make_int2(c > 0 ? 1 : 0, c), &total);
         if (c > 0) {
             const int gi = carry.x + pos.x;
-            g.slot[gi] = __ldcg(&g.key[i]);
+            g.slot[gi] = ld_temp<SMEM>(&key[i]);
             g.start[gi] = carry.y + pos.y;
             g.count[gi] = c;
-            g.grp[i] = gi;
+            grp[i] = gi;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -96,8 +112,8 @@ __device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g)
     if (threadIdx.x == 0) *g.num = carry.x;
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         if (slots[r] < 0) continue;
-        const int gi = __ldcg(&g.grp[__ldcg(&g.entry[r])]);
-        g.routes[__ldcg(&g.start[gi]) + __ldcg(&g.rank[r])] = r;
+        const int gi = ld_temp<SMEM>(&grp[ld_temp<SMEM>(&entry[r])]);
+        g.routes[__ldcg(&g.start[gi]) + ld_temp<SMEM>(&rank[r])] = r;
     }
 }
 
@@ -120,9 +136,14 @@ __device__ __forceinline__ void round_trip_128(const uint16_t *in, uint16_t *out
 __global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slots, int R, GroupScratch g,
                                                             const uint16_t *x, uint16_t *xin, int64_t elems,
                                                             int mode) {
+    __shared__ int32_t table[3 * kSmemTable], per_route[2 * kSmemRoutes];
     pdl_wait();
     if (blockIdx.x == 0) {
-        build_groups(slots, R, g);
+        const int P = 1 << g.table_bits;
+        if (P <= kSmemTable && R <= kSmemRoutes)
+            build_groups<true>(slots, R, g, table, table + P, table + 2 * P, per_route, per_route + R);
+        else
+            build_groups<false>(slots, R, g, g.key, g.cnt, g.grp, g.entry, g.rank);
         return;
     }
     const int64_t tid = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x;

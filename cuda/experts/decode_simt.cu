@@ -179,6 +179,7 @@ cudaError_t launch_rowmajor(bool gate_up, dim3 grid, const ProjArgs &p, cudaStre
 }  // namespace
 
 cudaError_t launch_simt_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
+    if (f != Format::bf16 && dp4a_usable(p)) return launch_dp4a_projection(f, gate_up, grid, p, s);
     switch (f) {
         case Format::bf16: return launch_rowmajor<Bf16Scalar>(gate_up, grid, p, s);
         case Format::q8_0: return launch_rowmajor<GgufBlocks<Format::q8_0>>(gate_up, grid, p, s);

@@ -151,6 +151,9 @@ struct FormatNumerics {
     bool ds_fp4 = false;
     double ds_limit = 0.0;
     std::function<void(const float *, int64_t, float *)> fp8_round_trip;  // ft::fp8_round_trip_per128
+    // Kernels that quantise their activations (not ds_fp4): the round trip of the expert input
+    // and of the intermediate (e.g. Q8_0 per 32), each where set.
+    std::function<void(const float *, int64_t, float *)> in_round_trip, mid_round_trip;
 };
 
 inline std::vector<double> moe_reference_f32(const std::function<ExpertF32(int32_t)> &expert, int32_t num_experts,
@@ -162,7 +165,9 @@ inline std::vector<double> moe_reference_f32(const std::function<ExpertF32(int32
     std::vector<double> o(H);
     for (int32_t t = 0; t < T; ++t) {
         for (int32_t h = 0; h < H; ++h) xin[h] = float(bf16_to_f64(x[size_t(t) * H + h]));
-        if (fmt.ds_fp4) fmt.fp8_round_trip(xin.data(), H, xr.data()); else xr = xin;
+        if (fmt.ds_fp4) fmt.fp8_round_trip(xin.data(), H, xr.data());
+        else if (fmt.in_round_trip) fmt.in_round_trip(xin.data(), H, xr.data());
+        else xr = xin;
         for (int32_t k = 0; k < K; ++k) {
             const int32_t e = ids[size_t(t) * K + k];
             if (e < 0 || e >= num_experts) continue;
@@ -180,7 +185,9 @@ inline std::vector<double> moe_reference_f32(const std::function<ExpertF32(int32
                 }
                 mid[i] = float(round_to_bf16(activate_ref(act, g, u)));
             }
-            if (fmt.ds_fp4) fmt.fp8_round_trip(mid.data(), I, midr.data()); else midr = mid;
+            if (fmt.ds_fp4) fmt.fp8_round_trip(mid.data(), I, midr.data());
+            else if (fmt.mid_round_trip) fmt.mid_round_trip(mid.data(), I, midr.data());
+            else midr = mid;
             const double wk = w[size_t(t) * K + k];
             for (int32_t h = 0; h < H; ++h) {
                 double d = 0;

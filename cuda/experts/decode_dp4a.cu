@@ -1,0 +1,332 @@
+// The integer-dot decode kernel of the GGUF block formats q8_0, q2_k .. q6_k, iq4_xs
+// (launch_simt_projection, decode_simt.cu, picks it). Each CTA quantises the activations of the
+// routes it serves to int8 per 32 elements in shared memory (the Q8_0 rule of the CPU kernels'
+// activations, ft::quantize_q8_0); each warp owns two weight rows and its lanes take 32-weight chunks,
+// which are unpacked to int8 codes 4 to a word and dotted with __dp4a, the block scales applied
+// once per 16 weights.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode_kernels.cuh"
+#include "ft/cuda_gguf.cuh"
+#include "ft/cuda_launch.cuh"
+
+namespace ft::cuda::decode {
+namespace {
+
+// 32 weights of a row: int8 codes q (element order, 4 to a word) and, per half of 16, the factor
+// of the codes and of the activation sum: sum_i w_i x_i = da * sum_h (mult[h] * (sum q a - off *
+// sum a) - minv[h] * sum a) over the half's int8 activations a (x = da * a).
+struct Chunk {
+    uint32_t q[8];
+    float mult[2], minv[2];
+};
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
+__device__ __forceinline__ uint32_t ld16(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned short *>(p)); }
+__device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_to_f32(uint16_t(ld16(p))); }
+
+// N words from p (2-byte aligned; every field of these blocks is): aligned loads, shifted by two
+// bytes where p is not 4-byte aligned, then the last word's high half comes from a 2-byte load, so
+// nothing at or past p + 4N is read (the 2 bytes before p share p's aligned word: same allocation).
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t *p, uint32_t *w) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if ((a & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if ((a & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) w[i] = ld32(p + 4 * i);
+    } else {
+        const uint8_t *b = p - 2;
+        uint32_t prev = ld32(b);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const uint32_t next = i + 1 < N ? ld32(b + 4 * (i + 1)) : ld16(b + 4 * N);
+            w[i] = __funnelshift_r(prev, next, 16);
+            prev = next;
+        }
+    }
+}
+
+// Four 4-bit IQ4_NL codes (one per byte) -> their four int8 values (table in gguf_detail::iq4nl).
+__device__ __forceinline__ uint32_t iq4nl4(uint32_t codes) {
+    const uint32_t c7 = codes & 0x07070707u, x = c7 | (c7 >> 4);
+    const uint32_t sel = (x & 0xffu) | ((x >> 8) & 0xff00u);  // byte i's low 3 bits in nibble i
+    const uint32_t lo = __byte_perm(0xbfad9881u, 0xf6eaddcfu, sel), hi = __byte_perm(0x26190d01u, 0x71594535u, sel);
+    const uint32_t m = ((codes >> 3) & 0x01010101u) * 0xffu;
+    return (hi & m) | (lo & ~m);
+}
+
+// Code offset subtracted from every weight's code (the value is code - off).
+template <Format F>
+constexpr int kOff = F == Format::q6_k ? 32 : F == Format::q3_k ? 4 : 0;
+
+// Chunk c (elements 32c .. 32c + 31) of a row of format F; layouts in docs/formats.md and
+// lib/core/formats/dequant_gguf.cpp.
+template <Format F>
+__device__ __forceinline__ Chunk load_chunk(const uint8_t *row, int c) {
+    using namespace gguf_detail;
+    Chunk k;
+    k.minv[0] = k.minv[1] = 0.0f;
+    if constexpr (F == Format::q8_0) {
+        const uint8_t *blk = row + int64_t(c) * kQ8_0BlockBytes;
+        k.mult[0] = k.mult[1] = f16_at(blk);
+        load_words<8>(blk + 2, k.q);
+    } else if constexpr (F == Format::iq4_xs) {
+        const int ib = c % 8;
+        const uint8_t *blk = row + int64_t(c / 8) * kIQ4_XSBlockBytes;
+        const uint32_t sh = ld16(blk + 2);
+        const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
+        k.mult[0] = k.mult[1] = f16_at(blk) * float(ls - 32);
+        uint32_t t[4];
+        load_words<4>(blk + 8 + 16 * ib, t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            k.q[i] = iq4nl4(t[i] & 0x0f0f0f0fu);
+            k.q[4 + i] = iq4nl4((t[i] >> 4) & 0x0f0f0f0fu);
+        }
+    } else {
+        const int sub = c % 8, half = sub / 4, quarter = sub % 4;
+        const uint8_t *sb = row + int64_t(c / 8) * gguf_row_bytes<F>(kQK);
+        if constexpr (F == Format::q2_k) {
+            const float d = f16_at(sb + 80), dmin = f16_at(sb + 82);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint8_t sc = sb[half * 8 + quarter * 2 + r];
+                k.mult[r] = d * float(sc & 0xf);
+                k.minv[r] = dmin * float(sc >> 4);
+            }
+            load_words<8>(sb + 16 + 32 * half, k.q);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) k.q[i] = (k.q[i] >> (2 * quarter)) & 0x03030303u;
+        } else if constexpr (F == Format::q3_k) {
+            const float d = f16_at(sb + 108);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) k.mult[r] = d * float(scale_q3_k(half * 8 + quarter * 2 + r, sb + 96));
+            uint32_t hm[8];
+            load_words<8>(sb + 32 + 32 * half, k.q);
+            load_words<8>(sb, hm);
+            const int hb = 4 * half + quarter;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                k.q[i] = ((k.q[i] >> (2 * quarter)) & 0x03030303u) | (((hm[i] >> hb) & 0x01010101u) << 2);
+        } else if constexpr (F == Format::q4_k || F == Format::q5_k) {
+            int sc, mn;
+            scale_min_k4(sub, sb + 4, sc, mn);
+            k.mult[0] = k.mult[1] = f16_at(sb) * float(sc);
+            k.minv[0] = k.minv[1] = f16_at(sb + 2) * float(mn);
+            constexpr int qs_at = F == Format::q4_k ? 16 : 48;
+            load_words<8>(sb + qs_at + 32 * (sub / 2), k.q);
+            const int shift = 4 * (sub % 2);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) k.q[i] = (k.q[i] >> shift) & 0x0f0f0f0fu;
+            if constexpr (F == Format::q5_k) {
+                uint32_t qh[8];
+                load_words<8>(sb + 16, qh);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) k.q[i] |= ((qh[i] >> sub) & 0x01010101u) << 4;
+            }
+        } else if constexpr (F == Format::q6_k) {
+            const float d = f16_at(sb + 208);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) k.mult[r] = d * float(int8_t(sb[192 + 8 * half + 2 * quarter + r]));
+            uint32_t qh[8];
+            load_words<8>(sb + 64 * half + 32 * (quarter & 1), k.q);
+            load_words<8>(sb + 128 + 32 * half, qh);
+            const int shift = 4 * (quarter >> 1);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                k.q[i] = ((k.q[i] >> shift) & 0x0f0f0f0fu) | (((qh[i] >> (2 * quarter)) & 0x03030303u) << 4);
+        }
+    }
+    return k;
+}
+
+// The shared-memory activations of kRouteChunk routes: int8 codes [route][K], scales
+// [route][K / 32], code sums per 16 [route][K / 32][2].
+struct ActQ {
+    const int8_t *q;
+    const float *d;
+    const int2 *sum;
+    int K, nc;
+};
+
+// The chunk's dot with route j's activations (their scale applied).
+template <Format F>
+__device__ __forceinline__ float chunk_dot(const Chunk &k, const ActQ &a, int j, int c) {
+    const int4 *ap = reinterpret_cast<const int4 *>(a.q + int64_t(j) * a.K + 32 * c);
+    const int4 a0 = ap[0], a1 = ap[1];
+    int lo = __dp4a(int(k.q[0]), a0.x, 0), hi = __dp4a(int(k.q[4]), a1.x, 0);
+    lo = __dp4a(int(k.q[1]), a0.y, lo), hi = __dp4a(int(k.q[5]), a1.y, hi);
+    lo = __dp4a(int(k.q[2]), a0.z, lo), hi = __dp4a(int(k.q[6]), a1.z, hi);
+    lo = __dp4a(int(k.q[3]), a0.w, lo), hi = __dp4a(int(k.q[7]), a1.w, hi);
+    const int2 s = a.sum[j * a.nc + c];
+    float v = k.mult[0] * float(lo - kOff<F> * s.x) + k.mult[1] * float(hi - kOff<F> * s.y);
+    v -= k.minv[0] * float(s.x) + k.minv[1] * float(s.y);
+    return v * a.d[j * a.nc + c];
+}
+
+// Thread t of the CTA quantises activation chunks t, t + kThreads, ... of the nr routes' rows.
+__device__ __forceinline__ void quantize_routes(const uint16_t *const *arow, int nr, int K, int8_t *q, float *d,
+                                                int2 *sum) {
+    const int nc = K / 32;
+    for (int task = threadIdx.x; task < nr * nc; task += kThreads) {
+        const int j = task / nc, c = task % nc;
+        const uint4 *src = reinterpret_cast<const uint4 *>(arow[j] + 32 * c);
+        float x[32];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) bf16x8_to_f32(__ldg(src + i), x + 8 * i);
+        // The Q8_0 rule of the CPU kernels (ft::quantize_q8_0): scale amax / 127 (1 below
+        // kQ8MinAmax), codes rounded half away from zero; a non-finite block gives codes 0, scale NaN.
+        float amax = 0.0f;
+        bool finite = true;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            finite &= isfinite(x[i]);
+            amax = fmaxf(amax, fabsf(x[i]));
+        }
+        const float scale = !finite ? __int_as_float(0x7fc00000) : amax >= kQ8MinAmax ? amax / 127.0f : 1.0f;
+        const float inv = finite ? 1.0f / scale : 0.0f;
+        uint32_t w[8];
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const int v = int(fminf(fmaxf(roundf(x[4 * i + b] * inv), -127.0f), 127.0f));
+                word |= uint32_t(v & 0xff) << (8 * b);
+                if (i < 4)
+                    s0 += v;
+                else
+                    s1 += v;
+            }
+            w[i] = word;
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(q + int64_t(j) * K + 32 * c);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        d[j * nc + c] = scale;
+        sum[j * nc + c] = make_int2(s0, s1);
+    }
+}
+
+// gate_up (GATE_UP): warp w of CTA x owns unit j = x * 8 + w: rows j (gate) and I + j (up);
+// down: rows 2j and 2j + 1 of the N = H outputs. Shared memory: dp4a_smem_bytes(K).
+template <Format F, bool GATE_UP>
+__global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
+    const int K = p.K, nc = K / 32;
+    int8_t *aq = reinterpret_cast<int8_t *>(smem);
+    int2 *as = reinterpret_cast<int2 *>(smem + size_t(kRouteChunk) * K);
+    float *ad = reinterpret_cast<float *>(as + kRouteChunk * nc);
+    const ActQ act{aq, ad, as, K, nc};
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int unit = blockIdx.x * kWarps + warp;
+    int n0, n1;
+    bool active, has1;
+    if (GATE_UP) {
+        active = unit < p.inter;
+        n0 = unit;
+        n1 = p.inter + unit;
+        has1 = true;
+    } else {
+        n0 = 2 * unit;
+        n1 = n0 + 1;
+        active = n0 < p.N;
+        has1 = n1 < p.N;
+    }
+    const int64_t rb = gguf_row_bytes<F>(K);
+    const int ngroups = *p.g.num;
+    for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
+        const uint8_t *base = p.data + size_t(p.g.slot[gi]) * p.data_rb;
+        const uint8_t *r0p = base + n0 * rb, *r1p = base + (has1 ? n1 : n0) * rb;
+        const int first = p.g.start[gi], count = p.g.count[gi];
+        for (int r0 = 0; r0 < count; r0 += kRouteChunk) {
+            const int nr = min(kRouteChunk, count - r0);
+            const uint16_t *arow[kRouteChunk];
+            int route[kRouteChunk];
+#pragma unroll
+            for (int j = 0; j < kRouteChunk; ++j) {
+                route[j] = p.g.routes[first + r0 + min(j, nr - 1)];
+                const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
+                arow[j] = p.act + arow_index * K;
+            }
+            __syncthreads();  // the previous chunk's activations are no longer read
+            quantize_routes(arow, nr, K, aq, ad, as);
+            __syncthreads();
+            if (!active) continue;
+            float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
+            for (int c = lane; c < nc; c += 32) {
+                const Chunk k0 = load_chunk<F>(r0p, c);
+                const Chunk k1 = has1 ? load_chunk<F>(r1p, c) : k0;
+#pragma unroll
+                for (int j = 0; j < kRouteChunk; ++j) {
+                    if (j < nr) {
+                        acc0[j] += chunk_dot<F>(k0, act, j, c);
+                        if (has1) acc1[j] += chunk_dot<F>(k1, act, j, c);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kRouteChunk; ++j) {
+                if (j < nr) {
+                    const float v0 = warp_sum(acc0[j]);
+                    const float v1 = has1 ? warp_sum(acc1[j]) : 0.0f;
+                    if (lane == j) {
+                        if (GATE_UP)
+                            p.inter_out[int64_t(route[j]) * p.inter + unit] = gate_up_out(p, v0, v1);
+                        else {
+                            float *o = p.route_out + int64_t(route[j]) * p.N;
+                            o[n0] = v0;
+                            if (has1) o[n1] = v1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+size_t dp4a_smem_bytes(int K) { return size_t(kRouteChunk) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float))); }
+
+template <Format F>
+cudaError_t launch_dp4a(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
+    const dim3 b(kThreads);
+    const size_t smem = dp4a_smem_bytes(p.K);
+    return gate_up ? launch_pdl(dp4a_kernel<F, true>, grid, b, smem, s, p)
+                   : launch_pdl(dp4a_kernel<F, false>, grid, b, smem, s, p);
+}
+
+}  // namespace
+
+bool dp4a_usable(const ProjArgs &p) {
+    // Rows must keep every field 2-byte aligned; the activations of kRouteChunk routes must fit
+    // the 48 KiB of shared memory a launch gets without opting in.
+    return dp4a_fits(p.K) && (reinterpret_cast<uintptr_t>(p.data) % 2) == 0 && p.data_rb % 2 == 0;
+}
+
+bool dp4a_fits(int32_t K) { return K > 0 && K % 32 == 0 && dp4a_smem_bytes(K) <= 48 * 1024; }
+
+cudaError_t launch_dp4a_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
+    switch (f) {
+        case Format::q8_0: return launch_dp4a<Format::q8_0>(gate_up, grid, p, s);
+        case Format::q2_k: return launch_dp4a<Format::q2_k>(gate_up, grid, p, s);
+        case Format::q3_k: return launch_dp4a<Format::q3_k>(gate_up, grid, p, s);
+        case Format::q4_k: return launch_dp4a<Format::q4_k>(gate_up, grid, p, s);
+        case Format::q5_k: return launch_dp4a<Format::q5_k>(gate_up, grid, p, s);
+        case Format::q6_k: return launch_dp4a<Format::q6_k>(gate_up, grid, p, s);
+        case Format::iq4_xs: return launch_dp4a<Format::iq4_xs>(gate_up, grid, p, s);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace ft::cuda::decode
