@@ -56,6 +56,12 @@ ft::synth::Spec synthetic_spec(const std::string &format) {
     } else if (format == "ds_fp4") {
         s.architecture = "deepseek_v4";
         s.top_k = 6;
+    } else if (format == "q4_k_m") {
+        // Types mixed per matrix and layer as llama.cpp's Q4_K_M files mix them: gate/up q4_k, down
+        // q6_k in one layer and q4_k in the next.
+        s.gguf = true;
+        s.format = "q4_k";
+        s.gguf_mix = {"q4_k/q6_k", "q4_k/q4_k"};
     } else if (ft::format_is_block(ft::parse_format(format))) {  // q4_0, q8_0, K-quants, iq4_xs: GGUF
         s.gguf = true;
     }
@@ -214,14 +220,14 @@ int open_session(const Options &o, ft_model *model, const ft_engine_info &ei, co
     if (const int rc = check(ft_session_create(model, &sp, &raw, err, sizeof err), "creating the session", err)) return rc;
     session.reset(raw);
     const int32_t backend = ft_session_backend(raw);
-    const ProfileStatus prof = profile_status(ei.device_name, mi.format);
+    const ProfileStatus prof = profile_status(ei.device_name, format_shares(model, mi));
     if (o.json) {
         report["backend"] = {{"name", backend_key(backend)}, {"reason", ft_session_backend_reason(raw)}};
         report["profile"] = profile_json(prof);
     } else {
         std::printf("backend     %s\n", backend_name(backend));
         std::printf("  because   %s\n", ft_session_backend_reason(raw));
-        std::printf("profile     %s\n", profile_text(prof, mi.format).c_str());
+        std::printf("profile     %s\n", profile_text(prof).c_str());
     }
     return 0;
 }
