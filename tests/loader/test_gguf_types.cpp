@@ -342,6 +342,10 @@ struct SCase {
     const char *shared_format = "";  // "": the writer's default (the layer's block type or dtype)
 };
 
+void PrintTo(const SCase &c, std::ostream *os) {
+    *os << c.format << "/" << c.dtype << "/" << (*c.shared_format ? c.shared_format : "default");
+}
+
 class GgufShared : public ::testing::TestWithParam<SCase> {};
 
 TEST_P(GgufShared, LoadedAsBf16) {
