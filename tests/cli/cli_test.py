@@ -357,6 +357,29 @@ def case_run_mixed(ft, source_dir, work):
     prof = [l for l in out.splitlines() if l.startswith("profile")]
     expect(prof and "has no figures for q6_k (the model: " + mix in prof[0], show(args, rc, out, err))
 
+    # The GB/s figures count each routed expert at its own layer's size (layer 0's is larger): on
+    # the cpu backend (the JSON run above) and, with a GPU, on the gpu backend.
+    h, i = m["hidden_size"], m["intermediate_size"]
+    gate_up = 2 * i * h // 256 * Q4_K_BLOCK
+    sizes = (gate_up + h * i // 256 * Q6_K_BLOCK, gate_up + h * i // 256 * Q4_K_BLOCK)
+
+    def bytes_per_routed_expert(run, figure):
+        d = run["decode"]
+        seconds = d["steps"] * d["tokens"] / d["tokens_per_s"]
+        return figure * 1e9 * seconds / (d["distinct_experts_per_layer_step"] * d["steps"] * d["layers"])
+
+    per_expert = bytes_per_routed_expert(j, j["bandwidth"]["expert_gbs"])
+    expect(sizes[1] * (1 - 1e-9) < per_expert < sizes[0] * (1 - 1e-3),
+           "cpu: bytes per routed expert %.0f, not between the layers' %s" % (per_expert, sizes))
+    if has_gpu(ft):
+        gargs = ["run", "--format", "q4_k_m", "--cache-dir", cache, "--threads", "2", "--steps", "4", "--backend", "gpu", "--json"]
+        rc, out, err = ft(*gargs, env=env)
+        expect(rc == 0, show(gargs, rc, out, err))
+        g = one_json(gargs, rc, out, err)
+        per_expert = bytes_per_routed_expert(g, g["gpu"]["expert_gbs"])
+        expect(sizes[1] * (1 - 1e-9) < per_expert < sizes[0] * (1 - 1e-3),
+               "gpu: bytes per routed expert %.0f, not between the layers' %s: %s" % (per_expert, sizes, g))
+
     # ft info on the file itself states the mix the same way.
     model = os.path.join(cache, "synthetic-q4_k_m", "model.gguf")
     rc, out, err = ft("info", model)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <utility>
 
 #include "ft/formats.hpp"
 #include "progress.hpp"
@@ -88,15 +89,34 @@ std::string format_mix(const std::vector<FormatRun> &runs) {
     return out;
 }
 
+namespace {
+
+// One expert's gate/up and down bytes in these formats. Bank 0 is gate/up and bank 1 down for
+// every format that mixes (the GGUF block formats).
+std::pair<uint64_t, uint64_t> matrix_bytes(const ft_model_info &m, int32_t gate_up, int32_t down) {
+    return {ft::bank_schema(static_cast<ft::Format>(gate_up), m.hidden_size, m.intermediate_size)[0].row_bytes,
+            ft::bank_schema(static_cast<ft::Format>(down), m.hidden_size, m.intermediate_size)[1].row_bytes};
+}
+
+}  // namespace
+
+std::vector<uint64_t> layer_expert_bytes(const ft_model *model, const ft_model_info &m) {
+    std::vector<uint64_t> out(static_cast<size_t>(m.num_layers), m.expert_bytes);
+    if (!m.mixed_formats || !model) return out;
+    for (const FormatRun &r : format_runs(model, m)) {
+        const auto [gu, dn] = matrix_bytes(m, r.gate_up, r.down);
+        for (int32_t l = r.first; l <= r.last; ++l) out[static_cast<size_t>(l)] = gu + dn;
+    }
+    return out;
+}
+
 std::vector<FormatShare> format_shares(const ft_model *model, const ft_model_info &m) {
     if (!m.mixed_formats || !model) return {{m.format, 1.0}};
     std::map<int32_t, double> bytes;
     double total = 0.0;
     for (const FormatRun &r : format_runs(model, m)) {
         const double layers = r.last - r.first + 1;
-        // Bank 0 is gate/up and bank 1 down for every format that mixes (the GGUF block formats).
-        const double gu = ft::bank_schema(static_cast<ft::Format>(r.gate_up), m.hidden_size, m.intermediate_size)[0].row_bytes;
-        const double dn = ft::bank_schema(static_cast<ft::Format>(r.down), m.hidden_size, m.intermediate_size)[1].row_bytes;
+        const auto [gu, dn] = matrix_bytes(m, r.gate_up, r.down);
         bytes[r.gate_up] += layers * gu;
         bytes[r.down] += layers * dn;
         total += layers * (gu + dn);

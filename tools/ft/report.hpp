@@ -39,6 +39,9 @@ std::string format_mix(const std::vector<FormatRun> &runs);
 // format and its down matrix in its own (the weighting the backend selector uses); largest first.
 // One entry of share 1 unless m.mixed_formats (then read from `model`).
 std::vector<FormatShare> format_shares(const ft_model *model, const ft_model_info &m);
+// The bytes of one expert of each MoE layer, in that layer's formats (all m.expert_bytes unless
+// m.mixed_formats).
+std::vector<uint64_t> layer_expert_bytes(const ft_model *model, const ft_model_info &m);
 // "q4_k 77% + q6_k 23%".
 std::string shares_text(const std::vector<FormatShare> &shares);
 

@@ -303,15 +303,29 @@ struct DecodeFigures {
     bool cache_served;     // the experts are under 4x the last-level cache
 };
 
-DecodeFigures decode_figures(const Options &o, const ft_model_info &mi, int32_t backend, const ft_session_stats &st,
-                             DecodeTimes &times, double read_gbs) {
+// Expert weight bytes the GPU-side decode calls needed: every (call, expert) routed, at the
+// expert size of its layer (a model mixing formats has layers of different sizes).
+double gpu_expert_bytes(const ft_model *model, const ft_model_info &mi, const ft_session *session, const ft_session_stats &st) {
+    if (!mi.mixed_formats) return static_cast<double>(st.cache_hits + st.cache_misses) * mi.expert_bytes;
+    const std::vector<uint64_t> bytes = layer_expert_bytes(model, mi);
+    double used = 0.0;
+    for (int32_t l = 0; l < mi.num_layers; ++l) {
+        ft_layer_stats ls;
+        ls.struct_size = sizeof ls;
+        if (ft_session_get_layer_stats(session, l, &ls) == FT_OK) used += static_cast<double>(ls.active_experts) * bytes[l];
+    }
+    return used;
+}
+
+DecodeFigures decode_figures(const Options &o, const ft_model *model, const ft_model_info &mi, const ft_session *session,
+                             int32_t backend, const ft_session_stats &st, DecodeTimes &times, double read_gbs) {
     DecodeFigures f;
     const int L = mi.num_layers, T = o.tokens;
     std::sort(times.layer_ms.begin(), times.layer_ms.end());
     f.p50 = times.layer_ms[times.layer_ms.size() / 2];
     f.p90 = times.layer_ms[times.layer_ms.size() * 9 / 10];
     f.on_gpu = gpu_backend(backend);
-    const double used = f.on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) * mi.expert_bytes : st.cpu_bytes;
+    const double used = f.on_gpu ? gpu_expert_bytes(model, mi, session, st) : st.cpu_bytes;
     f.gbs = used / 1e9 / times.total_s;
     f.tokens_per_s = o.steps * T / times.total_s;
     f.distinct = (f.on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) : static_cast<double>(st.experts_cpu)) /
@@ -391,7 +405,7 @@ int cmd_run(const Options &o) {
     st.struct_size = sizeof st;
     ft_session_get_stats(session.get(), &st);
     const int32_t backend = ft_session_backend(session.get());
-    const DecodeFigures f = decode_figures(o, mi, backend, st, times, read_gbs);
+    const DecodeFigures f = decode_figures(o, model.get(), mi, session.get(), backend, st, times, read_gbs);
     if (o.json)
         print_decode_json(o, mi, backend, st, f, times.total_s, report);
     else
