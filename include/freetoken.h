@@ -387,8 +387,8 @@ typedef struct ft_model_info {
      * over the layers and `bank_bytes` the real total. */
     uint32_t formats_used;     /* bit (1u << FT_FORMAT_x) for every format of some layer's
                                   gate/up or down matrices                                     */
-    int32_t mixed_formats;     /* 1: the layers or matrices differ in format (the backends with
-                                  a GPU refuse such models; the cpu backend runs them)         */
+    int32_t mixed_formats;     /* 1: the layers or matrices differ in format (every backend
+                                  runs such models; ft_model_layer_formats gives each layer's)*/
 } ft_model_info;
 
 FT_API ft_status ft_model_get_info(const ft_model *model, ft_model_info *info);

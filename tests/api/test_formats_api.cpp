@@ -4,6 +4,7 @@
 // i.e. the lib/core/formats scalar reference) with the format's numerics (tests/support).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "api_handles.hpp"
@@ -113,5 +114,75 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, Formats, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<FormatCase> &i) { return std::string(i.param.name); });
+
+// GGUF shared experts stored as MXFP4 (as gpt-oss-style quantisations leave them), with BF16 or
+// MXFP4 routed experts and the shared expert's sigmoid gate: ft_decode with shared_experts equals
+// the routed reference plus the shared expert built from its dequantised weights
+// (ft::synth::shared_weight: the ggml blocks decoded by the e2m1 / e8m0 element rules).
+TEST(GgufSharedMxfp4, DecodeMatchesTheDequantisedReference) {
+    for (const char *routed : {"bf16", "mxfp4"}) {
+        ft::synth::Spec s;
+        s.gguf = true;
+        s.gguf_arch = "qwen2moe";
+        s.format = routed;
+        s.num_layers = 2;
+        s.num_experts = 8;
+        s.top_k = 2;
+        s.hidden = 128;
+        s.intermediate = 64;
+        s.shared_intermediate = 96;
+        s.gguf_shared_format = "mxfp4";
+        s.gguf_shared_gate = true;
+        ScratchDir dir;
+        const std::string path = write_synth_model(dir.path(), s);
+        auto engine = make_engine();
+        ft_model *raw = nullptr;
+        char err[512];
+        ASSERT_EQ(ft_model_load(engine.get(), path.c_str(), nullptr, &raw, err, sizeof err), FT_OK) << routed << ": " << err;
+        ModelPtr model(raw);
+        ft_model_info info;
+        info.struct_size = sizeof info;
+        ASSERT_EQ(ft_model_get_info(raw, &info), FT_OK);
+        ASSERT_EQ(info.shared_intermediate_size, 96);
+        ASSERT_EQ(info.shared_expert_gate, 1);
+        auto session = make_session(raw, 16, true);
+        ASSERT_TRUE(session);
+        const ft::test::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
+        const int E = s.num_experts, K = s.top_k, H = s.hidden, I = s.intermediate;
+        std::mt19937 rng(77);
+        std::normal_distribution<float> n(0.f, 1.5f);
+        for (int l = 0; l < info.num_layers; ++l) {
+            const SynthLayerRef layer_ref(s, l, E);
+            const auto sg = ft::synth::shared_weight(s, l, FT_PROJ_GATE), su = ft::synth::shared_weight(s, l, FT_PROJ_UP),
+                       sd = ft::synth::shared_weight(s, l, FT_PROJ_DOWN);
+            const auto gate = ft::synth::shared_gate_weight(s, l);
+            const ExpertRef shared{sg.data(), su.data(), sd.data(), s.shared_intermediate};
+            // The weights are not all zero (an all-zero shared expert would pass trivially).
+            ASSERT_NE(std::count(sd.begin(), sd.end(), uint16_t{0}), static_cast<long>(sd.size()));
+            for (int T : {1, 7}) {
+                std::vector<float> logits(size_t(T) * E);
+                for (float &x : logits) x = n(rng);
+                std::vector<int32_t> ids(size_t(T) * K);
+                std::vector<float> w(size_t(T) * K);
+                ASSERT_EQ(ft_route(session.get(), l, T, logits.data(), ids.data(), w.data()), FT_OK)
+                    << ft_session_last_error(session.get());
+                const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
+                std::vector<uint16_t> out(size_t(T) * H, 0x7fc0);
+                ASSERT_EQ(ft_decode(session.get(), l, T, x.data(), ids.data(), w.data(), out.data()), FT_OK)
+                    << ft_session_last_error(session.get());
+                auto ref = ft::test::moe_reference_f32([&](int32_t e) { return layer_ref.expert(e); }, E, act,
+                                                       ft::test::FormatNumerics{}, H, I, T, K, x.data(), ids.data(), w.data());
+                // The shared expert alone: no routes, only the gated shared term.
+                const auto shared_out = ft::test::moe_reference([](int32_t) { return ExpertRef{}; }, E, act, H, T, 0, x.data(),
+                                                                nullptr, nullptr, &shared, gate.data());
+                const std::vector<double> routed_only = ref;
+                for (size_t i = 0; i < ref.size(); ++i) ref[i] += shared_out[i];
+                // The shared term is large enough that leaving it out (or getting it wrong) fails the bound.
+                ASSERT_GT(ft::test::relative_error(routed_only, ref), 0.1) << routed << " layer " << l << " T " << T;
+                EXPECT_LT(ft::test::relative_error_bf16(out, ref), 1e-2) << routed << " layer " << l << " T " << T;
+            }
+        }
+    }
+}
 
 }  // namespace

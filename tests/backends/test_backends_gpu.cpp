@@ -1,7 +1,6 @@
 // The GPU session backends through the public C API: `gpu` and `offload` against `cpu` and the
 // fp64 reference on every expert format, through many evictions, on the decode and the prefill
 // paths, from host and from device pointers, eager and replayed from a CUDA graph.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,43 +8,18 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "api_handles.hpp"
 #include "fresh_seed.hpp"
-#include "synth_reference.hpp"
-#include "freetoken_cuda.h"
 #include "ft/dequant.hpp"
 #include "ft/synth.hpp"
+#include "gpu_sessions.hpp"
+#include "synth_reference.hpp"
 
 namespace {
 
 using namespace ft::test;
-
-bool gpu_engine(ft_engine *engine) {
-    ft_engine_info info;
-    info.struct_size = sizeof info;
-    return engine && ft_engine_get_info(engine, &info) == FT_OK && info.device >= 0;
-}
-
-SessionPtr open_session(ft_model *m, int32_t backend, int max_tokens, int64_t cache_slots = 0, float hybrid_fraction = 0.5f,
-                        bool adaptive = false, double timeout = 10.0) {
-    ft_session_params p;
-    ft_session_params_init(&p);
-    p.backend = backend;
-    p.max_tokens = max_tokens;
-    p.cache_slots = cache_slots;
-    p.vram_reserve_bytes = 0;
-    p.hybrid_fraction = hybrid_fraction;
-    p.hybrid_adaptive = adaptive;
-    p.handoff_timeout_seconds = timeout;
-    ft_session *s = nullptr;
-    char err[512];
-    EXPECT_EQ(ft_session_create(m, &p, &s, err, sizeof err), FT_OK) << err;
-    return SessionPtr(s);
-}
 
 struct FormatCase {
     const char *name;
@@ -117,26 +91,16 @@ TEST(SharedExpertsGpu, EveryBackendMatchesCpu) {
         ASSERT_EQ(ft_model_get_info(raw, &info), FT_OK);
         ASSERT_EQ(info.shared_intermediate_size, k.shared);
         const int kMaxTokens = 96;
+        // The session defaults for the hybrid fraction (0: profile or 0.5) and adaptation (on).
         std::vector<SessionPtr> sessions;
         for (int32_t b : {FT_BACKEND_CPU, FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID}) {
-            ft_session_params p;
-            ft_session_params_init(&p);
-            p.backend = b;
-            p.max_tokens = kMaxTokens;
-            p.shared_experts = true;
-            p.vram_reserve_bytes = 0;
-            p.cache_slots = b == FT_BACKEND_OFFLOAD || b == FT_BACKEND_HYBRID ? s.num_experts : 0;
-            ft_session *ss = nullptr;
-            ASSERT_EQ(ft_session_create(raw, &p, &ss, err, sizeof err), FT_OK) << err;
-            sessions.emplace_back(ss);
+            sessions.push_back(open_session(raw, b, kMaxTokens,
+                                            b == FT_BACKEND_OFFLOAD || b == FT_BACKEND_HYBRID ? s.num_experts : 0, 0.0f,
+                                            true, 10.0, true));
+            ASSERT_TRUE(sessions.back());
         }
-        ft_session_params p;
-        ft_session_params_init(&p);
-        p.backend = FT_BACKEND_CPU;
-        p.max_tokens = kMaxTokens;
-        ft_session *no_shared_raw = nullptr;
-        ASSERT_EQ(ft_session_create(raw, &p, &no_shared_raw, err, sizeof err), FT_OK) << err;
-        SessionPtr no_shared(no_shared_raw);
+        SessionPtr no_shared = open_session(raw, FT_BACKEND_CPU, kMaxTokens);
+        ASSERT_TRUE(no_shared);
 
         std::mt19937 rng(fresh_seed("SharedExpertsGpu.EveryBackendMatchesCpu"));
         std::normal_distribution<float> n(0.f, 1.5f);
@@ -152,8 +116,7 @@ TEST(SharedExpertsGpu, EveryBackendMatchesCpu) {
                 std::vector<uint16_t> y_cpu(size_t(T) * H), y_routed(size_t(T) * H);
                 ASSERT_EQ(ft_decode(sessions[0].get(), l, T, x.data(), ids.data(), w.data(), y_cpu.data()), FT_OK);
                 ASSERT_EQ(ft_decode(no_shared.get(), l, T, x.data(), ids.data(), w.data(), y_routed.data()), FT_OK);
-                std::vector<double> cpu_ref(y_cpu.size());
-                for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::test::bf16_to_f64(y_cpu[i]);
+                const std::vector<double> cpu_ref = as_f64(y_cpu);
                 // The shared expert is a visible part of the output (the comparison below could fail).
                 EXPECT_GT(ft::test::relative_error_bf16(y_routed, cpu_ref), 0.05) << "T " << T;
                 for (size_t b = 1; b < sessions.size(); ++b) {
@@ -164,22 +127,10 @@ TEST(SharedExpertsGpu, EveryBackendMatchesCpu) {
                 }
                 // Device pointers, the hidden states one bf16 off a 4-byte boundary.
                 if (T < 64) {
-                    uint16_t *dx = nullptr, *dy = nullptr;
-                    int32_t *di = nullptr;
-                    float *dw = nullptr;
-                    ASSERT_EQ(cudaMalloc(&dx, (x.size() + 1) * 2), cudaSuccess);
-                    ASSERT_EQ(cudaMalloc(&dy, x.size() * 2), cudaSuccess);
-                    ASSERT_EQ(cudaMalloc(&di, ids.size() * 4), cudaSuccess);
-                    ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
-                    cudaMemcpy(dx + 1, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
-                    cudaMemcpy(di, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
-                    cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);
-                    EXPECT_EQ(ft_decode_cuda(sessions[1].get(), l, T, dx + 1, di, dw, dy, nullptr), FT_OK)
-                        << ft_session_last_error(sessions[1].get());
-                    std::vector<uint16_t> y(x.size());
-                    ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-                    EXPECT_LT(ft::test::relative_error_bf16(y, cpu_ref), 1e-2) << "device pointers, T " << T;
-                    cudaFree(dx), cudaFree(dy), cudaFree(di), cudaFree(dw);
+                    DeviceCall dc(T, H, K, true);
+                    dc.upload(x, ids, w);
+                    EXPECT_EQ(dc.run(sessions[1].get(), l, T), FT_OK) << ft_session_last_error(sessions[1].get());
+                    EXPECT_LT(ft::test::relative_error_bf16(dc.output(), cpu_ref), 1e-2) << "device pointers, T " << T;
                 }
             }
         }
@@ -208,14 +159,11 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     ASSERT_EQ(info.pinned_bytes, info.bank_bytes);
 
     const int kMaxTokens = 96;  // > the default prefill threshold of 64
-    auto cpu = open_session(raw, FT_BACKEND_CPU, kMaxTokens);
-    auto gpu = open_session(raw, FT_BACKEND_GPU, kMaxTokens);
-    auto off = open_session(raw, FT_BACKEND_OFFLOAD, kMaxTokens, s.num_experts);
-    auto hyb = open_session(raw, FT_BACKEND_HYBRID, kMaxTokens, s.num_experts, 0.4f);
-    ASSERT_TRUE(cpu && gpu && off && hyb);
-    EXPECT_EQ(ft_session_backend(hyb.get()), FT_BACKEND_HYBRID);
-    EXPECT_EQ(ft_session_backend(gpu.get()), FT_BACKEND_GPU);
-    EXPECT_EQ(ft_session_backend(off.get()), FT_BACKEND_OFFLOAD);
+    BackendSessions b(raw, kMaxTokens, s.num_experts, 0.4f);  // offload and hybrid: one layer of slots
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(ft_session_backend(b.hybrid.get()), FT_BACKEND_HYBRID);
+    EXPECT_EQ(ft_session_backend(b.gpu.get()), FT_BACKEND_GPU);
+    EXPECT_EQ(ft_session_backend(b.offload.get()), FT_BACKEND_OFFLOAD);
 
     ft::test::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
     ft::test::FormatNumerics fmt;
@@ -229,76 +177,49 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     for (int l = 0; l < L; ++l) layer_ref.emplace_back(s, l, E);
 
     std::mt19937 rng(1234 + info.format);
-    std::normal_distribution<float> n(0.f, 1.5f);
-    uint64_t decode_distinct = 0, decode_calls = 0, valid_routes = 0;
+    RouteTally tally;
     const int kSteps = 12;
     for (int step = 0; step < kSteps; ++step) {
         for (int l = 0; l < L; ++l) {
             // Mostly decode sizes; every fourth step one prefill-sized call.
             const int T = step % 4 == 3 ? 80 : std::vector<int>{1, 3, 8, 17}[(step + l) % 4];
-            std::vector<float> logits(size_t(T) * E);
-            for (float &x : logits) x = n(rng);
-            std::vector<int32_t> ids(size_t(T) * K);
-            std::vector<float> w(size_t(T) * K);
-            ASSERT_EQ(ft_route(cpu.get(), l, T, logits.data(), ids.data(), w.data()), FT_OK);
-            if (T > 1) ids[K + 1] = -1;  // a route computed elsewhere
-            const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
-            std::vector<uint16_t> y_cpu(size_t(T) * H), y_gpu(size_t(T) * H, 0x7fc0), y_off(size_t(T) * H, 0x7fc0),
-                y_hyb(size_t(T) * H, 0x7fc0);
-            ASSERT_EQ(ft_decode(cpu.get(), l, T, x.data(), ids.data(), w.data(), y_cpu.data()), FT_OK);
-            ASSERT_EQ(ft_decode(gpu.get(), l, T, x.data(), ids.data(), w.data(), y_gpu.data()), FT_OK)
-                << ft_session_last_error(gpu.get());
-            ASSERT_EQ(ft_decode(off.get(), l, T, x.data(), ids.data(), w.data(), y_off.data()), FT_OK)
-                << ft_session_last_error(off.get());
-            ASSERT_EQ(ft_decode(hyb.get(), l, T, x.data(), ids.data(), w.data(), y_hyb.data()), FT_OK)
-                << ft_session_last_error(hyb.get());
-            ASSERT_EQ(0, std::memcmp(y_gpu.data(), y_off.data(), y_gpu.size() * 2)) << c.name << " step " << step << " layer " << l;
-            for (int32_t id : ids) valid_routes += id >= 0 ? 1 : 0;
-            for (uint16_t v : y_off) ASSERT_NE(v & 0x7f80, 0x7f80) << "non-finite output: a poisoned slot was read";
-            std::vector<double> cpu_ref(y_cpu.size());
-            for (size_t i = 0; i < y_cpu.size(); ++i) cpu_ref[i] = ft::test::bf16_to_f64(y_cpu[i]);
-            EXPECT_LT(ft::test::relative_error_bf16(y_gpu, cpu_ref), c.bound) << c.name << " gpu vs cpu, T " << T;
-            const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return layer_ref[l].expert(e); }, E, act, fmt, H, I, T, K, x.data(), ids.data(), w.data());
-            EXPECT_LT(ft::test::relative_error_bf16(y_gpu, ref), c.bound) << c.name << " gpu vs reference, T " << T;
-            // Hybrid adds a CPU partial sum rounded to bf16 once more: within the same bound.
-            EXPECT_LT(ft::test::relative_error_bf16(y_hyb, ref), c.bound) << c.name << " hybrid vs reference, T " << T;
-            EXPECT_LT(ft::test::relative_error_bf16(y_hyb, cpu_ref), c.bound) << c.name << " hybrid vs cpu, T " << T;
-            if (T < 64) {
-                std::set<int32_t> distinct;
-                for (int32_t id : ids)
-                    if (id >= 0) distinct.insert(id);
-                decode_distinct += distinct.size();
-                ++decode_calls;
-            }
+            SCOPED_TRACE(::testing::Message() << c.name << " step " << step << " layer " << l << " T " << T);
+            DecodeCall call;
+            ASSERT_NO_FATAL_FAILURE(routed_call(b.cpu.get(), l, T, info, rng, &call));
+            const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return layer_ref[l].expert(e); }, E, act, fmt, H, I, T,
+                                                         K, call.x.data(), call.ids.data(), call.w.data());
+            BackendOutputs y;
+            ASSERT_NO_FATAL_FAILURE(decode_on_every_backend(b, call, H, ref, c.bound, &y));
+            tally.add(call);
         }
     }
     ft_session_stats st;
     st.struct_size = sizeof st;
-    ASSERT_EQ(ft_session_get_stats(off.get(), &st), FT_OK);
-    EXPECT_EQ(st.cache_hits + st.cache_misses, decode_distinct);
+    ASSERT_EQ(ft_session_get_stats(b.offload.get(), &st), FT_OK);
+    EXPECT_EQ(st.cache_hits + st.cache_misses, tally.decode_distinct);
     EXPECT_EQ(st.fetched_experts, st.cache_misses);  // offload fetches every miss
     EXPECT_EQ(st.fetched_bytes, st.fetched_experts * info.expert_bytes);
     EXPECT_GT(st.cache_misses, uint64_t(E));  // one layer of slots: layers keep evicting each other
     EXPECT_EQ(st.prefill_calls, uint64_t(kSteps / 4 * L));
-    ASSERT_EQ(ft_session_get_stats(gpu.get(), &st), FT_OK);
-    EXPECT_EQ(st.cache_hits, decode_distinct);
+    ASSERT_EQ(ft_session_get_stats(b.gpu.get(), &st), FT_OK);
+    EXPECT_EQ(st.cache_hits, tally.decode_distinct);
     EXPECT_EQ(st.cache_misses, 0u);
     uint64_t calls = 0;
     for (int l = 0; l < L; ++l) {
         ft_layer_stats ls;
         ls.struct_size = sizeof ls;
-        ASSERT_EQ(ft_session_get_layer_stats(off.get(), l, &ls), FT_OK);
+        ASSERT_EQ(ft_session_get_layer_stats(b.offload.get(), l, &ls), FT_OK);
         calls += ls.calls;
     }
-    EXPECT_EQ(calls, decode_calls);
+    EXPECT_EQ(calls, tally.decode_calls);
     ft_layer_stats ls;
     ls.struct_size = sizeof ls;
-    EXPECT_EQ(ft_session_get_layer_stats(off.get(), L, &ls), FT_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(ft_session_status(off.get()), FT_OK);
+    EXPECT_EQ(ft_session_get_layer_stats(b.offload.get(), L, &ls), FT_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ft_session_status(b.offload.get()), FT_OK);
 
     // Hybrid: every route computed exactly once, by one side or the other; the CPU took some.
-    ASSERT_EQ(ft_session_get_stats(hyb.get(), &st), FT_OK);
-    EXPECT_EQ(st.routes_gpu + st.routes_cpu, valid_routes);
+    ASSERT_EQ(ft_session_get_stats(b.hybrid.get(), &st), FT_OK);
+    EXPECT_EQ(st.routes_gpu + st.routes_cpu, tally.valid_routes);
     EXPECT_GT(st.routes_cpu, 0u);
     EXPECT_GT(st.fetched_experts, 0u);
     EXPECT_LT(st.fetched_experts, st.cache_misses);  // f = 0.4: the CPU computed the rest
@@ -310,35 +231,11 @@ TEST_P(Backends, GpuAndOffloadMatchCpuAndReference) {
     EXPECT_LE(st.hybrid_timed_steps, st.decode_calls);
     EXPECT_GT(st.hybrid_gpu_seconds, 0.0);
     EXPECT_LT(st.hybrid_gpu_seconds / double(std::max<uint64_t>(st.hybrid_timed_steps, 1)), 1.0);
-    EXPECT_EQ(ft_session_status(hyb.get()), FT_OK);
+    EXPECT_EQ(ft_session_status(b.hybrid.get()), FT_OK);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, Backends, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<FormatCase> &i) { return std::string(i.param.name); });
-
-// Device buffers for one call of T tokens.
-struct DeviceCall {
-    uint16_t *x = nullptr, *y = nullptr;
-    int32_t *ids = nullptr;
-    float *w = nullptr;
-    DeviceCall(int T, int H, int K) {
-        EXPECT_EQ(cudaMalloc(&x, size_t(T) * H * 2), cudaSuccess);
-        EXPECT_EQ(cudaMalloc(&y, size_t(T) * H * 2), cudaSuccess);
-        EXPECT_EQ(cudaMalloc(&ids, size_t(T) * K * 4), cudaSuccess);
-        EXPECT_EQ(cudaMalloc(&w, size_t(T) * K * 4), cudaSuccess);
-    }
-    ~DeviceCall() {
-        cudaFree(x);
-        cudaFree(y);
-        cudaFree(ids);
-        cudaFree(w);
-    }
-    void upload(const std::vector<uint16_t> &hx, const std::vector<int32_t> &hids, const std::vector<float> &hw) {
-        ASSERT_EQ(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(ids, hids.data(), hids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-};
 
 struct Fixture {
     EnginePtr engine;
@@ -366,21 +263,6 @@ struct Fixture {
     }
 };
 
-std::vector<int32_t> random_ids(std::mt19937 &rng, int T, int K, int E) {
-    std::vector<int32_t> ids(size_t(T) * K);
-    std::uniform_int_distribution<int> pick(0, E - 1);
-    for (int t = 0; t < T; ++t) {
-        std::set<int> used;
-        for (int k = 0; k < K; ++k) {
-            int e;
-            do e = pick(rng);
-            while (!used.insert(e).second);
-            ids[size_t(t) * K + k] = e;
-        }
-    }
-    return ids;
-}
-
 // One CUDA graph holding ft_decode_cuda for every layer, replayed with new inputs each step,
 // against an identical offload session driven eagerly from host pointers: the slot cache
 // evolves the same way, so the outputs are identical bytes.
@@ -389,50 +271,16 @@ class GraphReplay : public ::testing::TestWithParam<int32_t> {};
 TEST_P(GraphReplay, EqualsEagerThroughEvictions) {
     Fixture f;
     if (!f.ok) GTEST_SKIP() << "no usable GPU";
-    const int L = f.info.num_layers, E = f.info.num_experts, K = f.info.top_k, H = f.info.hidden_size, T = 4;
+    const int E = f.info.num_experts, H = f.info.hidden_size, T = 4;
     auto graphed = open_session(f.model.get(), GetParam(), 16, E + 8, 0.5f);
     auto eager = open_session(f.model.get(), GetParam(), 16, E + 8, 0.5f);
     ASSERT_TRUE(graphed && eager);
-    std::vector<DeviceCall> calls;
-    calls.reserve(L);
-    for (int l = 0; l < L; ++l) calls.emplace_back(T, H, K);
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-
-    std::mt19937 rng(7);
-    std::vector<std::vector<uint16_t>> xs(L);
-    std::vector<std::vector<int32_t>> idss(L);
-    std::vector<std::vector<float>> ws(L);
-    auto fresh_inputs = [&] {
-        for (int l = 0; l < L; ++l) {
-            xs[l] = random_bf16(rng, size_t(T) * H, 1.0f);
-            idss[l] = random_ids(rng, T, K, E);
-            ws[l].assign(size_t(T) * K, 0.0f);
-            for (auto &v : ws[l]) v = std::uniform_real_distribution<float>(0.05f, 1.0f)(rng);
-            calls[l].upload(xs[l], idss[l], ws[l]);
-        }
-    };
-    // Capture (nothing runs yet), then replay step after step with new contents.
-    fresh_inputs();
-    cudaGraph_t graph;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    for (int l = 0; l < L; ++l)
-        ASSERT_EQ(ft_decode_cuda(graphed.get(), l, T, calls[l].x, calls[l].ids, calls[l].w, calls[l].y, stream), FT_OK)
-            << ft_session_last_error(graphed.get());
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int step = 0; step < 30; ++step) {
-        if (step > 0) fresh_inputs();
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        for (int l = 0; l < L; ++l) {
-            std::vector<uint16_t> from_graph(size_t(T) * H), from_eager(size_t(T) * H);
-            ASSERT_EQ(cudaMemcpy(from_graph.data(), calls[l].y, from_graph.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-            ASSERT_EQ(ft_decode(eager.get(), l, T, xs[l].data(), idss[l].data(), ws[l].data(), from_eager.data()), FT_OK);
+    ASSERT_NO_FATAL_FAILURE(replay_layers_graph(
+        graphed.get(), f.info, T, 30, 7, false, [&](int step, int l, const DecodeCall &in, const std::vector<uint16_t> &from_graph) {
+            std::vector<uint16_t> from_eager(size_t(T) * H);
+            ASSERT_EQ(ft_decode(eager.get(), l, T, in.x.data(), in.ids.data(), in.w.data(), from_eager.data()), FT_OK);
             ASSERT_EQ(0, std::memcmp(from_graph.data(), from_eager.data(), from_graph.size() * 2)) << "step " << step << " layer " << l;
-        }
-    }
+        }));
     ft_session_stats a, b;
     a.struct_size = b.struct_size = sizeof a;
     ASSERT_EQ(ft_session_get_stats(graphed.get(), &a), FT_OK);
@@ -440,9 +288,6 @@ TEST_P(GraphReplay, EqualsEagerThroughEvictions) {
     EXPECT_EQ(a.cache_misses, b.cache_misses);
     EXPECT_EQ(a.cache_hits, b.cache_hits);
     EXPECT_GT(a.cache_misses, uint64_t(E));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GraphReplay, ::testing::Values(FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID),
@@ -462,7 +307,7 @@ TEST(BackendsDevice, DevicePathRules) {
     const int T = 5;
     DeviceCall dc(T, H, K);
     auto x = random_bf16(rng, size_t(T) * H, 1.0f);
-    auto ids = random_ids(rng, T, K, E);
+    auto ids = distinct_ids(rng, T, K, E);
     std::vector<float> w(size_t(T) * K, 0.25f);
     dc.upload(x, ids, w);
     ASSERT_EQ(ft_decode_cuda(gpu.get(), 1, T, dc.x, dc.ids, dc.w, dc.y, nullptr), FT_OK) << ft_session_last_error(gpu.get());
@@ -490,7 +335,7 @@ TEST(BackendsDevice, DevicePathRules) {
     // Prefill-sized calls cannot be captured.
     const int P = 100;
     DeviceCall big(P, H, K);
-    big.upload(random_bf16(rng, size_t(P) * H, 1.0f), random_ids(rng, P, K, E), std::vector<float>(size_t(P) * K, 0.1f));
+    big.upload(random_bf16(rng, size_t(P) * H, 1.0f), distinct_ids(rng, P, K, E), std::vector<float>(size_t(P) * K, 0.1f));
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
@@ -526,7 +371,7 @@ TEST(BackendsDevice, PrefillDoesNotEvictTheDecodeWorkingSet) {
     for (int l : {1, 2, 3, 1}) {  // prefill of other layers, whole layers each
         const int P = 100;
         auto px = random_bf16(rng, size_t(P) * H, 1.0f);
-        auto pids = random_ids(rng, P, K, E);
+        auto pids = distinct_ids(rng, P, K, E);
         std::vector<float> pw(size_t(P) * K, 0.1f);
         std::vector<uint16_t> py(size_t(P) * H);
         ASSERT_EQ(ft_decode(off.get(), l, P, px.data(), pids.data(), pw.data(), py.data()), FT_OK) << ft_session_last_error(off.get());
@@ -581,7 +426,7 @@ TEST(Hybrid, HandoffTimeoutFailsTheSessionInsteadOfHanging) {
     ASSERT_TRUE(hyb);
     std::mt19937 rng(5);
     const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
-    const auto ids = random_ids(rng, T, K, E);
+    const auto ids = distinct_ids(rng, T, K, E);
     std::vector<float> w(size_t(T) * K, 0.1f);
     std::vector<uint16_t> y(size_t(T) * H);
     ft_status st = FT_OK;
@@ -601,7 +446,7 @@ TEST(Hybrid, AdaptiveFractionConverges) {
     std::mt19937 rng(9);
     const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
     std::vector<std::vector<int32_t>> trace;
-    for (int i = 0; i < 64; ++i) trace.push_back(random_ids(rng, T, K, E));
+    for (int i = 0; i < 64; ++i) trace.push_back(distinct_ids(rng, T, K, E));
     std::vector<float> w(size_t(T) * K, 0.1f);
     std::vector<uint16_t> y(size_t(T) * H);
     // One layer of slots over four layers: (nearly) every route misses every step.

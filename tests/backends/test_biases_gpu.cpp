@@ -4,30 +4,21 @@
 // core and CUDA-core kernels) and the prefill path, from host pointers, device pointers and a
 // replayed CUDA graph; the same weights with zero biases give visibly different outputs, and so
 // does the reference without either bias, so the comparisons show both biases are added.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "api_handles.hpp"
-#include "freetoken_cuda.h"
 #include "ft/synth.hpp"
+#include "gpu_sessions.hpp"
 
 namespace {
 
 using namespace ft::test;
-
-bool gpu_engine(ft_engine *engine) {
-    ft_engine_info info;
-    info.struct_size = sizeof info;
-    return engine && ft_engine_get_info(engine, &info) == FT_OK && info.device >= 0;
-}
 
 // A bf16 gpt-oss model: per layer the de-interleaved experts (gate / up [E, I, H], down [E, H, I])
 // and their biases (gate / up [E, I], down [E, H]), every value bf16-exact.
@@ -117,49 +108,16 @@ struct GptOssBf16 {
 
 };
 
+// Sessions of these tests: hybrid at a fixed f = 0.4.
 SessionPtr open(ft_model *m, int32_t backend, int max_tokens, int64_t cache_slots = 0) {
-    ft_session_params p;
-    ft_session_params_init(&p);
-    p.backend = backend;
-    p.max_tokens = max_tokens;
-    p.cache_slots = cache_slots;
-    p.vram_reserve_bytes = 0;
-    p.hybrid_fraction = 0.4f;
-    p.hybrid_adaptive = false;
-    ft_session *s = nullptr;
-    char err[512];
-    EXPECT_EQ(ft_session_create(m, &p, &s, err, sizeof err), FT_OK) << "backend " << backend << ": " << err;
-    return SessionPtr(s);
-}
-
-ModelPtr load(ft_engine *engine, const std::string &dir) {
-    ft_model *raw = nullptr;
-    char err[512];
-    EXPECT_EQ(ft_model_load(engine, dir.c_str(), nullptr, &raw, err, sizeof err), FT_OK) << err;
-    return ModelPtr(raw);
+    return open_session(m, backend, max_tokens, cache_slots, 0.4f);
 }
 
 // T tokens of K distinct experts each; route 1 of token 1 left to "elsewhere" (-1).
-std::vector<int32_t> distinct_ids(std::mt19937 &rng, int T, int K, int E) {
-    std::vector<int32_t> ids(size_t(T) * K);
-    std::uniform_int_distribution<int> pick(0, E - 1);
-    for (int t = 0; t < T; ++t) {
-        std::set<int> used;
-        for (int k = 0; k < K; ++k) {
-            int e;
-            do e = pick(rng);
-            while (!used.insert(e).second);
-            ids[size_t(t) * K + k] = e;
-        }
-    }
+std::vector<int32_t> ids_with_a_dropped_route(std::mt19937 &rng, int T, int K, int E) {
+    std::vector<int32_t> ids = distinct_ids(rng, T, K, E);
     if (T > 1) ids[size_t(K) + 1] = -1;
     return ids;
-}
-
-std::vector<double> as_f64(const std::vector<uint16_t> &y) {
-    std::vector<double> r(y.size());
-    for (size_t i = 0; i < y.size(); ++i) r[i] = bf16_to_f64(y[i]);
-    return r;
 }
 
 constexpr double kBound = 1e-2;    // GPU vs cpu and vs the reference (the bf16 AllFormats bound)
@@ -182,7 +140,7 @@ TEST(ExpertBiasesGpu, EveryBackendMatchesCpuAndReference) {
         ScratchDir with, without;
         m.write(with.path(), false);
         m.write(without.path(), true);
-        ModelPtr model = load(engine.get(), with.path()), zeroed = load(engine.get(), without.path());
+        ModelPtr model = load_model(engine.get(), with.path()), zeroed = load_model(engine.get(), without.path());
         ASSERT_TRUE(model && zeroed);
         ft_model_info info;
         info.struct_size = sizeof info;
@@ -207,7 +165,7 @@ TEST(ExpertBiasesGpu, EveryBackendMatchesCpuAndReference) {
             for (int l = 0; l < m.L; ++l) {
                 const int T = sh.tokens[size_t(step + l) % sh.tokens.size()];
                 SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(l) + " T " + std::to_string(T));
-                const auto ids = distinct_ids(rng, T, K, E);
+                const auto ids = ids_with_a_dropped_route(rng, T, K, E);
                 std::vector<float> w(size_t(T) * K);
                 for (float &v : w) v = wd(rng);
                 const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
@@ -243,27 +201,16 @@ TEST(ExpertBiasesGpu, EveryBackendMatchesCpuAndReference) {
 
                 // Device pointers on every GPU backend (decode-sized calls).
                 if (T < 64) {
-                    uint16_t *dx = nullptr, *dy = nullptr;
-                    int32_t *di = nullptr;
-                    float *dw = nullptr;
-                    ASSERT_EQ(cudaMalloc(&dx, (x.size() + 1) * 2), cudaSuccess);
-                    ASSERT_EQ(cudaMalloc(&dy, x.size() * 2), cudaSuccess);
-                    ASSERT_EQ(cudaMalloc(&di, ids.size() * 4), cudaSuccess);
-                    ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
-                    ASSERT_EQ(cudaMemcpy(dx + 1, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-                    ASSERT_EQ(cudaMemcpy(di, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-                    ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+                    DeviceCall dc(T, H, K, true);
+                    ASSERT_NO_FATAL_FAILURE(dc.upload(x, ids, w));
                     for (size_t b = 0; b < gpus.size(); ++b) {
-                        ASSERT_EQ(cudaMemset(dy, 0xff, x.size() * 2), cudaSuccess);
-                        EXPECT_EQ(ft_decode_cuda(gpus[b].get(), l, T, dx + 1, di, dw, dy, nullptr), FT_OK)
-                            << ft_session_last_error(gpus[b].get());
+                        ASSERT_EQ(cudaMemset(dc.y, 0xff, dc.nx * 2), cudaSuccess);
+                        EXPECT_EQ(dc.run(gpus[b].get(), l, T), FT_OK) << ft_session_last_error(gpus[b].get());
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                        std::vector<uint16_t> y(x.size());
-                        ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+                        const std::vector<uint16_t> y = dc.output();
                         EXPECT_LT(relative_error_bf16(y, cpu_ref), kBound) << "device pointers, backend " << b;
                         EXPECT_GT(relative_error_bf16(y, ref_none), kVisible) << "device pointers, backend " << b;
                     }
-                    cudaFree(dx), cudaFree(dy), cudaFree(di), cudaFree(dw);
                 }
             }
         }
@@ -290,67 +237,25 @@ TEST(ExpertBiasesGpu, GraphReplayMatchesCpu) {
     GptOssBf16 m(3, 16, 4, 128, 64, 99);
     ScratchDir dir;
     m.write(dir.path(), false);
-    ModelPtr model = load(engine.get(), dir.path());
+    ft_model_info info;
+    ModelPtr model = load_model(engine.get(), dir.path(), &info);
     ASSERT_TRUE(model);
-    const int L = m.L, E = m.E, K = m.K, H = m.H, T = 4;
+    const int E = m.E, H = m.H, T = 4;
     auto cpu = open(model.get(), FT_BACKEND_CPU, 16);
     for (int32_t backend : {FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID}) {
         SCOPED_TRACE("backend " + std::to_string(backend));
         auto graphed = open(model.get(), backend, 16, backend == FT_BACKEND_GPU ? 0 : E);
         ASSERT_TRUE(cpu && graphed);
-        std::vector<uint16_t *> dx(L), dy(L);
-        std::vector<int32_t *> di(L);
-        std::vector<float *> dw(L);
-        for (int l = 0; l < L; ++l) {
-            ASSERT_EQ(cudaMalloc(&dx[l], size_t(T) * H * 2), cudaSuccess);
-            ASSERT_EQ(cudaMalloc(&dy[l], size_t(T) * H * 2), cudaSuccess);
-            ASSERT_EQ(cudaMalloc(&di[l], size_t(T) * K * 4), cudaSuccess);
-            ASSERT_EQ(cudaMalloc(&dw[l], size_t(T) * K * 4), cudaSuccess);
-        }
-        cudaStream_t stream;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-        std::mt19937 rng(5 + uint32_t(backend));
-        std::vector<std::vector<uint16_t>> xs(L);
-        std::vector<std::vector<int32_t>> idss(L);
-        std::vector<std::vector<float>> ws(L);
-        auto fresh_inputs = [&] {
-            for (int l = 0; l < L; ++l) {
-                xs[l] = random_bf16(rng, size_t(T) * H, 1.0f);
-                idss[l] = distinct_ids(rng, T, K, E);
-                ws[l].assign(size_t(T) * K, 0.0f);
-                for (float &v : ws[l]) v = std::uniform_real_distribution<float>(0.05f, 1.0f)(rng);
-                ASSERT_EQ(cudaMemcpy(dx[l], xs[l].data(), xs[l].size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-                ASSERT_EQ(cudaMemcpy(di[l], idss[l].data(), idss[l].size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-                ASSERT_EQ(cudaMemcpy(dw[l], ws[l].data(), ws[l].size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-            }
-        };
-        fresh_inputs();
-        cudaGraph_t graph = nullptr;
-        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        for (int l = 0; l < L; ++l)
-            ASSERT_EQ(ft_decode_cuda(graphed.get(), l, T, dx[l], di[l], dw[l], dy[l], stream), FT_OK)
-                << ft_session_last_error(graphed.get());
-        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-        cudaGraphExec_t exec;
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-        for (int step = 0; step < 10; ++step) {
-            if (step > 0) fresh_inputs();
-            ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-            for (int l = 0; l < L; ++l) {
-                std::vector<uint16_t> y(size_t(T) * H), y_cpu(size_t(T) * H);
-                ASSERT_EQ(cudaMemcpy(y.data(), dy[l], y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-                ASSERT_EQ(ft_decode(cpu.get(), l, T, xs[l].data(), idss[l].data(), ws[l].data(), y_cpu.data()), FT_OK);
+        ASSERT_NO_FATAL_FAILURE(replay_layers_graph(
+            graphed.get(), info, T, 10, 5 + uint32_t(backend), true,
+            [&](int step, int l, const DecodeCall &in, const std::vector<uint16_t> &y) {
+                std::vector<uint16_t> y_cpu(size_t(T) * H);
+                ASSERT_EQ(ft_decode(cpu.get(), l, T, in.x.data(), in.ids.data(), in.w.data(), y_cpu.data()), FT_OK);
                 EXPECT_LT(relative_error_bf16(y, as_f64(y_cpu)), kBound) << "step " << step << " layer " << l;
-                const auto ref_none = m.reference(l, T, xs[l].data(), idss[l].data(), ws[l].data(), true, true);
+                const auto ref_none = m.reference(l, T, in.x.data(), in.ids.data(), in.w.data(), true, true);
                 EXPECT_GT(relative_error_bf16(y, ref_none), kVisible) << "step " << step << " layer " << l;
-            }
-        }
+            }));
         EXPECT_EQ(ft_session_status(graphed.get()), FT_OK);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        cudaStreamDestroy(stream);
-        for (int l = 0; l < L; ++l) cudaFree(dx[l]), cudaFree(dy[l]), cudaFree(di[l]), cudaFree(dw[l]);
     }
 }
 

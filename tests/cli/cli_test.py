@@ -297,6 +297,96 @@ def case_run_json(ft, source_dir, work):
                            str(m["experts"]), str(m["top_k"])), "text %s vs JSON %s" % (mm.groups(), m))
 
 
+# llama.cpp's Q4_K_M mix as `ft run --format q4_k_m` writes it: gate/up q4_k in every layer, down
+# q6_k in layer 0 and q4_k in layer 1. Bytes per expert from the ggml block sizes (256 elements).
+Q4_K_BLOCK, Q6_K_BLOCK = 144, 210
+
+
+def q4_k_m_shares(h, i):
+    gate_up = 2 * i * h // 256 * Q4_K_BLOCK
+    down = {"q4_k": h * i // 256 * Q4_K_BLOCK, "q6_k": h * i // 256 * Q6_K_BLOCK}
+    q4 = 2 * gate_up + down["q4_k"]
+    total = q4 + down["q6_k"]
+    return {"q4_k": q4 / total, "q6_k": down["q6_k"] / total}
+
+
+def case_run_mixed(ft, source_dir, work):
+    # A synthetic GGUF mixing types per matrix and layer: ft info and ft run state the mix with each
+    # type's share of the bytes, and the profile line the figures of every type, blended by share.
+    cache = os.path.join(work, "cache")
+    profile = os.path.join(work, "profile.json")
+    with open(profile, "w") as f:
+        json.dump({"version": 4, "dtype_kernels": {"q4_k": {"cpu_moe_gbs": 40.0, "pcie_gather_gbs": 20.0},
+                                                   "q6_k": {"cpu_moe_gbs": 25.0, "pcie_gather_gbs": 20.0}}}, f)
+    env = {"FT_PROFILE_PATH": profile}
+    args = ["run", "--format", "q4_k_m", "--cache-dir", cache, "--threads", "2", "--steps", "1", "--backend", "cpu", "--json"]
+    rc, out, err = ft(*args, env=env)
+    expect(rc == 0, show(args, rc, out, err))
+    j = one_json(args, rc, out, err)
+    m, p = j["model"], j["profile"]
+    want = q4_k_m_shares(m["hidden_size"], m["intermediate_size"])
+    expect(m["mixed_formats"] is True, "model: %s" % m)
+    expect([(x["first_layer"], x["last_layer"], x["gate_up"], x["down"]) for x in m["layer_formats"]] ==
+           [(0, 0, "q4_k", "q6_k"), (1, 1, "q4_k", "q4_k")], "layer formats: %s" % m["layer_formats"])
+    got = {x["format"]: x["share"] for x in m["format_shares"]}
+    expect(got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-9 for k in want),
+           "model shares %s, want %s" % (got, want))
+    expect(p["state"] == "applies", "profile: %s" % p)
+    got = {x["format"]: x for x in p["formats"]}
+    expect(got.keys() == want.keys() and all(abs(got[k]["share"] - want[k]) < 1e-9 and got[k]["measured"] for k in want),
+           "profile formats %s, want shares %s" % (p["formats"], want))
+    expect(got["q4_k"]["cpu_gbs"] == 40.0 and got["q6_k"]["cpu_gbs"] == 25.0, "profile formats: %s" % p["formats"])
+    blended = 1.0 / (want["q4_k"] / 40.0 + want["q6_k"] / 25.0)
+    expect(abs(p["cpu_gbs"] - blended) < 1e-9, "blended CPU GB/s %s, want %s" % (p["cpu_gbs"], blended))
+
+    # The same as text: the model's format field and the profile line name both types and shares.
+    mix = "q4_k %.0f%% + q6_k %.0f%%" % (100 * want["q4_k"], 100 * want["q6_k"])
+    args = ["run", "--format", "q4_k_m", "--cache-dir", cache, "--threads", "2", "--steps", "1", "--backend", "cpu"]
+    rc, out, err = ft(*args, env=env)
+    expect(rc == 0, show(args, rc, out, err))
+    prof = [l for l in out.splitlines() if l.startswith("profile")]
+    expect(prof and mix + " of the expert bytes" in prof[0] and "CPU %.1f GB/s blended (q4_k 40.0, q6_k 25.0)" % blended in prof[0],
+           "profile line, want %r: " % mix + show(args, rc, out, err))
+    expect("mixed " + mix + " of the bytes" in out, "model lines, want %r: " % mix + show(args, rc, out, err))
+
+    # A profile without q6_k figures: the line names the missing type and the mix.
+    with open(profile, "w") as f:
+        json.dump({"version": 4, "dtype_kernels": {"q4_k": {"cpu_moe_gbs": 40.0, "pcie_gather_gbs": 20.0}}}, f)
+    rc, out, err = ft(*args, env=env)
+    expect(rc == 0, show(args, rc, out, err))
+    prof = [l for l in out.splitlines() if l.startswith("profile")]
+    expect(prof and "has no figures for q6_k (the model: " + mix in prof[0], show(args, rc, out, err))
+
+    # The GB/s figures count each routed expert at its own layer's size (layer 0's is larger): on
+    # the cpu backend (the JSON run above) and, with a GPU, on the gpu backend.
+    h, i = m["hidden_size"], m["intermediate_size"]
+    gate_up = 2 * i * h // 256 * Q4_K_BLOCK
+    sizes = (gate_up + h * i // 256 * Q6_K_BLOCK, gate_up + h * i // 256 * Q4_K_BLOCK)
+
+    def bytes_per_routed_expert(run, figure):
+        d = run["decode"]
+        seconds = d["steps"] * d["tokens"] / d["tokens_per_s"]
+        return figure * 1e9 * seconds / (d["distinct_experts_per_layer_step"] * d["steps"] * d["layers"])
+
+    per_expert = bytes_per_routed_expert(j, j["bandwidth"]["expert_gbs"])
+    expect(sizes[1] * (1 - 1e-9) < per_expert < sizes[0] * (1 - 1e-3),
+           "cpu: bytes per routed expert %.0f, not between the layers' %s" % (per_expert, sizes))
+    if has_gpu(ft):
+        gargs = ["run", "--format", "q4_k_m", "--cache-dir", cache, "--threads", "2", "--steps", "4", "--backend", "gpu", "--json"]
+        rc, out, err = ft(*gargs, env=env)
+        expect(rc == 0, show(gargs, rc, out, err))
+        g = one_json(gargs, rc, out, err)
+        per_expert = bytes_per_routed_expert(g, g["gpu"]["expert_gbs"])
+        expect(sizes[1] * (1 - 1e-9) < per_expert < sizes[0] * (1 - 1e-3),
+               "gpu: bytes per routed expert %.0f, not between the layers' %s: %s" % (per_expert, sizes, g))
+
+    # ft info on the file itself states the mix the same way.
+    model = os.path.join(cache, "synthetic-q4_k_m", "model.gguf")
+    rc, out, err = ft("info", model)
+    expect(rc == 0, show(["info", model], rc, out, err))
+    expect("mixed " + mix + " of the bytes" in out and "0 q4_k/q6_k, 1 q4_k" in out, show(["info", model], rc, out, err))
+
+
 def main():
     if len(sys.argv) != 5:
         print(__doc__)

@@ -34,6 +34,11 @@ uint64_t fresh_seed() {
     return base + 7919 * ++n;
 }
 
+template <typename T>
+void poke(std::vector<uint8_t> &b, uint64_t pos, T v) {
+    std::memcpy(b.data() + pos, &v, sizeof v);
+}
+
 // K-quants need H and I multiples of 256.
 Spec spec_of(const char *format) {
     Spec s;
@@ -334,7 +339,12 @@ TEST(GgufSplit, TensorInTwoPartsAndWrongCount) {
 struct SCase {
     const char *format;
     const char *dtype;
+    const char *shared_format = "";  // "": the writer's default (the layer's block type or dtype)
 };
+
+void PrintTo(const SCase &c, std::ostream *os) {
+    *os << c.format << "/" << c.dtype << "/" << (*c.shared_format ? c.shared_format : "default");
+}
 
 class GgufShared : public ::testing::TestWithParam<SCase> {};
 
@@ -342,6 +352,7 @@ TEST_P(GgufShared, LoadedAsBf16) {
     ScratchDir dir;
     Spec s = spec_of(GetParam().format);
     s.expert_dtype = GetParam().dtype;
+    s.gguf_shared_format = GetParam().shared_format;
     s.shared_intermediate = 512;
     s.gguf_shared_gate = true;
     s.gguf_arch = "qwen2moe";  // the family with the shared expert's sigmoid gate
@@ -367,10 +378,97 @@ TEST_P(GgufShared, LoadedAsBf16) {
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufShared,
                          ::testing::Values(SCase{"q4_k", "BF16"}, SCase{"q6_k", "BF16"}, SCase{"bf16", "F16"},
-                                           SCase{"bf16", "F32"}),
+                                           SCase{"bf16", "F32"}, SCase{"q4_k", "BF16", "mxfp4"},
+                                           SCase{"mxfp4", "BF16", "mxfp4"}, SCase{"bf16", "F32", "mxfp4"}),
                          [](const ::testing::TestParamInfo<SCase> &i) {
-                             return std::string(i.param.format) + "_" + i.param.dtype;
+                             return std::string(i.param.format) + "_" + i.param.dtype +
+                                    (*i.param.shared_format ? std::string("_shared_") + i.param.shared_format : "");
                          });
+
+// MXFP4 shared experts: the writer's expected values decode the ggml nibble order on their own, so
+// a swapped nibble or scale in the loader shows up; here the values are also checked against the
+// e2m1 / e8m0 element decoders for one whole block by hand.
+TEST(GgufShared, Mxfp4BlockByHand) {
+    ScratchDir dir;
+    Spec s = spec_of("q8_0");
+    s.shared_intermediate = 256;
+    s.gguf_shared_format = "mxfp4";
+    synth::write_gguf(dir / "sh.gguf", s);
+    // Overwrite the first block of layer 1's shared gate: scale 2^1, element j < 16 = code j (low
+    // nibble of byte j), element j + 16 = code 15 - j (its high nibble).
+    std::vector<uint8_t> b = read_bytes(dir / "sh.gguf");
+    uint64_t at = 0;
+    {
+        GgufFile g(dir / "sh.gguf");
+        const GgufTensorInfo *t = g.find_tensor("blk.1.ffn_gate_shexp.weight");
+        ASSERT_NE(t, nullptr);
+        ASSERT_EQ(t->type, ggml_type::MXFP4);
+        at = t->file_offset;
+    }
+    b[at] = 128;
+    for (int j = 0; j < 16; ++j) b[at + 1 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    write_bytes(dir / "sh.gguf", b);
+    auto model = load_checkpoint(dir / "sh.gguf");
+    const Tensor &t = model->extras(0).shared_gate;
+    ASSERT_EQ(t.shape, (std::vector<int64_t>{256, 256}));
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    for (int k = 0; k < 32; ++k) {
+        const int code = k < 16 ? k : 15 - (k - 16);
+        const float want = (code & 8 ? -2.0f : 2.0f) * mag[code & 7];
+        uint16_t v;
+        std::memcpy(&v, t.bytes.data() + 2 * k, 2);
+        EXPECT_EQ(bf16_to_f32(v), want) << "element " << k;
+    }
+}
+
+// Hostile MXFP4 shared experts: a NaN scale, wrong dims, a truncated tensor: FT_ERR_FORMAT naming it.
+TEST(GgufShared, Mxfp4Hostile) {
+    ScratchDir dir;
+    Spec s = spec_of("q4_k");
+    s.shared_intermediate = 256;
+    s.gguf_shared_format = "mxfp4";
+    synth::write_gguf(dir / "sh.gguf", s);
+    const std::vector<uint8_t> base = read_bytes(dir / "sh.gguf");
+    uint64_t up_at = 0, down_at = 0, down_bytes = 0, down_dims_pos = 0;
+    {
+        GgufFile g(dir / "sh.gguf");
+        const GgufTensorInfo *up = g.find_tensor("blk.2.ffn_up_shexp.weight");
+        const GgufTensorInfo *down = g.find_tensor("blk.2.ffn_down_shexp.weight");
+        ASSERT_TRUE(up && down);
+        ASSERT_EQ(&g.tensors().back(), down);  // the file's last tensor
+        up_at = up->file_offset;
+        down_at = down->file_offset;
+        down_bytes = down->nbytes;
+        ASSERT_EQ(down_bytes, 256u * 256 / 32 * 17);
+        const std::string name = down->name;
+        down_dims_pos = static_cast<uint64_t>(std::search(base.begin(), base.end(), name.begin(), name.end()) - base.begin()) +
+                        name.size() + 4;
+    }
+    // e8m0 code 255 (NaN) in the scale of block 3 of the up projection.
+    auto b = base;
+    b[up_at + 3 * 17] = 0xff;
+    write_bytes(dir / "h.gguf", b);
+    expect_error([&] { load_checkpoint(dir / "h.gguf"); }, FT_ERR_FORMAT,
+                 {"blk.2.ffn_up_shexp.weight", "e8m0 scale byte 255"});
+    // Down [Is, H] = [256, 256] declared as [128, 512]: the same bytes, the wrong shape.
+    b = base;
+    poke<uint64_t>(b, down_dims_pos, 128);
+    poke<uint64_t>(b, down_dims_pos + 8, 512);
+    write_bytes(dir / "h.gguf", b);
+    expect_error([&] { load_checkpoint(dir / "h.gguf"); }, FT_ERR_FORMAT,
+                 {"blk.2.ffn_down_shexp.weight", "expected dims [256, 256]"});
+    // Inner dimension not whole MXFP4 blocks.
+    b = base;
+    poke<uint64_t>(b, down_dims_pos, 48);
+    write_bytes(dir / "h.gguf", b);
+    expect_error([&] { load_checkpoint(dir / "h.gguf"); }, FT_ERR_FORMAT, {"blk.2.ffn_down_shexp.weight", "MXFP4"});
+    // Truncated anywhere inside the last tensor's data.
+    for (uint64_t cut : {down_at + 1, down_at + 17, down_at + down_bytes / 2, down_at + down_bytes - 1}) {
+        write_bytes(dir / "h.gguf", std::vector<uint8_t>(base.begin(), base.begin() + static_cast<long>(cut)));
+        expect_error([&] { load_checkpoint(dir / "h.gguf"); }, FT_ERR_FORMAT,
+                     {"blk.2.ffn_down_shexp.weight", "file truncated?"});
+    }
+}
 
 TEST(GgufShared, MissingPieceIsNamed) {
     ScratchDir dir;
@@ -446,11 +544,6 @@ TEST(GgufHostileTypes, EveryTruncationFails) {
             }
         }
     }
-}
-
-template <typename T>
-void poke(std::vector<uint8_t> &b, uint64_t pos, T v) {
-    std::memcpy(b.data() + pos, &v, sizeof v);
 }
 
 TEST(GgufHostileTypes, WrongBlockCounts) {

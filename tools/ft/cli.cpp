@@ -57,7 +57,9 @@ const char *kRunHelp =
     "  --format F       without MODEL: generate the synthetic checkpoint in format F, in the\n"
     "                   layout its real releases use: bf16, fp8_block, nvfp4 (Qwen3-MoE),\n"
     "                   mxfp4 (gpt-oss), ds_fp4 (DeepSeek-V4), and as GGUF files q4_0, q8_0,\n"
-    "                   q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs (default bf16)\n"
+    "                   q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, and q4_k_m (types mixed per\n"
+    "                   matrix and layer like llama.cpp's Q4_K_M: gate/up q4_k, down q6_k\n"
+    "                   and q4_k in alternate layers) (default bf16)\n"
     "  --cache-dir DIR  where the synthetic checkpoint is kept\n"
     "                   (default $XDG_CACHE_HOME/freetoken or ~/.cache/freetoken)\n"
     "  --no-gpu         do not use a GPU even if one is present\n"
@@ -208,10 +210,10 @@ void parse_argument(int argc, char **argv, int &i, Options &o) {
 // The rules between the options of `ft run`.
 void check_run_options(const Options &o) {
     static const char *formats[] = {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0", "q8_0",
-                                    "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"};
+                                    "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q4_k_m"};
     if (std::find(std::begin(formats), std::end(formats), o.format) == std::end(formats))
         usage_error("unknown format '" + o.format +
-                    "' (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs)");
+                    "' (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, q4_k_m)");
     if (o.format_given && !o.model.empty()) usage_error("--format chooses the synthetic checkpoint; a MODEL has its own format");
     if (o.no_gpu && o.backend != FT_BACKEND_AUTO && o.backend != FT_BACKEND_CPU)
         usage_error("--backend " + o.backend_name + " needs a GPU, and --no-gpu forbids one");

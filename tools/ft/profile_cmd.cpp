@@ -208,9 +208,10 @@ int cmd_profile(const ProfileOptions &o) {
     return 0;
 }
 
-ProfileStatus profile_status(const char *device_name, int32_t format) {
+ProfileStatus profile_status(const char *device_name, const std::vector<FormatShare> &shares) {
     ProfileStatus r;
     r.path = ft::default_profile_path();
+    for (const FormatShare &f : shares) r.formats.push_back({f.format, f.share});
     ft_profile *prof = nullptr;
     char err[1024];
     const ft_status s = ft_profile_load(nullptr, &prof, err, sizeof err);
@@ -233,25 +234,59 @@ ProfileStatus profile_status(const char *device_name, int32_t format) {
         r.detail = std::string("measured on ") + m.gpu_name + ", this engine uses " + device_name;
         return r;
     }
-    ft_profile_format e;
-    e.struct_size = sizeof e;
-    if (ft_profile_get_format(prof, format, &e) != FT_OK) {
-        r.state = "no_figures";
-        return r;
-    }
+    double seconds_per_byte = 0.0;
+    bool all_cpu = true;
     r.state = "applies";
-    r.cpu_gbs = e.cpu_gbs;
-    r.fetch_fraction = e.fetch_fraction;
+    for (ProfileFigures &f : r.formats) {
+        ft_profile_format e;
+        e.struct_size = sizeof e;
+        if (ft_profile_get_format(prof, f.format, &e) != FT_OK) {
+            r.state = "no_figures";
+            all_cpu = false;
+            continue;
+        }
+        f.measured = true;
+        f.cpu_gbs = e.cpu_gbs;
+        f.fetch_fraction = e.fetch_fraction;
+        if (e.cpu_gbs > 0) seconds_per_byte += f.share / e.cpu_gbs;
+        else all_cpu = false;
+    }
+    if (all_cpu && seconds_per_byte > 0) r.cpu_gbs = 1.0 / seconds_per_byte;
+    if (r.formats.size() == 1) r.fetch_fraction = r.formats[0].fetch_fraction;
     return r;
 }
 
-std::string profile_text(const ProfileStatus &p, int32_t format) {
+std::string profile_text(const ProfileStatus &p) {
     if (p.state == "none") return "none at " + p.path + " (`ft profile` measures this machine)";
     if (p.state == "unusable") return p.path + " is not usable: " + p.detail;
     if (p.state == "other_gpu") return p.path + " ignored: " + p.detail;
-    if (p.state == "no_figures") return p.path + " applies, but has no figures for " + format_label(format);
-    std::string t = p.path + ": " + format_label(format) + " CPU " + figure(p.cpu_gbs) + " GB/s";
-    if (p.fetch_fraction >= 0) t += ", hybrid fetch fraction " + figure(p.fetch_fraction, "%.2f");
+    const bool mixed = p.formats.size() > 1;
+    std::string mix;  // "q4_k 77% + q6_k 23% of the expert bytes"
+    for (const ProfileFigures &f : p.formats)
+        mix += (mix.empty() ? "" : " + ") + std::string(format_label(f.format)) + " " + figure(100 * f.share, "%.0f%%");
+    mix += " of the expert bytes";
+    if (p.state == "no_figures") {
+        std::string missing;
+        for (const ProfileFigures &f : p.formats)
+            if (!f.measured) missing += (missing.empty() ? "" : ", ") + std::string(format_label(f.format));
+        return p.path + " applies, but has no figures for " + missing + (mixed ? " (the model: " + mix + ")" : "");
+    }
+    if (!mixed) {
+        std::string t = p.path + ": " + format_label(p.formats[0].format) + " CPU " + figure(p.cpu_gbs) + " GB/s";
+        if (p.fetch_fraction >= 0) t += ", hybrid fetch fraction " + figure(p.fetch_fraction, "%.2f");
+        return t;
+    }
+    // A mix: the blended rate, then each format's own figures.
+    std::string t = p.path + ": " + mix + ": CPU " + figure(p.cpu_gbs) + " GB/s blended (";
+    std::string fetch;
+    for (size_t i = 0; i < p.formats.size(); ++i) {
+        const ProfileFigures &f = p.formats[i];
+        t += (i ? ", " : "") + std::string(format_label(f.format)) + " " + figure(f.cpu_gbs);
+        if (f.fetch_fraction >= 0)
+            fetch += (fetch.empty() ? "" : ", ") + std::string(format_label(f.format)) + " " + figure(f.fetch_fraction, "%.2f");
+    }
+    t += ")";
+    if (!fetch.empty()) t += ", hybrid fetch fraction " + fetch;
     return t;
 }
 

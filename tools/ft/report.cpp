@@ -1,8 +1,12 @@
 // How ft names and prints what the library reports (report.hpp).
 #include "report.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <utility>
 
+#include "ft/formats.hpp"
 #include "progress.hpp"
 
 namespace ft::tool {
@@ -85,10 +89,60 @@ std::string format_mix(const std::vector<FormatRun> &runs) {
     return out;
 }
 
+namespace {
+
+// One expert's gate/up and down bytes in these formats. Bank 0 is gate/up and bank 1 down for
+// every format that mixes (the GGUF block formats).
+std::pair<uint64_t, uint64_t> matrix_bytes(const ft_model_info &m, int32_t gate_up, int32_t down) {
+    return {ft::bank_schema(static_cast<ft::Format>(gate_up), m.hidden_size, m.intermediate_size)[0].row_bytes,
+            ft::bank_schema(static_cast<ft::Format>(down), m.hidden_size, m.intermediate_size)[1].row_bytes};
+}
+
+}  // namespace
+
+std::vector<uint64_t> layer_expert_bytes(const ft_model *model, const ft_model_info &m) {
+    std::vector<uint64_t> out(static_cast<size_t>(m.num_layers), m.expert_bytes);
+    if (!m.mixed_formats || !model) return out;
+    for (const FormatRun &r : format_runs(model, m)) {
+        const auto [gu, dn] = matrix_bytes(m, r.gate_up, r.down);
+        for (int32_t l = r.first; l <= r.last; ++l) out[static_cast<size_t>(l)] = gu + dn;
+    }
+    return out;
+}
+
+std::vector<FormatShare> format_shares(const ft_model *model, const ft_model_info &m) {
+    if (!m.mixed_formats || !model) return {{m.format, 1.0}};
+    std::map<int32_t, double> bytes;
+    double total = 0.0;
+    for (const FormatRun &r : format_runs(model, m)) {
+        const double layers = r.last - r.first + 1;
+        const auto [gu, dn] = matrix_bytes(m, r.gate_up, r.down);
+        bytes[r.gate_up] += layers * gu;
+        bytes[r.down] += layers * dn;
+        total += layers * (gu + dn);
+    }
+    std::vector<FormatShare> out;
+    for (const auto &[f, b] : bytes) out.push_back({f, total > 0.0 ? b / total : 0.0});
+    std::stable_sort(out.begin(), out.end(), [](const FormatShare &a, const FormatShare &b) { return a.share > b.share; });
+    return out;
+}
+
+std::string shares_text(const std::vector<FormatShare> &shares) {
+    std::string out;
+    for (const FormatShare &f : shares) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%s%s %.0f%%", out.empty() ? "" : " + ", format_name(f.format), 100.0 * f.share);
+        out += buf;
+    }
+    return out;
+}
+
 void print_model(const ft_model_info &m, const ft_model *model) {
     std::printf("model       %s: %d MoE layers (first at layer %d of %d), %d experts, top-%d\n", m.architecture, m.num_layers,
                 m.first_moe_layer, m.total_layers, m.num_experts, m.top_k);
-    std::printf("            H=%d I=%d, %s, %s, routing %s", m.hidden_size, m.intermediate_size, format_name(m.format),
+    const std::string format =
+        m.mixed_formats ? "mixed " + shares_text(format_shares(model, m)) + " of the bytes" : format_name(m.format);
+    std::printf("            H=%d I=%d, %s, %s, routing %s", m.hidden_size, m.intermediate_size, format.c_str(),
                 act_name(m.activation), routing_name(m.routing));
     if (m.routing == FT_ROUTING_SIGMOID_GROUP_TOPK || m.routing == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK ||
         m.routing == FT_ROUTING_SOFTMAX_GROUP_TOPK)
@@ -145,6 +199,9 @@ nlohmann::json model_json(const ft_model_info &m, const std::string &path, bool 
         j["routed_scaling_factor"] = m.routed_scaling_factor;
     }
     j["mixed_formats"] = m.mixed_formats != 0;
+    nlohmann::json shares = nlohmann::json::array();
+    for (const FormatShare &f : format_shares(model, m)) shares.push_back({{"format", format_name(f.format)}, {"share", f.share}});
+    j["format_shares"] = shares;
     if (m.mixed_formats) {
         nlohmann::json runs = nlohmann::json::array();
         for (const FormatRun &r : format_runs(model, m))
@@ -162,6 +219,18 @@ nlohmann::json profile_json(const ProfileStatus &p) {
         j["cpu_gbs"] = p.cpu_gbs;
         if (p.fetch_fraction >= 0) j["fetch_fraction"] = p.fetch_fraction;
     }
+    // Each format of the model with its share of the bytes and, where the profile applies, its figures.
+    nlohmann::json formats = nlohmann::json::array();
+    for (const ProfileFigures &f : p.formats) {
+        nlohmann::json e = {{"format", format_name(f.format)}, {"share", f.share}};
+        if (p.state == "applies" || p.state == "no_figures") {
+            e["measured"] = f.measured;
+            if (f.measured) e["cpu_gbs"] = f.cpu_gbs;
+            if (f.fetch_fraction >= 0) e["fetch_fraction"] = f.fetch_fraction;
+        }
+        formats.push_back(e);
+    }
+    j["formats"] = formats;
     return j;
 }
 

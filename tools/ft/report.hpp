@@ -35,6 +35,16 @@ std::vector<FormatRun> format_runs(const ft_model *model, const ft_model_info &m
 // "0-3 q4_k/q6_k, 4 q4_k": layers, gate_up format, "/down format" where it differs.
 std::string format_mix(const std::vector<FormatRun> &runs);
 
+// Each format's share of the routed-expert bytes: every MoE layer's gate/up matrices in their
+// format and its down matrix in its own (the weighting the backend selector uses); largest first.
+// One entry of share 1 unless m.mixed_formats (then read from `model`).
+std::vector<FormatShare> format_shares(const ft_model *model, const ft_model_info &m);
+// The bytes of one expert of each MoE layer, in that layer's formats (all m.expert_bytes unless
+// m.mixed_formats).
+std::vector<uint64_t> layer_expert_bytes(const ft_model *model, const ft_model_info &m);
+// "q4_k 77% + q6_k 23%".
+std::string shares_text(const std::vector<FormatShare> &shares);
+
 // `model` (may be null) supplies the per-layer formats of a model that mixes them.
 void print_model(const ft_model_info &m, const ft_model *model = nullptr);
 void print_engine(ft_engine *engine);

@@ -56,6 +56,12 @@ ft::synth::Spec synthetic_spec(const std::string &format) {
     } else if (format == "ds_fp4") {
         s.architecture = "deepseek_v4";
         s.top_k = 6;
+    } else if (format == "q4_k_m") {
+        // Types mixed per matrix and layer as llama.cpp's Q4_K_M files mix them: gate/up q4_k, down
+        // q6_k in one layer and q4_k in the next.
+        s.gguf = true;
+        s.format = "q4_k";
+        s.gguf_mix = {"q4_k/q6_k", "q4_k/q4_k"};
     } else if (ft::format_is_block(ft::parse_format(format))) {  // q4_0, q8_0, K-quants, iq4_xs: GGUF
         s.gguf = true;
     }
@@ -214,14 +220,14 @@ int open_session(const Options &o, ft_model *model, const ft_engine_info &ei, co
     if (const int rc = check(ft_session_create(model, &sp, &raw, err, sizeof err), "creating the session", err)) return rc;
     session.reset(raw);
     const int32_t backend = ft_session_backend(raw);
-    const ProfileStatus prof = profile_status(ei.device_name, mi.format);
+    const ProfileStatus prof = profile_status(ei.device_name, format_shares(model, mi));
     if (o.json) {
         report["backend"] = {{"name", backend_key(backend)}, {"reason", ft_session_backend_reason(raw)}};
         report["profile"] = profile_json(prof);
     } else {
         std::printf("backend     %s\n", backend_name(backend));
         std::printf("  because   %s\n", ft_session_backend_reason(raw));
-        std::printf("profile     %s\n", profile_text(prof, mi.format).c_str());
+        std::printf("profile     %s\n", profile_text(prof).c_str());
     }
     return 0;
 }
@@ -297,15 +303,29 @@ struct DecodeFigures {
     bool cache_served;     // the experts are under 4x the last-level cache
 };
 
-DecodeFigures decode_figures(const Options &o, const ft_model_info &mi, int32_t backend, const ft_session_stats &st,
-                             DecodeTimes &times, double read_gbs) {
+// Expert weight bytes the GPU-side decode calls needed: every (call, expert) routed, at the
+// expert size of its layer (a model mixing formats has layers of different sizes).
+double gpu_expert_bytes(const ft_model *model, const ft_model_info &mi, const ft_session *session, const ft_session_stats &st) {
+    if (!mi.mixed_formats) return static_cast<double>(st.cache_hits + st.cache_misses) * mi.expert_bytes;
+    const std::vector<uint64_t> bytes = layer_expert_bytes(model, mi);
+    double used = 0.0;
+    for (int32_t l = 0; l < mi.num_layers; ++l) {
+        ft_layer_stats ls;
+        ls.struct_size = sizeof ls;
+        if (ft_session_get_layer_stats(session, l, &ls) == FT_OK) used += static_cast<double>(ls.active_experts) * bytes[l];
+    }
+    return used;
+}
+
+DecodeFigures decode_figures(const Options &o, const ft_model *model, const ft_model_info &mi, const ft_session *session,
+                             int32_t backend, const ft_session_stats &st, DecodeTimes &times, double read_gbs) {
     DecodeFigures f;
     const int L = mi.num_layers, T = o.tokens;
     std::sort(times.layer_ms.begin(), times.layer_ms.end());
     f.p50 = times.layer_ms[times.layer_ms.size() / 2];
     f.p90 = times.layer_ms[times.layer_ms.size() * 9 / 10];
     f.on_gpu = gpu_backend(backend);
-    const double used = f.on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) * mi.expert_bytes : st.cpu_bytes;
+    const double used = f.on_gpu ? gpu_expert_bytes(model, mi, session, st) : st.cpu_bytes;
     f.gbs = used / 1e9 / times.total_s;
     f.tokens_per_s = o.steps * T / times.total_s;
     f.distinct = (f.on_gpu ? static_cast<double>(st.cache_hits + st.cache_misses) : static_cast<double>(st.experts_cpu)) /
@@ -385,7 +405,7 @@ int cmd_run(const Options &o) {
     st.struct_size = sizeof st;
     ft_session_get_stats(session.get(), &st);
     const int32_t backend = ft_session_backend(session.get());
-    const DecodeFigures f = decode_figures(o, mi, backend, st, times, read_gbs);
+    const DecodeFigures f = decode_figures(o, model.get(), mi, session.get(), backend, st, times, read_gbs);
     if (o.json)
         print_decode_json(o, mi, backend, st, f, times.total_s, report);
     else

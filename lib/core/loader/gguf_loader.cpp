@@ -4,7 +4,8 @@
 // blk.{l}.ffn_{gate,up,down}_shexp.weight (+ ffn_gate_inp_shexp.weight). Block types (Q4_0, Q8_0,
 // K-quants, IQ4_XS) are copied verbatim into the banks of the matching format, one format per
 // matrix and layer; BF16 is copied and F16/F32 rounded into bf16 banks; MXFP4 is rearranged into
-// the transposed mxfp4 banks with its biases. Same plan-then-parallel-readers scheme as
+// the transposed mxfp4 banks with its biases. Shared experts of any of these types are
+// dequantised to bf16. Same plan-then-parallel-readers scheme as
 // safetensors checkpoints (pieces.hpp).
 #include <algorithm>
 #include <climits>
@@ -270,8 +271,8 @@ private:
         if (p.src_bytes > 0) push(p, -1);
     }
 
-    // A [N, K] matrix of any float or block type -> bf16 `out` (block types through the reference
-    // dequantiser, then rounded to bf16).
+    // A [N, K] matrix of any float, block or MXFP4 type -> bf16 `out` (block types and MXFP4
+    // through the reference dequantiser of their format, then rounded to bf16).
     void add_bf16_matrix(const GgufTensorInfo &t, int64_t N, int64_t K, Tensor &out) {
         out.dtype = FT_DTYPE_BF16;
         out.shape = {N, K};
@@ -281,15 +282,17 @@ private:
             return;
         }
         const Format f = expert_format(g_, t);
-        if (!format_is_block(f))
+        if (!format_is_block(f) && f != Format::mxfp4)
             fail(FT_ERR_UNSUPPORTED, g_.path(), ": tensor '", t.name, "': type ", type_str(t.type),
-                 " is not supported for a shared expert (block types, BF16, F16, F32)");
-        const uint64_t rb = block_row_bytes(f, K);
+                 " is not supported for a shared expert (block types, MXFP4, BF16, F16, F32)");
+        // The parser checked that K is whole blocks of the tensor's type.
+        const uint64_t rb = f == Format::mxfp4 ? static_cast<uint64_t>(K / 32) * 17 : block_row_bytes(f, K);
         const int64_t per_piece = std::max<int64_t>(1, static_cast<int64_t>(kPieceBytes / rb));
         for (int64_t r = 0; r < N; r += per_piece) {
             const int64_t n = std::min(per_piece, N - r);
             Piece p = base_piece(t);
-            p.op = Op::block_to_bf16;
+            p.op = f == Format::mxfp4 ? Op::ggml_mxfp4_to_bf16 : Op::block_to_bf16;
+            p.check_e8m0 = f == Format::mxfp4;
             p.fmt = f;
             p.src_offset = t.file_offset + static_cast<uint64_t>(r) * rb;
             p.src_bytes = static_cast<uint64_t>(n) * rb;

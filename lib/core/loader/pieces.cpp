@@ -74,6 +74,22 @@ void check_e8m0(const Piece &p, const uint8_t *bytes, uint64_t n) {
              p.src_offset + static_cast<uint64_t>(static_cast<const uint8_t *>(hit) - bytes), " of the file");
 }
 
+// One 17-byte ggml MXFP4 block (e8m0 scale, then element j in the low nibble of byte j and
+// element j + 16 in the high nibble of byte j) -> the 16 bytes of the mxfp4 banks' element order
+// (element 2i low nibble, 2i + 1 high nibble of byte i); rejects scale 255 when p.check_e8m0.
+void ggml_mxfp4_block(const Piece &p, const uint8_t *blk, uint8_t packed[16]) {
+    if (p.check_e8m0 && blk[0] == 0xff)
+        fail(FT_ERR_FORMAT, *p.file.path, ": tensor '", *p.tensor, "': e8m0 scale byte 255 (NaN) at byte ",
+             static_cast<uint64_t>(blk - p.file.map), " of the file");
+    const uint8_t *qs = blk + 1;
+    for (int i = 0; i < 16; ++i) {
+        const int a = 2 * i, c = 2 * i + 1;
+        const uint8_t lo = a < 16 ? qs[a] & 0x0f : qs[a - 16] >> 4;
+        const uint8_t hi = c < 16 ? qs[c] & 0x0f : qs[c - 16] >> 4;
+        packed[i] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+}
+
 void run_piece(const Piece &p) {
     const size_t es = src_size(p.src);
     const uint8_t *src = p.file.map + p.src_offset;
@@ -160,24 +176,33 @@ void run_piece(const Piece &p) {
         }
         case Op::ggml_mxfp4: {
             const int64_t nb = p.cols / 32;
+            uint8_t packed[16];
             for (int64_t r = p.row_begin; r < p.row_end; ++r) {
                 const uint8_t *blk = src + static_cast<uint64_t>(r - p.row_begin) * nb * 17;
                 const int64_t col = p.col_first + r * p.col_step;
                 for (int64_t b = 0; b < nb; ++b, blk += 17) {
-                    if (p.check_e8m0 && blk[0] == 0xff)
-                        fail(FT_ERR_FORMAT, *p.file.path, ": tensor '", *p.tensor, "': e8m0 scale byte 255 (NaN) at byte ",
-                             static_cast<uint64_t>(blk - p.file.map), " of the file");
+                    ggml_mxfp4_block(p, blk, packed);
                     p.dst2[b * p.dst_cols + col] = blk[0];
-                    const uint8_t *qs = blk + 1;
-                    for (int i = 0; i < 16; ++i) {
-                        // Elements 2i and 2i + 1 of the block: ggml keeps element j < 16 in the low
-                        // nibble of qs[j] and element j >= 16 in the high nibble of qs[j - 16].
-                        const int a = 2 * i, c = 2 * i + 1;
-                        const uint8_t lo = a < 16 ? qs[a] & 0x0f : qs[a - 16] >> 4;
-                        const uint8_t hi = c < 16 ? qs[c] & 0x0f : qs[c - 16] >> 4;
-                        p.dst[(b * 16 + i) * p.dst_cols + col] = static_cast<uint8_t>(lo | (hi << 4));
-                    }
+                    for (int i = 0; i < 16; ++i) p.dst[(b * 16 + i) * p.dst_cols + col] = packed[i];
                 }
+            }
+            return;
+        }
+        case Op::ggml_mxfp4_to_bf16: {
+            // Each row re-laid-out as a one-column mxfp4 bank (N = 1), then dequantised by the
+            // reference the routed mxfp4 experts are defined by (dequant_col_mxfp4).
+            const int64_t nb = p.cols / 32;
+            std::vector<uint8_t> packed(static_cast<size_t>(p.cols / 2)), scales(static_cast<size_t>(nb));
+            std::vector<float> row(static_cast<size_t>(p.cols));
+            uint16_t *out = reinterpret_cast<uint16_t *>(p.dst);
+            for (int64_t r = p.row_begin; r < p.row_end; ++r) {
+                const uint8_t *blk = src + static_cast<uint64_t>(r - p.row_begin) * nb * 17;
+                for (int64_t b = 0; b < nb; ++b, blk += 17) {
+                    ggml_mxfp4_block(p, blk, packed.data() + b * 16);
+                    scales[static_cast<size_t>(b)] = blk[0];
+                }
+                dequant_col_mxfp4(packed.data(), scales.data(), p.cols, 1, 0, row.data());
+                for (int64_t c = 0; c < p.cols; ++c) out[(r - p.row_begin) * p.cols + c] = f32_to_bf16(row[c]);
             }
             return;
         }

@@ -38,6 +38,9 @@ enum class Op {
                     // elements per row, into the transposed mxfp4 banks: row r becomes column
                     // col_first + r * col_step of dst (blocks [cols/2, dst_cols], element 2i low
                     // nibble) and of dst2 (e8m0 scales [cols/32, dst_cols]); honours check_e8m0
+    ggml_mxfp4_to_bf16,  // rows [row_begin, row_end) of ggml MXFP4 blocks, `cols` elements each,
+                         // dequantised like the mxfp4 banks (dequant_col_mxfp4) and rounded to
+                         // bf16 -> dst, row-major; honours check_e8m0
 };
 
 // Where a piece reads from: an open, mapped file.

@@ -75,6 +75,22 @@ std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj) {
         }
         return out;
     }
+    if (s.gguf && gguf_shared_format(s, moe_layer) == Format::mxfp4) {
+        // ggml MXFP4 blocks (e8m0, then element j in the low nibble of byte j and element j + 16 in
+        // its high nibble), decoded element by element, rounded to bf16.
+        const Kind k = proj == FT_PROJ_GATE ? kSharedGate : proj == FT_PROJ_UP ? kSharedUp : kSharedDown;
+        const int64_t N = proj == FT_PROJ_DOWN ? s.hidden : s.shared_intermediate,
+                      K = proj == FT_PROJ_DOWN ? s.shared_intermediate : s.hidden;
+        const std::vector<uint8_t> b = bytes_of(ggml_mxfp4_byte, tensor_key(s, l, k, 0), 0, static_cast<uint64_t>(N * (K / 32) * 17));
+        std::vector<uint16_t> out(static_cast<size_t>(N * K));
+        for (int64_t i = 0; i < N * K; ++i) {
+            const uint8_t *blk = b.data() + (i / 32) * 17;
+            const int64_t j = i % 32;
+            const uint8_t code = static_cast<uint8_t>(j < 16 ? blk[1 + j] & 0x0f : blk[1 + j - 16] >> 4);
+            out[static_cast<size_t>(i)] = f32_to_bf16(e2m1_to_f32(code) * e8m0_to_f32(blk[0]));
+        }
+        return out;
+    }
     if (parse_format(s.format) == Format::fp8_block) {
         // Written as e4m3 + scale_inv; the loader dequantises to bf16 with the reference.
         const int q = proj == FT_PROJ_GATE ? 0 : proj == FT_PROJ_UP ? 1 : 2;

@@ -91,7 +91,7 @@ std::vector<float> router_weight(const Spec &s, int moe_layer);
 // e_score_correction_bias [E], written as f32 (deepseek_v3, kimi_k2, glm4_moe).
 std::vector<float> router_bias(const Spec &s, int moe_layer);
 // Shared expert projection as bf16 after rounding ([Is, H] gate/up, [H, Is] down); GGUF block
-// types dequantised by the reference, then rounded.
+// and MXFP4 types dequantised by the reference, then rounded.
 std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj);
 // Qwen3.5's shared_expert_gate [1, H] (bf16 bits).
 std::vector<uint16_t> shared_gate_weight(const Spec &s, int moe_layer);
