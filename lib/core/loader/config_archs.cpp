@@ -293,7 +293,10 @@ void read_deepseek_v4(ReadContext &c) {
     const char *score_field = f.first_of({"scoring_func", "score_func"});
     const std::string scoring = score_field ? f.opt_string(score_field, "") : "sqrtsoftplus";
     if (scoring == "softmax") {
-        r.rule = FT_ROUTING_SOFTMAX_TOPK;  // DeepSeek-V4 does not renormalise softmax weights
+        // Selection on probability + gate.bias; the unbiased probabilities, not renormalised,
+        // times route_scale.
+        r.rule = FT_ROUTING_SOFTMAX_BIASED_TOPK;
+        r.renormalize = false;
         r.num_groups = r.topk_groups = 1;
     } else if (scoring == "sigmoid" || scoring == "sqrtsoftplus") {
         r.rule = scoring == "sigmoid" ? FT_ROUTING_SIGMOID_GROUP_TOPK : FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;

@@ -238,7 +238,7 @@ void route_hash(const RoutingSpec &r, const int32_t *table, int32_t vocab, int32
                 const int32_t *token_ids, int32_t *ids, float *weights) {
     const int32_t E = r.num_experts, K = r.top_k;
     if (E <= 0 || K <= 0 || K > E) fail(FT_ERR_INVALID_ARGUMENT, "routing: top_k ", K, " of ", E, " experts");
-    const bool softmax = r.rule == FT_ROUTING_SOFTMAX_TOPK;
+    const bool softmax = r.rule == FT_ROUTING_SOFTMAX_TOPK || r.rule == FT_ROUTING_SOFTMAX_BIASED_TOPK;
     const bool sqrt_softplus = r.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
     if (!softmax && !sqrt_softplus && r.rule != FT_ROUTING_SIGMOID_GROUP_TOPK)
         fail(FT_ERR_INVALID_ARGUMENT, "routing: hash routing takes softmax, sigmoid or sqrt(softplus) scores, not rule ",

@@ -131,7 +131,7 @@ void route(const RoutingSpec &rule, const float *bias, int32_t num_tokens, const
 
 // DeepSeek-V4 hash routing: token t takes the experts of row token_ids[t] of `table` ([vocab, K],
 // ids < E, in table order); their weights are the unbiased scores of the rule (softmax for
-// FT_ROUTING_SOFTMAX_TOPK, sigmoid for FT_ROUTING_SIGMOID_GROUP_TOPK, sqrt(softplus) for
+// FT_ROUTING_SOFTMAX_TOPK and FT_ROUTING_SOFTMAX_BIASED_TOPK, sigmoid for FT_ROUTING_SIGMOID_GROUP_TOPK, sqrt(softplus) for
 // FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK), renormalised to sum 1 unless softmax, times the routed
 // scaling factor. Throws FT_ERR_NON_FINITE on NaN logits, FT_ERR_INVALID_ARGUMENT for a token id
 // outside [0, vocab) (naming the token) or another rule.
