@@ -497,7 +497,8 @@ FT_API int32_t ft_session_backend(const ft_session *session);
  * [num_tokens, K] by the model's routing rule. Ties are broken towards the lower expert id.
  * Routes are ordered by decreasing selection score. FT_ERR_NON_FINITE for NaN logits.
  * num_tokens is not limited by the session's max_tokens: the three arrays must hold num_tokens
- * rows each. */
+ * rows each. Layers that route by token id (ft_model_info.hash_layers) need ft_route_tokens:
+ * here they are FT_ERR_INVALID_ARGUMENT. */
 FT_API ft_status ft_route(ft_session *session, int32_t layer, int32_t num_tokens,
                           const float *logits, int32_t *expert_ids, float *expert_weights);
 
