@@ -389,6 +389,10 @@ typedef struct ft_model_info {
                                   gate/up or down matrices                                     */
     int32_t mixed_formats;     /* 1: the layers or matrices differ in format (every backend
                                   runs such models; ft_model_layer_formats gives each layer's)*/
+    /* since 0.7. DeepSeek-V4: MoE layers 0 .. hash_layers-1 choose their experts by token id
+     * (a [vocab_size, top_k] table read from the checkpoint); route them with ft_route_tokens. */
+    int32_t hash_layers;       /* hash-routed MoE layers (0: every layer routes by its logits) */
+    int32_t vocab_size;        /* token ids those layers accept: [0, vocab_size); 0 if none    */
 } ft_model_info;
 
 FT_API ft_status ft_model_get_info(const ft_model *model, ft_model_info *info);
@@ -493,9 +497,24 @@ FT_API int32_t ft_session_backend(const ft_session *session);
  * [num_tokens, K] by the model's routing rule. Ties are broken towards the lower expert id.
  * Routes are ordered by decreasing selection score. FT_ERR_NON_FINITE for NaN logits.
  * num_tokens is not limited by the session's max_tokens: the three arrays must hold num_tokens
- * rows each. */
+ * rows each. Layers that route by token id (ft_model_info.hash_layers) need ft_route_tokens:
+ * here they are FT_ERR_INVALID_ARGUMENT. */
 FT_API ft_status ft_route(ft_session *session, int32_t layer, int32_t num_tokens,
                           const float *logits, int32_t *expert_ids, float *expert_weights);
+
+/* Since 0.7. ft_route for models whose first MoE layers route by token id (DeepSeek-V4's hash
+ * layers, ft_model_info.hash_layers): token_ids [num_tokens] int32 are the tokens being decoded.
+ * On a hash-routed layer token t takes the top_k experts of row token_ids[t] of the model's table,
+ * in the table's order; their weights are the unbiased scores of the model's score function
+ * (softmax, sigmoid or sqrt(softplus) of the logits, no correction bias), renormalised to sum 1
+ * unless softmax, times routed_scaling_factor. On any other layer it is ft_route (token_ids
+ * ignored, may be NULL). ft_route refuses hash-routed layers (FT_ERR_INVALID_ARGUMENT naming
+ * this call). Errors: FT_ERR_INVALID_ARGUMENT (NULL token_ids on a hash-routed layer, naming the
+ * layer; a token id outside [0, vocab_size), naming the token; as ft_route), FT_ERR_NON_FINITE
+ * for NaN/Inf logits. Host memory only; there is no device-side routing call. */
+FT_API ft_status ft_route_tokens(ft_session *session, int32_t layer, int32_t num_tokens,
+                                 const float *logits, const int32_t *token_ids,
+                                 int32_t *expert_ids, float *expert_weights);
 
 /* One MoE layer for num_tokens tokens (1..max_tokens):
  *   out[t] = sum_k expert_weights[t,k] * expert(expert_ids[t,k])(hidden[t])

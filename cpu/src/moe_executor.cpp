@@ -334,7 +334,9 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     for (int32_t gi = 0; gi < ng; ++gi) {
         Group &g = s.groups[gi];
         // The oneDNN path adds no biases: experts with biases stay on the SIMD kernels.
-        g.onednn = !g.quant && !g.gu_bias && !g.dn_bias && onednn_min_tokens_ > 0 && g.count >= onednn_min_tokens_;
+        // DeepSeek-V4's shared expert stays there too: its clamp lives in the SIMD pass.
+        g.onednn = !g.quant && !g.gu_bias && !g.dn_bias && format_ != Format::ds_fp4 && onednn_min_tokens_ > 0 &&
+                   g.count >= onednn_min_tokens_;
         g.batched = g.quant && s.batched_ok && g.count >= s.batched_min;
         any_onednn |= g.onednn;
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, int64_t(kRowBlock) * p1_blocks(g)));
@@ -477,8 +479,9 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
     }
     const int ni = int(std::min<int64_t>(units, g.inter - i0));
     const bool mxfp4 = g.quant && format_ == Format::mxfp4;
-    const bool ds_clamp = g.quant && format_ == Format::ds_fp4 && act_.kind == FT_ACT_SILU &&
-                          std::isfinite(act_.limit) && act_.limit > 0.0f;
+    // DeepSeek-V4 (ds_fp4 routed experts) treats its bf16 shared expert the same way.
+    const bool ds = format_ == Format::ds_fp4;
+    const bool ds_clamp = ds && act_.kind == FT_ACT_SILU && std::isfinite(act_.limit) && act_.limit > 0.0f;
     const BankRoles &ro = s.roles;
     const detail::QuantMatrix m{bank(g.rows, ro.gu_data), bank(g.rows, ro.gu_scale), bank(g.rows, ro.gu_global), H,
                                 2 * int64_t(inter_)};
@@ -522,7 +525,7 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
                         uv += g.gu_bias[inter_ + i0 + i];
                     }
                 }
-                if (g.quant && format_ == Format::ds_fp4) {
+                if (ds) {
                     // DeepSeek-V4 keeps the GEMM outputs in bf16, then clamps at swiglu_limit.
                     gv = round_bf16(gv);
                     uv = round_bf16(uv);

@@ -3,6 +3,7 @@
 #include "shared_expert.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "ft/common.hpp"
@@ -53,10 +54,11 @@ __device__ __forceinline__ void dot_rows(const uint16_t *w, const uint16_t *a, i
     }
 }
 
-// h[t, j] = bf16(act(gate_j . x_t, up_j . x_t)).
+// h[t, j] = bf16(act(gate_j . x_t, up_j . x_t)), with DeepSeek-V4's bf16 rounding
+// (ds) and clamp (ds_clamp) as its routed experts apply them.
 __global__ void gate_up_kernel(const uint16_t *__restrict__ x, const uint16_t *__restrict__ wg,
                                const uint16_t *__restrict__ wu, uint16_t *__restrict__ h, int H, int Is, int T,
-                               cuda::DeviceActivation act) {
+                               cuda::DeviceActivation act, bool ds, bool ds_clamp) {
     const int j = blockIdx.x * kWarps + threadIdx.x / 32;
     const int t0 = blockIdx.y * kTokTile;
     if (j >= Is) return;
@@ -66,7 +68,16 @@ __global__ void gate_up_kernel(const uint16_t *__restrict__ x, const uint16_t *_
     dot_rows(wu + int64_t(j) * H, x + int64_t(t0) * H, H, H, nt, u);
 #pragma unroll
     for (int tt = 0; tt < kTokTile; ++tt) {
-        const float gs = warp_sum(g[tt]), us = warp_sum(u[tt]);
+        float gs = warp_sum(g[tt]), us = warp_sum(u[tt]);
+        if (ds) {
+            // DeepSeek-V4: gate and up rounded to bf16, then (ds_clamp) gate <= limit, |up| <= limit.
+            gs = cuda::round_bf16(gs);
+            us = cuda::round_bf16(us);
+            if (ds_clamp) {
+                gs = fminf(gs, act.limit);
+                us = fmaxf(fminf(us, act.limit), -act.limit);
+            }
+        }
         if (tt < nt && (threadIdx.x & 31) == 0) h[int64_t(t0 + tt) * Is + j] = cuda::f32_to_bf16(cuda::activate(act, gs, us));
     }
 }
@@ -117,7 +128,9 @@ cuda::DeviceBuffer upload(const Tensor &t, const char *what) {
 }  // namespace
 
 SharedExperts::SharedExperts(const Model &model, int32_t max_tokens, cuda::DeviceActivation act)
-    : hidden_(model.spec().hidden), inter_(model.spec().shared_intermediate), max_tokens_(max_tokens), act_(act) {
+    : hidden_(model.spec().hidden), inter_(model.spec().shared_intermediate), max_tokens_(max_tokens), act_(act),
+      ds_(model.spec().format == Format::ds_fp4),
+      ds_clamp_(ds_ && act.kind == FT_ACT_SILU && std::isfinite(act.limit) && act.limit > 0.0f) {
     const ModelSpec &s = model.spec();
     if (inter_ <= 0) fail(FT_ERR_INVALID_ARGUMENT, "shared_experts asked for, but the model has no shared expert");
     const size_t proj = size_t(inter_) * size_t(hidden_) * 2;
@@ -149,7 +162,7 @@ cudaError_t SharedExperts::add(int32_t layer, const uint16_t *x, uint16_t *y, in
     const dim3 block(kWarps * 32);
     const unsigned tiles = unsigned((tokens + kTokTile - 1) / kTokTile);
     gate_up_kernel<<<dim3(unsigned((inter_ + kWarps - 1) / kWarps), tiles), block, 0, stream>>>(
-        x, d.gate.get<uint16_t>(), d.up.get<uint16_t>(), h_.get<uint16_t>(), hidden_, inter_, tokens, act_);
+        x, d.gate.get<uint16_t>(), d.up.get<uint16_t>(), h_.get<uint16_t>(), hidden_, inter_, tokens, act_, ds_, ds_clamp_);
     const float *s = nullptr;
     if (d.gate_proj.get()) {
         gate_kernel<<<unsigned(tokens), 256, 0, stream>>>(x, d.gate_proj.get<uint16_t>(), scale_.get<float>(), hidden_);

@@ -2,7 +2,8 @@
 // sigmoid gate of Qwen2-MoE-style models) kept resident in device memory and added to the routed
 // output in the same call, on the call's stream, with no host synchronisation (capturable):
 //   y[t] = bf16(y[t] + s_t * down(act(gate(x_t)) * up(x_t))),  s_t = sigmoid(gate_proj . x_t) or 1,
-// the intermediate rounded to bf16 as the cpu backend rounds it. Private to ft_cuda_backends.
+// the intermediate rounded to bf16 as the cpu backend rounds it; a DeepSeek-V4 model's gate/up
+// take its routed experts' bf16 rounding and swiglu_limit clamp. Private to ft_cuda_backends.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,6 +35,8 @@ private:
     };
     int32_t hidden_, inter_, max_tokens_;
     cuda::DeviceActivation act_;
+    bool ds_ = false;        // DeepSeek-V4: gate/up rounded to bf16 before the activation
+    bool ds_clamp_ = false;  //   and clamped at swiglu_limit (as its routed experts)
     std::vector<Layer> layers_;
     cuda::DeviceBuffer h_;      // [max_tokens, Is] bf16 intermediate
     cuda::DeviceBuffer scale_;  // [max_tokens] f32 gate per token

@@ -30,7 +30,9 @@ _Static_assert(sizeof(ft_build_info) == 56, "ft_build_info layout");
 _Static_assert(offsetof(ft_build_info, onednn_bf16) == 48, "ft_build_info layout (0.4)");
 _Static_assert(offsetof(ft_build_info, cuda_archs) == 16, "ft_build_info layout");
 _Static_assert(sizeof(ft_engine_info) == 32, "ft_engine_info layout");
-_Static_assert(sizeof(ft_model_info) == 128, "ft_model_info layout");
+_Static_assert(sizeof(ft_model_info) == 136, "ft_model_info layout");
+_Static_assert(offsetof(ft_model_info, hash_layers) == 128, "ft_model_info layout (0.7)");
+_Static_assert(offsetof(ft_model_info, vocab_size) == 132, "ft_model_info layout (0.7)");
 _Static_assert(offsetof(ft_model_info, formats_used) == 120, "ft_model_info layout (0.6)");
 _Static_assert(offsetof(ft_model_info, mixed_formats) == 124, "ft_model_info layout (0.6)");
 _Static_assert(offsetof(ft_model_info, route_weight) == 104, "ft_model_info layout (0.5)");
@@ -167,6 +169,7 @@ int main(void) {
 
     /* NULL handles and frees. */
     EXPECT(ft_decode(NULL, 0, 1, x, ids, wts, y) == FT_ERR_INVALID_ARGUMENT);
+    EXPECT(ft_route_tokens(NULL, 0, 1, NULL, NULL, ids, wts) == FT_ERR_INVALID_ARGUMENT);
     EXPECT(ft_model_get_info(NULL, NULL) == FT_ERR_INVALID_ARGUMENT);
     EXPECT(ft_model_layer_formats(NULL, 0, NULL, NULL) == FT_ERR_INVALID_ARGUMENT);
     EXPECT(ft_build_info_get(NULL) == FT_ERR_INVALID_ARGUMENT);

@@ -1,5 +1,6 @@
 // One end-to-end test per quantised expert format through the public C API: a synthetic
-// checkpoint in the format's real layout (ft::synth), ft_model_load, ft_route, ft_decode on the
+// checkpoint in the format's real layout (ft::synth), ft_model_load, ft_route (ft_route_tokens on
+// DeepSeek-V4's hash-routed layer), ft_decode on the
 // CPU backend, against the fp64 reference of the dequantised weights (ft::synth::expert_dequant,
 // i.e. the lib/core/formats scalar reference) with the format's numerics (tests/support).
 #include <gtest/gtest.h>
@@ -39,7 +40,10 @@ std::vector<FormatCase> cases() {
     c.push_back({"fp8_block", FT_FORMAT_FP8_BLOCK, base("deepseek_v3", "fp8_block", 256, 128), 1e-2});
     c.push_back({"nvfp4", FT_FORMAT_NVFP4, base("qwen3_moe", "nvfp4", 160, 96), 1e-2});
     c.push_back({"mxfp4", FT_FORMAT_MXFP4, base("gpt_oss", "mxfp4", 128, 64), 1e-2});
-    c.push_back({"ds_fp4", FT_FORMAT_DS_FP4, base("deepseek_v4", "ds_fp4", 256, 128), 1e-2});
+    ft::synth::Spec ds = base("deepseek_v4", "ds_fp4", 256, 128);
+    ds.hash_layers = 1;  // MoE layer 0 routes by token id
+    ds.shared_intermediate = 256;  // FP8, loaded (the session leaves it to the caller)
+    c.push_back({"ds_fp4", FT_FORMAT_DS_FP4, ds, 1e-2});
     ft::synth::Spec q = base("qwen3_moe", "q4_0", 128, 64);
     q.gguf = true;
     c.push_back({"q4_0", FT_FORMAT_Q4_0, q, 3e-2});  // W4A8: Q8_0 activations
@@ -99,8 +103,15 @@ TEST_P(Formats, LoadRouteDecodeMatchTheDequantisedReference) {
             for (float &x : logits) x = n(rng);
             std::vector<int32_t> ids(size_t(T) * K);
             std::vector<float> w(size_t(T) * K);
-            ASSERT_EQ(ft_route(session.get(), l, T, logits.data(), ids.data(), w.data()), FT_OK)
-                << ft_session_last_error(session.get());
+            // Token ids matter only on DeepSeek-V4's hash-routed layer; ft_route elsewhere.
+            std::vector<int32_t> tokens(T);
+            for (int t = 0; t < T; ++t) tokens[t] = (5 * t + l) % s.vocab_size;
+            if (l < info.hash_layers)
+                ASSERT_EQ(ft_route_tokens(session.get(), l, T, logits.data(), tokens.data(), ids.data(), w.data()), FT_OK)
+                    << ft_session_last_error(session.get());
+            else
+                ASSERT_EQ(ft_route(session.get(), l, T, logits.data(), ids.data(), w.data()), FT_OK)
+                    << ft_session_last_error(session.get());
             if (T > 1) ids[K] = -1;  // a route computed elsewhere
             const auto x = random_bf16(rng, size_t(T) * H, 1.0f);
             std::vector<uint16_t> out(size_t(T) * H, 0x7fc0);

@@ -164,6 +164,43 @@ TEST(Config, DeepSeekV3Family) {
     expect_error([&] { read(c, dir); }, FT_ERR_UNSUPPORTED, {"scoring_func", "sqrtsoftplus"});
 }
 
+// DeepSeek-V4 under its own inference config's names: hash-routed layers counted among the MoE
+// layers, the shared expert's width, and each score function's rule.
+TEST(Config, DeepseekV4HashLayersSharedExpertAndScoreFunctions) {
+    ScratchDir dir;
+    json c = {{"model_type", "deepseek_v4"}, {"hidden_size", 256}, {"num_hidden_layers", 6},
+              {"n_routed_experts", 16}, {"num_experts_per_tok", 4}, {"moe_inter_dim", 128},
+              {"n_dense_layers", 1}, {"n_hash_layers", 3}, {"n_shared_experts", 2}, {"vocab_size", 1000},
+              {"score_func", "sqrtsoftplus"}, {"route_scale", 1.5}, {"swiglu_limit", 10.0}};
+    ModelSpec s = read(c, dir);
+    EXPECT_EQ(s.moe_layers, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+    EXPECT_EQ(s.hash_layers, 2);  // decoder layers 1 and 2; layer 0 is dense
+    EXPECT_EQ(s.vocab_size, 1000);
+    EXPECT_EQ(s.shared_intermediate, 256);
+    EXPECT_EQ(s.routing.rule, FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK);
+    EXPECT_FLOAT_EQ(s.routing.routed_scaling_factor, 1.5f);
+    EXPECT_FLOAT_EQ(s.swiglu_limit, 10.0f);
+    c["score_func"] = "softmax";
+    s = read(c, dir);
+    EXPECT_EQ(s.routing.rule, FT_ROUTING_SOFTMAX_BIASED_TOPK);
+    EXPECT_FALSE(s.routing.renormalize);
+    c["score_func"] = "sigmoid";
+    EXPECT_EQ(read(c, dir).routing.rule, FT_ROUTING_SIGMOID_GROUP_TOPK);
+    c["n_hash_layers"] = 1;  // only the dense layer: no MoE layer hashes
+    s = read(c, dir);
+    EXPECT_EQ(s.hash_layers, 0);
+    EXPECT_EQ(s.vocab_size, 0);
+    c["n_hash_layers"] = 2;
+    c["vocab_size"] = 0;
+    expect_error([&] { read(c, dir); }, FT_ERR_FORMAT, {"vocab_size"});
+    c["vocab_size"] = 1000;
+    c["n_hash_layers"] = -1;
+    expect_error([&] { read(c, dir); }, FT_ERR_FORMAT, {"n_hash_layers"});
+    c["n_hash_layers"] = 0;
+    c["n_shared_experts"] = -1;
+    expect_error([&] { read(c, dir); }, FT_ERR_FORMAT, {"n_shared_experts"});
+}
+
 TEST(Config, Glm4MoeDefaults) {
     ScratchDir dir;
     json c = {{"model_type", "glm4_moe"}, {"hidden_size", 64}, {"num_hidden_layers", 4}, {"n_routed_experts", 16},

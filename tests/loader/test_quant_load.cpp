@@ -110,12 +110,19 @@ std::vector<QCase> qcases() {
     s.num_layers = 3;
     s.first_dense = 1;
     s.mtp_layer = true;
+    s.hash_layers = 2;  // decoder layers 0 (dense) and 1: MoE layer 0 routes by token id
+    s.shared_intermediate = 256;
     out.push_back({"ds_fp4_deepseek_v4_e8m0", s, Format::ds_fp4, FT_ROUTING_SIGMOID_GROUP_TOPK, FT_ACT_SILU});
 
     s.e8m0_dtype = "U8";
     s.mtp_layer = false;
     s.first_dense = 0;
     s.num_layers = 2;
+    s.hash_layers = 1;
+    s.vocab_size = 40;
+    s.tid2eid_dtype = "I64";
+    s.shared_intermediate = 128;
+    s.ds_shared_scale_dtype = "F32";
     out.push_back({"ds_fp4_deepseek_v4_u8_scales", s, Format::ds_fp4, FT_ROUTING_SIGMOID_GROUP_TOPK, FT_ACT_SILU});
     return out;
 }
@@ -197,7 +204,20 @@ TEST_P(QuantLoad, BanksByteExact) {
             std::memcpy(&v, x.router_weight.bytes.data() + 2 * i, 2);
             ASSERT_EQ(bf16_to_f32(v), router[i]);
         }
-        if (s.architecture == "gpt_oss" || s.architecture == "deepseek_v4" || s.architecture == "deepseek_v3") {
+        const int hash_moe_layers = std::max(0, s.hash_layers - s.first_dense);
+        const bool hashed = s.architecture == "deepseek_v4" && ml < hash_moe_layers;
+        if (s.architecture == "deepseek_v4") {
+            EXPECT_EQ(ms.hash_layers, hash_moe_layers);
+            if (hashed) {
+                // A hash-routed layer: its tid2eid as written, no correction bias.
+                EXPECT_EQ(ms.vocab_size, s.vocab_size);
+                EXPECT_EQ(x.tid2eid, synth::tid2eid(s, ml)) << "MoE layer " << ml;
+                EXPECT_TRUE(x.router_bias.empty());
+            } else {
+                EXPECT_TRUE(x.tid2eid.empty());
+            }
+        }
+        if (!hashed && (s.architecture == "gpt_oss" || s.architecture == "deepseek_v4" || s.architecture == "deepseek_v3")) {
             ASSERT_EQ(x.router_bias.dtype, FT_DTYPE_F32);
             std::vector<float> bias = synth::router_bias(s, ml);
             if (s.architecture == "gpt_oss") {  // written bf16, as gpt-oss ships it
@@ -340,6 +360,123 @@ TEST(QuantMalformed, E8m0NanScaleRejected) {
     t.bytes[t.bytes.size() / 2] = 0xff;
     synth::write_safetensors(dir / "model.safetensors", ts);
     expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"layers.1.ffn.experts.2.w3.scale", "255"});
+}
+
+// A DeepSeek-V4 checkpoint whose first MoE layer routes by token id, with an FP8 shared expert.
+Spec hashed_v4() {
+    Spec s = small("ds_fp4", "deepseek_v4");
+    s.hash_layers = 1;
+    s.vocab_size = 24;
+    s.top_k = 2;
+    s.shared_intermediate = 256;
+    return s;
+}
+
+TEST(QuantMalformed, Tid2eidIdBeyondTheExperts) {
+    ScratchDir dir;
+    const Spec s = hashed_v4();
+    synth::write_checkpoint(dir.path(), s);
+    auto ts = read_tensors(dir / "model.safetensors");
+    synth::RawTensor &t = tensor(ts, "layers.0.ffn.gate.tid2eid");
+    const int32_t bad = s.num_experts;  // one past the last expert
+    std::memcpy(t.bytes.data() + 4 * 7, &bad, 4);
+    synth::write_safetensors(dir / "model.safetensors", ts);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                 {"layers.0.ffn.gate.tid2eid", "element 7", "expert id 3", "outside [0, 3)"});
+}
+
+TEST(QuantMalformed, Tid2eidNegativeI64Id) {
+    ScratchDir dir;
+    Spec s = hashed_v4();
+    s.tid2eid_dtype = "I64";
+    synth::write_checkpoint(dir.path(), s);
+    auto ts = read_tensors(dir / "model.safetensors");
+    synth::RawTensor &t = tensor(ts, "layers.0.ffn.gate.tid2eid");
+    const int64_t bad = -1;
+    std::memcpy(t.bytes.data() + 8 * 3, &bad, 8);
+    synth::write_safetensors(dir / "model.safetensors", ts);
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"layers.0.ffn.gate.tid2eid", "expert id -1"});
+}
+
+TEST(QuantMalformed, Tid2eidWrongShapeDtypeOrMissing) {
+    ScratchDir dir;
+    const Spec s = hashed_v4();
+    synth::write_checkpoint(dir.path(), s);
+    const auto ts = read_tensors(dir / "model.safetensors");
+    {  // [K, vocab]: transposed
+        auto bad = ts;
+        synth::RawTensor &t = tensor(bad, "layers.0.ffn.gate.tid2eid");
+        std::swap(t.shape[0], t.shape[1]);
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                     {"layers.0.ffn.gate.tid2eid", "expected shape [24, 2]"});
+    }
+    {  // one row short of the config's vocab_size
+        auto bad = ts;
+        synth::RawTensor &t = tensor(bad, "layers.0.ffn.gate.tid2eid");
+        t.shape[0] -= 1;
+        t.bytes.resize(t.bytes.size() - 4 * 2);
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                     {"layers.0.ffn.gate.tid2eid", "expected shape [24, 2]", "got [23, 2]"});
+    }
+    {  // float ids
+        auto bad = ts;
+        tensor(bad, "layers.0.ffn.gate.tid2eid").dtype = "F32";
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                     {"layers.0.ffn.gate.tid2eid", "dtype F32", "I32, I64"});
+    }
+    {
+        auto bad = ts;
+        remove_tensor(bad, "layers.0.ffn.gate.tid2eid");
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"layers.0.ffn.gate.tid2eid", "missing"});
+    }
+}
+
+TEST(QuantMalformed, DeepseekV4SharedExpertScales) {
+    ScratchDir dir;
+    const Spec s = hashed_v4();
+    synth::write_checkpoint(dir.path(), s);
+    const auto ts = read_tensors(dir / "model.safetensors");
+    {
+        auto bad = ts;
+        tensor(bad, "layers.1.ffn.shared_experts.w2.scale").bytes[1] = 0xff;
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                     {"layers.1.ffn.shared_experts.w2.weight", "255"});
+    }
+    {
+        auto bad = ts;
+        remove_tensor(bad, "layers.0.ffn.shared_experts.w3.scale");
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                     {"layers.0.ffn.shared_experts.w3.scale", "missing"});
+    }
+    {
+        auto bad = ts;
+        synth::RawTensor &t = tensor(bad, "layers.0.ffn.shared_experts.w1.scale");
+        t.shape = {4, 1};  // the 2 x 2 tiles' scales as one column
+        synth::write_safetensors(dir / "model.safetensors", bad);
+        expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT,
+                     {"layers.0.ffn.shared_experts.w1.scale", "expected shape [2, 2]"});
+    }
+}
+
+TEST(QuantMalformed, HashLayersNeedAValidVocab) {
+    ScratchDir dir;
+    const Spec s = hashed_v4();
+    synth::write_checkpoint(dir.path(), s);
+    const std::string cfg = dir / "config.json";
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(cfg));
+    j["n_hash_layers"] = 9;  // more than the 2 decoder layers
+    std::ofstream(cfg) << j.dump();
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"n_hash_layers", "9"});
+    j["n_hash_layers"] = 1;
+    j.erase("vocab_size");
+    std::ofstream(cfg) << j.dump();
+    expect_error([&] { load_checkpoint(dir.path()); }, FT_ERR_FORMAT, {"vocab_size"});
 }
 
 TEST(QuantMalformed, Mxfp4ScalesWrongShapeAndNan) {

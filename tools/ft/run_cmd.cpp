@@ -267,6 +267,7 @@ int decode_trace(const Options &o, ft_session *session, const ft_model_info &mi,
     std::vector<uint16_t> out(static_cast<size_t>(T) * H);
     std::vector<int32_t> ids(static_cast<size_t>(T) * K);
     std::vector<float> weights(static_cast<size_t>(T) * K), logits;
+    std::vector<int32_t> tokens(static_cast<size_t>(T));
     times.layer_ms.reserve(static_cast<size_t>(o.steps) * L);
 
     ProgressBar run_bar("decoding");
@@ -274,7 +275,10 @@ int decode_trace(const Options &o, ft_session *session, const ft_model_info &mi,
     for (int step = 0; step < o.steps && !rc; ++step) {
         for (int l = 0; l < L && !rc; ++l) {
             trace.logits(l, T, logits);
-            rc = check(ft_route(session, l, T, logits.data(), ids.data(), weights.data()), "ft_route", ft_session_last_error(session));
+            // DeepSeek-V4's hash-routed layers take token ids: random ones stand for the prompt's.
+            for (int32_t &t : tokens) t = mi.vocab_size > 0 ? static_cast<int32_t>(rng() % uint64_t(mi.vocab_size)) : 0;
+            rc = check(ft_route_tokens(session, l, T, logits.data(), tokens.data(), ids.data(), weights.data()),
+                       "ft_route_tokens", ft_session_last_error(session));
             if (rc) break;
             trace.chosen(l, T, K, ids.data());
             const uint16_t *x = &hidden_pool[static_cast<size_t>((step * L + l) % pool_tokens) * H];

@@ -52,6 +52,9 @@ type ModelInfo struct {
 	// MixedFormats: they differ (LayerFormats), and Format is MoE layer 0's gate/up format.
 	FormatsUsed  uint32
 	MixedFormats bool
+	// HashLayers: MoE layers 0..HashLayers-1 route by token id (Session.RouteTokens), with token
+	// ids in [0, VocabSize).
+	HashLayers, VocabSize int
 }
 
 // Model holds expert weights in host banks. Built by one goroutine until Finalize; read-only and
@@ -83,7 +86,8 @@ func modelInfo(raw *C.ft_model) ModelInfo {
 		SwigluLimit: float32(i.swiglu_limit), FirstMoeLayer: int(i.first_moe_layer), TotalLayers: int(i.total_layers),
 		SharedIntermediateSize: int(i.shared_intermediate_size), ExpertBytes: uint64(i.expert_bytes),
 		BankBytes: uint64(i.bank_bytes), PinnedBytes: uint64(i.pinned_bytes), Architecture: C.GoString(i.architecture),
-		FormatsUsed: uint32(i.formats_used), MixedFormats: i.mixed_formats != 0}
+		FormatsUsed: uint32(i.formats_used), MixedFormats: i.mixed_formats != 0,
+		HashLayers: int(i.hash_layers), VocabSize: int(i.vocab_size)}
 }
 
 // Close frees the model. StatusState if sessions of it are still open.

@@ -160,6 +160,37 @@ func (s *Session) Route(layer int, logits []float32, ids []int32, weights []floa
 	})
 }
 
+// RouteTokens is Route for models whose first HashLayers MoE layers choose their experts by token
+// id (DeepSeek-V4): tokens [T] holds the tokens' ids (may be nil on the other layers).
+func (s *Session) RouteTokens(layer int, logits []float32, tokens []int32, ids []int32, weights []float32) error {
+	t, err := rowsOf(len(logits), s.e, "logits")
+	if err != nil {
+		return err
+	}
+	if tokens != nil {
+		if err := expectLen(len(tokens), t, "tokens"); err != nil {
+			return err
+		}
+	}
+	if err := expectLen(len(ids), t*s.k, "ids"); err != nil {
+		return err
+	}
+	if err := expectLen(len(weights), t*s.k, "weights"); err != nil {
+		return err
+	}
+	n, err := toInt32(t, "tokens")
+	if err != nil {
+		return err
+	}
+	var tp *C.int32_t
+	if len(tokens) > 0 {
+		tp = (*C.int32_t)(&tokens[0])
+	}
+	return s.call(func(raw *C.ft_session) C.ft_status {
+		return C.ft_route_tokens(raw, C.int32_t(layer), n, (*C.float)(&logits[0]), tp, (*C.int32_t)(&ids[0]), (*C.float)(&weights[0]))
+	})
+}
+
 // Decode computes one MoE layer: hidden [T, H] bf16, ids and weights [T, K] -> out [T, H] bf16.
 func (s *Session) Decode(layer int, hidden []BF16, ids []int32, weights []float32, out []BF16) error {
 	t, err := rowsOf(len(hidden), s.hidden, "hidden")

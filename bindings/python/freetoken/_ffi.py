@@ -154,7 +154,8 @@ class ft_model_info(Structure):
                 ("shared_intermediate_size", c_int32), ("expert_bytes", c_uint64), ("bank_bytes", c_uint64),
                 ("architecture", c_char_p), ("pinned_bytes", c_uint64), ("route_weight", c_int32),
                 ("router_jitter_eps", c_float), ("expert_biases", c_int32), ("shared_expert_gate", c_int32),
-                ("formats_used", c_uint32), ("mixed_formats", c_int32)]
+                ("formats_used", c_uint32), ("mixed_formats", c_int32),
+                ("hash_layers", c_int32), ("vocab_size", c_int32)]
 
 
 class ft_tensor_view(Structure):
@@ -270,6 +271,7 @@ FUNCTIONS = {
     "ft_session_last_error": (c_char_p, [_H]),
     "ft_session_backend": (c_int32, [_H]),
     "ft_route": (c_int32, [_H, c_int32, c_int32, c_void_p, c_void_p, c_void_p]),
+    "ft_route_tokens": (c_int32, [_H, c_int32, c_int32, c_void_p, c_void_p, c_void_p, c_void_p]),
     "ft_decode": (c_int32, [_H, c_int32, c_int32, c_void_p, c_void_p, c_void_p, c_void_p]),
     "ft_session_get_stats": (c_int32, [_H, POINTER(ft_session_stats)]),
     "ft_session_reset_stats": (None, [_H]),

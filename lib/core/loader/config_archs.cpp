@@ -293,7 +293,10 @@ void read_deepseek_v4(ReadContext &c) {
     const char *score_field = f.first_of({"scoring_func", "score_func"});
     const std::string scoring = score_field ? f.opt_string(score_field, "") : "sqrtsoftplus";
     if (scoring == "softmax") {
-        r.rule = FT_ROUTING_SOFTMAX_TOPK;  // DeepSeek-V4 does not renormalise softmax weights
+        // Selection on probability + gate.bias; the unbiased probabilities, not renormalised,
+        // times route_scale.
+        r.rule = FT_ROUTING_SOFTMAX_BIASED_TOPK;
+        r.renormalize = false;
         r.num_groups = r.topk_groups = 1;
     } else if (scoring == "sigmoid" || scoring == "sqrtsoftplus") {
         r.rule = scoring == "sigmoid" ? FT_ROUTING_SIGMOID_GROUP_TOPK : FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
@@ -302,13 +305,23 @@ void read_deepseek_v4(ReadContext &c) {
         fail(FT_ERR_UNSUPPORTED, c.where(), ": score function '", scoring,
              "' is not supported (softmax, sigmoid, sqrtsoftplus)");
     }
-    const int32_t hash_layers = f.opt_int("n_hash_layers", 0);
-    if (hash_layers > 0)
-        log(FT_LOG_INFO, c.where(), ": the first ", hash_layers, " MoE layers route by token id (tid2eid); the "
-            "caller supplies their expert ids");
-    // The shared expert is FP8 with its own scales; FreeToken serves routed experts only here.
-    if (f.opt_int("n_shared_experts", 0) > 0)
-        log(FT_LOG_INFO, c.where(), ": the DeepSeek-V4 shared expert is not loaded (the host computes it)");
+    // The first n_hash_layers decoder layers select their experts by token id (tid2eid, read by
+    // the loader); those of them that are MoE layers are MoE layers 0 .. hash_layers-1.
+    const int32_t hash_decoder = f.opt_int_any({"n_hash_layers", "num_hash_layers"}, 0);
+    if (hash_decoder < 0 || hash_decoder > s.total_layers)
+        fail(FT_ERR_FORMAT, c.where(), ": field 'n_hash_layers' = ", hash_decoder, " must be in [0, num_hidden_layers = ",
+             s.total_layers, "]");
+    s.hash_layers = std::max(0, hash_decoder - first_dense);
+    if (s.hash_layers > 0) {
+        s.vocab_size = f.req_int("vocab_size");
+        if (s.vocab_size <= 0 || s.vocab_size > (1 << 24))
+            fail(FT_ERR_FORMAT, c.where(), ": field 'vocab_size' = ", s.vocab_size, " must be in [1, 2^24]");
+    }
+    // The shared expert: an FP8 (e4m3, 128 x 128 block scales) SwiGLU MLP of width
+    // n_shared_experts * moe_intermediate_size, dequantised to bf16 at load.
+    const int32_t n_shared = f.opt_int("n_shared_experts", 0);
+    if (n_shared < 0) fail(FT_ERR_FORMAT, c.where(), ": field 'n_shared_experts' must not be negative");
+    if (n_shared > 0) s.shared_intermediate = shared_width(s.intermediate, n_shared, c.where(), "n_shared_experts");
 }
 
 }  // namespace

@@ -151,16 +151,46 @@ void run_piece(const Piece &p) {
         }
         case Op::fp8_to_bf16: {
             const int64_t kb = p.cols / kFp8Block;
-            const size_t ss = src_size(p.src2);
+            const size_t ss = p.scale_e8m0 ? 1 : src_size(p.src2);
             std::vector<uint16_t> band(static_cast<size_t>(kb));
             std::vector<float> row(static_cast<size_t>(p.cols));
             uint16_t *out = reinterpret_cast<uint16_t *>(p.dst);
             for (int64_t r = p.row_begin; r < p.row_end; ++r) {
                 const uint8_t *sc = p.file.map + p.src2_offset + static_cast<uint64_t>(r / kFp8Block) * kb * ss;
-                for (int64_t b = 0; b < kb; ++b) band[b] = element_to_bf16(p.src2, sc + b * ss);
+                for (int64_t b = 0; b < kb; ++b) {
+                    if (!p.scale_e8m0) {
+                        band[b] = element_to_bf16(p.src2, sc + b * ss);
+                        continue;
+                    }
+                    if (sc[b] == 0xff)
+                        fail(FT_ERR_FORMAT, *p.file.path, ": scales of tensor '", *p.tensor,
+                             "': e8m0 scale byte 255 (NaN) at byte ", static_cast<uint64_t>(sc + b - p.file.map),
+                             " of the file");
+                    // 2^(b - 127) exactly: a normal bf16 with exponent field b, or 2^-127 (subnormal).
+                    band[b] = sc[b] == 0 ? uint16_t{0x0040} : static_cast<uint16_t>(sc[b] << 7);
+                }
                 dequant_row_fp8_block(src + static_cast<uint64_t>(r - p.row_begin) * p.cols, band.data(), p.cols,
                                       row.data());
                 for (int64_t c = 0; c < p.cols; ++c) out[(r - p.row_begin) * p.cols + c] = f32_to_bf16(row[c]);
+            }
+            return;
+        }
+        case Op::ids_to_i32: {
+            int32_t *out = reinterpret_cast<int32_t *>(p.dst);
+            const uint64_t n = p.src_bytes / static_cast<uint64_t>(p.id_width);
+            for (uint64_t i = 0; i < n; ++i) {
+                int64_t v;
+                if (p.id_width == 8) {
+                    std::memcpy(&v, src + i * 8, 8);
+                } else {
+                    int32_t v32;
+                    std::memcpy(&v32, src + i * 4, 4);
+                    v = v32;
+                }
+                if (v < 0 || v >= p.id_limit)
+                    fail(FT_ERR_FORMAT, *p.file.path, ": tensor '", *p.tensor, "': element ", p.row_begin + static_cast<int64_t>(i),
+                         " is expert id ", v, ", outside [0, ", p.id_limit, ")");
+                out[i] = static_cast<int32_t>(v);
             }
             return;
         }

@@ -30,9 +30,12 @@ enum class Op {
     transpose_u8,   // the same for bytes, verbatim (mxfp4 blocks and scales); honours check_e8m0
     broadcast_f16,  // one bf16/f16/f32 scalar -> dst_bytes / 2 copies as IEEE half
     fp8_to_bf16,    // rows [row_begin, row_end) of an e4m3 [rows, cols] matrix times its 128x128
-                    // scale_inv tiles (second source, bf16/f32 [rows/128, cols/128]) -> bf16
+                    // scale_inv tiles (second source, bf16/f32 [rows/128, cols/128], or e8m0
+                    // bytes with scale_e8m0) -> bf16
     block_to_bf16,  // rows [row_begin, row_end) of `cols` elements of block format `fmt`, dequantised
                     // by the reference (ft/dequant.hpp) and rounded to bf16 -> dst, row-major
+    ids_to_i32,     // src_bytes of little-endian integers of id_width bytes (4 or 8) -> int32 at dst,
+                    // each checked in [0, id_limit) (FT_ERR_FORMAT naming the tensor otherwise)
     ggml_mxfp4,     // rows [row_begin, row_end) of ggml MXFP4 blocks (17 bytes per 32 elements: e8m0,
                     // then byte j = element j low nibble, element j + 16 high nibble), `cols`
                     // elements per row, into the transposed mxfp4 banks: row r becomes column
@@ -66,6 +69,9 @@ struct Piece {
     int64_t rows = 0, cols = 0, row_begin = 0, row_end = 0;  // transposes, fp8_to_bf16
     Src src2 = Src::BF16;     // fp8_to_bf16: the scale tensor
     uint64_t src2_offset = 0; //   (absolute offset of its first element)
+    bool scale_e8m0 = false;  // fp8_to_bf16: the scales are e8m0 bytes (2^(b - 127); 255 rejected)
+    int32_t id_width = 0;     // ids_to_i32
+    int64_t id_limit = 0;
     Format fmt = Format::bf16;  // block_to_bf16
     uint8_t *dst2 = nullptr;    // ggml_mxfp4: the scale bank
     int64_t dst_cols = 0, col_first = 0, col_step = 1;  // ggml_mxfp4; to_bf16 uses col_step

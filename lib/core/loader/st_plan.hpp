@@ -88,6 +88,11 @@ private:
     enum class Keep { bf16, f32, stored };
     void add_extra(const Entry &e, Tensor &t, Keep keep, const std::vector<int64_t> &shape = {},
                    int64_t deinterleave_cols = 0);
+    // The e4m3 matrix `e` times its 128 x 128 block scales `s` (bf16, f32 or e8m0 [rows/128,
+    // cols/128], in the same file) -> t as bf16, through the fp8_block reference dequantiser.
+    void add_fp8(const Entry &e, const Entry &s, Tensor &t);
+    // DeepSeek-V4's tid2eid of a hash-routed layer ([vocab, K] int32/int64, ids < E) -> x.tid2eid.
+    void plan_tid2eid(int moe_layer, const std::string &block);
     void push(Piece p, int layer);
 
     const SafetensorsCheckpoint &ckpt_;

@@ -164,47 +164,56 @@ void Planner::add_broadcast_f16(const Entry &e, uint64_t count, uint8_t *dst, in
     push(p, layer);
 }
 
+void Planner::add_fp8(const Entry &e, const Entry &s, Tensor &t) {
+    const std::string &name = e.info->name;
+    check_dtype(e, {StDtype::F8_E4M3});
+    if (e.info->shape.size() != 2)
+        fail(FT_ERR_FORMAT, e.file->path(), ": tensor '", name, "': shape ", shape_str(e.info->shape), " is not a matrix");
+    const int64_t rows = e.info->shape[0], cols = e.info->shape[1];
+    if (rows % kFp8Block != 0 || cols % kFp8Block != 0)
+        fail(FT_ERR_FORMAT, e.file->path(), ": tensor '", name, "': shape ", shape_str(e.info->shape),
+             " is not whole 128 x 128 tiles");
+    check_dtype(s, {StDtype::BF16, StDtype::F32, StDtype::F8_E8M0});
+    check_shape(s, {rows / kFp8Block, cols / kFp8Block});
+    // The scale tensor may live in another shard: the piece reads both through one mapping,
+    // so require them to share a file (real exports keep a weight beside its scale).
+    if (s.file != e.file)
+        fail(FT_ERR_UNSUPPORTED, e.file->path(), ": tensor '", name, "' and its scales '", s.info->name,
+             "' are in different shards");
+    const bool e8m0 = s.info->dtype == StDtype::F8_E8M0;
+    t.shape = e.info->shape;
+    t.dtype = FT_DTYPE_BF16;
+    t.bytes.resize(static_cast<size_t>(rows * cols * 2));
+    const int64_t rows_per_piece =
+        std::max<int64_t>(kFp8Block, static_cast<int64_t>(kPieceBytes / cols) / kFp8Block * kFp8Block);
+    for (int64_t r = 0; r < rows; r += rows_per_piece) {
+        Piece p;
+        p.file = source_of(e);
+        p.tensor = &e.info->name;
+        p.src = Src::U8;
+        p.row_begin = r;
+        p.row_end = std::min(rows, r + rows_per_piece);
+        p.rows = rows;
+        p.cols = cols;
+        p.src_offset = e.info->file_offset + static_cast<uint64_t>(r) * cols;
+        p.src_bytes = static_cast<uint64_t>(p.row_end - r) * cols;
+        p.src2 = e8m0 ? Src::U8 : src_of(s.info->dtype);
+        p.scale_e8m0 = e8m0;
+        p.src2_offset = s.info->file_offset;
+        p.dst = t.bytes.data() + r * cols * 2;
+        p.dst_bytes = static_cast<uint64_t>(p.row_end - r) * cols * 2;
+        p.op = Op::fp8_to_bf16;
+        push(p, -1);
+    }
+}
+
 void Planner::add_extra(const Entry &e, Tensor &t, Keep keep, const std::vector<int64_t> &shape,
                         int64_t deinterleave_cols) {
     if (e.info->dtype == StDtype::F8_E4M3 && keep == Keep::bf16 && e.info->shape.size() == 2) {
         // Block-FP8 checkpoints quantise the shared expert too: dequantise it with its scale_inv.
         const std::string &name = e.info->name;
         const std::string base = name.substr(0, name.size() - std::string("weight").size());
-        const Entry &s = require(base + "weight_scale_inv", "block scales of an FP8 shared-expert weight");
-        const int64_t rows = e.info->shape[0], cols = e.info->shape[1];
-        if (rows % kFp8Block != 0 || cols % kFp8Block != 0)
-            fail(FT_ERR_FORMAT, e.file->path(), ": tensor '", name, "': shape ", shape_str(e.info->shape),
-                 " is not whole 128 x 128 tiles");
-        check_dtype(s, {StDtype::BF16, StDtype::F32});
-        check_shape(s, {rows / kFp8Block, cols / kFp8Block});
-        t.shape = e.info->shape;
-        t.dtype = FT_DTYPE_BF16;
-        t.bytes.resize(static_cast<size_t>(rows * cols * 2));
-        const int64_t rows_per_piece = std::max<int64_t>(kFp8Block, static_cast<int64_t>(kPieceBytes / cols) /
-                                                                        kFp8Block * kFp8Block);
-        for (int64_t r = 0; r < rows; r += rows_per_piece) {
-            Piece p;
-            p.file = source_of(e);
-            p.tensor = &e.info->name;
-            p.src = Src::U8;
-            p.row_begin = r;
-            p.row_end = std::min(rows, r + rows_per_piece);
-            p.rows = rows;
-            p.cols = cols;
-            p.src_offset = e.info->file_offset + static_cast<uint64_t>(r) * cols;
-            p.src_bytes = static_cast<uint64_t>(p.row_end - r) * cols;
-            p.src2 = src_of(s.info->dtype);
-            p.src2_offset = s.info->file_offset;
-            p.dst = t.bytes.data() + r * cols * 2;
-            p.dst_bytes = static_cast<uint64_t>(p.row_end - r) * cols * 2;
-            p.op = Op::fp8_to_bf16;
-            // The scale tensor may live in another shard: the piece reads both through one mapping,
-            // so require them to share a file (real exports keep a weight beside its scale).
-            if (s.file != e.file)
-                fail(FT_ERR_UNSUPPORTED, e.file->path(), ": tensor '", name, "' and its scale_inv '",
-                     s.info->name, "' are in different shards");
-            push(p, -1);
-        }
+        add_fp8(e, require(base + "weight_scale_inv", "block scales of an FP8 shared-expert weight"), t);
         return;
     }
     check_float(e);
@@ -272,11 +281,12 @@ void Planner::plan_extras(int l, const std::string &layer_prefix, const std::str
         check_shape(bias, {E});
         add_extra(bias, x.router_bias, Keep::f32);
     } else if (arch == "deepseek_v4") {
-        // DeepSeek-V4's gate.bias is the selection-only correction bias.
+        // DeepSeek-V4's gate.bias is the selection-only correction bias (absent on hash layers).
         if (const Entry *bias = ckpt_.find(block + "gate.bias")) {
             check_shape(*bias, {E});
             add_extra(*bias, x.router_bias, Keep::f32);
         }
+        if (l < spec_.hash_layers) plan_tid2eid(l, block);
     } else {
         // The selection-only correction bias: under the router (DeepSeek-V3 family), the block
         // (MiniMax-M2) or ERNIE's moe_statics ([1, E]; under the router in newer exports).
@@ -300,6 +310,33 @@ void Planner::plan_extras(int l, const std::string &layer_prefix, const std::str
     if (spec_.shared_intermediate > 0) plan_shared(l, layer_prefix, block);
 }
 
+void Planner::plan_tid2eid(int l, const std::string &block) {
+    const int64_t V = spec_.vocab_size, K = spec_.top_k;
+    const Entry *found = first_present({block + "gate.tid2eid", block + "tid2eid"});
+    const Entry &e = found ? *found : require(block + "gate.tid2eid", "token-id routing table of a hash-routed layer");
+    check_dtype(e, {StDtype::I32, StDtype::I64});
+    check_shape(e, {V, K});
+    std::vector<int32_t> &table = model_.extras(l).tid2eid;
+    table.resize(static_cast<size_t>(V * K));
+    const uint64_t width = e.info->dtype == StDtype::I64 ? 8 : 4;
+    const uint64_t per_piece = std::max<uint64_t>(1, kPieceBytes / width), n = static_cast<uint64_t>(V * K);
+    for (uint64_t done = 0; done < n; done += per_piece) {
+        Piece p;
+        p.file = source_of(e);
+        p.tensor = &e.info->name;
+        p.src = Src::U8;
+        p.src_offset = e.info->file_offset + done * width;
+        p.src_bytes = std::min(per_piece, n - done) * width;
+        p.dst = reinterpret_cast<uint8_t *>(table.data() + done);
+        p.dst_bytes = p.src_bytes / width * 4;
+        p.op = Op::ids_to_i32;
+        p.id_width = static_cast<int32_t>(width);
+        p.id_limit = spec_.num_experts;
+        p.row_begin = static_cast<int64_t>(done);
+        push(p, -1);
+    }
+}
+
 // The shared expert(s): shared_experts (DeepSeek family, ERNIE), shared_expert (Qwen2/3-Next/3.5,
 // Llama-4), shared_mlp (Hunyuan) with gate/up/down projections inside the block, or GraniteMoE's
 // layer-level shared_mlp with a fused input_linear [2 Is, H] (gate rows, then up rows) and an
@@ -320,6 +357,20 @@ void Planner::plan_shared(int l, const std::string &layer_prefix, const std::str
         add_bf16(*in, 0, static_cast<uint64_t>(Is * H), x.shared_gate.bytes.data(), -1);
         add_bf16(*in, static_cast<uint64_t>(Is * H), static_cast<uint64_t>(Is * H), x.shared_up.bytes.data(), -1);
         add_extra(out, x.shared_down, Keep::bf16);
+    } else if (spec_.architecture == "deepseek_v4" && ckpt_.contains(block + "shared_experts.w1.weight")) {
+        // DeepSeek-V4: shared_experts.{w1 gate, w3 up, w2 down}, each an e4m3 weight with its 128 x 128
+        // block scales in `.scale` (or a float weight), kept as bf16.
+        Tensor *dst[3] = {&x.shared_gate, &x.shared_up, &x.shared_down};
+        const char *names[3] = {"w1", "w3", "w2"};
+        for (int i = 0; i < 3; ++i) {
+            const std::string base = block + "shared_experts." + names[i] + ".";
+            const Entry &w = require(base + "weight", "shared expert");
+            check_shape(w, i == 2 ? std::vector<int64_t>{H, Is} : std::vector<int64_t>{Is, H});
+            if (w.info->dtype == StDtype::F8_E4M3)
+                add_fp8(w, require(base + "scale", "block scales of the FP8 shared expert"), *dst[i]);
+            else
+                add_extra(w, *dst[i], Keep::bf16);
+        }
     } else {
         std::string shared = block + "shared_experts.";
         for (const char *name : {"shared_experts.", "shared_expert.", "shared_mlp."}) {

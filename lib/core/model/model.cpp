@@ -43,6 +43,10 @@ void ModelSpec::validate(bool from_checkpoint) const {
     check(moe_layers.empty() || static_cast<int32_t>(moe_layers.size()) == num_layers,
           "moe_layers must list every MoE layer");
     check(shared_intermediate >= 0, "shared_intermediate_size must not be negative");
+    check(hash_layers >= 0 && hash_layers <= num_layers, "hash_layers must be in [0, num_layers]");
+    // 2^24 token ids bound tid2eid's rows (DeepSeek-V4 has 129280).
+    check(hash_layers == 0 || (vocab_size > 0 && vocab_size <= (1 << 24)),
+          "hash-routed layers need a vocab_size in [1, 2^24]");
     if (!layer_formats.empty()) {
         check(static_cast<int32_t>(layer_formats.size()) == num_layers,
               "layer_formats must give the formats of every MoE layer (size num_layers)");

@@ -234,4 +234,43 @@ void route(const RoutingSpec &r, const float *bias, int32_t num_tokens, const fl
     }
 }
 
+void route_hash(const RoutingSpec &r, const int32_t *table, int32_t vocab, int32_t num_tokens, const float *logits,
+                const int32_t *token_ids, int32_t *ids, float *weights) {
+    const int32_t E = r.num_experts, K = r.top_k;
+    if (E <= 0 || K <= 0 || K > E) fail(FT_ERR_INVALID_ARGUMENT, "routing: top_k ", K, " of ", E, " experts");
+    const bool softmax = r.rule == FT_ROUTING_SOFTMAX_TOPK || r.rule == FT_ROUTING_SOFTMAX_BIASED_TOPK;
+    const bool sqrt_softplus = r.rule == FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK;
+    if (!softmax && !sqrt_softplus && r.rule != FT_ROUTING_SIGMOID_GROUP_TOPK)
+        fail(FT_ERR_INVALID_ARGUMENT, "routing: hash routing takes softmax, sigmoid or sqrt(softplus) scores, not rule ",
+             r.rule);
+    std::vector<double> p(static_cast<size_t>(E));
+    for (int32_t t = 0; t < num_tokens; ++t) {
+        const float *row = logits + static_cast<size_t>(t) * E;
+        for (int32_t e = 0; e < E; ++e) {
+            if (!std::isfinite(row[e])) fail(FT_ERR_NON_FINITE, "routing: logit of token ", t, ", expert ", e, " is ", row[e]);
+        }
+        const int32_t tok = token_ids[t];
+        if (tok < 0 || tok >= vocab)
+            fail(FT_ERR_INVALID_ARGUMENT, "routing: token ", t, " has token id ", tok, " outside [0, ", vocab, ")");
+        const int32_t *chosen = table + static_cast<size_t>(tok) * K;
+        if (softmax) softmax_row(E, row, p);
+        double sum = 0.0;
+        for (int32_t k = 0; k < K; ++k) {
+            const int32_t e = chosen[k];
+            if (e < 0 || e >= E) fail(FT_ERR_INTERNAL, "routing: tid2eid row ", tok, " names expert ", e);
+            if (!softmax) {
+                const double x = row[e];
+                // log1p(exp(x)) overflows for large x, where softplus(x) is x to double precision.
+                p[e] = sqrt_softplus ? std::sqrt(x > 30.0 ? x : std::log1p(std::exp(x))) : 1.0 / (1.0 + std::exp(-x));
+            }
+            sum += p[e];
+        }
+        const double scale = r.routed_scaling_factor / (softmax ? 1.0 : sum + 1e-20);
+        for (int32_t k = 0; k < K; ++k) {
+            ids[static_cast<size_t>(t) * K + k] = chosen[k];
+            weights[static_cast<size_t>(t) * K + k] = static_cast<float>(p[chosen[k]] * scale);
+        }
+    }
+}
+
 }  // namespace ft

@@ -83,7 +83,7 @@ ordered_json deepseek_v4_config(const Spec &s) {
     c["moe_intermediate_size"] = s.intermediate;
     c["num_hidden_layers"] = s.num_layers;
     c["n_routed_experts"] = s.num_experts;
-    c["n_shared_experts"] = 1;
+    c["n_shared_experts"] = s.shared_intermediate / s.intermediate;
     c["num_experts_per_tok"] = s.top_k;
     c["first_k_dense_replace"] = s.first_dense;
     c["scoring_func"] = "sigmoid";
@@ -91,9 +91,9 @@ ordered_json deepseek_v4_config(const Spec &s) {
     c["topk_group"] = s.topk_group;
     c["routed_scaling_factor"] = s.routed_scaling_factor;
     c["swiglu_limit"] = 7.0;
-    c["n_hash_layers"] = 0;
+    c["n_hash_layers"] = s.hash_layers;
     c["num_nextn_predict_layers"] = s.mtp_layer ? 1 : 0;
-    c["vocab_size"] = 16;
+    c["vocab_size"] = s.vocab_size;
     return c;
 }
 

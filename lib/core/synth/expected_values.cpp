@@ -91,8 +91,10 @@ std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj) {
         }
         return out;
     }
-    if (parse_format(s.format) == Format::fp8_block) {
-        // Written as e4m3 + scale_inv; the loader dequantises to bf16 with the reference.
+    if (parse_format(s.format) == Format::fp8_block || s.architecture == "deepseek_v4") {
+        // Written as e4m3 + scale_inv (DeepSeek-V4: + scale, e8m0 or float); the loader
+        // dequantises to bf16 with the reference.
+        const bool e8m0 = s.architecture == "deepseek_v4" && s.ds_shared_scale_dtype == "F8_E8M0";
         const int q = proj == FT_PROJ_GATE ? 0 : proj == FT_PROJ_UP ? 1 : 2;
         const Kind wk[3] = {kSharedGate, kSharedUp, kSharedDown}, sk[3] = {kSharedGateScale, kSharedUpScale, kSharedDownScale};
         const int64_t N = q == 2 ? s.hidden : s.shared_intermediate, K = q == 2 ? s.shared_intermediate : s.hidden;
@@ -101,7 +103,10 @@ std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj) {
         std::vector<uint16_t> band(static_cast<size_t>(K / 128));
         std::vector<float> row(static_cast<size_t>(K));
         for (int64_t n = 0; n < N; ++n) {
-            for (int64_t b = 0; b < K / 128; ++b) band[b] = f32_to_bf16(fp8_scale_inv(skey, (n / 128) * (K / 128) + b));
+            for (int64_t b = 0; b < K / 128; ++b) {
+                const uint64_t i = static_cast<uint64_t>((n / 128) * (K / 128) + b);
+                band[b] = f32_to_bf16(e8m0 ? std::ldexp(1.0f, ds_shared_scale_byte(skey, i) - 127) : fp8_scale_inv(skey, i));
+            }
             const std::vector<uint8_t> w = bytes_of(fp8_weight_byte, wkey, static_cast<uint64_t>(n * K), K);
             dequant_row_fp8_block(w.data(), band.data(), K, row.data());
             for (int64_t k = 0; k < K; ++k) out[n * K + k] = f32_to_bf16(row[k]);
@@ -124,6 +129,13 @@ std::vector<uint16_t> shared_gate_weight(const Spec &s, int moe_layer) {
     const int l = checkpoint_layer(s, moe_layer);
     return bf16_values(s, l, kSharedGateProj, 0, static_cast<uint64_t>(s.hidden),
                        1.0f / std::sqrt(static_cast<float>(s.hidden)), parse_dtype(s.expert_dtype));
+}
+
+std::vector<int32_t> tid2eid(const Spec &s, int moe_layer) {
+    const int l = checkpoint_layer(s, moe_layer);
+    std::vector<int32_t> out(static_cast<size_t>(s.vocab_size) * static_cast<size_t>(s.top_k));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = tid2eid_value(s, l, i);
+    return out;
 }
 
 

@@ -43,8 +43,18 @@ void check_spec(const Spec &s) {
         fail(FT_ERR_INVALID_ARGUMENT, "synth: gpt_oss is written in mxfp4 and mxfp4 only for gpt_oss");
     if ((f == Format::ds_fp4) != (s.architecture == "deepseek_v4") && !s.gguf)
         fail(FT_ERR_INVALID_ARGUMENT, "synth: deepseek_v4 is written in ds_fp4 and ds_fp4 only for deepseek_v4");
-    if ((s.architecture == "gpt_oss" || s.architecture == "deepseek_v4") && s.shared_intermediate != 0)
-        fail(FT_ERR_INVALID_ARGUMENT, "synth: ", s.architecture, " is written without a shared expert");
+    if (s.architecture == "gpt_oss" && s.shared_intermediate != 0)
+        fail(FT_ERR_INVALID_ARGUMENT, "synth: gpt_oss is written without a shared expert");
+    if (s.architecture == "deepseek_v4" && s.shared_intermediate != 0 &&
+        (s.shared_intermediate % s.intermediate != 0 || s.shared_intermediate % 128 != 0 || s.hidden % 128 != 0))
+        fail(FT_ERR_INVALID_ARGUMENT, "synth: deepseek_v4's FP8 shared expert needs shared_intermediate a multiple of "
+             "intermediate and of 128, and hidden a multiple of 128");
+    if (s.hash_layers < 0 || s.hash_layers > s.num_layers || (s.hash_layers > 0 && s.architecture != "deepseek_v4"))
+        fail(FT_ERR_INVALID_ARGUMENT, "synth: hash_layers must be in [0, num_layers], and only for deepseek_v4");
+    if (s.vocab_size <= 0 || (s.tid2eid_dtype != "I32" && s.tid2eid_dtype != "I64"))
+        fail(FT_ERR_INVALID_ARGUMENT, "synth: vocab_size must be positive, tid2eid_dtype I32 or I64");
+    if (s.ds_shared_scale_dtype != "F8_E8M0" && s.ds_shared_scale_dtype != "F32" && s.ds_shared_scale_dtype != "BF16")
+        fail(FT_ERR_INVALID_ARGUMENT, "synth: ds_shared_scale_dtype '", s.ds_shared_scale_dtype, "' (F8_E8M0, F32, BF16)");
     if (is_row_quant(f) && s.layout != Spec::Layout::per_expert)
         fail(FT_ERR_INVALID_ARGUMENT, "synth: ", s.format, " checkpoints are written per expert");
     if (s.fp8_scale_dtype != "F32" && s.fp8_scale_dtype != "BF16")
@@ -139,7 +149,26 @@ void add_router(LayerTensors &lt, const std::string &b) {
     } else {
         lt.plain(b + "gate.weight", Dtype::bf16, {E, H}, kRouter, 0, sh);
         if (is_deepseek_like(s.architecture)) lt.plain(b + "gate.e_score_correction_bias", Dtype::f32, {E}, kBias, 0, 0.05f);
-        if (s.architecture == "deepseek_v4") lt.plain(b + "gate.bias", Dtype::f32, {E}, kBias, 0, 0.05f);
+        if (s.architecture == "deepseek_v4" && lt.l >= s.hash_layers) {
+            lt.plain(b + "gate.bias", Dtype::f32, {E}, kBias, 0, 0.05f);
+        } else if (s.architecture == "deepseek_v4") {
+            // A hash-routed layer: its experts come from the token id, and it has no bias.
+            const bool i64 = s.tid2eid_dtype == "I64";
+            const Spec sc = s;
+            const int l = lt.l;
+            lt.raw(b + "gate.tid2eid", i64 ? "I64" : "I32", i64 ? 8 : 4, {s.vocab_size, s.top_k},
+                   [sc, l, i64](uint64_t first, uint64_t count, uint8_t *o) {
+                       for (uint64_t i = 0; i < count; ++i) {
+                           const int64_t v = tid2eid_value(sc, l, first + i);
+                           if (i64) {
+                               std::memcpy(o + 8 * i, &v, 8);
+                           } else {
+                               const int32_t v32 = static_cast<int32_t>(v);
+                               std::memcpy(o + 4 * i, &v32, 4);
+                           }
+                       }
+                   });
+        }
     }
 }
 
@@ -243,7 +272,34 @@ void add_shared_expert(LayerTensors &lt, const std::string &b, Format fmt) {
     const int l = lt.l;
     const int64_t H = s.hidden, Is = s.shared_intermediate;
     const float sh = 1.0f / std::sqrt(static_cast<float>(H));
-    if (Is > 0 && fmt == Format::fp8_block) {
+    if (Is > 0 && s.architecture == "deepseek_v4") {
+        // DeepSeek-V4: w1 (gate), w3 (up), w2 (down) in e4m3 with 128 x 128 block scales in `.scale`.
+        const char *names[3] = {"w1", "w3", "w2"};
+        const Kind wk[3] = {kSharedGate, kSharedUp, kSharedDown}, sk[3] = {kSharedGateScale, kSharedUpScale, kSharedDownScale};
+        for (int q = 0; q < 3; ++q) {
+            const std::string p = b + "shared_experts." + names[q] + ".";
+            const int64_t N = q == 2 ? H : Is, K = q == 2 ? Is : H;
+            lt.raw_bytes(p + "weight", "F8_E4M3", {N, K}, fp8_weight_byte, tensor_key(s, l, wk[q], 0));
+            const uint64_t skey = tensor_key(s, l, sk[q], 0);
+            if (s.ds_shared_scale_dtype == "F8_E8M0") {
+                lt.raw_bytes(p + "scale", "F8_E8M0", {N / 128, K / 128}, ds_shared_scale_byte, skey);
+            } else {
+                const bool f32 = s.ds_shared_scale_dtype == "F32";
+                lt.raw(p + "scale", f32 ? "F32" : "BF16", f32 ? 4 : 2, {N / 128, K / 128},
+                       [f32, skey](uint64_t first, uint64_t count, uint8_t *o) {
+                           for (uint64_t i = 0; i < count; ++i) {
+                               const float v = fp8_scale_inv(skey, first + i);
+                               if (f32) {
+                                   std::memcpy(o + 4 * i, &v, 4);
+                               } else {
+                                   const uint16_t h = f32_to_bf16(v);
+                                   std::memcpy(o + 2 * i, &h, 2);
+                               }
+                           }
+                       });
+            }
+        }
+    } else if (Is > 0 && fmt == Format::fp8_block) {
         // Block-FP8 exports quantise the shared expert as well (its sigmoid gate stays bf16).
         const std::string p = b + (s.architecture == "qwen3_5_moe" ? "shared_expert." : "shared_experts.");
         const char *names[3] = {"gate_proj", "up_proj", "down_proj"};

@@ -36,6 +36,7 @@ enum Kind : uint64_t {
     kGateScale, kUpScale, kDownScale, kGateGlobal, kUpGlobal, kDownGlobal,
     kGateUpBlocks, kGateUpScales, kGateUpBias, kDownBlocks, kDownScales, kDownBias,
     kSharedGateScale, kSharedUpScale, kSharedDownScale,
+    kTid2eid,  // deepseek_v4 hash-routed layers
 };
 
 inline uint64_t tensor_key(const Spec &s, int layer, Kind kind, int expert) {
@@ -69,6 +70,8 @@ uint8_t fp8_weight_byte(uint64_t key, uint64_t i);   // any finite e4m3 code
 uint8_t e4m3_scale_byte(uint64_t key, uint64_t i);   // positive e4m3, 2^-3 .. 2^3
 uint8_t e8m0_byte(uint64_t key, uint64_t i);         // 2^-8 .. 2^1
 float fp8_scale_inv(uint64_t key, uint64_t i);       // (1 + m/8) * 2^-(8..11)
+uint8_t ds_shared_scale_byte(uint64_t key, uint64_t i);  // e8m0 2^-7 .. 2^-4
+int32_t tid2eid_value(const Spec &s, int layer, uint64_t i);  // element i of the table, < num_experts
 float nvfp4_global(uint64_t key);                    // normal fp16 in [2^-10, 2^-6)
 uint8_t q4_0_byte(uint64_t key, uint64_t i);         // runs of 18-byte q4_0 blocks
 

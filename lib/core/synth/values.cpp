@@ -56,6 +56,15 @@ float fp8_scale_inv(uint64_t key, uint64_t i) {
     return std::ldexp(1.0f + static_cast<float>(r % 8) / 8.0f, -8 - static_cast<int>((r >> 8) % 4));
 }
 
+// DeepSeek-V4's FP8 shared-expert scales as e8m0 codes: 2^-7 .. 2^-4 (a shared expert as large
+// as the routed sum, whose gate and up reach swiglu_limit).
+uint8_t ds_shared_scale_byte(uint64_t key, uint64_t i) { return static_cast<uint8_t>(120 + rnd(key, i) % 4); }
+
+// Expert ids of a tid2eid table: uniform over the experts (repeats within a row allowed).
+int32_t tid2eid_value(const Spec &s, int layer, uint64_t i) {
+    return static_cast<int32_t>(rnd(tensor_key(s, layer, kTid2eid, 0), i) % static_cast<uint64_t>(s.num_experts));
+}
+
 // nvfp4 weight_scale_2: a normal fp16 value in [2^-10, 2^-6).
 float nvfp4_global(uint64_t key) {
     const uint64_t r = rnd(key, 0);

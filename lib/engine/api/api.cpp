@@ -310,6 +310,8 @@ ft_status ft_model_get_info(const ft_model *model, ft_model_info *info) {
         i.formats_used |= (1u << static_cast<uint32_t>(lf.gate_up)) | (1u << static_cast<uint32_t>(lf.down));
     }
     i.mixed_formats = s.mixed_formats() ? 1 : 0;
+    i.hash_layers = s.hash_layers;
+    i.vocab_size = s.hash_layers > 0 ? s.vocab_size : 0;
     return write_out(info, i);
 }
 
@@ -400,6 +402,14 @@ ft_status ft_route(ft_session *session, int32_t layer, int32_t num_tokens, const
                    float *expert_weights) {
     if (!session) return FT_ERR_INVALID_ARGUMENT;
     return on_handle(session->last_error, [&] { session->impl->route(layer, num_tokens, logits, expert_ids, expert_weights); });
+}
+
+ft_status ft_route_tokens(ft_session *session, int32_t layer, int32_t num_tokens, const float *logits,
+                          const int32_t *token_ids, int32_t *expert_ids, float *expert_weights) {
+    if (!session) return FT_ERR_INVALID_ARGUMENT;
+    return on_handle(session->last_error, [&] {
+        session->impl->route_tokens(layer, num_tokens, logits, token_ids, expert_ids, expert_weights);
+    });
 }
 
 namespace {

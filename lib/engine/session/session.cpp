@@ -118,12 +118,30 @@ void Session::reset_stats() {
 }
 
 void Session::route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights) {
+    route_tokens(layer, num_tokens, logits, nullptr, ids, weights, false);
+}
+
+void Session::route_tokens(int32_t layer, int32_t num_tokens, const float *logits, const int32_t *token_ids,
+                           int32_t *ids, float *weights, bool tokens_call) {
     const Model &m = model_.model();
     const ModelSpec &s = m.spec();
     if (layer < 0 || layer >= s.num_layers) fail(FT_ERR_INVALID_ARGUMENT, "layer ", layer, " out of range [0, ", s.num_layers, ")");
     if (num_tokens < 0) fail(FT_ERR_INVALID_ARGUMENT, "num_tokens must not be negative");
+    const bool hashed = layer < s.hash_layers;
+    if (hashed && !tokens_call)
+        fail(FT_ERR_INVALID_ARGUMENT, "MoE layer ", layer, " routes by token id (one of the model's ", s.hash_layers,
+             " hash-routed layers): use ft_route_tokens with the tokens' ids");
     if (num_tokens == 0) return;
     if (!logits || !ids || !weights) fail(FT_ERR_INVALID_ARGUMENT, "logits, expert_ids and expert_weights must not be NULL");
+    if (hashed) {
+        if (!token_ids)
+            fail(FT_ERR_INVALID_ARGUMENT, "MoE layer ", layer, " routes by token id: token_ids must not be NULL");
+        const std::vector<int32_t> &table = m.extras(layer).tid2eid;
+        if (table.size() != static_cast<size_t>(s.vocab_size) * static_cast<size_t>(s.top_k))
+            fail(FT_ERR_INTERNAL, "MoE layer ", layer, " has no tid2eid table");
+        ft::route_hash(s.routing, table.data(), s.vocab_size, num_tokens, logits, token_ids, ids, weights);
+        return;
+    }
     const Tensor &bias = m.extras(layer).router_bias;
     const float *b = nullptr;
     const bool biased_selection = s.routing.rule == FT_ROUTING_SIGMOID_GROUP_TOPK ||

@@ -275,6 +275,10 @@ pub struct ft_model_info {
     pub formats_used: u32,
     /// Since 0.6: 1 when the layers or matrices differ in format.
     pub mixed_formats: i32,
+    /// Since 0.7: MoE layers 0..hash_layers-1 route by token id (`ft_route_tokens`).
+    pub hash_layers: i32,
+    /// Since 0.7: token ids those layers accept, [0, vocab_size); 0 without hash layers.
+    pub vocab_size: i32,
 }
 
 /// Tensors a model carries besides the routed experts (`ft_model_tensor`).
@@ -602,6 +606,16 @@ extern "C" {
         layer: i32,
         num_tokens: i32,
         logits: *const f32,
+        expert_ids: *mut i32,
+        expert_weights: *mut f32,
+    ) -> ft_status;
+    /// Since 0.7.
+    pub fn ft_route_tokens(
+        session: *mut ft_session,
+        layer: i32,
+        num_tokens: i32,
+        logits: *const f32,
+        token_ids: *const i32,
         expert_ids: *mut i32,
         expert_weights: *mut f32,
     ) -> ft_status;

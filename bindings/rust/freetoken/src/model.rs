@@ -85,6 +85,10 @@ pub struct ModelInfo {
     /// The layers or matrices differ in format ([`Model::layer_formats`]); `format` is then MoE
     /// layer 0's gate/up format.
     pub mixed_formats: bool,
+    /// MoE layers 0..hash_layers route by token id ([`crate::Session::route_tokens`]).
+    pub hash_layers: usize,
+    /// Token ids those layers accept: 0..vocab_size (0 without hash layers).
+    pub vocab_size: usize,
 }
 
 fn model_info(raw: *const sys::ft_model) -> Result<ModelInfo> {
@@ -115,6 +119,8 @@ fn model_info(raw: *const sys::ft_model) -> Result<ModelInfo> {
         pinned_bytes: i.pinned_bytes,
         formats_used: i.formats_used,
         mixed_formats: i.mixed_formats != 0,
+        hash_layers: i.hash_layers.max(0) as usize,
+        vocab_size: i.vocab_size.max(0) as usize,
     })
 }
 

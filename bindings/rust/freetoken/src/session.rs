@@ -182,6 +182,36 @@ impl<'m> Session<'m> {
         self.check(s)
     }
 
+    /// [`Session::route`] for models whose first `hash_layers` MoE layers choose their experts by
+    /// token id (DeepSeek-V4): `token_ids` [T] (`None` on the other layers).
+    pub fn route_tokens(
+        &mut self,
+        layer: i32,
+        logits: &[f32],
+        token_ids: Option<&[i32]>,
+        expert_ids: &mut [i32],
+        expert_weights: &mut [f32],
+    ) -> Result<()> {
+        let t = rows_of(logits.len(), self.num_experts, "logits")?;
+        if let Some(ids) = token_ids {
+            expect_len(ids.len(), t, "token_ids")?;
+        }
+        expect_len(expert_ids.len(), t * self.top_k, "expert_ids")?;
+        expect_len(expert_weights.len(), t * self.top_k, "expert_weights")?;
+        let s = unsafe {
+            sys::ft_route_tokens(
+                self.raw.as_ptr(),
+                layer,
+                to_i32(t, "tokens")?,
+                logits.as_ptr(),
+                token_ids.map_or(std::ptr::null(), |v| v.as_ptr()),
+                expert_ids.as_mut_ptr(),
+                expert_weights.as_mut_ptr(),
+            )
+        };
+        self.check(s)
+    }
+
     /// One MoE layer for T tokens: hidden [T, H], expert ids and weights [T, K] -> out [T, H].
     /// Routes with an id < 0 are left to another device.
     pub fn decode(

@@ -52,6 +52,10 @@ struct ModelSpec {
     bool shared_expert_gate = false;      // out += sigmoid(gate_proj . x) * shared(x)  (Qwen2/3.5/3-Next)
     int32_t route_weight = FT_ROUTE_WEIGHT_OUTPUT;  // FT_ROUTE_WEIGHT_INPUT: expert(w x) (Llama-4)
     bool expert_biases = false;           // LayerExtras carries expert_gate_up_bias / expert_down_bias
+    // DeepSeek-V4: MoE layers [0, hash_layers) select their experts by token id
+    // (LayerExtras::tid2eid, [vocab_size, K]); route_hash computes their weights.
+    int32_t hash_layers = 0;
+    int32_t vocab_size = 0;               // rows of tid2eid (hash_layers > 0 only)
 
     // Throws FT_ERR_INVALID_ARGUMENT (or FT_ERR_FORMAT when from_checkpoint) naming the field.
     void validate(bool from_checkpoint) const;
@@ -88,6 +92,7 @@ struct LayerExtras {
     Tensor shared_gate_proj;   // [1, H] bf16 (sigmoid gate of the shared expert)
     Tensor expert_gate_up_bias;  // [E, 2I] f32: gate biases then up biases of each routed expert
     Tensor expert_down_bias;     // [E, H] f32
+    std::vector<int32_t> tid2eid;  // hash-routed layers: [vocab_size, K] expert ids, each < E
 };
 
 class Model {
@@ -123,5 +128,14 @@ private:
 // FT_ROUTING_SIGMOID_GROUP_TOPK (may be null). Throws FT_ERR_NON_FINITE on NaN logits.
 void route(const RoutingSpec &rule, const float *bias, int32_t num_tokens, const float *logits,
            int32_t *ids, float *weights);
+
+// DeepSeek-V4 hash routing: token t takes the experts of row token_ids[t] of `table` ([vocab, K],
+// ids < E, in table order); their weights are the unbiased scores of the rule (softmax for
+// FT_ROUTING_SOFTMAX_TOPK and FT_ROUTING_SOFTMAX_BIASED_TOPK, sigmoid for FT_ROUTING_SIGMOID_GROUP_TOPK, sqrt(softplus) for
+// FT_ROUTING_SQRTSOFTPLUS_GROUP_TOPK), renormalised to sum 1 unless softmax, times the routed
+// scaling factor. Throws FT_ERR_NON_FINITE on NaN logits, FT_ERR_INVALID_ARGUMENT for a token id
+// outside [0, vocab) (naming the token) or another rule.
+void route_hash(const RoutingSpec &rule, const int32_t *table, int32_t vocab, int32_t num_tokens, const float *logits,
+                const int32_t *token_ids, int32_t *ids, float *weights);
 
 }  // namespace ft

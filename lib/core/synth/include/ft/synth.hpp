@@ -12,7 +12,7 @@ namespace ft::synth {
 
 struct Spec {
     // qwen3_moe, qwen3_5_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss (mxfp4 only),
-    // deepseek_v4 (ds_fp4 only).
+    // deepseek_v4 (ds_fp4 only; hash-routed layers and an FP8 shared expert below).
     std::string architecture = "qwen3_moe";
     // per_expert: experts.{e}.gate_proj.weight ... (Mixtral: block_sparse_moe.experts.{e}.w1 ...);
     // fused: experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I];
@@ -50,6 +50,16 @@ struct Spec {
     std::string format = "bf16";
     std::string fp8_scale_dtype = "F32";   // weight_scale_inv: F32 (DeepSeek-V3) or BF16 (Qwen3.5-FP8)
     std::string e8m0_dtype = "F8_E8M0";    // ds_fp4 scales: F8_E8M0 or U8
+    // deepseek_v4: decoder layers [0, hash_layers) route by token id and carry
+    // ffn.gate.tid2eid [vocab_size, top_k] (random ids < num_experts, in tid2eid_dtype: I32 or
+    // I64) instead of gate.bias. A shared expert (shared_intermediate > 0, a multiple of
+    // intermediate; hidden and shared_intermediate multiples of 128) is written as
+    // ffn.shared_experts.{w1,w3,w2}.{weight F8_E4M3, scale [N/128, K/128] in ds_shared_scale_dtype:
+    // F8_E8M0, F32 or BF16}.
+    int hash_layers = 0;
+    int vocab_size = 16;
+    std::string tid2eid_dtype = "I32";
+    std::string ds_shared_scale_dtype = "F8_E8M0";
     bool declare_quantization = true;      // write quantization_config (false: only the tensors tell)
     bool hf_quant_config_file = false;     // nvfp4: declare in hf_quant_config.json instead
     bool drop_weight_scale_2 = false;      // nvfp4: omit weight_scale_2 (a malformed export, for tests)
@@ -95,6 +105,9 @@ std::vector<float> router_bias(const Spec &s, int moe_layer);
 std::vector<uint16_t> shared_weight(const Spec &s, int moe_layer, int proj);
 // Qwen3.5's shared_expert_gate [1, H] (bf16 bits).
 std::vector<uint16_t> shared_gate_weight(const Spec &s, int moe_layer);
+// deepseek_v4: the tid2eid table [vocab_size, top_k] of MoE layer `moe_layer` (a hash-routed
+// layer), as written.
+std::vector<int32_t> tid2eid(const Spec &s, int moe_layer);
 
 // ---- any format ------------------------------------------------------------------------------
 // The exact bytes the loader must place in bank `bank` (a name of ft::bank_schema(format)) for

@@ -84,6 +84,10 @@ public:
     bool shared_experts() const { return params_.shared_experts; }
     const std::string &backend_reason() const { return backend_reason_; }  // the selector's reason
     void route(int32_t layer, int32_t num_tokens, const float *logits, int32_t *ids, float *weights);
+    // ft_route_tokens (tokens_call) and ft_route: token_ids (may be null) select the experts of
+    // the hash-routed layers; ft_route refuses those layers.
+    void route_tokens(int32_t layer, int32_t num_tokens, const float *logits, const int32_t *token_ids, int32_t *ids,
+                      float *weights, bool tokens_call = true);
     void decode(const DecodeCall &call);
     // Host counters plus the backend's device figures (may wait for the backend's GPU work).
     ft_session_stats stats() const;
