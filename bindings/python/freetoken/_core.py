@@ -448,9 +448,11 @@ class Session(_Handle):
         if not 0 <= layer < self.num_layers:
             raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)" % (layer, self.num_layers))
 
-    def route(self, layer, logits, expert_ids=None, expert_weights=None):
+    def route(self, layer, logits, expert_ids=None, expert_weights=None, token_ids=None):
         """Router logits [T, E] float32 (host) -> (expert_ids [T, K] int32, expert_weights [T, K] float32),
-        by the model's routing rule. Outputs are allocated like `logits` (numpy or torch) unless given."""
+        by the model's routing rule. Outputs are allocated like `logits` (numpy or torch) unless given.
+        token_ids [T] int32 (host): the tokens' ids, required on the layers that route by token id
+        (model.info()["hash_layers"]: DeepSeek-V4), through ft_route_tokens."""
         E, K = self.num_experts, self.top_k
         lg = as_buffer(logits, "f32", "logits", (None, E))
         if lg.is_cuda:
@@ -464,7 +466,13 @@ class Session(_Handle):
         self._check_layer(layer)
         if not 1 <= T <= 1 << 30:
             raise Error(_ffi.FT_ERR_INVALID_ARGUMENT, "%d tokens: must be 1..%d" % (T, 1 << 30))
-        self._call("ft_route", layer, T, lg.ptr, ids.ptr, w.ptr)
+        if token_ids is None:
+            self._call("ft_route", layer, T, lg.ptr, ids.ptr, w.ptr)
+        else:
+            tok = as_buffer(token_ids, "i32", "token_ids", (T,))
+            if tok.is_cuda:
+                raise ArrayError("token_ids: ft_route_tokens reads host memory; pass CPU token ids")
+            self._call("ft_route_tokens", layer, T, lg.ptr, tok.ptr, ids.ptr, w.ptr)
         return expert_ids, expert_weights
 
     def decode(self, layer, hidden, expert_ids, expert_weights, out=None, stream=None):

@@ -254,6 +254,13 @@ class Decode(Checkpoint):
                 np.testing.assert_array_equal(ids, top)
                 want_w = np.take_along_axis(p, top, 1)
                 np.testing.assert_allclose(w, want_w / want_w.sum(1, keepdims=True), rtol=1e-5)
+                # A model without hash-routed layers: token ids change nothing (ft_route_tokens).
+                self.assertEqual(info["hash_layers"], 0)
+                tids, tw = s.route(layer, logits, token_ids=np.arange(T, dtype=np.int32))
+                np.testing.assert_array_equal(tids, ids)
+                np.testing.assert_array_equal(tw, w)
+                with self.assertRaises(ft.ArrayError):
+                    s.route(layer, logits, token_ids=np.arange(T + 1, dtype=np.int32))
                 y = s.decode(layer, x, ids, w)
                 ref = reference_moe(self.values, layer, from_bf16(x), ids, w)
                 self.assertLess(rel_l2(from_bf16(y), ref), 1e-2)
