@@ -14,11 +14,12 @@ cd "$(dirname "$0")/.."
 #   libclang-rt-dev follows the distribution's clang (14 on Debian 12, 18 on Ubuntu 24.04)
 # - python3 and python3-numpy/-pip/-setuptools/-wheel: the ft CLI tests and the freetoken Python
 #   package's tests (run with /usr/bin/python3)
+# - libsimde-dev (headers): test_gguf_avx512_emulated runs the AVX-512 kernels on any x86-64 CPU
 # Optional, installed where the distribution has them (their tests skip elsewhere): python3-torch
 # (the PyTorch integration's tests; Ubuntu 24.04 does not package it).
 packages=(cmake ninja-build g++ make pkg-config libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev binutils golang-go cargo rustc clang libclang-rt-dev
-          python3 python3-numpy python3-pip python3-setuptools python3-wheel)
+          python3 python3-numpy python3-pip python3-setuptools python3-wheel libsimde-dev)
 optional=(python3-torch)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
 missing=()

@@ -14,6 +14,7 @@
 //   nvfp4, ds_fp4     bf16, per 128 elements 4 phases of 32 (phase r, word m = x[4m + r]),
 //                     zero-padded to a multiple of 128 (ds_fp4 after the FP8 round trip, whose
 //                     results are bf16 values).
+//   q8_0, q2_k .. q6_k, iq4_xs  the q4_0 layout (Q8_0) on every tier.
 // q4_0 with AVX-512-VNNI: the same Q8_0 values grouped per 4 blocks, with per-lane d and the
 // -8 * sum(q) correction (q8_0_x4_act_bytes in quant_kernels.hpp).
 #include "quant.hpp"
@@ -374,7 +375,7 @@ struct TierKernels {
     Format format;
     const char *name;
     Kernel tier[4];  // scalar, avx2, avx512, avx512bf16
-    Kernel vnni;     // with AVX-512-VNNI, at tiers >= avx512 (q4_0 only)
+    Kernel vnni;     // with AVX-512-VNNI, at tiers >= avx512 (q4_0 and the GGUF block formats)
     Kernel vbmi;     // with AVX-512-VBMI, at the avx512bf16 tier (mxfp4 only)
     // The W4A8 kernel where its knob switches it on (quant_ops: QuantChoice), at tiers >=
     // fast_tier on a CPU with AVX-512-VNNI (and VBMI where fast_vbmi): nvfp4 W4A8, mxfp4 W4A8 x2.
@@ -383,11 +384,15 @@ struct TierKernels {
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
 };
 
-// A GGUF block format: scalar and AVX2 kernels over the Q8_0 activation (prepare_q8_0); the tiers
-// above AVX2 take the AVX2 kernel. avx2 is nullptr where the build has no x86 kernels.
-TierKernels gguf_kernels(Format f, const char *name, detail::QuantGemv scalar, detail::QuantGemv avx2) {
+// A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
+// all over the Q8_0 activation (prepare_q8_0). The SIMD ones are nullptr where the build has no
+// x86 kernels.
+TierKernels gguf_kernels(Format f, const char *name, detail::QuantGemv scalar, detail::QuantGemv avx2,
+                         detail::QuantGemv avx512, detail::QuantGemv avx512vnni) {
     TierKernels k{f, name, {{scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0}}, {}, {}};
     if (avx2) k.tier[1] = {avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0};
+    if (avx512) k.tier[2] = {avx512, "-avx512", detail::q8_0_act_bytes, prepare_q8_0};
+    if (avx512vnni) k.vnni = {avx512vnni, "-avx512vnni", detail::q8_0_act_bytes, prepare_q8_0};
     return k;
 }
 
@@ -457,15 +462,21 @@ const TierKernels kKernels[] = {
 #else
      {}, {}},
 #endif
-    // GGUF block formats beyond q4_0: Q8_0 activations like q4_0; the AVX-512 tiers run the AVX2
-    // kernels. One line per format.
-    gguf_kernels(Format::q8_0, "q8_0-w8a8", detail::q8_0_scalar, X86(detail::q8_0_avx2)),
-    gguf_kernels(Format::q4_k, "q4_k-w4a8", detail::q4_k_scalar, X86(detail::q4_k_avx2)),
-    gguf_kernels(Format::q5_k, "q5_k-w5a8", detail::q5_k_scalar, X86(detail::q5_k_avx2)),
-    gguf_kernels(Format::q6_k, "q6_k-w6a8", detail::q6_k_scalar, X86(detail::q6_k_avx2)),
-    gguf_kernels(Format::q2_k, "q2_k-w2a8", detail::q2_k_scalar, X86(detail::q2_k_avx2)),
-    gguf_kernels(Format::q3_k, "q3_k-w3a8", detail::q3_k_scalar, X86(detail::q3_k_avx2)),
-    gguf_kernels(Format::iq4_xs, "iq4_xs-w4a8", detail::iq4_xs_scalar, X86(detail::iq4_xs_avx2)),
+    // GGUF block formats beyond q4_0: Q8_0 activations like q4_0. One line per format.
+    gguf_kernels(Format::q8_0, "q8_0-w8a8", detail::q8_0_scalar, X86(detail::q8_0_avx2), X86(detail::q8_0_avx512),
+                 X86(detail::q8_0_avx512vnni)),
+    gguf_kernels(Format::q4_k, "q4_k-w4a8", detail::q4_k_scalar, X86(detail::q4_k_avx2), X86(detail::q4_k_avx512),
+                 X86(detail::q4_k_avx512vnni)),
+    gguf_kernels(Format::q5_k, "q5_k-w5a8", detail::q5_k_scalar, X86(detail::q5_k_avx2), X86(detail::q5_k_avx512),
+                 X86(detail::q5_k_avx512vnni)),
+    gguf_kernels(Format::q6_k, "q6_k-w6a8", detail::q6_k_scalar, X86(detail::q6_k_avx2), X86(detail::q6_k_avx512),
+                 X86(detail::q6_k_avx512vnni)),
+    gguf_kernels(Format::q2_k, "q2_k-w2a8", detail::q2_k_scalar, X86(detail::q2_k_avx2), X86(detail::q2_k_avx512),
+                 X86(detail::q2_k_avx512vnni)),
+    gguf_kernels(Format::q3_k, "q3_k-w3a8", detail::q3_k_scalar, X86(detail::q3_k_avx2), X86(detail::q3_k_avx512),
+                 X86(detail::q3_k_avx512vnni)),
+    gguf_kernels(Format::iq4_xs, "iq4_xs-w4a8", detail::iq4_xs_scalar, X86(detail::iq4_xs_avx2), X86(detail::iq4_xs_avx512),
+                 X86(detail::iq4_xs_avx512vnni)),
 };
 #undef X86
 

@@ -145,5 +145,21 @@ void iq4_xs_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, in
 void q2_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q3_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void iq4_xs_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// AVX-512F/BW/VL (quant_gguf_avx512.cpp) and AVX-512-VNNI (quant_gguf_avx512vnni.cpp) kernels of
+// every GGUF block format beyond q4_0: two blocks of 32 per register, the q8_0_act_bytes layout.
+void q8_0_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_k_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q5_k_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q6_k_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q2_k_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q3_k_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void iq4_xs_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q8_0_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q5_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q6_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q2_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q3_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void iq4_xs_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 }  // namespace ft::cpu::detail

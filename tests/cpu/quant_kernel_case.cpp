@@ -25,6 +25,24 @@ std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     return v;
 }
 
+void expect_every_gguf_tier(Format f, const std::vector<const ft::cpu::QuantOps *> &ops) {
+    if (!ft::format_is_block(f) || f == Format::q4_0) return;
+    const std::string name = ft::format_name(f);
+    auto has = [&](const std::string &suffix) {
+        for (const ft::cpu::QuantOps *o : ops) {
+            const std::string k = o->kernel;
+            if (k.size() >= suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+        }
+        return false;
+    };
+    const int best = int(ft::cpu::cpu_best_isa());
+    std::vector<std::string> want{"-scalar"};
+    if (best >= int(Isa::avx2)) want.push_back("-avx2");
+    if (best >= int(Isa::avx512)) want.push_back("-avx512");
+    if (best >= int(Isa::avx512) && __builtin_cpu_supports("avx512vnni")) want.push_back("-avx512vnni");
+    for (const std::string &w : want) EXPECT_TRUE(has(w)) << name << ": no kernel " << w << " run on this CPU";
+}
+
 Case make_case(std::mt19937 &rng, Format f, int64_t K, int64_t N) {
     Case c{f, K, N, {}, {}, {}};
     std::uniform_int_distribution<int> byte(0, 255);
@@ -139,6 +157,7 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
     }
     const auto ops_list = variants_here(c.f);
     ASSERT_FALSE(ops_list.empty());
+    expect_every_gguf_tier(c.f, ops_list);
     for (const ft::cpu::QuantOps *ops : ops_list) {
         // mxfp4 W4A8 x2 runs calls of several tokens through the W4A16 kernel.
         const bool w4a8 = (c.f == Format::nvfp4 || (c.f == Format::mxfp4 && ntok == 1)) &&

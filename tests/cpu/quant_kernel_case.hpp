@@ -19,6 +19,12 @@ using ft::cpu::detail::QuantMatrix;
 // Every distinct kernel of format f runnable here.
 std::vector<const ft::cpu::QuantOps *> variants_here(Format f);
 
+// The GGUF block formats beyond q4_0 (q8_0, q2_k .. q6_k, iq4_xs) have a kernel of their own on every
+// tier: a failure unless `ops` (variants_here) holds the "-avx2", "-avx512" and "-avx512vnni"
+// kernels of every tier this CPU has (a tier silently falling back to the one below is a failure,
+// not a skip). No check for other formats.
+void expect_every_gguf_tier(Format f, const std::vector<const ft::cpu::QuantOps *> &ops);
+
 struct Case {
     Format f;
     int64_t K, N;

@@ -102,6 +102,7 @@ void check_kernels(std::mt19937 &rng, Format f, int64_t K, int64_t N, int64_t fi
     ASSERT_FALSE(variants.empty());
     if (int(ft::cpu::cpu_best_isa()) >= int(Isa::avx2))
         ASSERT_GE(variants.size(), 2u) << "no SIMD kernel of " << ft::format_name(f);
+    expect_every_gguf_tier(f, variants);
     for (const ft::cpu::QuantOps *ops : variants) {
         std::vector<std::vector<uint8_t>> act;
         std::vector<const uint8_t *> ap;

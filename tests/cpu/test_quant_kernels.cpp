@@ -114,6 +114,34 @@ TEST(QuantKernels, GgufBlockKernelsMatchReference) {
     }
 }
 
+// The kernel table of the GGUF block formats beyond q4_0, whatever this CPU runs: each tier has its
+// own kernel (avx512bf16 runs the avx512 one), VNNI its own at tiers >= avx512 only, all over the
+// Q8_0 activation of the scalar kernel.
+TEST(QuantKernels, GgufBlockKernelTable) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    for (Format f : {Format::q8_0, Format::q2_k, Format::q3_k, Format::q4_k, Format::q5_k, Format::q6_k, Format::iq4_xs}) {
+        const ft::cpu::QuantOps *scalar = ft::cpu::quant_ops_variant(f, Isa::scalar, false, false);
+        const std::string sname = scalar->kernel;  // "<format>-w<b>a8-scalar"
+        ASSERT_GT(sname.size(), 7u);
+        ASSERT_EQ(sname.substr(sname.size() - 7), "-scalar");
+        const std::string base = sname.substr(0, sname.size() - 7);
+        struct Want { Isa isa; bool vnni; const char *suffix; };
+        const Want wants[] = {{Isa::scalar, true, "-scalar"},        {Isa::avx2, false, "-avx2"},
+                              {Isa::avx2, true, "-avx2"},            {Isa::avx512, false, "-avx512"},
+                              {Isa::avx512, true, "-avx512vnni"},    {Isa::avx512bf16, false, "-avx512"},
+                              {Isa::avx512bf16, true, "-avx512vnni"}};
+        for (const Want &w : wants) {
+            const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, w.isa, w.vnni, false);
+            EXPECT_EQ(std::string(ops->kernel), base + w.suffix) << ft::cpu::isa_name(w.isa) << " vnni " << w.vnni;
+            EXPECT_EQ(ops->act_bytes, scalar->act_bytes) << ops->kernel;
+            EXPECT_EQ(ops->prepare, scalar->prepare) << ops->kernel;
+        }
+    }
+#else
+    GTEST_SKIP() << "no x86 kernels in this build";
+#endif
+}
+
 // The SIMD preparation of mxfp4 W4A8 x2 activations against its definition (ft::quantize_q8_0
 // for q1 and d, mxfp4_residual_q8 for q2), byte for byte: random blocks of several magnitudes,
 // an all-zero block, and exact .5 ties of x / d (block amax 127 makes d = 1), which must round
