@@ -254,12 +254,7 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
             const int nr = min(kRouteChunk, count - r0);
             const uint16_t *arow[kRouteChunk];
             int route[kRouteChunk];
-#pragma unroll
-            for (int j = 0; j < kRouteChunk; ++j) {
-                route[j] = p.g.routes[first + r0 + min(j, nr - 1)];
-                const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
-                arow[j] = p.act + arow_index * K;
-            }
+            route_rows(p, first + r0, nr, route, arow);
             __syncthreads();  // the previous chunk's activations are no longer read
             quantize_routes(arow, nr, K, aq, ad, as);
             __syncthreads();
@@ -281,15 +276,7 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
                 if (j < nr) {
                     const float v0 = warp_sum(acc0[j]);
                     const float v1 = has1 ? warp_sum(acc1[j]) : 0.0f;
-                    if (lane == j) {
-                        if (GATE_UP)
-                            p.inter_out[int64_t(route[j]) * p.inter + unit] = gate_up_out(p, v0, v1);
-                        else {
-                            float *o = p.route_out + int64_t(route[j]) * p.N;
-                            o[n0] = v0;
-                            if (has1) o[n1] = v1;
-                        }
-                    }
+                    if (lane == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
                 }
             }
         }

@@ -81,6 +81,33 @@ __device__ __forceinline__ const float *route_bias(const ProjArgs &p, int route)
 }
 __device__ __forceinline__ float plus_bias(const float *b, int row, float v) { return b ? v + __ldg(b + row) : v; }
 
+// ---- the CUDA-core kernels' routes and outputs (decode_simt.cu, decode_dp4a.cu) ----------------
+
+// Routes r0 .. r0 + nr - 1 of the group whose routes start at `first` (slots past nr repeat the
+// last one) and each one's activation row (gate_up: its token's input; down: its intermediate).
+__device__ __forceinline__ void route_rows(const ProjArgs &p, int first, int nr, int *route, const uint16_t **arow) {
+#pragma unroll
+    for (int j = 0; j < kRouteChunk; ++j) {
+        route[j] = p.g.routes[first + min(j, nr - 1)];
+        const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
+        arow[j] = p.act + arow_index * p.K;
+    }
+}
+
+// A route's results for a warp's rows: gate_up (unit j: gate v0, up v1) -> the activated bf16
+// intermediate; down (rows n0, n1 when has1) -> the route's f32 outputs.
+template <bool GATE_UP>
+__device__ __forceinline__ void store_route(const ProjArgs &p, int route, int unit, int n0, int n1, bool has1, float v0,
+                                            float v1) {
+    if (GATE_UP) {
+        p.inter_out[int64_t(route) * p.inter + unit] = gate_up_out(p, v0, v1);
+    } else {
+        float *o = p.route_out + int64_t(route) * p.N;
+        o[n0] = v0;
+        if (has1) o[n1] = v1;
+    }
+}
+
 // ---- mma.sync primitives (decode_mma.cu, decode_mxfp4.cu) -------------------------------------
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,

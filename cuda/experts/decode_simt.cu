@@ -122,12 +122,7 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
             const int nr = min(kRouteChunk, count - r0);
             const uint16_t *arow[kRouteChunk];
             int route[kRouteChunk];
-#pragma unroll
-            for (int j = 0; j < kRouteChunk; ++j) {
-                route[j] = p.g.routes[first + r0 + min(j, nr - 1)];
-                const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
-                arow[j] = p.act + arow_index * p.K;
-            }
+            route_rows(p, first + r0, nr, route, arow);
             float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
             // Two chunks per lane per step: all four rows' loads are in flight before any math.
             for (int c = lane; c < chunks; c += 64) {
@@ -153,15 +148,7 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
                         v0 = plus_bias(b, n0, v0);
                         if (has1) v1 = plus_bias(b, n1, v1);
                     }
-                    if (lane == j) {
-                        if (GATE_UP)
-                            p.inter_out[int64_t(route[j]) * p.inter + unit] = gate_up_out(p, v0, v1);
-                        else {
-                            float *o = p.route_out + int64_t(route[j]) * p.N;
-                            o[n0] = v0;
-                            if (has1) o[n1] = v1;
-                        }
-                    }
+                    if (lane == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
                 }
             }
         }
