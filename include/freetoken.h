@@ -69,7 +69,7 @@ extern "C" {
  * ========================================================================================== */
 
 #define FT_VERSION_MAJOR 0
-#define FT_VERSION_MINOR 6
+#define FT_VERSION_MINOR 7
 #define FT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)

@@ -29,7 +29,7 @@ def status_string(status):
 
 
 def version():
-    """The loaded library's version string ("0.6.0")."""
+    """The loaded library's version string ("0.7.0")."""
     return load().ft_version_string().decode()
 
 
