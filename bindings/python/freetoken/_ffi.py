@@ -15,7 +15,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_d
 # ---- constants (values fixed forever by the headers) -------------------------------------------
 
 FT_VERSION_MAJOR = 0
-FT_VERSION_MINOR = 6
+FT_VERSION_MINOR = 7
 FT_VERSION_PATCH = 0
 FT_VERSION_NUMBER = FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH
 

@@ -23,11 +23,11 @@ pub use std::os::raw::{c_char, c_void};
 /// Major version of the header these declarations follow.
 pub const FT_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations follow.
-pub const FT_VERSION_MINOR: u32 = 6;
+pub const FT_VERSION_MINOR: u32 = 7;
 /// Patch version of the header these declarations follow.
 pub const FT_VERSION_PATCH: u32 = 0;
 /// MAJOR*10000 + MINOR*100 + PATCH.
-pub const FT_VERSION_NUMBER: u32 = 600;
+pub const FT_VERSION_NUMBER: u32 = 700;
 
 /* ---------------------------------------------------------------------------------------------
  * Status codes
