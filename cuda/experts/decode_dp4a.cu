@@ -232,18 +232,8 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int unit = blockIdx.x * kWarps + warp;
     int n0, n1;
-    bool active, has1;
-    if (GATE_UP) {
-        active = unit < p.inter;
-        n0 = unit;
-        n1 = p.inter + unit;
-        has1 = true;
-    } else {
-        n0 = 2 * unit;
-        n1 = n0 + 1;
-        active = n0 < p.N;
-        has1 = n1 < p.N;
-    }
+    bool has1;
+    const bool active = unit_rows<GATE_UP>(p, unit, n0, n1, has1);  // inactive warps still sync
     const int64_t rb = gguf_row_bytes<F>(K);
     const int ngroups = *p.g.num;
     for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {

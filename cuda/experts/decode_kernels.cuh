@@ -83,6 +83,23 @@ __device__ __forceinline__ float plus_bias(const float *b, int row, float v) { r
 
 // ---- the CUDA-core kernels' routes and outputs (decode_simt.cu, decode_dp4a.cu) ----------------
 
+// The two rows warp-unit `unit` owns: gate_up (GATE_UP) rows unit (gate) and I + unit (up); down
+// rows 2 unit and 2 unit + 1 of the N = H outputs (has1: the second exists). False when the unit
+// lies past the projection's rows.
+template <bool GATE_UP>
+__device__ __forceinline__ bool unit_rows(const ProjArgs &p, int unit, int &n0, int &n1, bool &has1) {
+    if (GATE_UP) {
+        n0 = unit;
+        n1 = p.inter + unit;
+        has1 = true;
+        return unit < p.inter;
+    }
+    n0 = 2 * unit;
+    n1 = n0 + 1;
+    has1 = n1 < p.N;
+    return n0 < p.N;
+}
+
 // Routes r0 .. r0 + nr - 1 of the group whose routes start at `first` (slots past nr repeat the
 // last one) and each one's activation row (gate_up: its token's input; down: its intermediate).
 __device__ __forceinline__ void route_rows(const ProjArgs &p, int first, int nr, int *route, const uint16_t **arow) {

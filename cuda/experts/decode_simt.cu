@@ -102,17 +102,7 @@ __global__ void __launch_bounds__(kThreads) rowmajor_kernel(ProjArgs p) {
     const int unit = blockIdx.x * kWarps + warp;
     int n0, n1;
     bool has1;
-    if (GATE_UP) {
-        if (unit >= p.inter) return;
-        n0 = unit;
-        n1 = p.inter + unit;
-        has1 = true;
-    } else {
-        n0 = 2 * unit;
-        n1 = n0 + 1;
-        if (n0 >= p.N) return;
-        has1 = n1 < p.N;
-    }
+    if (!unit_rows<GATE_UP>(p, unit, n0, n1, has1)) return;
     const int chunks = p.K / F::E;
     const int ngroups = *p.g.num;
     for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {

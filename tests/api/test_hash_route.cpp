@@ -21,19 +21,8 @@ namespace {
 using namespace ft::test;
 
 ft::synth::Spec hashed_spec() {
-    ft::synth::Spec s;
-    s.architecture = "deepseek_v4";
-    s.format = "ds_fp4";
-    s.num_layers = 2;
-    s.num_experts = 8;
-    s.top_k = 3;
-    s.hidden = 256;
-    s.intermediate = 128;
-    s.shared_intermediate = 256;
-    s.hash_layers = 1;
-    s.vocab_size = 50;
+    ft::synth::Spec s = dsv4_hashed_spec(50, 4242);
     s.routed_scaling_factor = 1.5f;
-    s.seed = 4242;
     return s;
 }
 

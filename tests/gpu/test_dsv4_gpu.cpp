@@ -9,6 +9,7 @@
 
 #include "api_handles.hpp"
 #include "ft/synth.hpp"
+#include "synth_reference.hpp"
 
 namespace {
 
@@ -33,18 +34,7 @@ double relative_l2(const std::vector<uint16_t> &a, const std::vector<uint16_t> &
 TEST(Dsv4Gpu, HashRoutesAndFp8SharedExpertMatchCpu) {
     auto engine = make_engine();
     if (!have_gpu(engine.get())) GTEST_SKIP() << "no usable GPU";
-    ft::synth::Spec s;
-    s.architecture = "deepseek_v4";
-    s.format = "ds_fp4";
-    s.num_layers = 2;
-    s.num_experts = 8;
-    s.top_k = 3;
-    s.hidden = 256;
-    s.intermediate = 128;
-    s.shared_intermediate = 256;
-    s.hash_layers = 1;
-    s.vocab_size = 64;
-    s.seed = 99;
+    const ft::synth::Spec s = dsv4_hashed_spec(64, 99);
     ScratchDir dir;
     ft::synth::write_checkpoint(dir.path(), s);
     ft_model *raw = nullptr;

@@ -24,6 +24,24 @@ inline std::string write_synth_model(const std::string &dir, const ft::synth::Sp
     return path;
 }
 
+// A small DeepSeek-V4 checkpoint whose first MoE layer routes by token id (tid2eid over
+// `vocab` tokens) and which has an FP8 shared expert: 2 layers, 8 experts, top 3, H 256, I 128.
+inline ft::synth::Spec dsv4_hashed_spec(int32_t vocab, uint64_t seed) {
+    ft::synth::Spec s;
+    s.architecture = "deepseek_v4";
+    s.format = "ds_fp4";
+    s.num_layers = 2;
+    s.num_experts = 8;
+    s.top_k = 3;
+    s.hidden = 256;
+    s.intermediate = 128;
+    s.shared_intermediate = 256;
+    s.hash_layers = 1;
+    s.vocab_size = vocab;
+    s.seed = seed;
+    return s;
+}
+
 // The dequantised projections (and mxfp4 biases) of the experts of MoE layer `layer` of `s`.
 struct SynthLayerRef {
     std::vector<std::vector<float>> gate, up, down, bias_gate, bias_up, bias_down;  // per expert
