@@ -111,7 +111,9 @@ TEST_P(HashRoute, MatchesTheScalarReferenceAndRefusesWhatItMust) {
             EXPECT_NEAR(w[size_t(t) * K + k], rw[k], 1e-6 * std::max(1.0, std::fabs(rw[k]))) << "token " << t;
             sum += w[size_t(t) * K + k];
         }
-        if (func != "softmax") EXPECT_NEAR(sum, s.routed_scaling_factor, 1e-5);
+        if (func != "softmax") {
+            EXPECT_NEAR(sum, s.routed_scaling_factor, 1e-5);
+        }
     }
 
     // Layer 1 routes by its logits: token ids are ignored there, and the result is ft_route's.

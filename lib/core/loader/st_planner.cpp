@@ -256,8 +256,9 @@ void Planner::plan_layer(int l, const std::string &layer_prefix) {
         case Format::nvfp4: plan_layer_fp8_nvfp4(l, block, b); break;
         case Format::mxfp4: plan_layer_mxfp4(l, block); break;
         case Format::ds_fp4: plan_layer_ds_fp4(l, block, b); break;
-        case Format::q4_0:
-            fail(FT_ERR_FORMAT, ckpt_.dir(), ": q4_0 experts come from GGUF files, not safetensors");
+        default:  // the GGUF block formats
+            fail(FT_ERR_FORMAT, ckpt_.dir(), ": ", format_name(spec_.format),
+                 " experts come from GGUF files, not safetensors");
     }
     plan_extras(l, layer_prefix, block);
 }
