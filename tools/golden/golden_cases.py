@@ -77,7 +77,9 @@ def case_overrides(extra, opts, preset):
 
 
 # case -> (model_type, extra overrides, options). Options: composite (try the multimodal model
-# with a tiny vision tower first), top_k, num_experts.
+# with a tiny vision tower first), top_k, num_experts, saved_as (the model_type written into the
+# saved config.json, for releases that name transformers' architecture differently: the
+# transformers model_type is replaced by it as a prefix, so a `*_text` sub-config follows).
 CASES = {
     "qwen3_moe": ("qwen3_moe", {"norm_topk_prob": True}, {}),
     "qwen3_moe_nonorm": ("qwen3_moe", {"norm_topk_prob": False, "decoder_sparse_step": 1,
@@ -85,6 +87,8 @@ CASES = {
     "qwen2_moe": ("qwen2_moe", {"norm_topk_prob": False}, {}),
     "qwen3_next": ("qwen3_next", {"norm_topk_prob": True, "full_attention_interval": 2}, {}),
     "qwen3_5_moe": ("qwen3_5_moe", {}, {"composite": True}),
+    # Qwen3.6's MoE releases run Qwen3.5-MoE's modules under their own model_type.
+    "qwen3_6_moe": ("qwen3_5_moe", {}, {"composite": True, "saved_as": "qwen3_6_moe"}),
     "qwen3_vl_moe": ("qwen3_vl_moe", {}, {"composite": True}),
     "qwen3_omni_moe": ("qwen3_omni_moe", {}, {"composite": True}),
     "mixtral": ("mixtral", {}, {}),
@@ -100,6 +104,11 @@ CASES = {
     "deepseek_v3": ("deepseek_v3", {"head_dim": 8, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
                                     "n_shared_experts": 1, "routed_scaling_factor": 2.5,
                                     "norm_topk_prob": True}, {}),
+    # Kimi K2 is DeepSeek-V3's architecture (its release's classes are DeepseekV3*) with one group,
+    # routed scaling 2.827 and model_type kimi_k2.
+    "kimi_k2": ("deepseek_v3", {"head_dim": 8, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                                "n_shared_experts": 1, "routed_scaling_factor": 2.827,
+                                "norm_topk_prob": True}, {"saved_as": "kimi_k2"}),
     "glm4_moe": ("glm4_moe", {"n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
                               "n_shared_experts": 1, "routed_scaling_factor": 1.5,
                               "norm_topk_prob": True, "partial_rotary_factor": 0.5}, {}),

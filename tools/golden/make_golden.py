@@ -54,6 +54,24 @@ class TooBig(Exception):
     pass
 
 
+def relabel(config_path, model_type, saved_as):
+    """Rewrites every model_type of config.json (top level and sub-configs) that starts with
+    model_type to start with saved_as instead."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+
+    def walk(node):
+        if isinstance(node, dict):
+            v = node.get("model_type")
+            if isinstance(v, str) and v.startswith(model_type):
+                node["model_type"] = saved_as + v[len(model_type):]
+            for child in node.values():
+                walk(child)
+    walk(cfg)
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
 def make_case_with(name, model_type, extra, opts, outdir, dtype_name, preset):
     import torch
     import transformers
@@ -71,6 +89,8 @@ def make_case_with(name, model_type, extra, opts, outdir, dtype_name, preset):
         shutil.rmtree(out)
     os.makedirs(out)
     save_checkpoint(model, out, dtype)
+    if opts.get("saved_as"):
+        relabel(os.path.join(out, "config.json"), model_type, opts["saved_as"])
     size = dir_bytes(out)
     if size > MAX_DIR_BYTES:
         raise TooBig(f"the checkpoint is {size} bytes with {preset}")
