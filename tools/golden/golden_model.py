@@ -168,3 +168,21 @@ def safetensors_names(out):
             if k != "__metadata__":
                 names[k] = {"dtype": v["dtype"], "shape": v["shape"]}
     return names
+
+
+def relabel(config_path, model_type, saved_as):
+    """Rewrites every model_type of config.json (top level and sub-configs) that starts with
+    model_type to start with saved_as instead."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+
+    def walk(node):
+        if isinstance(node, dict):
+            v = node.get("model_type")
+            if isinstance(v, str) and v.startswith(model_type):
+                node["model_type"] = saved_as + v[len(model_type):]
+            for child in node.values():
+                walk(child)
+    walk(cfg)
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)

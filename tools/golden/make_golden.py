@@ -34,7 +34,7 @@ import zlib
 
 from golden_cases import (CASES, CaseSkipped, EXPERT_COUNT_FIELDS, MAX_DIR_BYTES, NOT_GATED, SIZE_PRESETS,
                           TOKENS, case_overrides, log)
-from golden_model import build_model, dir_bytes, redraw, safetensors_names, save_checkpoint
+from golden_model import build_model, dir_bytes, redraw, relabel, safetensors_names, save_checkpoint
 from golden_routes import SHARED_NAMES, first_attr, flatten, moe_block_of, run_block, text_layers
 
 
@@ -52,24 +52,6 @@ def make_case(name, model_type, extra, opts, outdir, dtype_name):
 
 class TooBig(Exception):
     pass
-
-
-def relabel(config_path, model_type, saved_as):
-    """Rewrites every model_type of config.json (top level and sub-configs) that starts with
-    model_type to start with saved_as instead."""
-    with open(config_path) as f:
-        cfg = json.load(f)
-
-    def walk(node):
-        if isinstance(node, dict):
-            v = node.get("model_type")
-            if isinstance(v, str) and v.startswith(model_type):
-                node["model_type"] = saved_as + v[len(model_type):]
-            for child in node.values():
-                walk(child)
-    walk(cfg)
-    with open(config_path, "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
 
 
 def make_case_with(name, model_type, extra, opts, outdir, dtype_name, preset):
