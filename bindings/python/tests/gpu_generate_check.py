@@ -13,8 +13,11 @@ Exits 0 when every case passes, 1 on a failure, 77 (skip) without CUDA, torch or
 Per case the model is built by the golden tool (build_model: the multimodal model with tiny towers for
 composite cases, which generates from text alone; else the causal LM), its weights re-drawn (redraw)
 and saved with save_pretrained in bf16 (save_checkpoint); that directory is what FreeToken loads and
-what freetoken.torch.from_pretrained reads the non-expert weights from. The reference is the same
-model in bf16 on the GPU. gpt_oss_mxfp4 is the gpt_oss case with its experts rounded to MXFP4 and
+what freetoken.torch.from_pretrained reads the non-expert weights from. The reference is
+transformers' own from_pretrained of that directory in bf16 on the GPU: what a user's model is
+(rotary frequencies computed in float32, modules the class keeps in float32 kept so). Where
+transformers cannot run its own reload of a tiny saved config, the reference is the built model
+cast to bf16 with those buffers kept in float32, and the result says so. gpt_oss_mxfp4 is the gpt_oss case with its experts rounded to MXFP4 and
 stored as gpt-oss does (`*_blocks`/`*_scales`), at an intermediate size of 64 (MXFP4 blocks are 32
 wide). Cases the golden tool skips (a model type this transformers lacks; the Qwen3-Omni
 thinker/talker composite) and models that cannot generate text are SKIP with the reason. A failure of
@@ -22,16 +25,22 @@ one case (building it, its reference, or a backend) is recorded as FAIL with the
 others still run. One FreeToken engine serves every session of the run.
 
 Logits are judged against the exact model, not against one bf16 run: the reference's greedy
-sequence is fed once more (teacher forcing) to the model in fp32 (its bf16 weights held exactly),
-to transformers' bf16 model and to the offloaded one. FreeToken's relative L2 error to the fp32
-logits must stay within twice transformers' own bf16 error (+ 2e-3): random tiny models amplify
-rounding differently at every size, so a fixed threshold would judge the model, not the library.
+sequence is fed once more (teacher forcing) to the model loaded in fp32 (its bf16 weights held
+exactly), to transformers' bf16 model, to that bf16 model with its MoE blocks computed in fp32
+(what FreeToken computes: fp32 accumulation, bf16 out) and to the offloaded one. FreeToken's relative
+L2 error to the fp32 logits must stay within twice the larger of the two transformers bf16 errors
+(+ 2e-3): random tiny models amplify rounding differently at every size, so a fixed threshold would
+judge the model, not the library. That pass is one prefill-sized call per block; the decode steps
+are judged the same way: the logits generate returned at each step against the fp32 model's on the
+same sequence, within twice the larger error of the two transformers models' own generate (+ 2e-3).
 A divergence of the greedy tokens counts as a failure unless the fp32 top-1/top-2 margin at that
-step is within twice the larger bf16 logit error (a near tie that rounding may flip). A model whose
+step is within twice the largest bf16 logit error (a near tie that rounding may flip), or the
+tokens are those the bf16 model with fp32 MoE blocks generates (FreeToken computes what that model
+computes; generation's caches can amplify a difference the teacher-forced logits do not show). A model whose
 own bf16 reference cannot be built or generate (transformers at this tiny geometry) is SKIP with
 transformers' error.
 
-Each offloaded MoE block is also checked on its own (block_check): on random inputs of 1 and 8
+Each offloaded MoE block is also checked on its own (block_check): on random inputs of 1, 8 and 40
 tokens its output against the fp32 reference's block must stay within twice the error of
 transformers' bf16 block (+ 2e-3). Both run the same router (bf16, or float32 where the model keeps
 it so), so they take the same routes: a block that fails here computes something other than
@@ -106,9 +115,29 @@ def can_generate(model):
         return hasattr(model, "generate") and model.get_output_embeddings() is not None
 
 
+def generation_overrides(model_type, overrides, layers):
+    """Config fields a tiny model needs to generate, beyond the golden geometry (which only runs
+    the MoE blocks): MLA keys carry one head per attention head; hybrid stacks get one attention
+    layer (a cache of linear-attention layers only cannot tell its length); GLM-4V's multimodal
+    RoPE sections need their full rotary width."""
+    out = {}
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        out["num_key_value_heads"] = overrides["num_attention_heads"]
+    if model_type in ("qwen3_next", "qwen3_5_moe"):
+        out["layer_types"] = ["full_attention" if i % 2 else "linear_attention" for i in range(layers)]
+    if model_type == "granitemoehybrid":
+        out["layer_types"] = ["attention" if i % 2 else "mamba" for i in range(layers)]
+    if model_type == "glm4v_moe":
+        # its multimodal RoPE sections (8, 12, 12) fill a rotary half-width of 32: head_dim 128
+        # (hidden / heads) at its partial rotary factor 0.5
+        out["hidden_size"] = 128 * overrides["num_attention_heads"]
+    return out
+
+
 def build(name, model_type, extra, opts, preset):
     """(model float32 with the golden re-drawn weights, text config) of a case, or raises Skipped."""
     overrides = golden_cases.case_overrides(extra, opts, preset)
+    overrides.update(generation_overrides(model_type, overrides, preset["layers"]))
     overrides["use_cache"] = True  # generate's decode steps: one token per call
     seed = zlib.crc32(name.encode())
     torch.manual_seed(seed)
@@ -192,9 +221,12 @@ def forced_logits(model, seq, n):
     return out.logits[0, -n - 1:-1].float()
 
 
-def compare(ref_tokens, tokens, exact, hf16, ft16, suppressed=()):
-    """(ok, text): FreeToken's teacher-forced logits ft16 and transformers' bf16 ones hf16 against the
-    fp32 model's, exact; then the greedy tokens of FreeToken's generate against the reference's.
+def compare(ref_tokens, x32_tokens, tokens, exact, hf16, x32, ft16, gen_logits, suppressed=()):
+    """(ok, text): FreeToken's teacher-forced logits ft16 and transformers' bf16 ones (hf16, and x32
+    with the MoE blocks in fp32) against the fp32 model's, exact; then the greedy tokens of
+    FreeToken's generate against the reference's (and those of the fp32-blocks model, x32_tokens);
+    gen_logits: the logits of those generate steps (before a divergence, on the same sequence as
+    exact), part of the rounding noise a near tie is judged by.
     suppressed: token ids generate never picks (the EOS ids, masked while min_new_tokens is not
     reached); the top-1/top-2 margin at a divergence is taken over the other tokens."""
     n = len(ref_tokens)
@@ -202,8 +234,9 @@ def compare(ref_tokens, tokens, exact, hf16, ft16, suppressed=()):
         return False, "generated %d tokens, the reference %d" % (len(tokens), n)
     scale = float(exact.norm())
     e_ft, e_hf = float((ft16 - exact).norm()) / scale, float((hf16 - exact).norm()) / scale
-    ok = e_ft <= 2 * e_hf + 2e-3
-    text = "logits rel L2 to fp32 %.2e (transformers bf16 %.2e)" % (e_ft, e_hf)
+    e_x32 = float((x32 - exact).norm()) / scale
+    ok = e_ft <= 2 * max(e_hf, e_x32) + 2e-3
+    text = "logits rel L2 to fp32 %.2e (transformers bf16 %.2e, with fp32 MoE blocks %.2e)" % (e_ft, e_hf, e_x32)
     first = next((i for i in range(n) if tokens[i] != ref_tokens[i]), n)
     if first < n:
         pickable = exact[first].clone()
@@ -212,15 +245,67 @@ def compare(ref_tokens, tokens, exact, hf16, ft16, suppressed=()):
                 pickable[t] = float("-inf")
         top2 = pickable.topk(2).values
         margin = float(top2[0] - top2[1])
-        noise = max(float((ft16[first] - exact[first]).abs().max()), float((hf16[first] - exact[first]).abs().max()))
+        noise = max(float((t[first] - exact[first]).abs().max()) for t in (ft16, hf16, x32, gen_logits))
         if margin <= 2 * noise:
             text += "; tokens diverge at step %d at a near tie (fp32 margin %.3g <= 2 x %.3g)" % (first, margin, noise)
+        elif tokens == x32_tokens:
+            text += ("; tokens diverge at step %d (fp32 margin %.3g, bf16 error %.3g) as the fp32-blocks "
+                     "model's do: identical to its tokens" % (first, margin, noise))
         else:
             text += "; tokens DIVERGE at step %d (fp32 margin %.3g, bf16 error %.3g)" % (first, margin, noise)
             ok = False
     else:
         text += "; tokens identical"
     return ok, text
+
+
+class Fp32Block(torch.nn.Module):
+    """A float32 MoE block inside a bf16 model: bf16 in, computed in fp32, bf16 out."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.inner = block
+
+    def forward(self, x, *args, **kwargs):
+        out = self.inner(x.float(), *args, **kwargs)
+        if isinstance(out, tuple):
+            return (out[0].to(x.dtype),) + tuple(out[1:])
+        return out.to(x.dtype)
+
+
+def fp32_blocks_run(ref16, ref32, names, prompt, seq, n):
+    """(greedy tokens, their logits, forced_logits) of a copy of the bf16 model whose modules `names`
+    are the fp32 model's."""
+    model = copy.deepcopy(ref16)
+    blocks = dict(ref32.named_modules())
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, Fp32Block(blocks[name]))
+    try:
+        return (*generate(model, prompt, n), forced_logits(model, seq, n))
+    finally:
+        del model
+
+
+def bf16_copy(model):
+    """A bf16 copy of a float32 model whose buffers that are not saved (rotary frequencies: computed
+    at build, in float32 however the model is loaded) keep their float32 values."""
+    out = copy.deepcopy(model).to(torch.bfloat16)
+    src = dict(model.named_modules())
+    for name, module in out.named_modules():
+        for b in module._non_persistent_buffers_set:
+            v = src[name]._buffers.get(b)
+            if v is not None and v.is_floating_point():
+                module._buffers[b] = v.clone()
+    return out
+
+
+def decode_error(exact_model, prompt, tokens, logits):
+    """Relative L2 of generate's logits (the decode steps: one token per call after the prompt)
+    to the fp32 model's on the same sequence."""
+    seq = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], 1)
+    want = forced_logits(exact_model, seq, len(tokens))
+    return float((logits - want).norm() / want.norm())
 
 
 def eos_ids(tcfg):
@@ -237,7 +322,8 @@ def _first(result):
 
 def block_check(ref32, model, hidden, seed):
     """Every offloaded MoE block against the same block of the fp32 reference model (its own
-    experts) and of a bf16 copy of it (transformers' bf16 error), on random inputs of 1 and 8 tokens.
+    experts) and of a bf16 copy of it (transformers' bf16 error), on random inputs of 1, 8 and 40
+    tokens.
     FreeToken's block runs the offloaded model's own router, as the bf16 copy does (which keeps in
     float32 what the offloaded block keeps so), so the two take the same routes: a block whose error
     to fp32 exceeds twice transformers' (+ 2e-3) computes something else, whatever the whole
@@ -258,7 +344,7 @@ def block_check(ref32, model, hidden, seed):
         for n, p in ref16.named_parameters():
             if n in kept:
                 p.data = exact[n].data.float().clone()
-        for tokens in (1, 8):
+        for tokens in (1, 8, PROMPT + 32):  # decode, a small batch, a prompt-sized call
             x = torch.randn(1, tokens, hidden, generator=g).to(torch.bfloat16).to(next(ref.parameters()).device)
             with torch.inference_mode():
                 want = _first(ref(x.float())).float()
@@ -314,6 +400,29 @@ def graph_check(model, hidden):
     return worst <= 1e-2, "graph of %d MoE blocks, replay vs eager rel L2 %.2e" % (len(blocks), worst)
 
 
+def load_reference(cls, path, dtype):
+    """transformers' own from_pretrained of a saved case, on the GPU, eager attention."""
+    try:
+        model = cls.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    except TypeError:
+        model = cls.from_pretrained(path, torch_dtype=dtype, attn_implementation="eager")
+    return model.cuda().eval()
+
+
+def reference_models(model, cls, path, prompt):
+    """(fp32 model, bf16 model, note): transformers' from_pretrained of the saved case in both dtypes;
+    where that reload cannot generate, the built float32 model and its bf16_copy, with a note."""
+    try:
+        ref16 = load_reference(cls, path, torch.bfloat16)
+        generate(ref16, prompt, 2)
+        return load_reference(cls, path, torch.float32), ref16, ""
+    except Exception as e:  # noqa: BLE001 - transformers' reload of its own tiny config
+        gc.collect()
+        ref = model.cuda().eval()
+        return ref, bf16_copy(ref), "; reference built in memory (transformers' reload: %s: %s)" % (
+            type(e).__name__, str(e)[:100])
+
+
 def offloaded_model(cls, path, backend, cache_fraction, engine):
     """(model, note): freetoken.torch.from_pretrained (meta build, experts replaced, non-expert weights
     from the checkpoint); where it cannot map a non-expert tensor name, transformers' own
@@ -327,11 +436,7 @@ def offloaded_model(cls, path, backend, cache_fraction, engine):
             raise
         why = e.message
     gc.collect()
-    try:
-        model = cls.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager")
-    except TypeError:
-        model = cls.from_pretrained(path, torch_dtype=torch.bfloat16, attn_implementation="eager")
-    model = model.cuda().eval()
+    model = load_reference(cls, path, torch.bfloat16)
     ftt.offload_experts(model, path, backend=backend, **kwargs)
     return model, "; non-expert weights read by transformers (freetoken.torch.from_pretrained: %s)" % why[:200]
 
@@ -354,28 +459,30 @@ def run_case(name, spec, args, root, results, engine):
     os.makedirs(path)
     quantised = quantise_mxfp4(model, H, preset["inter"]) if opts.get("mxfp4") else None
     golden_model.save_checkpoint(model, path, torch.bfloat16)
-    if quantised:
-        write_mxfp4(path, quantised)
     cls = type(model)
-    ref = model.to(torch.bfloat16).cuda().eval()
     vocab = tcfg.vocab_size
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + 7)
     prompt = torch.randint(3, vocab, (1, PROMPT), generator=g).cuda()
     try:
-        ref_tokens, _ = generate(ref, prompt, args.tokens)
+        # the bf16 model, and the same weights, exactly, in fp32 (ref: also block_check's reference)
+        ref, ref16, how = reference_models(model, cls, path, prompt)
+        ref_tokens, ref_logits = generate(ref16, prompt, args.tokens)
         seq = torch.cat([prompt, torch.tensor([ref_tokens], device=prompt.device)], 1)
-        hf16 = forced_logits(ref, seq, args.tokens)
-        # the bf16 weights, exactly, in fp32; ref stays this fp32 model for block_check
-        exact = forced_logits(ref.float(), seq, args.tokens)
+        hf16 = forced_logits(ref16, seq, args.tokens)
+        exact = forced_logits(ref, seq, args.tokens)
     except Exception as e:  # noqa: BLE001 - transformers' own model, before FreeToken takes part
         traceback.print_exc()
         results.append((name, "-", "SKIP", "transformers' bf16 model cannot generate here: %s: %s" % (
             type(e).__name__, str(e)[:160])))
         print("%-20s %-8s %-4s %s" % results[-1], flush=True)
         return
-    del model
-    gc.collect()
+    if quantised:
+        write_mxfp4(path, quantised)
     torch.cuda.empty_cache()
+    del model
+    # the fp32-blocks model's tokens, their logits and its forced logits, once the offloaded model
+    # names its MoE blocks; dec_ref: the larger decode-step error of it and of the bf16 reference
+    x32, dec_ref = None, None
     built_in = time.time() - t0
     for backend in args.backends.split(","):
         t1 = time.time()
@@ -383,9 +490,19 @@ def run_case(name, spec, args, root, results, engine):
         try:
             model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction,
                                           engine)
-            tokens, _ = generate(model, prompt, args.tokens)
-            ok, text = compare(ref_tokens, tokens, exact, hf16, forced_logits(model, seq, args.tokens),
-                               eos_ids(tcfg))
+            tokens, logits = generate(model, prompt, args.tokens)
+            if x32 is None:
+                names = [n for n, m in model.named_modules() if hasattr(m, "_freetoken")]
+                x32 = fp32_blocks_run(ref16, ref, names, prompt, seq, args.tokens)
+                dec_ref = max(float((ref_logits - exact).norm() / exact.norm()),
+                              decode_error(ref, prompt, x32[0], x32[1]))
+            ok, text = compare(ref_tokens, x32[0], tokens, exact, hf16, x32[2],
+                               forced_logits(model, seq, args.tokens), logits, eos_ids(tcfg))
+            # the decode steps (the teacher-forced pass above is one prefill-sized call)
+            dec = decode_error(ref, prompt, tokens, logits)
+            ok = ok and dec <= 2 * dec_ref + 2e-3
+            text += "; decode-step logits rel L2 to fp32 %.2e (transformers bf16 / fp32 blocks: up to %.2e)" % (
+                dec, dec_ref)
             try:
                 bok, btext = block_check(ref, model, H, zlib.crc32(name.encode()) + 11)
             except Exception as e:  # noqa: BLE001
@@ -397,7 +514,7 @@ def run_case(name, spec, args, root, results, engine):
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 gok, gtext = False, "graph capture failed: %s: %s" % (type(e).__name__, e)
-            ok, text = ok and gok, text + "; " + gtext + note
+            ok, text = ok and gok, text + "; " + gtext + note + how
         except Exception as e:  # noqa: BLE001 - a failure of one case is reported, the others still run
             traceback.print_exc()
             ok, text = False, "%s: %s" % (type(e).__name__, e)
