@@ -3,8 +3,10 @@
 // products go into the same accumulator, as vdpbf16ps does.
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include "kernels.hpp"

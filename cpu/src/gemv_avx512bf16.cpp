@@ -2,8 +2,10 @@
 // weights and activations are used as stored, without widening.
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include "kernels.hpp"

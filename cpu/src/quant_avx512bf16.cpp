@@ -14,8 +14,10 @@
 //          as the reference says), the sign is or-ed in last.
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cmath>

@@ -16,8 +16,10 @@
 // a 128-byte pair are requested together (the adjacent-line prefetchers fetch them as a pair).
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstring>

@@ -5,8 +5,10 @@
 // d_act * d_weight, in fp32.
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstring>

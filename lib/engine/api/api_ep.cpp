@@ -35,6 +35,7 @@ namespace {
 using ft::api::guarded;
 using ft::api::write_error;
 
+#if defined(FT_EP_HAVE_CUDA)
 ft_ep_params read_params(const ft_ep_params *in) {
     ft_ep_params p;
     ft_ep_params_init(&p);
@@ -44,6 +45,7 @@ ft_ep_params read_params(const ft_ep_params *in) {
     p.struct_size = sizeof p;
     return p;
 }
+#endif
 
 }  // namespace
 
