@@ -527,6 +527,96 @@ TEST(EpCudaSession, CApiForwardSessionAddsTheSharedExpertOncePerToken) {
     }
 }
 
+// A GGUF model whose layers mix block formats (Q4_K_M's q4_k gate/up with q6_k down, then q8_0
+// with q4_k) on a one-rank NCCL group: the rank's offload session (one layer of slots, so every
+// layer switch refills them in the other layer's formats) computes both layers' expert rows, and
+// each layer's EP output is the whole-model gpu session's ft_decode.
+TEST(EpCudaSession, CApiForwardSessionMixedGgufFormats) {
+    REQUIRE_GPU();
+    std::string why;
+    if (!epc::NcclTransport::available(&why)) GTEST_SKIP() << why;
+    ft::synth::Spec s;
+    s.architecture = "qwen3_moe";
+    s.gguf = true;
+    s.format = "q4_k";
+    s.gguf_mix = {"q4_k/q6_k", "q8_0/q4_k"};
+    s.num_layers = 2;
+    s.num_experts = 8;
+    s.top_k = kK;
+    s.hidden = kH;
+    s.intermediate = kH;
+    ft::test::ScratchDir dir;
+    const std::string path = ft::test::write_synth_model(dir.path(), s);
+    Engine engine;
+    ASSERT_NE(engine.e, nullptr);
+    char err[512];
+    ft_model *model = nullptr;
+    ASSERT_EQ(ft_model_load(engine.e, path.c_str(), nullptr, &model, err, sizeof err), FT_OK) << err;
+    Handles full, rank;  // the model is freed by `full`
+    full.model = model;
+    ft_model_info info{};
+    info.struct_size = sizeof info;
+    ASSERT_EQ(ft_model_get_info(model, &info), FT_OK);
+    ASSERT_EQ(info.mixed_formats, 1);
+    auto open = [&](int32_t backend, int32_t max_tokens, ft_session **out) {
+        ft_session_params p;
+        ft_session_params_init(&p);
+        p.backend = backend;
+        p.max_tokens = max_tokens;
+        p.check_finite = false;
+        if (backend == FT_BACKEND_OFFLOAD) p.cache_slots = s.num_experts;
+        ASSERT_EQ(ft_session_create(model, &p, out, err, sizeof err), FT_OK) << err;
+    };
+    open(FT_BACKEND_GPU, 64, &full.session);
+    open(FT_BACKEND_OFFLOAD, 16, &rank.session);
+    if (::testing::Test::HasFatalFailure()) return;
+
+    Rng rng(751);
+    const int64_t T = 24;
+    const std::vector<int32_t> h_ids = ft::test::random_routing(rng, T, kK, s.num_experts);
+    std::vector<float> h_w(h_ids.size());
+    for (float &x : h_w) x = static_cast<float>(rng.uniform());
+    std::vector<uint16_t> h_x(size_t(T) * kH);
+    for (uint16_t &x : h_x) x = f32_to_bf16(static_cast<float>(rng.uniform() * 2 - 1));
+    DeviceArray<int32_t> ids(h_ids);
+    DeviceArray<float> wts(h_w);
+    DeviceArray<uint16_t> x(h_x), out(h_x.size());
+    for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
+        ft_ep_params prm;
+        ft_ep_params_init(&prm);
+        prm.num_experts = s.num_experts;
+        prm.top_k = kK;
+        prm.hidden = kH;
+        prm.max_tokens = 64;
+        prm.mode = mode;
+        prm.wire = FT_EP_WIRE_BF16;
+        prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? T * kK : 0;
+        ft_ep_group *g = nullptr;
+        const int32_t dev = 0;
+        ASSERT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+        for (int32_t layer = 0; layer < s.num_layers; ++layer) {
+            SCOPED_TRACE(ft::cat("mode ", mode, ", layer ", layer));
+            int32_t gu = 0, dn = 0;
+            ASSERT_EQ(ft_model_layer_formats(model, layer, &gu, &dn), FT_OK);
+            EXPECT_NE(gu, dn);  // the two matrices of each layer differ in format
+            std::vector<uint16_t> want(h_x.size());
+            ASSERT_EQ(ft_decode(full.session, layer, int32_t(T), h_x.data(), h_ids.data(), h_w.data(), want.data()),
+                      FT_OK)
+                << ft_session_last_error(full.session);
+            std::vector<double> ref(want.size());
+            for (size_t i = 0; i < want.size(); ++i) ref[i] = bf16_to_f32(want[i]);
+            cudaMemset(out.ptr, 0xff, h_x.size() * 2);
+            EXPECT_EQ(ft_ep_forward_session(g, rank.session, model, 16, layer, ids.ptr, wts.ptr, x.ptr, T, out.ptr,
+                                            nullptr),
+                      FT_OK)
+                << ft_ep_group_last_error(g);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            EXPECT_LT(ft::test::relative_error_bf16(out.download(h_x.size()), ref), 1e-2);
+        }
+        ft_ep_group_free(g);
+    }
+}
+
 // The topology probe over ranks simulated on one GPU: every rank sees every bus id (all the
 // same device here), knows the P2P status of all, and all agree on one calibrated rate.
 TEST(EpCudaSession, ProbeTopologyOverSimulatedRanks) {
