@@ -443,6 +443,34 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
     }
 }
 
+// A one-rank NCCL group on device 0 with a bf16 wire and 64 tokens per rank (latency mode:
+// max_expert_rows rows), or null with a test failure.
+ft_ep_group *bf16_one_rank_group(int32_t experts, int32_t mode, int64_t max_expert_rows) {
+    ft_ep_params prm;
+    ft_ep_params_init(&prm);
+    prm.num_experts = experts;
+    prm.top_k = kK;
+    prm.hidden = kH;
+    prm.max_tokens = 64;
+    prm.mode = mode;
+    prm.wire = FT_EP_WIRE_BF16;
+    prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? max_expert_rows : 0;
+    ft_ep_group *g = nullptr;
+    char err[256];
+    const int32_t dev = 0;
+    EXPECT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+    return g;
+}
+
+// The synthetic checkpoint of `s` written under `dir` and loaded, or null with a test failure.
+ft_model *load_synth(ft_engine *engine, const ft::synth::Spec &s, const std::string &dir) {
+    const std::string path = ft::test::write_synth_model(dir, s);
+    ft_model *model = nullptr;
+    char err[512];
+    EXPECT_EQ(ft_model_load(engine, path.c_str(), nullptr, &model, err, sizeof err), FT_OK) << err;
+    return model;
+}
+
 // A session with shared experts on a one-rank NCCL group: the expert rows are computed without
 // the shared expert and the group adds it once per token after the combine (in chunks of the
 // rank session's max_tokens), so the output is the whole-model session's. A shared expert added
@@ -460,12 +488,11 @@ TEST(EpCudaSession, CApiForwardSessionAddsTheSharedExpertOncePerToken) {
     s.intermediate = kI;
     s.shared_intermediate = 96;
     ft::test::ScratchDir dir;
-    const std::string path = ft::test::write_synth_model(dir.path(), s);
     Engine engine;
     ASSERT_NE(engine.e, nullptr);
     char err[512];
-    ft_model *model = nullptr;
-    ASSERT_EQ(ft_model_load(engine.e, path.c_str(), nullptr, &model, err, sizeof err), FT_OK) << err;
+    ft_model *model = load_synth(engine.e, s, dir.path());
+    ASSERT_NE(model, nullptr);
     Handles full, rank, routed;  // the model is freed by `full`
     full.model = model;
     auto open = [&](int32_t backend, int32_t max_tokens, bool shared, ft_session **out) {
@@ -505,18 +532,8 @@ TEST(EpCudaSession, CApiForwardSessionAddsTheSharedExpertOncePerToken) {
     DeviceArray<uint16_t> x(h_x), out(h_x.size());
     for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
         SCOPED_TRACE(ft::cat("mode ", mode));
-        ft_ep_params prm;
-        ft_ep_params_init(&prm);
-        prm.num_experts = s.num_experts;
-        prm.top_k = kK;
-        prm.hidden = kH;
-        prm.max_tokens = 64;
-        prm.mode = mode;
-        prm.wire = FT_EP_WIRE_BF16;
-        prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? T * kK : 0;
-        ft_ep_group *g = nullptr;
-        const int32_t dev = 0;
-        ASSERT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+        ft_ep_group *g = bf16_one_rank_group(s.num_experts, mode, T * kK);
+        ASSERT_NE(g, nullptr);
         cudaMemset(out.ptr, 0xff, h_x.size() * 2);
         EXPECT_EQ(ft_ep_forward_session(g, rank.session, model, 16, layer, ids.ptr, wts.ptr, x.ptr, T, out.ptr, nullptr),
                   FT_OK)
@@ -546,12 +563,11 @@ TEST(EpCudaSession, CApiForwardSessionMixedGgufFormats) {
     s.hidden = kH;
     s.intermediate = kH;
     ft::test::ScratchDir dir;
-    const std::string path = ft::test::write_synth_model(dir.path(), s);
     Engine engine;
     ASSERT_NE(engine.e, nullptr);
     char err[512];
-    ft_model *model = nullptr;
-    ASSERT_EQ(ft_model_load(engine.e, path.c_str(), nullptr, &model, err, sizeof err), FT_OK) << err;
+    ft_model *model = load_synth(engine.e, s, dir.path());
+    ASSERT_NE(model, nullptr);
     Handles full, rank;  // the model is freed by `full`
     full.model = model;
     ft_model_info info{};
@@ -582,18 +598,8 @@ TEST(EpCudaSession, CApiForwardSessionMixedGgufFormats) {
     DeviceArray<float> wts(h_w);
     DeviceArray<uint16_t> x(h_x), out(h_x.size());
     for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
-        ft_ep_params prm;
-        ft_ep_params_init(&prm);
-        prm.num_experts = s.num_experts;
-        prm.top_k = kK;
-        prm.hidden = kH;
-        prm.max_tokens = 64;
-        prm.mode = mode;
-        prm.wire = FT_EP_WIRE_BF16;
-        prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? T * kK : 0;
-        ft_ep_group *g = nullptr;
-        const int32_t dev = 0;
-        ASSERT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+        ft_ep_group *g = bf16_one_rank_group(s.num_experts, mode, T * kK);
+        ASSERT_NE(g, nullptr);
         for (int32_t layer = 0; layer < s.num_layers; ++layer) {
             SCOPED_TRACE(ft::cat("mode ", mode, ", layer ", layer));
             int32_t gu = 0, dn = 0;
