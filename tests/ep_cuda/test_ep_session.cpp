@@ -372,6 +372,25 @@ TEST(EpCudaSession, LatencyGraphReplayWithSessionsEqualsFullModel) {
     run_case({3, WireDtype::Fp8Fp32, Drive::LatencyGraph, 4, 40, 721});
 }
 
+// A one-rank NCCL group on device 0 (latency mode: latency_rows expert rows; bf16_wire: rows
+// travel as bf16, else the default wire), or null with a test failure.
+ft_ep_group *one_rank_group(int32_t experts, int32_t mode, int32_t max_tokens, int64_t latency_rows, bool bf16_wire) {
+    ft_ep_params prm;
+    ft_ep_params_init(&prm);
+    prm.num_experts = experts;
+    prm.top_k = kK;
+    prm.hidden = kH;
+    prm.max_tokens = max_tokens;
+    prm.mode = mode;
+    if (bf16_wire) prm.wire = FT_EP_WIRE_BF16;
+    prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? latency_rows : 0;
+    ft_ep_group *g = nullptr;
+    char err[256];
+    const int32_t dev = 0;
+    EXPECT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+    return g;
+}
+
 // The C entry point on a one-rank NCCL group: validation, then the same result as above.
 TEST(EpCudaSession, CApiForwardSessionOneRank) {
     REQUIRE_GPU();
@@ -400,18 +419,8 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
     DeviceArray<float> wts(d.weights);
     DeviceArray<uint16_t> x(d.x), out(d.x.size());
     for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
-        ft_ep_params prm;
-        ft_ep_params_init(&prm);
-        prm.num_experts = E;
-        prm.top_k = kK;
-        prm.hidden = kH;
-        prm.max_tokens = 32;
-        prm.mode = mode;
-        prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? 96 : 0;
-        ft_ep_group *g = nullptr;
-        char err[256];
-        const int32_t dev = 0;
-        ASSERT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
+        ft_ep_group *g = one_rank_group(E, mode, 32, 96, false);
+        ASSERT_NE(g, nullptr);
         ft_ep_group_info info;
         info.struct_size = sizeof info;
         ASSERT_EQ(ft_ep_group_info_get(g, &info), FT_OK);
@@ -443,23 +452,20 @@ TEST(EpCudaSession, CApiForwardSessionOneRank) {
     }
 }
 
-// A one-rank NCCL group on device 0 with a bf16 wire and 64 tokens per rank (latency mode:
-// max_expert_rows rows), or null with a test failure.
-ft_ep_group *bf16_one_rank_group(int32_t experts, int32_t mode, int64_t max_expert_rows) {
-    ft_ep_params prm;
-    ft_ep_params_init(&prm);
-    prm.num_experts = experts;
-    prm.top_k = kK;
-    prm.hidden = kH;
-    prm.max_tokens = 64;
-    prm.mode = mode;
-    prm.wire = FT_EP_WIRE_BF16;
-    prm.max_expert_rows = mode == FT_EP_MODE_LATENCY ? max_expert_rows : 0;
-    ft_ep_group *g = nullptr;
-    char err[256];
-    const int32_t dev = 0;
-    EXPECT_EQ(ft_ep_group_bootstrap_local(1, &dev, &prm, &g, err, sizeof err), FT_OK) << err;
-    return g;
+// A session on `model` without finite checks (offload: one layer's `experts` slots), or null
+// with a test failure.
+ft_session *open_synth_session(ft_model *model, int32_t backend, int32_t max_tokens, bool shared, int32_t experts) {
+    ft_session_params p;
+    ft_session_params_init(&p);
+    p.backend = backend;
+    p.max_tokens = max_tokens;
+    p.shared_experts = shared;
+    p.check_finite = false;
+    if (backend == FT_BACKEND_OFFLOAD) p.cache_slots = experts;
+    ft_session *out = nullptr;
+    char err[512];
+    EXPECT_EQ(ft_session_create(model, &p, &out, err, sizeof err), FT_OK) << err;
+    return out;
 }
 
 // The synthetic checkpoint of `s` written under `dir` and loaded, or null with a test failure.
@@ -490,20 +496,13 @@ TEST(EpCudaSession, CApiForwardSessionAddsTheSharedExpertOncePerToken) {
     ft::test::ScratchDir dir;
     Engine engine;
     ASSERT_NE(engine.e, nullptr);
-    char err[512];
     ft_model *model = load_synth(engine.e, s, dir.path());
     ASSERT_NE(model, nullptr);
     Handles full, rank, routed;  // the model is freed by `full`
     full.model = model;
     auto open = [&](int32_t backend, int32_t max_tokens, bool shared, ft_session **out) {
-        ft_session_params p;
-        ft_session_params_init(&p);
-        p.backend = backend;
-        p.max_tokens = max_tokens;
-        p.shared_experts = shared;
-        p.check_finite = false;
-        if (backend == FT_BACKEND_OFFLOAD) p.cache_slots = s.num_experts;
-        ASSERT_EQ(ft_session_create(model, &p, out, err, sizeof err), FT_OK) << err;
+        *out = open_synth_session(model, backend, max_tokens, shared, s.num_experts);
+        ASSERT_NE(*out, nullptr);
     };
     open(FT_BACKEND_GPU, 64, true, &full.session);
     open(FT_BACKEND_OFFLOAD, 16, true, &rank.session);
@@ -532,7 +531,7 @@ TEST(EpCudaSession, CApiForwardSessionAddsTheSharedExpertOncePerToken) {
     DeviceArray<uint16_t> x(h_x), out(h_x.size());
     for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
         SCOPED_TRACE(ft::cat("mode ", mode));
-        ft_ep_group *g = bf16_one_rank_group(s.num_experts, mode, T * kK);
+        ft_ep_group *g = one_rank_group(s.num_experts, mode, 64, T * kK, true);
         ASSERT_NE(g, nullptr);
         cudaMemset(out.ptr, 0xff, h_x.size() * 2);
         EXPECT_EQ(ft_ep_forward_session(g, rank.session, model, 16, layer, ids.ptr, wts.ptr, x.ptr, T, out.ptr, nullptr),
@@ -565,7 +564,6 @@ TEST(EpCudaSession, CApiForwardSessionMixedGgufFormats) {
     ft::test::ScratchDir dir;
     Engine engine;
     ASSERT_NE(engine.e, nullptr);
-    char err[512];
     ft_model *model = load_synth(engine.e, s, dir.path());
     ASSERT_NE(model, nullptr);
     Handles full, rank;  // the model is freed by `full`
@@ -575,13 +573,8 @@ TEST(EpCudaSession, CApiForwardSessionMixedGgufFormats) {
     ASSERT_EQ(ft_model_get_info(model, &info), FT_OK);
     ASSERT_EQ(info.mixed_formats, 1);
     auto open = [&](int32_t backend, int32_t max_tokens, ft_session **out) {
-        ft_session_params p;
-        ft_session_params_init(&p);
-        p.backend = backend;
-        p.max_tokens = max_tokens;
-        p.check_finite = false;
-        if (backend == FT_BACKEND_OFFLOAD) p.cache_slots = s.num_experts;
-        ASSERT_EQ(ft_session_create(model, &p, out, err, sizeof err), FT_OK) << err;
+        *out = open_synth_session(model, backend, max_tokens, false, s.num_experts);
+        ASSERT_NE(*out, nullptr);
     };
     open(FT_BACKEND_GPU, 64, &full.session);
     open(FT_BACKEND_OFFLOAD, 16, &rank.session);
@@ -598,7 +591,7 @@ TEST(EpCudaSession, CApiForwardSessionMixedGgufFormats) {
     DeviceArray<float> wts(h_w);
     DeviceArray<uint16_t> x(h_x), out(h_x.size());
     for (int32_t mode : {FT_EP_MODE_THROUGHPUT, FT_EP_MODE_LATENCY}) {
-        ft_ep_group *g = bf16_one_rank_group(s.num_experts, mode, T * kK);
+        ft_ep_group *g = one_rank_group(s.num_experts, mode, 64, T * kK, true);
         ASSERT_NE(g, nullptr);
         for (int32_t layer = 0; layer < s.num_layers; ++layer) {
             SCOPED_TRACE(ft::cat("mode ", mode, ", layer ", layer));
