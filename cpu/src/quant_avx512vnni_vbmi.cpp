@@ -163,8 +163,11 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
 // ft::quantize_q8_0 + mxfp4_residual_q8 (the kernel test compares the bytes): x * (1 / d), the
 // residual x - q1 * d as a rounded product and a difference (no FMA: this function is built
 // without contraction, see below).
+// (clang: the intrinsics' products and sums are separate inline functions, never contracted.)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+#endif
 void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = (K + 63) / 64 * 64, nb = K / 32;
     std::memcpy(dst, x, size_t(K) * 2);  // bf16 copy for calls of several tokens
@@ -197,7 +200,9 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
     std::memset(q1 + K, 0, size_t(qbytes - K));
     std::memset(q2 + K, 0, size_t(qbytes - K));
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
 
 // One token: tiles of 128 columns (both lines of a pair per step, as the W4A16 VBMI kernel),
 // the last one of 64 where fewer are left; prefetch into L2 FT_CPU_PREFETCH / 8 K rows ahead, as
