@@ -17,9 +17,9 @@ what freetoken.torch.from_pretrained reads the non-expert weights from. The refe
 transformers' own from_pretrained of that directory in bf16 on the GPU: what a user's model is
 (rotary frequencies computed in float32, modules the class keeps in float32 kept so). Where
 transformers cannot run its own reload of a tiny saved config, the reference is the built model
-cast to bf16 with those buffers kept in float32, and the result says so. gpt_oss_mxfp4 is the gpt_oss case with its experts rounded to MXFP4 and
-stored as gpt-oss does (`*_blocks`/`*_scales`), at an intermediate size of 64 (MXFP4 blocks are 32
-wide). Cases the golden tool skips (a model type this transformers lacks; the Qwen3-Omni
+cast to bf16 with those buffers kept in float32, and the result says so. gpt_oss_mxfp4 is the
+gpt_oss case with its experts rounded to MXFP4 and stored as gpt-oss does (`*_blocks`/`*_scales`),
+at an intermediate size of 64 (MXFP4 blocks are 32 wide). Cases the golden tool skips (a model type this transformers lacks; the Qwen3-Omni
 thinker/talker composite) and models that cannot generate text are SKIP with the reason. A failure of
 one case (building it, its reference, or a backend) is recorded as FAIL with the exception and the
 others still run. One FreeToken engine serves every session of the run.
@@ -36,9 +36,9 @@ same sequence, within twice the larger error of the two transformers models' own
 A divergence of the greedy tokens counts as a failure unless the fp32 top-1/top-2 margin at that
 step is within twice the largest bf16 logit error (a near tie that rounding may flip), or the
 tokens are those the bf16 model with fp32 MoE blocks generates (FreeToken computes what that model
-computes; generation's caches can amplify a difference the teacher-forced logits do not show). A model whose
-own bf16 reference cannot be built or generate (transformers at this tiny geometry) is SKIP with
-transformers' error.
+computes; generation's caches can amplify a difference the teacher-forced logits do not show). A
+model whose own bf16 reference cannot be built or generate (transformers at this tiny geometry) is
+SKIP with transformers' error.
 
 Each offloaded MoE block is also checked on its own (block_check): on random inputs of 1, 8 and 40
 tokens its output against the fp32 reference's block must stay within twice the error of
@@ -221,6 +221,16 @@ def forced_logits(model, seq, n):
     return out.logits[0, -n - 1:-1].float()
 
 
+def rel_l2(got, want):
+    """Relative L2 error of got to want (1 when want is all zeros)."""
+    return float((got - want).norm()) / (float(want.norm()) or 1.0)
+
+
+def with_tokens(prompt, tokens):
+    """The prompt followed by generated token ids, one sequence on the prompt's device."""
+    return torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], 1)
+
+
 def compare(ref_tokens, x32_tokens, tokens, exact, hf16, x32, ft16, gen_logits, suppressed=()):
     """(ok, text): FreeToken's teacher-forced logits ft16 and transformers' bf16 ones (hf16, and x32
     with the MoE blocks in fp32) against the fp32 model's, exact; then the greedy tokens of
@@ -232,9 +242,7 @@ def compare(ref_tokens, x32_tokens, tokens, exact, hf16, x32, ft16, gen_logits, 
     n = len(ref_tokens)
     if len(tokens) != n:
         return False, "generated %d tokens, the reference %d" % (len(tokens), n)
-    scale = float(exact.norm())
-    e_ft, e_hf = float((ft16 - exact).norm()) / scale, float((hf16 - exact).norm()) / scale
-    e_x32 = float((x32 - exact).norm()) / scale
+    e_ft, e_hf, e_x32 = rel_l2(ft16, exact), rel_l2(hf16, exact), rel_l2(x32, exact)
     ok = e_ft <= 2 * max(e_hf, e_x32) + 2e-3
     text = "logits rel L2 to fp32 %.2e (transformers bf16 %.2e, with fp32 MoE blocks %.2e)" % (e_ft, e_hf, e_x32)
     first = next((i for i in range(n) if tokens[i] != ref_tokens[i]), n)
@@ -281,10 +289,7 @@ def fp32_blocks_run(ref16, ref32, names, prompt, seq, n):
     for name in names:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, Fp32Block(blocks[name]))
-    try:
-        return (*generate(model, prompt, n), forced_logits(model, seq, n))
-    finally:
-        del model
+    return (*generate(model, prompt, n), forced_logits(model, seq, n))
 
 
 def bf16_copy(model):
@@ -303,9 +308,7 @@ def bf16_copy(model):
 def decode_error(exact_model, prompt, tokens, logits):
     """Relative L2 of generate's logits (the decode steps: one token per call after the prompt)
     to the fp32 model's on the same sequence."""
-    seq = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], 1)
-    want = forced_logits(exact_model, seq, len(tokens))
-    return float((logits - want).norm() / want.norm())
+    return rel_l2(logits, forced_logits(exact_model, with_tokens(prompt, tokens), len(tokens)))
 
 
 def eos_ids(tcfg):
@@ -350,8 +353,7 @@ def block_check(ref32, model, hidden, seed):
                 want = _first(ref(x.float())).float()
                 hf = _first(ref16(x)).float()
                 got = _first(block(x)).float()
-            scale = float(want.norm()) or 1.0
-            e_ft, e_hf = float((got - want).norm()) / scale, float((hf - want).norm()) / scale
+            e_ft, e_hf = rel_l2(got, want), rel_l2(hf, want)
             if e_ft - 2 * e_hf > worst_ft - 2 * worst_hf or not worst_name:
                 worst_ft, worst_hf, worst_name = e_ft, e_hf, "%s, %d token%s" % (name, tokens, "s" * (tokens > 1))
             if e_ft > 2 * e_hf + 2e-3:
@@ -467,7 +469,7 @@ def run_case(name, spec, args, root, results, engine):
         # the bf16 model, and the same weights, exactly, in fp32 (ref: also block_check's reference)
         ref, ref16, how = reference_models(model, cls, path, prompt)
         ref_tokens, ref_logits = generate(ref16, prompt, args.tokens)
-        seq = torch.cat([prompt, torch.tensor([ref_tokens], device=prompt.device)], 1)
+        seq = with_tokens(prompt, ref_tokens)
         hf16 = forced_logits(ref16, seq, args.tokens)
         exact = forced_logits(ref, seq, args.tokens)
     except Exception as e:  # noqa: BLE001 - transformers' own model, before FreeToken takes part
@@ -494,8 +496,7 @@ def run_case(name, spec, args, root, results, engine):
             if x32 is None:
                 names = [n for n, m in model.named_modules() if hasattr(m, "_freetoken")]
                 x32 = fp32_blocks_run(ref16, ref, names, prompt, seq, args.tokens)
-                dec_ref = max(float((ref_logits - exact).norm() / exact.norm()),
-                              decode_error(ref, prompt, x32[0], x32[1]))
+                dec_ref = max(rel_l2(ref_logits, exact), decode_error(ref, prompt, x32[0], x32[1]))
             ok, text = compare(ref_tokens, x32[0], tokens, exact, hf16, x32[2],
                                forced_logits(model, seq, args.tokens), logits, eos_ids(tcfg))
             # the decode steps (the teacher-forced pass above is one prefill-sized call)
