@@ -26,20 +26,17 @@ inline simde__m512 cvtepi32_ps(simde__m512i a) {
     for (int i = 0; i < 16; ++i) f[i] = float(v[i]);  // round to nearest even, as vcvtdq2ps
     return simde_mm512_loadu_ps(f);
 }
-inline simde__m512i cvtepi8_epi32(simde__m128i a) {
-    int8_t v[16];
+// 16 bytes, read as Byte (int8_t: sign-extended, uint8_t: zero-extended), widened to int32.
+template <typename Byte>
+inline simde__m512i widen8_epi32(simde__m128i a) {
+    Byte v[16];
     int32_t r[16];
     simde_mm_storeu_si128(v, a);
     for (int i = 0; i < 16; ++i) r[i] = v[i];
     return simde_mm512_loadu_si512(r);
 }
-inline simde__m512i cvtepu8_epi32(simde__m128i a) {
-    uint8_t v[16];
-    int32_t r[16];
-    simde_mm_storeu_si128(v, a);
-    for (int i = 0; i < 16; ++i) r[i] = v[i];
-    return simde_mm512_loadu_si512(r);
-}
+inline simde__m512i cvtepi8_epi32(simde__m128i a) { return widen8_epi32<int8_t>(a); }
+inline simde__m512i cvtepu8_epi32(simde__m128i a) { return widen8_epi32<uint8_t>(a); }
 // Words whose bit of k is set: a >> imm (logical; 0 for imm > 15); the others from src.
 inline simde__m512i mask_srli_epi16(simde__m512i src, uint32_t k, simde__m512i a, unsigned imm) {
     uint16_t s[32], v[32];
