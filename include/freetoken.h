@@ -232,9 +232,10 @@ typedef struct ft_engine_params {
     uint32_t struct_size;
     int32_t device;       /* CUDA device ordinal, FT_DEVICE_AUTO (default) or FT_DEVICE_NONE.
                              With a device, host expert banks are page-locked for it.          */
-    int32_t cpu_threads;  /* worker threads; 0 (default) = one per physical core, less one when
-                             the engine uses a GPU: that core is left to the thread that
-                             drives the GPU and to the hybrid coordinator. At most 4096
+    int32_t cpu_threads;  /* worker threads; 0 (default) = one per physical core, less two when
+                             the engine uses a GPU (less one below 4 cores): those cores are
+                             left to the thread that drives the GPU and to the hybrid
+                             coordinator. At most 4096
                              (FT_ERR_INVALID_ARGUMENT beyond); a count above the logical CPUs
                              of the process's affinity set is clamped to them (logged; the
                              count in use is ft_engine_info.cpu_threads)                       */
@@ -598,7 +599,7 @@ typedef struct ft_profile_params {
     uint32_t struct_size;
     int32_t device;          /* CUDA device to measure: FT_DEVICE_AUTO (default) or an ordinal;
                                 FT_DEVICE_NONE measures the CPU only                           */
-    int32_t cpu_threads;     /* 0 (default): as engines choose (one per physical core, less one
+    int32_t cpu_threads;     /* 0 (default): as engines choose (one per physical core, less two
                                 with a GPU)                                                    */
     uint32_t formats;        /* bit (1u << FT_FORMAT_x) per expert format to measure; 0
                                 (default): every format                                         */

@@ -14,9 +14,12 @@ expert weights (cache_fraction of all experts):
 
 Every method builds its own model from the same seeds (non-expert weights on the GPU, the same expert
 weights), prefills a random prompt and times greedy decoding with model.generate; the rate is
-(N - 1) / (time(N tokens) - time(1 token)). Prints a table and the ratio of ft-hybrid to the best
-baseline. Needs one CUDA GPU, torch, transformers, host memory for one copy of the experts (about 58
-GB in bf16 at the default shape) and the freetoken package with a CUDA build of libfreetoken.
+(N - 1) / (time(N tokens) - time(1 token)), after one untimed N-token run. Each row also gives the
+calling thread's time per MoE block call and, for FreeToken, the slot cache's hit rate and misses
+per layer-step and, for hybrid, the split and both sides' time per step. Prints a table and the
+ratio of ft-hybrid to the best baseline. Needs one CUDA GPU, torch, transformers, host memory for
+one copy of the experts (about 58 GB in bf16 at the default shape) and the freetoken package with a
+CUDA build of libfreetoken.
 
   python3 bench/python/bench_generate.py                      # all methods, default shape
   python3 bench/python/bench_generate.py --layers 8 --tokens 32 --methods lru,ft-hybrid
@@ -56,6 +59,9 @@ def parse():
     ap.add_argument("--cache-fraction", type=float, default=0.25, help="GPU budget: share of all experts")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu-threads", type=int, default=0, help="FreeToken engine workers (0: the library's default)")
+    ap.add_argument("--hybrid-fraction", type=float, default=None,
+                    help="fixed hybrid fetch fraction (default: adaptive from the profile)")
     return ap.parse_args()
 
 
@@ -226,7 +232,8 @@ def setup_accelerate(model, blocks, a, device):
 
 def setup_freetoken(backend):
     def setup(model, blocks, a, device):
-        engine = ft.Engine(device=device.index if device.index is not None else torch.cuda.current_device())
+        engine = ft.Engine(device=device.index if device.index is not None else torch.cuda.current_device(),
+                           cpu_threads=a.cpu_threads)
         ftm = ft.Model.create(engine, num_layers=a.layers, num_experts=a.experts, top_k=a.top_k,
                               hidden_size=a.hidden, intermediate_size=a.moe_inter,
                               routing=ft.FT_ROUTING_SOFTMAX_TOPK_RENORM)
@@ -240,13 +247,24 @@ def setup_freetoken(backend):
                 ftm.set_expert(l, e, ft.FT_PROJ_DOWN, dn[e])
             del gu, dn
         ftm.finalize()
-        offload = ftt.offload_experts(model, ftm, backend=backend, cache_fraction=a.cache_fraction, device=device)
+        fields = {}
+        if backend == "hybrid" and a.hybrid_fraction is not None:
+            fields = dict(hybrid_fraction=a.hybrid_fraction, hybrid_adaptive=False)
+        offload = ftt.offload_experts(model, ftm, backend=backend, cache_fraction=a.cache_fraction, device=device,
+                                      **fields)
 
         def note():
             st = offload.stats()
             seen = st["cache_hits"] + st["cache_misses"]
-            return "hit rate %.1f%%, hybrid fraction %.2f" % (100.0 * st["cache_hits"] / max(seen, 1),
-                                                              st["hybrid_fraction"])
+            calls = max(st["decode_calls"], 1)
+            text = "%d workers; hit rate %.1f%%, %.2f misses/layer-step" % (
+                engine.info()["cpu_threads"], 100.0 * st["cache_hits"] / max(seen, 1), st["cache_misses"] / calls)
+            if backend == "hybrid":
+                text += "; fraction %.2f, CPU %.2f experts %.0f us/step, GPU side %.0f us/step" % (
+                    st["hybrid_fraction"], st["experts_cpu"] / calls, 1e6 * st["cpu_seconds"] / calls,
+                    1e6 * st["hybrid_gpu_seconds"] / max(st["hybrid_timed_steps"], 1))
+            return text
+        setup.reset = offload.session.reset_stats
 
         def close():
             offload.close()
@@ -267,6 +285,29 @@ def timed(model, prompt, n):
     return time.perf_counter() - t0
 
 
+class HostTime:
+    """The calling thread's time inside the MoE blocks' forward (launches, and any wait they do)."""
+
+    def __init__(self, blocks):
+        self.total, self.calls, self.t0 = 0.0, 0, 0.0
+        for _, _, block in blocks:
+            block.register_forward_pre_hook(self.enter)
+            block.register_forward_hook(self.leave)
+
+    def enter(self, *_):
+        self.t0 = time.perf_counter()
+
+    def leave(self, *_):
+        self.total += time.perf_counter() - self.t0
+        self.calls += 1
+
+    def reset(self):
+        self.total, self.calls = 0.0, 0
+
+    def text(self):
+        return "host %.0f us per MoE block call" % (1e6 * self.total / max(self.calls, 1))
+
+
 def run_method(method, a, device, prompt):
     model, blocks = build_skeleton(a)
     materialise_non_experts(model, a, device)
@@ -275,12 +316,16 @@ def run_method(method, a, device, prompt):
     t0 = time.perf_counter()
     what, note = setup(model, blocks, a, device)
     ready = time.perf_counter() - t0
+    host = HostTime(blocks)
     try:
-        timed(model, prompt, 2)  # warm-up (allocator, kernels, caches)
+        timed(model, prompt, a.tokens)  # warm-up: every kernel and cache length the timed runs meet
+        if hasattr(setup, "reset"):
+            setup.reset()
+        host.reset()
         t1 = timed(model, prompt, 1)
         tn = timed(model, prompt, a.tokens)
         rate = (a.tokens - 1) / max(tn - t1, 1e-9)
-        extra = note() or ""
+        extra = "; ".join(x for x in (note(), host.text()) if x)
     finally:
         if hasattr(setup, "close"):
             setup.close()

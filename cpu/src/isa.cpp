@@ -141,7 +141,8 @@ int logical_cpu_count() {
 
 int default_worker_count(bool drives_gpu) {
     const int cores = static_cast<int>(std::max<size_t>(1, physical_core_cpus().size()));
-    return drives_gpu && cores > 1 ? cores - 1 : cores;
+    if (!drives_gpu) return cores;
+    return cores >= 4 ? cores - 2 : std::max(1, cores - 1);
 }
 
 size_t last_level_cache_bytes() {

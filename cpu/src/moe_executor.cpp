@@ -328,6 +328,13 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         }
     }
 
+    if (ng == 0) {
+        // No route is this executor's (a hybrid step whose misses were all fetched): the sum is
+        // zero, written here without waking the workers.
+        std::fill(y, y + T * H, uint16_t(0));
+        return stats;
+    }
+
     // Work items: (group, row block) for the groups the SIMD kernels handle.
     bool any_onednn = false;
     s.p1_prefix[0] = s.p2_prefix[0] = 0;

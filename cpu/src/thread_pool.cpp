@@ -23,17 +23,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Polls pred() with pause instructions for up to `budget`; true if it became true.
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// Polls pred() with pause instructions for up to `budget`, and on until the steady-clock time
+// *warm_until_ns; true if it became true.
 template <typename Pred>
-bool spin_until(Pred pred, std::chrono::microseconds budget) {
-    if (budget.count() == 0) return pred();
-    const auto start = Clock::now();
+bool spin_until(Pred pred, std::chrono::microseconds budget, const std::atomic<int64_t> &warm_until_ns) {
+    const int64_t end = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count();
     for (;;) {
         for (int i = 0; i < 64; ++i) {
             if (pred()) return true;
             FT_CPU_RELAX();
         }
-        if (Clock::now() - start > budget) return pred();
+        const int64_t now = now_ns();
+        if (now > end && now > warm_until_ns.load(std::memory_order_relaxed)) return pred();
     }
 }
 
@@ -94,11 +99,16 @@ void ThreadPool::worker_main(int index, int cpu) {
     uint64_t seen = 0;
     for (;;) {
         auto changed = [&] { return generation_.load(std::memory_order_acquire) != seen; };
-        if (!spin_until(changed, spin_)) {
+        while (!spin_until(changed, spin_, warm_until_ns_)) {
             std::unique_lock<std::mutex> lock(mutex_);
+            // warm() sets the deadline, then bumps the epoch under this mutex: either the
+            // deadline is seen here, or the bump comes after this wait began and ends it.
+            if (now_ns() < warm_until_ns_.load(std::memory_order_relaxed)) continue;
+            const uint64_t epoch = warm_epoch_.load(std::memory_order_relaxed);
             sleepers_.fetch_add(1, std::memory_order_relaxed);
-            wake_.wait(lock, changed);
+            wake_.wait(lock, [&] { return changed() || warm_epoch_.load(std::memory_order_relaxed) != epoch; });
             sleepers_.fetch_sub(1, std::memory_order_relaxed);
+            if (changed()) break;
         }
         seen = generation_.load(std::memory_order_acquire);
         if (stop_.load(std::memory_order_acquire)) return;
@@ -132,7 +142,7 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
 
     // The caller polls for a shorter time than the workers: it may share a core with one of them.
     auto done = [&] { return remaining_.load(std::memory_order_acquire) == 0; };
-    if (!spin_until(done, spin_ / 4)) {
+    if (!spin_until(done, spin_ / 4, warm_until_ns_)) {
         std::unique_lock<std::mutex> lock(mutex_);
         done_cv_.wait(lock, done);
     }
@@ -142,6 +152,18 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
         error_ = nullptr;
         std::rethrow_exception(e);
     }
+}
+
+void ThreadPool::warm(std::chrono::microseconds period) {
+    const int64_t now = now_ns(), p = std::chrono::duration_cast<std::chrono::nanoseconds>(period).count();
+    // Warmed within the last half period: no worker can have gone to sleep since.
+    if (warm_until_ns_.load(std::memory_order_relaxed) > now + p / 2) return;
+    warm_until_ns_.store(now + p, std::memory_order_relaxed);
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        warm_epoch_.fetch_add(1, std::memory_order_relaxed);
+    }
+    wake_.notify_all();
 }
 
 }  // namespace ft::cpu

@@ -115,6 +115,13 @@ private:
         check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
         const bool eager = capturing == cudaStreamCaptureStatusNone;
         if (eager) adapt();
+        // The GPU signals the CPU's share once it reaches this call's stage: have the coordinator
+        // and the workers polling by then rather than asleep (graph replays make no host call;
+        // there the go wakes them).
+        if (eager && control_.sent() < 1.0) {
+            ctx_.pool->warm(kWarmPeriod);
+            handoff_->warm(std::chrono::duration<double>(kWarmPeriod).count());
+        }
 
         HybridFetch fetch;
         fetch.order = FetchOrder::Recency;
@@ -216,6 +223,9 @@ private:
     }
 
     static constexpr size_t kMappedAddendBytes = size_t(64) << 10;  // read in place up to this size
+    // How long the workers poll after a call is enqueued: longer than the enqueue runs ahead of
+    // the GPU in a host-bound decode (a layer's launches), short enough to idle between tokens.
+    static constexpr std::chrono::microseconds kWarmPeriod{2000};
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;

@@ -161,6 +161,7 @@ struct Handoff::State {
     std::atomic<int> running_site{-1};
     std::atomic<int64_t> task_start_ns{0};
     std::atomic<bool> coordinator_sleeping{false};
+    std::atomic<int64_t> warm_until_ns{0};  // the coordinator polls until then (warm())
     std::mutex coord_mutex;
     std::condition_variable coord_cv;
     bool kicked = false;  // under coord_mutex
@@ -365,7 +366,8 @@ bool Handoff::State::serve_once() {
 }
 
 void Handoff::State::idle(Clock::duration since_activity) {
-    if (since_activity < to_duration(opt.spin_seconds)) {
+    if (since_activity < to_duration(opt.spin_seconds) ||
+        to_ns(Clock::now()) < warm_until_ns.load(std::memory_order_relaxed)) {
         for (int i = 0; i < 32; ++i) cpu_relax();
         return;
     }
@@ -587,6 +589,18 @@ cudaError_t Handoff::signal(int site, cudaStream_t stream) {
         e = cudaLaunchHostFunc(stream, host_signal, &slot);
     if (e == cudaSuccess) slot.signalled = true;
     return e;
+}
+
+void Handoff::warm(double seconds) {
+    State &st = *state_;
+    st.warm_until_ns.store(to_ns(Clock::now() + to_duration(seconds)), std::memory_order_relaxed);
+    if (st.coordinator_sleeping.load(std::memory_order_seq_cst)) {
+        {
+            std::lock_guard<std::mutex> lk(st.coord_mutex);
+            st.kicked = true;
+        }
+        st.coord_cv.notify_one();
+    }
 }
 
 cudaError_t Handoff::wait(int site, cudaStream_t stream) {

@@ -3,12 +3,15 @@
 // routes, shared experts, oneDNN path, determinism across pool sizes, expert dedup).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
@@ -123,6 +126,35 @@ TEST(ThreadPool, RunsEveryWorkerAndRethrows) {
     }
     ft::cpu::ThreadPool dflt(0, false);
     EXPECT_EQ(dflt.size(), int(ft::cpu::physical_core_cpus().size()));
+}
+
+// warm() from another thread while jobs run, and jobs after a warm period ended (the workers
+// slept again): every job still runs on every worker exactly once.
+TEST(ThreadPool, WarmKeepsJobsExact) {
+    ft::cpu::ThreadPool pool(3, false, 0);
+    std::atomic<bool> stop{false};
+    std::thread warmer([&] {
+        while (!stop.load()) {
+            pool.warm(std::chrono::microseconds(50));
+            std::this_thread::sleep_for(std::chrono::microseconds(30));
+        }
+    });
+    for (int rep = 0; rep < 2000; ++rep) {
+        std::atomic<int> count{0}, mask{0};
+        pool.run([&](int w, int) {
+            count++;
+            mask.fetch_or(1 << w);
+        });
+        ASSERT_EQ(count.load(), 3);
+        ASSERT_EQ(mask.load(), 7);
+    }
+    stop = true;
+    warmer.join();
+    pool.warm(std::chrono::microseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the period ends; workers sleep
+    std::atomic<int> count{0};
+    pool.run([&](int, int) { count++; });
+    EXPECT_EQ(count.load(), 3);
 }
 
 // ---- MoE executor ----------------------------------------------------------------------------
@@ -334,6 +366,22 @@ TEST(MoeExecutor, StatsCountEachDistinctExpertOnce) {
         EXPECT_EQ(st.routes_computed, valid);
         EXPECT_EQ(st.routes_skipped, b.ids.size() - valid);
     }
+}
+
+// A call none of whose routes is the executor's (a hybrid step whose misses were all fetched):
+// zeros out (written by the calling thread).
+TEST(MoeExecutor, NoRoutesWritesZeros) {
+    std::mt19937 rng(4);
+    Layer L(rng, 64, 32, 8, 0);
+    ft::cpu::ThreadPool pool(2, false);
+    ft::cpu::MoeExecutor ex(pool, ft::Format::bf16, L.H, L.I, 4, 8, {}, 0, ft::cpu::cpu_best_isa());
+    Batch b = random_batch(rng, L, 5, 4);
+    std::fill(b.ids.begin(), b.ids.end(), -1);
+    ft::cpu::MoeStats st;
+    const auto y = run_executor(ex, L, b, nullptr, &st);
+    EXPECT_EQ(y, std::vector<uint16_t>(y.size(), 0));
+    EXPECT_EQ(st.experts_read, 0u);
+    EXPECT_EQ(st.routes_skipped, uint64_t(5 * 4));
 }
 
 TEST(MoeExecutor, RejectsBadArguments) {

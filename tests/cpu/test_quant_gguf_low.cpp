@@ -100,8 +100,9 @@ void check_kernels(std::mt19937 &rng, Format f, int64_t K, int64_t N, int64_t fi
     const QuantMatrix m{rows.data(), nullptr, nullptr, K, N};
     const auto variants = variants_here(f);
     ASSERT_FALSE(variants.empty());
-    if (int(ft::cpu::cpu_best_isa()) >= int(Isa::avx2))
+    if (int(ft::cpu::cpu_best_isa()) >= int(Isa::avx2)) {
         ASSERT_GE(variants.size(), 2u) << "no SIMD kernel of " << ft::format_name(f);
+    }
     expect_every_gguf_tier(f, variants);
     for (const ft::cpu::QuantOps *ops : variants) {
         std::vector<std::vector<uint8_t>> act;
@@ -214,8 +215,9 @@ TEST_P(QuantGgufLowMoe, MatchesDequantisedReference) {
                                                              T, K, b.x.data(), b.ids.data(), b.w.data());
                 const double err = ft::test::relative_error_bf16(y, ref);
                 EXPECT_LT(err, 3e-2) << ft::format_name(f) << " " << kernel << " act " << act.kind << " T=" << T;
-                if (T >= 2)
+                if (T >= 2) {
                     for (int32_t h = 0; h < L.H; ++h) ASSERT_EQ(y[size_t(T - 1) * L.H + h], 0) << "skipped token";
+                }
             }
     }
 }

@@ -13,7 +13,7 @@ import (
 // EngineParams are engine settings; DefaultEngineParams gives the library's defaults.
 type EngineParams struct {
 	Device     int  // a CUDA ordinal, DeviceAuto or DeviceNone
-	CPUThreads int  // 0: one per physical core, less one with a GPU
+	CPUThreads int  // 0: one per physical core, less two with a GPU
 	PinThreads bool // pin each worker to its own core
 }
 

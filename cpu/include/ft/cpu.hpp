@@ -48,12 +48,13 @@ std::vector<int> physical_core_cpus();
 // Logical CPUs in the process affinity set (hardware_concurrency when it cannot be read; >= 1).
 int logical_cpu_count();
 
-// The default worker count: one per physical core, less one when a GPU is driven from this
-// process (and at least one). That core is left to the thread that enqueues the GPU work and
-// waits on it (CUDA's default wait spins) and to the hybrid coordinator: a pinned worker sharing
-// its core with either is descheduled for whole time slices, and every pass barrier of the MoE
-// layer then waits for it (measured on the H200 host: the CPU half of a hybrid step ran at 0.6
-// of the CPU backend's speed with all 16 cores taken).
+// The default worker count: one per physical core, less two when a GPU is driven from this
+// process (less one below 4 cores; at least one). Those cores are left to the thread that
+// enqueues the GPU work and waits on it (CUDA's default wait spins) and to the hybrid
+// coordinator: a pinned worker sharing its core with either is descheduled for whole time
+// slices, and every pass barrier of the MoE layer then waits for it (on the H200 host, under a
+// transformers decode loop, a hybrid step's CPU share took 1.2 ms with 15 of 16 cores and 90 us
+// with 14 or 12).
 int default_worker_count(bool drives_gpu);
 
 // Size in bytes of the largest CPU cache (sysfs), 0 if unknown. Working sets that must come
@@ -82,6 +83,11 @@ public:
     // any fn is rethrown here after all workers finished. Concurrent calls are serialised.
     void run(const std::function<void(int worker, int num_workers)> &fn);
 
+    // Keeps the workers (and the caller of the next run()) polling for `period` from now, waking
+    // sleeping ones, so that a job known to be coming (a hybrid step's CPU share, which the GPU
+    // signals later) starts without a futex wake-up per worker. Cheap when they already poll.
+    void warm(std::chrono::microseconds period);
+
 private:
     void worker_main(int index, int cpu);
 
@@ -95,6 +101,8 @@ private:
     std::atomic<int> remaining_{0};
     std::atomic<int> sleepers_{0};
     std::atomic<bool> stop_{false};
+    std::atomic<int64_t> warm_until_ns_{0};  // steady-clock time until which idle threads poll
+    std::atomic<uint64_t> warm_epoch_{0};    // bumped by warm() to wake sleeping workers
     const std::function<void(int, int)> *job_ = nullptr;
     std::exception_ptr error_;
     std::mutex error_mutex_;

@@ -12,7 +12,7 @@ use crate::enums::Device;
 pub struct EngineParams {
     /// The GPU to use (default [`Device::Auto`]).
     pub device: Device,
-    /// Worker threads; 0 (default): one per physical core, less one with a GPU.
+    /// Worker threads; 0 (default): one per physical core, less two with a GPU.
     pub cpu_threads: usize,
     /// Pin each worker to its own core (default true).
     pub pin_threads: bool,

@@ -123,6 +123,9 @@ public:
     // signal/wait alternation (checked in enqueue order), or the error of the enqueue itself.
     // Both keep enqueuing normally after a failure: the waits then pass at once.
     cudaError_t signal(int site, cudaStream_t stream);
+    // Keeps the coordinator polling (no naps) for `seconds` from now: for a go the caller has
+    // just enqueued and wants noticed within a microsecond or so.
+    void warm(double seconds);
     cudaError_t wait(int site, cudaStream_t stream);
 
     HandoffMechanism mechanism() const;
