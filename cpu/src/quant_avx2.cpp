@@ -9,9 +9,10 @@
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
 //          NaN reaches the output;
 //   e8m0   s << 23 with code 0 -> 2^-127 and 255 -> NaN blended in;
-//   q4_0   tiles of 3+ tokens: w = u - 8 as int8, per token `vpmaddubsw(|w|, sign(a, w))`; one or
-//          two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`; then `vpmaddwd` by ones: exact int32
-//          per 4 elements (pairs fit int16), x fp16 d x activation d.
+//   q4_0   codes u = w + 8; one or two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`, then
+//          `vpmaddwd` by ones: exact int32 per 4 elements (pairs fit int16), x fp16 d x activation
+//          d; tiles of 3+ tokens: `vpmaddubsw(u, a)`, `vpmaddwd`, one FMA by d x activation d per
+//          block and token, and the -8 offset once per 8 blocks from the activation's block sums.
 // Products are exact (e2m1 x e4m3 / e8m0 scales and e4m3 x bf16 fit fp32), so only the fp32
 // summation order differs from the reference (Q8_0 activations for q4_0 by definition).
 #include <immintrin.h>
@@ -286,17 +287,22 @@ struct Fp8Row {
 
 // ---- q4_0 x Q8_0 ----------------------------------------------------------------------------
 
-// R rows (R = 2 only for one token) x NT tokens.
+// Two little-endian bytes as a word.
+inline uint16_t u16_at(const uint8_t *p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+
+// One or two tokens, R rows (R = 2 only for one token): vpmaddubsw(u, a) - vpmaddubsw(8, a) per
+// block, the second shared by the R rows.
 template <int NT, int R>
 void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const row[R], int64_t nb,
              int64_t qbytes, int pf) {
     const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
     const __m128i m15 = _mm_set1_epi8(0x0f);
-    constexpr int S = NT <= 2 ? 2 : 1;  // blocks alternate between S accumulators
-    // Tiles of 3+ tokens: w = u - 8 as int8, vpmaddubsw(|w|, sign(a, w)) per token (the sign and
-    // abs are per row). One or two tokens: vpmaddubsw(u, a) - vpmaddubsw(8, a), the second shared
-    // by the R rows (fewer operations there).
-    constexpr bool kSignTrick = NT >= 3;
+    constexpr int S = 2;  // blocks alternate between two accumulators
     const int8_t *q[NT];
     const float *d[NT];
     __m256 acc[R][NT][S];
@@ -309,25 +315,21 @@ void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const u
     // Block b into accumulator set A (a constant, so the accumulators stay in registers).
     auto block = [&](int64_t b, auto set) {
         constexpr int A = decltype(set)::value;
-        __m256i w[R], aw[R];
+        __m256i u[R];
         __m256 dw[R];
         for (int r = 0; r < R; ++r) {
             const uint8_t *blk = row[r] + b * 18;
             if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
             const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
-            const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
-            if (kSignTrick) w[r] = _mm256_sub_epi8(u, eight), aw[r] = _mm256_abs_epi8(w[r]);
-            else aw[r] = u;
+            u[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
             dw[r] = _mm256_set1_ps(f16(blk));
         }
         for (int t = 0; t < NT; ++t) {
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
             const __m256 da = _mm256_broadcast_ss(d[t] + b);
-            const __m256i corr = kSignTrick ? a : _mm256_maddubs_epi16(eight, a);  // 8 * pair sums of a
+            const __m256i corr = _mm256_maddubs_epi16(eight, a);  // 8 * pair sums of a
             for (int r = 0; r < R; ++r) {
-                const __m256i p16 = kSignTrick ? _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(a, w[r]))
-                                               : _mm256_sub_epi16(_mm256_maddubs_epi16(aw[r], a), corr);
-                const __m256i i32 = _mm256_madd_epi16(p16, ones);
+                const __m256i i32 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u[r], a), corr), ones);
                 __m256 &a_t = acc[r][t][A];
                 a_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw[r], da), a_t);
             }
@@ -352,6 +354,85 @@ struct Q4Row {
         q4_rows<NT, 1>(act, o, ldo, rr, nb, qbytes, pf);
     }
 };
+
+// d[b] * (sum of the 32 codes of block b) of one token's Q8_0 activation, blocks [b0, b0 + n) to
+// dst (the offset term of the codes u - 8).
+void q8_block_sums(const int8_t *q, const float *d, int64_t b0, int64_t n, float *dst) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    auto sum4 = [&](int64_t b) {  // blocks b .. b + 3: 4 int32 sums
+        __m256i v[4];
+        for (int i = 0; i < 4; ++i) {
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + (b + i) * 32));
+            v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    };
+    int64_t b = b0;
+    for (; b + 8 <= b0 + n; b += 8) {
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_set_m128i(sum4(b + 4), sum4(b)));
+        _mm256_storeu_ps(dst + (b - b0), _mm256_mul_ps(s, _mm256_loadu_ps(d + b)));
+    }
+    for (; b < b0 + n; ++b) {
+        int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += q[b * 32 + i];
+        dst[b - b0] = d[b] * float(s);
+    }
+}
+
+// Tiles of 3+ tokens, one row, blocks [b0, b0 + n): per block and token vpmaddubsw(u, a) and
+// vpmaddwd by ones (exact int32), one FMA by d_w * d_a (the products of 8 blocks in one multiply,
+// read back from the stack); the codes' offset -8 is applied once per 8 blocks and token from
+// the activation's block sums (q8_block_sums). Adds to out when `add`.
+template <int NT>
+void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *const *sums, const uint8_t *row,
+                  int64_t b0, int64_t n, float *out, size_t ldo, bool add, int pf) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i m15 = _mm_set1_epi8(0x0f);
+    __m256 acc[NT], off[NT];
+    float off_tail[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = off[t] = _mm256_setzero_ps(), off_tail[t] = 0.0f;
+    auto codes = [&](const uint8_t *blk) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
+    };
+    auto dot = [&](__m256i u, int t, int64_t b) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones));
+    };
+    int64_t b = b0;
+    for (; b + 8 <= b0 + n; b += 8) {
+        const uint8_t *g = row + b * 18;
+        const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
+            short(u16_at(g)), short(u16_at(g + 18)), short(u16_at(g + 36)), short(u16_at(g + 54)),
+            short(u16_at(g + 72)), short(u16_at(g + 90)), short(u16_at(g + 108)), short(u16_at(g + 126))));
+        alignas(32) float pr[NT][8];
+        for (int t = 0; t < NT; ++t) {
+            const __m256 p = _mm256_mul_ps(dw, _mm256_loadu_ps(d[t] + b));
+            _mm256_store_ps(pr[t], p);
+            off[t] = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sums[t] + (b - b0)), off[t]);
+        }
+        for (int i = 0; i < 8; ++i) {
+            const uint8_t *blk = g + i * 18;
+            if (pf && (i & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
+            const __m256i u = codes(blk);
+            for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(dot(u, t, b + i), _mm256_broadcast_ss(&pr[t][i]), acc[t]);
+        }
+    }
+    for (; b < b0 + n; ++b) {
+        const uint8_t *blk = row + b * 18;
+        const float dw = f16(blk);
+        const __m256i u = codes(blk);
+        for (int t = 0; t < NT; ++t) {
+            acc[t] = _mm256_fmadd_ps(dot(u, t, b), _mm256_set1_ps(dw * d[t][b]), acc[t]);
+            off_tail[t] += dw * sums[t][b - b0];
+        }
+    }
+    for (int t = 0; t < NT; ++t) {
+        const float v = hsum(acc[t]) - 8.0f * (hsum(off[t]) + off_tail[t]);
+        out[t * ldo] = add ? out[t * ldo] + v : v;
+    }
+}
 
 // ---- mxfp4: K-outer over a tile of 8 * G columns x NT tokens -----------------------------------
 
@@ -467,8 +548,35 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         });
         return;
     }
-    for (int j = 0; j < count; ++j)
-        per_tokens<Q4Row>(ntok, act, out + j, ldo, m.data + (first + j) * nb * 18, nb, qbytes, pf);
+    // Tiles of up to 8 tokens; from 3 tokens on, per range of blocks whose sums fit the stack
+    // buffer, the activation sums once and then every row.
+    constexpr int64_t kSumsFloats = 4096;
+    alignas(32) float sums[kSumsFloats];
+    for_tiles<8>(ntok, [&](auto tile_n, int t0) {
+        constexpr int NT = decltype(tile_n)::value;
+        float *o = out + size_t(t0) * ldo;
+        if constexpr (NT < 3) {
+            for (int j = 0; j < count; ++j)
+                Q4Row<NT>::run(act + t0, o + j, ldo, m.data + (first + j) * nb * 18, nb, qbytes, pf);
+        } else {
+            const int8_t *q[NT];
+            const float *d[NT], *sp[NT];
+            for (int t = 0; t < NT; ++t) {
+                q[t] = reinterpret_cast<const int8_t *>(act[t0 + t]);
+                d[t] = reinterpret_cast<const float *>(act[t0 + t] + qbytes);
+            }
+            const int64_t chunk = kSumsFloats / NT / 8 * 8;
+            for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+                const int64_t n = nb - b0 < chunk ? nb - b0 : chunk;
+                for (int t = 0; t < NT; ++t) {
+                    q8_block_sums(q[t], d[t], b0, n, sums + t * n);
+                    sp[t] = sums + t * n;
+                }
+                for (int j = 0; j < count; ++j)
+                    q4_rows_tile<NT>(q, d, sp, m.data + (first + j) * nb * 18, b0, n, o + j, ldo, b0 > 0, pf);
+            }
+        }
+    });
 }
 
 // One or two tokens: tiles of 32 columns; more: 16 columns x up to 4 tokens (16 ymm registers:

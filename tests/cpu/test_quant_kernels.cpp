@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "ft/common.hpp"
 #include "ft/cpu.hpp"
@@ -24,39 +25,46 @@ using namespace quant_test;
 
 // The W4A8 kernel against the exact integer sum of the scalar reference: only fp32 rounding of
 // the per-block products differs.
+// Against the exact W4A8 products in fp64. 5 tokens, and 9 over K = 547 blocks: tiles of 3+
+// tokens take the activation's block sums in ranges of blocks (547 = 512 + 35 for 8 tokens on
+// AVX2), with 8-block groups and tails in each range.
 TEST(QuantKernels, Q4_0MatchesExactW4A8) {
     std::mt19937 rng(6);
-    QLayer L(rng, Format::q4_0, 320, 64, 1);
-    for (Isa isa : tiers_here())
-    for (bool vnni : {true, false}) {
-        ft::cpu::QuantChoice choice;
-        choice.vnni = vnni;
-        const ft::cpu::QuantOps *ops = ft::cpu::quant_ops(Format::q4_0, isa, choice);
-        std::vector<std::vector<uint8_t>> act;
-        std::vector<const uint8_t *> ap;
-        std::vector<std::vector<float>> xf;
-        for (int t = 0; t < 5; ++t) {
-            Batch b = random_batch(rng, 1, L.H, 1, 1);
-            act.emplace_back(ops->act_bytes(L.H));
-            ops->prepare(b.x.data(), L.H, act.back().data());
-            xf.emplace_back(L.H);
-            for (int h = 0; h < L.H; ++h) xf.back()[h] = ft::bf16_to_f32(b.x[h]);
-        }
-        for (auto &a : act) ap.push_back(a.data());
-        ft::cpu::detail::QuantMatrix m{L.banks[0].data(), nullptr, nullptr, L.H, 2 * L.I};
-        std::vector<float> out(5 * 2 * L.I);
-        ops->gemv(m, 0, 2 * L.I, ap.data(), 5, out.data(), 2 * L.I);
-        for (int t = 0; t < 5; ++t) {
-            std::vector<int8_t> q(L.H);
-            std::vector<float> d(L.H / 32), w(L.H);
-            ft::quantize_q8_0(xf[t].data(), L.H, q.data(), d.data());
-            for (int r = 0; r < 2 * L.I; ++r) {
-                ft::dequant_row_q4_0(L.banks[0].data() + r * (L.H / 32) * 18, L.H, w.data());
-                double ref = 0, mag = 0;
-                for (int h = 0; h < L.H; ++h) ref += double(w[h]) * q[h] * d[h / 32], mag += std::fabs(double(w[h]) * q[h] * d[h / 32]);
-                EXPECT_NEAR(out[t * 2 * L.I + r], ref, 1e-6 * mag + 1e-9) << ft::cpu::isa_name(isa);
+    for (const auto &[H, I, T] : {std::tuple<int32_t, int32_t, int>{320, 64, 5}, {547 * 32, 32, 9}}) {
+        QLayer L(rng, Format::q4_0, H, I, 1);
+        for (Isa isa : tiers_here())
+            for (bool vnni : {true, false}) {
+                ft::cpu::QuantChoice choice;
+                choice.vnni = vnni;
+                const ft::cpu::QuantOps *ops = ft::cpu::quant_ops(Format::q4_0, isa, choice);
+                std::vector<std::vector<uint8_t>> act;
+                std::vector<const uint8_t *> ap;
+                std::vector<std::vector<float>> xf;
+                for (int t = 0; t < T; ++t) {
+                    Batch b = random_batch(rng, 1, L.H, 1, 1);
+                    act.emplace_back(ops->act_bytes(L.H));
+                    ops->prepare(b.x.data(), L.H, act.back().data());
+                    xf.emplace_back(L.H);
+                    for (int h = 0; h < L.H; ++h) xf.back()[h] = ft::bf16_to_f32(b.x[h]);
+                }
+                for (auto &a : act) ap.push_back(a.data());
+                ft::cpu::detail::QuantMatrix m{L.banks[0].data(), nullptr, nullptr, L.H, 2 * L.I};
+                std::vector<float> out(size_t(T) * 2 * L.I);
+                ops->gemv(m, 0, 2 * L.I, ap.data(), T, out.data(), 2 * L.I);
+                for (int t = 0; t < T; ++t) {
+                    std::vector<int8_t> q(L.H);
+                    std::vector<float> d(L.H / 32), w(L.H);
+                    ft::quantize_q8_0(xf[t].data(), L.H, q.data(), d.data());
+                    for (int r = 0; r < 2 * L.I; ++r) {
+                        ft::dequant_row_q4_0(L.banks[0].data() + size_t(r) * (L.H / 32) * 18, L.H, w.data());
+                        double ref = 0, mag = 0;
+                        for (int h = 0; h < L.H; ++h)
+                            ref += double(w[h]) * q[h] * d[h / 32], mag += std::fabs(double(w[h]) * q[h] * d[h / 32]);
+                        ASSERT_NEAR(out[size_t(t) * 2 * L.I + r], ref, 1e-6 * mag + 1e-9)
+                            << ft::cpu::isa_name(isa) << " K=" << L.H << " token " << t << " row " << r;
+                    }
+                }
             }
-        }
     }
 }
 
