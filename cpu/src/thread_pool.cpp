@@ -31,7 +31,8 @@ int64_t now_ns() {
 // *warm_until_ns; true if it became true.
 template <typename Pred>
 bool spin_until(Pred pred, std::chrono::microseconds budget, const std::atomic<int64_t> &warm_until_ns) {
-    const int64_t end = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count();
+    const int64_t now0 = now_ns(), end = now0 + std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count();
+    if (budget.count() == 0 && now0 >= warm_until_ns.load(std::memory_order_relaxed)) return pred();
     for (;;) {
         for (int i = 0; i < 64; ++i) {
             if (pred()) return true;
