@@ -287,14 +287,6 @@ struct Fp8Row {
 
 // ---- q4_0 x Q8_0 ----------------------------------------------------------------------------
 
-// Two little-endian bytes as a word.
-inline uint16_t u16_at(const uint8_t *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-
-
 // One or two tokens, R rows (R = 2 only for one token): vpmaddubsw(u, a) - vpmaddubsw(8, a) per
 // block, the second shared by the R rows.
 template <int NT, int R>
@@ -403,9 +395,7 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
     int64_t b = b0;
     for (; b + 8 <= b0 + n; b += 8) {
         const uint8_t *g = row + b * 18;
-        const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
-            short(u16_at(g)), short(u16_at(g + 18)), short(u16_at(g + 36)), short(u16_at(g + 54)),
-            short(u16_at(g + 72)), short(u16_at(g + 90)), short(u16_at(g + 108)), short(u16_at(g + 126))));
+        const __m256 dw = f16x8<18>(g);
         alignas(32) float pr[NT][8];
         for (int t = 0; t < NT; ++t) {
             const __m256 p = _mm256_mul_ps(dw, _mm256_loadu_ps(d[t] + b));

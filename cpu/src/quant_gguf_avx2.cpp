@@ -52,13 +52,6 @@ inline void tiles8(int ntok, Body &&body) {
 template <int NT>
 constexpr int sets() { return NT <= 2 ? 2 : 1; }
 
-// Two little-endian bytes as a word.
-inline uint16_t u16_at(const uint8_t *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-
 // fn(std::integral_constant<int, i>{}) for i = 0 .. N-1, unrolled (sub-block indices stay
 // compile-time constants: shift counts and shuffle controls become immediates / constants).
 template <class Fn, int... I>
@@ -100,9 +93,7 @@ void q8_0_row(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         const uint8_t *g = row + b * 34;
-        const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
-            short(u16_at(g)), short(u16_at(g + 34)), short(u16_at(g + 68)), short(u16_at(g + 102)),
-            short(u16_at(g + 136)), short(u16_at(g + 170)), short(u16_at(g + 204)), short(u16_at(g + 238))));
+        const __m256 dw = f16x8<34>(g);
         alignas(32) float pr[NT][8];
         for (int t = 0; t < NT; ++t) _mm256_store_ps(pr[t], _mm256_mul_ps(dw, _mm256_loadu_ps(d[t] + b)));
         unroll([&](auto ic) {
