@@ -32,6 +32,8 @@ layer's own, or are zeroed with shared_experts='freetoken'.
 """
 import contextlib
 import inspect
+import json
+import os
 import re
 import types
 
@@ -652,12 +654,59 @@ class _CheckpointKeys:
         return None
 
 
+def _e4m3_values():
+    """The float32 value of each of the 256 FP8 E4M3 (fn) bytes: bias 7, subnormals below 2^-6,
+    S.1111.111 NaN, no infinities."""
+    values = []
+    for b in range(256):
+        e, m = (b >> 3) & 15, b & 7
+        v = float("nan") if e == 15 and m == 7 else (m / 8.0) * 2.0 ** -6 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7)
+        values.append(-v if b & 128 else v)
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def _fp8_block(checkpoint):
+    """(rows, cols) of the blocks FP8 weights share a scale over: config.json's
+    quantization_config.weight_block_size, else (128, 128) as DeepSeek-V3 and Kimi-K2 store them."""
+    try:
+        with open(os.path.join(checkpoint, "config.json")) as f:
+            quant = json.load(f).get("quantization_config") or {}
+        rows, cols = quant["weight_block_size"]
+        if int(rows) > 0 and int(cols) > 0:
+            return int(rows), int(cols)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return 128, 128
+
+
+def _dequant_fp8_block(weight, scale_inv, block, dtype, what):
+    """weight (uint8 bytes of E4M3, [N, K]) times its block's scale_inv ([ceil(N/rows), ceil(K/cols)]),
+    in `dtype`, one band of rows at a time."""
+    rows, cols = block
+    if weight.dim() != 2:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s is F8_E4M3 with %d dimensions; from_pretrained dequantises "
+                    "2-D FP8 weights with block scales" % (what, weight.dim()))
+    N, K = weight.shape
+    want = [-(-N // rows), -(-K // cols)]
+    if list(scale_inv.shape) != want:
+        raise Error(_ffi.FT_ERR_FORMAT, "%s: weight %s with %dx%d blocks needs a scale_inv of shape %s, found %s" % (
+            what, [N, K], rows, cols, want, list(scale_inv.shape)))
+    table = _e4m3_values()
+    scale = scale_inv.float().repeat_interleave(cols, dim=1)[:, :K]
+    out = torch.empty(N, K, dtype=dtype)
+    for band in range(want[0]):
+        r0, r1 = band * rows, min(N, band * rows + rows)
+        out[r0:r1] = (table[weight[r0:r1].long()] * scale[band]).to(dtype)
+    return out
+
+
 def load_non_expert_weights(model, checkpoint, device):
     """Materialises every parameter still on the meta device on `device` and fills it, and every
     persistent buffer the checkpoint holds, from the checkpoint's tensors (expert tensors skipped),
     keeping tied parameters tied. Checkpoint names are matched to the model's by transformers' own
-    key renaming where it has one (_CheckpointKeys). Raises Error naming any parameter left unloaded
-    and the checkpoint tensors no parameter took."""
+    key renaming where it has one (_CheckpointKeys). FP8 (E4M3) weights with a block `*_scale_inv`
+    (DeepSeek-V3, Kimi-K2, the "-FP8" releases) are dequantised to the parameter's dtype. Raises Error
+    naming any parameter left unloaded and the checkpoint tensors no parameter took."""
     replaced = {}
     for module in model.modules():
         for pname, p in list(module._parameters.items()):
@@ -676,24 +725,34 @@ def load_non_expert_weights(model, checkpoint, device):
             if b is not None and bname not in getattr(module, "_non_persistent_buffers_set", ()):
                 targets[prefix + bname] = b
     keys = _CheckpointKeys(model)
+    headers = [(path, read_header(path)[0]) for path in checkpoint_files(checkpoint)]
+    file_of = {name: path for path, header in headers for name in header}
+    # the block scales of FP8 weights: read with their weight, not matched to a parameter themselves
+    scales = {name + "_scale_inv" for path, header in headers for name, meta in header.items()
+              if meta["dtype"] == "F8_E4M3" and name + "_scale_inv" in file_of}
+    block = _fp8_block(checkpoint) if scales else None
     loaded, unmatched = set(), []
-    for path in checkpoint_files(checkpoint):
-        header, _ = read_header(path)
+    for path, header in headers:
         wanted = {}
         for name, meta in header.items():
-            if _EXPERT_KEY.search(name):
+            if _EXPERT_KEY.search(name) or name in scales:
                 continue
             target = keys.target(name, targets)
             if target is None:
                 if not _EXPERT_LIKE_KEY.search(name):
                     unmatched.append(name)
                 continue
-            if meta["dtype"].startswith("F8"):
-                raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s: non-expert tensor '%s' is %s; from_pretrained loads "
-                            "bf16/f16/f32 non-expert weights only" % (path, name, meta["dtype"]))
+            if meta["dtype"].startswith("F8") and not (meta["dtype"] == "F8_E4M3" and name + "_scale_inv" in scales):
+                raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s: non-expert tensor '%s' is %s without a block scale "
+                            "'%s_scale_inv'; from_pretrained loads bf16/f16/f32 non-expert weights and FP8 E4M3 "
+                            "ones with block scales" % (path, name, meta["dtype"], name))
             wanted[name] = target
         for name, t in load_torch(path, names=set(wanted)).items():
             p = targets[wanted[name]]
+            if header[name]["dtype"] == "F8_E4M3":
+                scale = name + "_scale_inv"
+                s = load_torch(file_of[scale], names={scale})[scale]
+                t = _dequant_fp8_block(t, s, block, p.dtype, "%s: '%s'" % (path, name))
             if tuple(p.shape) != tuple(t.shape):
                 raise Error(_ffi.FT_ERR_FORMAT, "%s: tensor '%s' has shape %s, the model's '%s' %s" % (
                     path, name, list(t.shape), wanted[name], list(p.shape)))
@@ -751,6 +810,34 @@ def _keep_in_fp32(model, dtype):
     return re.compile("|".join(r"(^|\.)%s($|\.)" % re.escape(n) for n in names))
 
 
+def _config_of(checkpoint, trust_remote_code):
+    """transformers' config of a checkpoint directory. A model_type transformers does not know
+    (Kimi-K2's kimi_k2, whose release ships remote code for DeepSeek-V3's classes) is built, without
+    remote code, by the config class of the first class config.json's "architectures" names that
+    this transformers has."""
+    import transformers
+    try:
+        return transformers.AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError) as e:
+        if trust_remote_code:
+            raise
+        why = e
+    try:
+        with open(os.path.join(checkpoint, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        raise why
+    names = raw.get("architectures") or []
+    known = [getattr(transformers, n) for n in names if hasattr(transformers, n)]
+    if not known:
+        raise Error(_ffi.FT_ERR_UNSUPPORTED, "%s: transformers does not know model_type '%s' and has none of "
+                    "the classes config.json's architectures names (%s); pass config= (a transformers config) "
+                    "or trust_remote_code=True" % (checkpoint, raw.get("model_type"), ", ".join(names) or "none"))
+    raw.pop("auto_map", None)  # remote code is not used
+    raw.pop("model_type", None)
+    return known[0].config_class.from_dict(raw)
+
+
 def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_class=None, config=None,
                     trust_remote_code=False, attn_implementation=None, **offload_kwargs):
     """A transformers model of `checkpoint` whose routed experts run in FreeToken: built with its
@@ -769,8 +856,9 @@ def from_pretrained(checkpoint, backend="auto", device=None, dtype=None, model_c
         device = torch.device("cuda", torch.cuda.current_device())
     dtype = dtype or torch.bfloat16
     if config is None:
-        config = transformers.AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
-    # Only the experts are quantised in the checkpoints this serves (gpt-oss MXFP4); FreeToken reads them.
+        config = _config_of(checkpoint, trust_remote_code)
+    # FreeToken reads the quantised experts (gpt-oss MXFP4, FP8 blocks) and load_non_expert_weights
+    # dequantises FP8 non-expert weights, so the model is built unquantised.
     if getattr(config, "quantization_config", None) is not None:
         config.quantization_config = None
         try:

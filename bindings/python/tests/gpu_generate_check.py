@@ -7,7 +7,8 @@ offloaded MoE blocks' one-token decode step is captured in a CUDA graph and repl
 against eager calls.
 
 Usage: gpu_generate_check.py [--archs CASE_OR_MODEL_TYPE,...] [--backends gpu,offload,hybrid]
-                             [--tokens 32] [--geometry HIDDEN,INTER,LAYERS] [--keep DIR] [--list]
+                             [--tokens 32] [--geometry HIDDEN,INTER,LAYERS] [--param FIELD=VALUE]...
+                             [--keep DIR] [--list]
 Exits 0 when every case passes, 1 on a failure, 77 (skip) without CUDA, torch or transformers.
 
 Per case the model is built by the golden tool (build_model: the multimodal model with tiny towers for
@@ -52,6 +53,7 @@ import copy
 import gc
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -99,6 +101,8 @@ def cases():
     out = dict(golden_cases.CASES)
     mt, extra, opts = out["gpt_oss"]
     out["gpt_oss_mxfp4"] = (mt, extra, dict(opts, mxfp4=True))
+    mt, extra, opts = out["deepseek_v3"]
+    out["deepseek_v3_fp8"] = (mt, extra, dict(opts, fp8=True))
     return out
 
 
@@ -201,6 +205,78 @@ def write_mxfp4(path, quantised):
     with open(cfg_path) as fh:
         cfg = json.load(fh)
     cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    with open(cfg_path, "w") as fh:
+        json.dump(cfg, fh, indent=1)
+
+
+FP8_BLOCK = 128
+FP8_QUANTISED = re.compile(r"(proj|proj_with_mqa)\.weight$|(^|\.)experts\.(gate_up_proj|down_proj)$")
+
+
+def _fp8_round(w):
+    """(w rounded to FP8 E4M3 per 128x128 block, the blocks' scale_inv) of a 2-D tensor: each block's
+    scale is the power of two that brings its amax within E4M3's 448, so the rounded values are also
+    exact in bf16 (what save_pretrained writes and transformers' reference reads)."""
+    N, K = w.shape
+    pad = torch.zeros(-(-N // FP8_BLOCK) * FP8_BLOCK, -(-K // FP8_BLOCK) * FP8_BLOCK, dtype=torch.float32)
+    pad[:N, :K] = w.float()
+    blocks = pad.view(pad.shape[0] // FP8_BLOCK, FP8_BLOCK, pad.shape[1] // FP8_BLOCK, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-30)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    deq = (q.float() * scale[:, None, :, None]).reshape(pad.shape)[:N, :K]
+    return q.reshape(pad.shape)[:N, :K], deq, scale
+
+
+def quantise_fp8(model):
+    """Rounds every projection weight (attention, dense and shared MLPs, routed experts; not the router,
+    embeddings or LM head) to FP8 values with 128x128 block scales, in place, as DeepSeek-V3's FP8
+    release stores them; fused expert tensors [E, N, K] per expert."""
+    n = 0
+    for name, p in model.named_parameters():
+        if not FP8_QUANTISED.search(name):
+            continue
+        with torch.no_grad():
+            for w in (p.data if p.dim() == 3 else [p.data]):
+                w.copy_(_fp8_round(w)[1].to(w.dtype))
+        n += 1
+    if not n:
+        raise RuntimeError("no projection weight to quantise")
+
+
+def write_fp8(path):
+    """Rewrites the bf16 projection weights save_pretrained wrote as E4M3 bytes with an F32
+    weight_scale_inv per 128x128 block (fused experts split per expert, DeepSeek-V3's names) and
+    declares quantization_config as DeepSeek-V3's FP8 release does."""
+    for f in checkpoint_files(path):
+        tensors, dtypes = {}, {}
+        for n, t in load_torch(f).items():
+            if not FP8_QUANTISED.search(n) or t.dim() not in (2, 3):
+                tensors[n] = t
+                continue
+            if t.dim() == 2:
+                parts = [(n, t)]
+            else:  # [E, 2I, H] gate_up (gate first) or [E, H, I] down
+                base = n.rsplit(".", 1)[0]
+                parts = []
+                for e in range(t.shape[0]):
+                    if n.endswith("gate_up_proj"):
+                        gate, up = t[e].chunk(2, dim=0)
+                        parts += [("%s.%d.gate_proj.weight" % (base, e), gate), ("%s.%d.up_proj.weight" % (base, e), up)]
+                    else:
+                        parts.append(("%s.%d.down_proj.weight" % (base, e), t[e]))
+            for pn, w in parts:
+                q, deq, scale = _fp8_round(w)
+                if not torch.equal(deq.to(torch.bfloat16), w.to(torch.bfloat16)):
+                    raise RuntimeError("%s is not FP8-exact after quantise_fp8" % pn)
+                tensors[pn], dtypes[pn] = q.contiguous().view(torch.uint8), "F8_E4M3"
+                tensors[pn + "_scale_inv"] = scale.contiguous()
+        save_file(tensors, f, metadata={"format": "pt"}, dtypes=dtypes)
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                  "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
     with open(cfg_path, "w") as fh:
         json.dump(cfg, fh, indent=1)
 
@@ -425,11 +501,11 @@ def reference_models(model, cls, path, prompt):
             type(e).__name__, str(e)[:100])
 
 
-def offloaded_model(cls, path, backend, cache_fraction, engine):
+def offloaded_model(cls, path, backend, cache_fraction, engine, params):
     """(model, note): freetoken.torch.from_pretrained (meta build, experts replaced, non-expert weights
     from the checkpoint); where it cannot map a non-expert tensor name, transformers' own
     from_pretrained and offload_experts, said in the note."""
-    kwargs = dict(cache_fraction=cache_fraction, engine=engine)
+    kwargs = dict(params, cache_fraction=cache_fraction, engine=engine)
     try:
         return ftt.from_pretrained(path, backend=backend, device="cuda", model_class=cls,
                                    attn_implementation="eager", **kwargs), ""
@@ -448,6 +524,9 @@ def run_case(name, spec, args, root, results, engine):
     preset = dict(zip(("hidden", "inter", "layers"), args.geometry))
     if opts.get("mxfp4"):
         preset["inter"] = max(64, (preset["inter"] + 31) // 32 * 32)
+    if opts.get("fp8"):  # the FreeToken fp8_block format's experts are whole 128x128 blocks
+        preset["hidden"] = max(256, -(-preset["hidden"] // 128) * 128)
+        preset["inter"] = max(128, -(-preset["inter"] // 128) * 128)
     t0 = time.time()
     try:
         model, tcfg = build(name, model_type, extra, opts, preset)
@@ -460,6 +539,8 @@ def run_case(name, spec, args, root, results, engine):
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     quantised = quantise_mxfp4(model, H, preset["inter"]) if opts.get("mxfp4") else None
+    if opts.get("fp8"):
+        quantise_fp8(model)
     golden_model.save_checkpoint(model, path, torch.bfloat16)
     cls = type(model)
     vocab = tcfg.vocab_size
@@ -478,8 +559,14 @@ def run_case(name, spec, args, root, results, engine):
             type(e).__name__, str(e)[:160])))
         print("%-20s %-8s %-4s %s" % results[-1], flush=True)
         return
+    # what FreeToken reads is the release's form: quantised tensors, its own model_type (transformers'
+    # reference above read the bf16 checkpoint under transformers' model_type)
     if quantised:
         write_mxfp4(path, quantised)
+    if opts.get("fp8"):
+        write_fp8(path)
+    if opts.get("saved_as"):
+        golden_model.relabel(os.path.join(path, "config.json"), model_type, opts["saved_as"])
     torch.cuda.empty_cache()
     del model
     # the fp32-blocks model's tokens, their logits and its forced logits, once the offloaded model
@@ -491,7 +578,7 @@ def run_case(name, spec, args, root, results, engine):
         model = None
         try:
             model, note = offloaded_model(cls, path, backend, 0.0 if backend == "gpu" else args.cache_fraction,
-                                          engine)
+                                          engine, args.params)
             tokens, logits = generate(model, prompt, args.tokens)
             if x32 is None:
                 names = [n for n, m in model.named_modules() if hasattr(m, "_freetoken")]
@@ -543,10 +630,16 @@ def main():
     # The slot cache holds at least one layer's experts; 0.6 of 3 layers x 8 experts is 14 slots of 24:
     # layer switches evict.
     ap.add_argument("--cache-fraction", type=float, default=0.6)
+    ap.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an ft_session_params field for every offloaded model (e.g. hybrid_adaptive=0); repeatable")
     ap.add_argument("--keep", help="write the checkpoints here and keep them")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     args = ap.parse_args()
     args.geometry = [int(v) for v in args.geometry.split(",")]
+    try:
+        args.params = {k: json.loads(v) for k, v in (p.split("=", 1) for p in args.param)}
+    except ValueError:
+        ap.error("--param takes FIELD=VALUE with a JSON value (a number, true, false)")
     all_cases = cases()
     if args.list:
         for n, (mt, _, opts) in all_cases.items():

@@ -444,6 +444,29 @@ class Layer(nn.Module):
         return x + y
 
 
+class ProjLayer(Layer):
+    """A layer with a dense MLP without activation before its MoE block (a stand-in for attention's
+    projections)."""
+
+    def __init__(self, block):
+        super().__init__(block)
+        self.proj_in = nn.Linear(H, 200, bias=False)
+        self.proj_out = nn.Linear(200, H, bias=False)
+
+    def forward(self, x):
+        return super().forward(x + self.proj_out(self.proj_in(x)))
+
+
+def e4m3_reference(raw):
+    """float64 values of E4M3 (fn) bytes, from sign, exponent (bias 7) and mantissa fields."""
+    b = raw.long()
+    sign = 1.0 - 2.0 * (b >> 7).double()
+    exp, man = (b >> 3) & 15, (b & 7).double()
+    normal = (1.0 + man / 8.0) * torch.pow(2.0, (exp - 7).double())
+    sub = man / 8.0 * 2.0 ** -6
+    return sign * torch.where(exp == 0, sub, normal)
+
+
 class TinyModel(nn.Module):
     def __init__(self, make_block, layer=Layer):
         super().__init__()
@@ -767,6 +790,56 @@ class OffloadExperts(unittest.TestCase):
             offload.close()
             self.assertTrue(offload.session.closed)
             self.assertFalse(ftm.closed or engine.closed)
+
+    def test_fp8_block_non_expert_weights_are_dequantised(self):
+        # DeepSeek-V3-style FP8: non-expert weights stored as E4M3 bytes with a weight_scale_inv per
+        # 128x128 block (the default without a quantization_config; partial blocks on both axes:
+        # [200, 64] and [64, 200]). The experts stay bf16 here: FP8 experts are the loader's.
+        model = bf16_round_(TinyModel(DeepseekStyleMoe, ProjLayer)).eval()
+        path = os.path.join(self.tmp, "fp8")
+        write_checkpoint(model, path, "deepseek")
+        g = torch.Generator().manual_seed(5)
+        tensors, dtypes = {}, {}
+        for l, layer in enumerate(model.model.layers):
+            for lin in ("proj_in", "proj_out"):
+                weight = getattr(layer, lin).weight
+                raw = torch.randint(0, 256, tuple(weight.shape), generator=g, dtype=torch.uint8)
+                raw[(raw & 0x7F) == 0x7F] = 0x38  # no NaN bytes
+                scale = torch.rand(-(-weight.shape[0] // 128), -(-weight.shape[1] // 128), generator=g) * 1e-3 + 1e-4
+                grid = scale.double().repeat_interleave(128, 0)[:weight.shape[0]].repeat_interleave(128, 1)
+                with torch.no_grad():
+                    weight.copy_((e4m3_reference(raw) * grid[:, :weight.shape[1]]).float())
+                name = "model.layers.%d.%s.weight" % (l, lin)
+                tensors[name], dtypes[name] = raw, "F8_E4M3"
+                tensors[name + "_scale_inv"] = scale
+        save_file(tensors, os.path.join(path, "proj.safetensors"), dtypes=dtypes)
+        x = torch.randn(1, 4, H)
+        with torch.no_grad():
+            want = model(x)
+
+        def load():
+            with ftt._parameters_on_meta():
+                skeleton = TinyModel(DeepseekStyleMoe, ProjLayer).eval()
+            ftt.offload_experts(skeleton, path, backend="cpu", device="cpu", cpu_threads=2)
+            ftt.load_non_expert_weights(skeleton, path, torch.device("cpu"))
+            return skeleton
+
+        skeleton = load()
+        for layer, ref in zip(skeleton.model.layers, model.model.layers):
+            for lin in ("proj_in", "proj_out"):
+                self.assertTrue(torch.equal(getattr(layer, lin).weight, getattr(ref, lin).weight), lin)
+        with torch.no_grad():
+            self.assertLess(rel_l2(skeleton(x) - x, want - x), 1e-2)
+        # a scale grid of the wrong shape, and an FP8 weight without one, are refused by name
+        bad_grid = dict(tensors, **{"model.layers.0.proj_in.weight_scale_inv": torch.ones(1, 1)})
+        no_grid = {k: v for k, v in tensors.items() if k != "model.layers.0.proj_in.weight_scale_inv"}
+        for bad, status in ((bad_grid, ft.FT_ERR_FORMAT), (no_grid, ft.FT_ERR_UNSUPPORTED)):
+            with self.subTest(status=status):
+                save_file(bad, os.path.join(path, "proj.safetensors"), dtypes=dtypes)
+                with self.assertRaises(ft.Error) as cm:
+                    load()
+                self.assertEqual(cm.exception.status, status)
+                self.assertIn("model.layers.0.proj_in.weight", cm.exception.message)
 
     def test_close_releases_the_session(self):
         model, path = self.build(LoopMoe, "loop")
