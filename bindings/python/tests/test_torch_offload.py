@@ -9,8 +9,10 @@ with a shared_mlp beside the block in the decoder layer as GraniteMoeShared has)
 Llama-4-style block (top-1, the weight scales the expert input, experts called with the hidden
 states alone, a shared expert), and GraniteMoe as transformers >= 5.15 writes it (router returning
 (index, weights, logits), fused experts) read from a checkpoint with the Hub's older names. The
-checkpoint each time is written from the module's own weights. CheckpointNames: the checkpoint-name
+checkpoint each time is written from the module's own weights; DeepSeek-style FP8 non-expert weights
+(E4M3 with block scales) are dequantised as they load. CheckpointNames: the checkpoint-name
 matching of load_non_expert_weights with a stand-in for transformers' conversion mapping.
+ReleaseConfigs: from_pretrained's config of a model_type transformers does not know.
 """
 import contextlib
 import json
@@ -956,6 +958,72 @@ class CheckpointNames(unittest.TestCase):
                 ftt.load_non_expert_weights(model, self.path, torch.device("cpu"))
         self.assertIn("model.layers.0.mlp.scorer.weight", cm.exception.message)
 
+
+
+class ReleaseConfigs(unittest.TestCase):
+    """from_pretrained's config of a checkpoint whose model_type transformers does not know (a stand-in
+    transformers: AutoConfig refuses it, as transformers does a model type with remote code only)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ft_py_config_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def stand_in(self):
+        saved = sys.modules.get("transformers")
+        pkg = types.ModuleType("transformers")
+
+        class AutoConfig:
+            @staticmethod
+            def from_pretrained(path, trust_remote_code=False):
+                raise ValueError("model type `kimi_k2` is not recognised (remote code)")
+
+        class DeepseekV3Config:
+            def __init__(self, **kwargs):
+                self.__dict__.update(kwargs)
+
+            @classmethod
+            def from_dict(cls, d):
+                return cls(**d)
+
+        class DeepseekV3ForCausalLM:
+            config_class = DeepseekV3Config
+        pkg.AutoConfig, pkg.DeepseekV3ForCausalLM = AutoConfig, DeepseekV3ForCausalLM
+        sys.modules["transformers"] = pkg
+        try:
+            yield pkg
+        finally:
+            if saved is None:
+                sys.modules.pop("transformers", None)
+            else:
+                sys.modules["transformers"] = saved
+
+    def write(self, architectures):
+        with open(os.path.join(self.tmp, "config.json"), "w") as f:
+            json.dump({"model_type": "kimi_k2", "architectures": architectures, "hidden_size": 7168,
+                       "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}, f)
+
+    def test_built_by_the_class_architectures_names(self):
+        self.write(["UnknownForCausalLM", "DeepseekV3ForCausalLM"])
+        with self.stand_in() as transformers:
+            config = ftt._config_of(self.tmp, trust_remote_code=False)
+            self.assertIsInstance(config, transformers.DeepseekV3ForCausalLM.config_class)
+        self.assertEqual(config.hidden_size, 7168)
+        self.assertFalse(hasattr(config, "auto_map"))  # no remote code behind the back of the caller
+
+    def test_refused_when_no_class_is_known(self):
+        self.write(["KimiK2ForCausalLM"])
+        with self.stand_in():
+            with self.assertRaises(ft.Error) as cm:
+                ftt._config_of(self.tmp, trust_remote_code=False)
+            self.assertEqual(cm.exception.status, ft.FT_ERR_UNSUPPORTED)
+            self.assertIn("kimi_k2", cm.exception.message)
+            self.assertIn("KimiK2ForCausalLM", cm.exception.message)
+            # with remote code allowed, transformers' own error stands
+            with self.assertRaises(ValueError):
+                ftt._config_of(self.tmp, trust_remote_code=True)
 
 if __name__ == "__main__":
     unittest.main()
