@@ -3,7 +3,8 @@
 // [16 even, 16 odd], q4_0 Q8_0. Each weight vector is decoded once per tile of up to 8 tokens
 // (mxfp4: 4) and used for all of them; weights are decoded exactly in registers, never stored:
 //   e2m1   `vpshufb` of a 16-entry int8 table of 2 * value (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12),
-//          sign-extended and converted to fp32, times half the block scale (exact);
+//          sign-extended and converted to fp32, times half the block scale (exact); mxfp4 with
+//          1-2 tokens: two `vpshufb` of the bf16 bytes of 2 * value, unpacked under zeros to fp32;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
@@ -491,6 +492,108 @@ void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
     }
 }
 
+// bf16 bits of 2 * e2m1(code), split into low and high bytes (pshufb tables, both lanes): the
+// values are exact in bf16, so a byte unpack under 16 zero bits gives their fp32 bits.
+inline __m256i e2m1x2_bf16_lo() {
+    return _mm256_setr_epi8(0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80),
+                            char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80),
+                            0, 0x40, char(0x80), char(0xC0), 0, 0x40);
+}
+inline __m256i e2m1x2_bf16_hi() {
+    return _mm256_setr_epi8(0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, char(0xBF), char(0xC0), char(0xC0),
+                            char(0xC0), char(0xC0), char(0xC1), char(0xC1), 0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0,
+                            char(0xBF), char(0xC0), char(0xC0), char(0xC0), char(0xC0), char(0xC1), char(0xC1));
+}
+
+// The byte and word unpacks work inside 128-bit lanes: vector j of a 32-byte decode holds columns
+// 4j..4j+3 and 16+4j..16+4j+3.
+inline int mxfp4_lane_column(int j, int i) { return i < 4 ? 4 * j + i : 16 + 4 * j + i - 4; }
+
+// 32 codes (one nibble per column) -> 4 fp32 vectors of 2 * e2m1, in mxfp4_lane_column order.
+inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i lo = _mm256_shuffle_epi8(tlo, codes), hi = _mm256_shuffle_epi8(thi, codes);
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+    w[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, a));
+    w[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, a));
+    w[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, b));
+    w[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, b));
+}
+
+// Tiles of 32 columns x NT (1, 2) tokens: per K row pair the row's 32 bytes are decoded once (bf16
+// tables, 4 fp32 vectors per 32 nibbles), scaled by the columns' e8m0 scales (same lane order) and
+// used for both k and all NT tokens. The next block's scales are prefetched (one line per block).
+template <int NT, int C = 1>
+void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
+                  int pf_rows) {
+    constexpr int W = 32 * C;
+    const int64_t K = m.K, N = m.N;
+    const __m256i tlo = e2m1x2_bf16_lo(), thi = e2m1x2_bf16_hi(), m15 = _mm256_set1_epi8(15);
+    const __m256i z = _mm256_setzero_si256();
+    const float *x[NT];
+    __m256 acc[NT][C][4];
+    for (int t = 0; t < NT; ++t) {
+        x[t] = reinterpret_cast<const float *>(act[t]);
+        for (int c = 0; c < C; ++c)
+            for (int g = 0; g < 4; ++g) acc[t][c][g] = _mm256_setzero_ps();
+    }
+    const bool full = count == W;
+    const __m256 half = _mm256_set1_ps(0.5f);
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+        alignas(32) uint8_t st[W] = {};
+        const uint8_t *srow = m.scale + (k0 / 32) * N + first;
+        std::memcpy(st, srow, size_t(count));
+        if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
+        __m256 sc[C][4];
+        for (int c = 0; c < C; ++c) {
+            const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i *>(st + 32 * c));
+            const __m256i sa = _mm256_unpacklo_epi8(sv, z), sb = _mm256_unpackhi_epi8(sv, z);
+            sc[c][0] = _mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sa, z)), half);
+            sc[c][1] = _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sa, z)), half);
+            sc[c][2] = _mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sb, z)), half);
+            sc[c][3] = _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sb, z)), half);
+        }
+        for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
+            const uint8_t *row = m.data + kb * N + first;
+            if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
+            alignas(32) uint8_t tmp[W];
+            const uint8_t *src = row;
+            if (!full) {
+                std::memset(tmp, 0, W);
+                std::memcpy(tmp, row, size_t(count));
+                src = tmp;
+            }
+            __m256 xa[NT], xb[NT];
+            for (int t = 0; t < NT; ++t)
+                xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
+            for (int c = 0; c < C; ++c) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 32 * c));
+                __m256 w[4];
+                e2m1x2_ps32(_mm256_and_si256(v, m15), tlo, thi, w);  // k = 2kb (low nibbles)
+                for (int g = 0; g < 4; ++g) {
+                    w[g] = _mm256_mul_ps(w[g], sc[c][g]);
+                    for (int t = 0; t < NT; ++t) acc[t][c][g] = _mm256_fmadd_ps(w[g], xa[t], acc[t][c][g]);
+                }
+                e2m1x2_ps32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), tlo, thi, w);  // k = 2kb + 1
+                for (int g = 0; g < 4; ++g) {
+                    w[g] = _mm256_mul_ps(w[g], sc[c][g]);
+                    for (int t = 0; t < NT; ++t) acc[t][c][g] = _mm256_fmadd_ps(w[g], xb[t], acc[t][c][g]);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < NT; ++t)
+        for (int c = 0; c < C; ++c) {
+            alignas(32) float o[32];
+            for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, acc[t][c][g]);
+            for (int g = 0; g < 4; ++g)
+                for (int i = 0; i < 8; ++i) {
+                    const int col = 32 * c + mxfp4_lane_column(g, i);
+                    if (col < count) out[t * ldo + col] = o[8 * g + i];
+                }
+        }
+}
+
 }  // namespace
 
 void ds_fp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
@@ -577,8 +680,8 @@ void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
     if (ntok <= 2) {
         for (int c = 0; c < count; c += 32) {
             const int n = count - c < 32 ? count - c : 32;
-            if (ntok == 1) mxfp4_tile<1, 4>(m, first + c, n, act, out + c, ldo, pf_rows);
-            else mxfp4_tile<2, 4>(m, first + c, n, act, out + c, ldo, pf_rows);
+            if (ntok == 1) mxfp4_tile32<1>(m, first + c, n, act, out + c, ldo, pf_rows);
+            else mxfp4_tile32<2>(m, first + c, n, act, out + c, ldo, pf_rows);
         }
         return;
     }
