@@ -429,8 +429,8 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
 
 // Columns [first, first + count) (count <= 8 * G) for NT tokens: per K row the 8 * G bytes (two
 // weights each) are decoded once, scaled by the columns' e8m0 scales of the 32-row block, and
-// used for all NT tokens. G = 4 (32 columns) for one or two tokens, 2 for tiles of 3..4 tokens
-// (as many accumulators as registers allow).
+// used for all NT tokens. Tiles of 3..4 tokens use G = 2 (as many accumulators as registers allow);
+// one or two tokens take mxfp4_tile32.
 template <int NT, int G>
 void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
                 int pf_rows) {
@@ -523,75 +523,67 @@ inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
 // Tiles of 32 columns x NT (1, 2) tokens: per K row pair the row's 32 bytes are decoded once (bf16
 // tables, 4 fp32 vectors per 32 nibbles), scaled by the columns' e8m0 scales (same lane order) and
 // used for both k and all NT tokens. The next block's scales are prefetched (one line per block).
-template <int NT, int C = 1>
+template <int NT>
 void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
                   int pf_rows) {
-    constexpr int W = 32 * C;
     const int64_t K = m.K, N = m.N;
     const __m256i tlo = e2m1x2_bf16_lo(), thi = e2m1x2_bf16_hi(), m15 = _mm256_set1_epi8(15);
     const __m256i z = _mm256_setzero_si256();
     const float *x[NT];
-    __m256 acc[NT][C][4];
+    __m256 acc[NT][4];
     for (int t = 0; t < NT; ++t) {
         x[t] = reinterpret_cast<const float *>(act[t]);
-        for (int c = 0; c < C; ++c)
-            for (int g = 0; g < 4; ++g) acc[t][c][g] = _mm256_setzero_ps();
+        for (int g = 0; g < 4; ++g) acc[t][g] = _mm256_setzero_ps();
     }
-    const bool full = count == W;
+    const bool full = count == 32;
     const __m256 half = _mm256_set1_ps(0.5f);
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        alignas(32) uint8_t st[W] = {};
+        alignas(32) uint8_t st[32] = {};
         const uint8_t *srow = m.scale + (k0 / 32) * N + first;
         std::memcpy(st, srow, size_t(count));
         if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
-        __m256 sc[C][4];
-        for (int c = 0; c < C; ++c) {
-            const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i *>(st + 32 * c));
-            const __m256i sa = _mm256_unpacklo_epi8(sv, z), sb = _mm256_unpackhi_epi8(sv, z);
-            sc[c][0] = _mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sa, z)), half);
-            sc[c][1] = _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sa, z)), half);
-            sc[c][2] = _mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sb, z)), half);
-            sc[c][3] = _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sb, z)), half);
-        }
+        const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i *>(st));
+        const __m256i sa = _mm256_unpacklo_epi8(sv, z), sb = _mm256_unpackhi_epi8(sv, z);
+        const __m256 sc[4] = {_mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sa, z)), half),
+                              _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sa, z)), half),
+                              _mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sb, z)), half),
+                              _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sb, z)), half)};
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
-            alignas(32) uint8_t tmp[W];
+            alignas(32) uint8_t tmp[32];
             const uint8_t *src = row;
             if (!full) {
-                std::memset(tmp, 0, W);
+                std::memset(tmp, 0, 32);
                 std::memcpy(tmp, row, size_t(count));
                 src = tmp;
             }
             __m256 xa[NT], xb[NT];
             for (int t = 0; t < NT; ++t)
                 xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
-            for (int c = 0; c < C; ++c) {
-                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 32 * c));
-                __m256 w[4];
-                e2m1x2_ps32(_mm256_and_si256(v, m15), tlo, thi, w);  // k = 2kb (low nibbles)
-                for (int g = 0; g < 4; ++g) {
-                    w[g] = _mm256_mul_ps(w[g], sc[c][g]);
-                    for (int t = 0; t < NT; ++t) acc[t][c][g] = _mm256_fmadd_ps(w[g], xa[t], acc[t][c][g]);
-                }
-                e2m1x2_ps32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), tlo, thi, w);  // k = 2kb + 1
-                for (int g = 0; g < 4; ++g) {
-                    w[g] = _mm256_mul_ps(w[g], sc[c][g]);
-                    for (int t = 0; t < NT; ++t) acc[t][c][g] = _mm256_fmadd_ps(w[g], xb[t], acc[t][c][g]);
-                }
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src));
+            __m256 w[4];
+            e2m1x2_ps32(_mm256_and_si256(v, m15), tlo, thi, w);  // k = 2kb (low nibbles)
+            for (int g = 0; g < 4; ++g) {
+                w[g] = _mm256_mul_ps(w[g], sc[g]);
+                for (int t = 0; t < NT; ++t) acc[t][g] = _mm256_fmadd_ps(w[g], xa[t], acc[t][g]);
+            }
+            e2m1x2_ps32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), tlo, thi, w);  // k = 2kb + 1
+            for (int g = 0; g < 4; ++g) {
+                w[g] = _mm256_mul_ps(w[g], sc[g]);
+                for (int t = 0; t < NT; ++t) acc[t][g] = _mm256_fmadd_ps(w[g], xb[t], acc[t][g]);
             }
         }
     }
-    for (int t = 0; t < NT; ++t)
-        for (int c = 0; c < C; ++c) {
-            alignas(32) float o[32];
-            for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, acc[t][c][g]);
-            for (int g = 0; g < 4; ++g)
-                for (int i = 0; i < 8; ++i) {
-                    const int col = 32 * c + mxfp4_lane_column(g, i);
-                    if (col < count) out[t * ldo + col] = o[8 * g + i];
-                }
-        }
+    for (int t = 0; t < NT; ++t) {
+        alignas(32) float o[32];
+        for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, acc[t][g]);
+        for (int g = 0; g < 4; ++g)
+            for (int i = 0; i < 8; ++i) {
+                const int col = mxfp4_lane_column(g, i);
+                if (col < count) out[t * ldo + col] = o[8 * g + i];
+            }
+    }
 }
 
 }  // namespace
