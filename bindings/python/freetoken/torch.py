@@ -31,6 +31,7 @@ Shared experts a decoder layer holds beside its MoE block (GraniteMoeShared's `s
 layer's own, or are zeroed with shared_experts='freetoken'.
 """
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -654,6 +655,7 @@ class _CheckpointKeys:
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def _e4m3_values():
     """The float32 value of each of the 256 FP8 E4M3 (fn) bytes: bias 7, subnormals below 2^-6,
     S.1111.111 NaN, no infinities."""
@@ -747,12 +749,15 @@ def load_non_expert_weights(model, checkpoint, device):
                             "'%s_scale_inv'; from_pretrained loads bf16/f16/f32 non-expert weights and FP8 E4M3 "
                             "ones with block scales" % (path, name, meta["dtype"], name))
             wanted[name] = target
+        # this file's FP8 weights' scales, one read per file that holds them
+        needed = {name + "_scale_inv" for name in wanted if header[name]["dtype"] == "F8_E4M3"}
+        scale_of = {}
+        for f in sorted({file_of[n] for n in needed}):
+            scale_of.update(load_torch(f, names=needed))
         for name, t in load_torch(path, names=set(wanted)).items():
             p = targets[wanted[name]]
             if header[name]["dtype"] == "F8_E4M3":
-                scale = name + "_scale_inv"
-                s = load_torch(file_of[scale], names={scale})[scale]
-                t = _dequant_fp8_block(t, s, block, p.dtype, "%s: '%s'" % (path, name))
+                t = _dequant_fp8_block(t, scale_of[name + "_scale_inv"], block, p.dtype, "%s: '%s'" % (path, name))
             if tuple(p.shape) != tuple(t.shape):
                 raise Error(_ffi.FT_ERR_FORMAT, "%s: tensor '%s' has shape %s, the model's '%s' %s" % (
                     path, name, list(t.shape), wanted[name], list(p.shape)))
