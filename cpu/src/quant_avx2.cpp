@@ -425,69 +425,66 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
     }
 }
 
-// ---- mxfp4: K-outer over a tile of 8 * G columns x NT tokens -----------------------------------
+// ---- mxfp4: K-outer over tiles of columns x NT tokens --------------------------------------------
 
-// Columns [first, first + count) (count <= 8 * G) for NT tokens: per K row the 8 * G bytes (two
-// weights each) are decoded once, scaled by the columns' e8m0 scales of the 32-row block, and
-// used for all NT tokens. Tiles of 3..4 tokens use G = 2 (as many accumulators as registers allow);
-// one or two tokens take mxfp4_tile32.
-template <int NT, int G>
-void mxfp4_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
-                int pf_rows) {
-    constexpr int W = 8 * G;
-    constexpr int S = NT <= 2 && G == 2 ? 2 : 1;  // k = 2kb and 2kb + 1 in separate accumulators
+// Columns [first, first + count) (count <= 16) for NT tokens (the tiles of 3..4 tokens and their
+// remainders; 1-2-token calls take mxfp4_tile32): per K row the 16 bytes (two weights each) are
+// decoded once, scaled by the columns' e8m0 scales of the 32-row block, and used for all NT tokens.
+template <int NT>
+void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
+                  int pf_rows) {
+    constexpr int S = NT <= 2 ? 2 : 1;  // k = 2kb and 2kb + 1 in separate accumulators
     const int64_t K = m.K, N = m.N;
     const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
     const float *x[NT];
-    __m256 acc[NT][G][S];
+    __m256 acc[NT][2][S];
     for (int t = 0; t < NT; ++t) {
         x[t] = reinterpret_cast<const float *>(act[t]);
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < 2; ++g)
             for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_setzero_ps();
     }
-    const bool full = count == W;
+    const bool full = count == 16;
     const __m256 half = _mm256_set1_ps(0.5f);
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        alignas(16) uint8_t st[W] = {};
-        std::memcpy(st, m.scale + (k0 / 32) * N + first, size_t(count));
-        __m256 sc[G];
-        for (int g = 0; g < G; ++g)
+        alignas(16) uint8_t st[16] = {};
+        const uint8_t *srow = m.scale + (k0 / 32) * N + first;
+        std::memcpy(st, srow, size_t(count));
+        if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
+        __m256 sc[2];
+        for (int g = 0; g < 2; ++g)
             sc[g] = _mm256_mul_ps(e8m0x8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g)))),
                                   half);
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
-            alignas(16) uint8_t tmp[W];
+            alignas(16) uint8_t tmp[16];
             const uint8_t *src = row;
             if (!full) {
-                std::memset(tmp, 0, W);
+                std::memset(tmp, 0, 16);
                 std::memcpy(tmp, row, size_t(count));
                 src = tmp;
             }
             __m256 xa[NT], xb[NT];
             for (int t = 0; t < NT; ++t)
                 xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
-            for (int h = 0; h < G / 2; ++h) {  // 16 columns: groups 2h, 2h + 1
-                const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 16 * h));
-                __m256 l0, l1, h0, h1;  // k = 2kb (low nibbles) and 2kb + 1
-                i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(v, m15)), l0, l1);
-                i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m15)), h0, h1);
-                l0 = _mm256_mul_ps(l0, sc[2 * h]), l1 = _mm256_mul_ps(l1, sc[2 * h + 1]);
-                h0 = _mm256_mul_ps(h0, sc[2 * h]), h1 = _mm256_mul_ps(h1, sc[2 * h + 1]);
-                for (int t = 0; t < NT; ++t) {
-                    __m256 *a = acc[t][2 * h];
-                    a[0] = _mm256_fmadd_ps(l0, xa[t], a[0]);
-                    a[S - 1] = _mm256_fmadd_ps(h0, xb[t], a[S - 1]);
-                    __m256 *b = acc[t][2 * h + 1];
-                    b[0] = _mm256_fmadd_ps(l1, xa[t], b[0]);
-                    b[S - 1] = _mm256_fmadd_ps(h1, xb[t], b[S - 1]);
-                }
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src));
+            __m256 l0, l1, h0, h1;  // k = 2kb (low nibbles) and 2kb + 1
+            i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(v, m15)), l0, l1);
+            i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m15)), h0, h1);
+            l0 = _mm256_mul_ps(l0, sc[0]), l1 = _mm256_mul_ps(l1, sc[1]);
+            h0 = _mm256_mul_ps(h0, sc[0]), h1 = _mm256_mul_ps(h1, sc[1]);
+            for (int t = 0; t < NT; ++t) {
+                __m256 *a = acc[t][0], *b = acc[t][1];
+                a[0] = _mm256_fmadd_ps(l0, xa[t], a[0]);
+                a[S - 1] = _mm256_fmadd_ps(h0, xb[t], a[S - 1]);
+                b[0] = _mm256_fmadd_ps(l1, xa[t], b[0]);
+                b[S - 1] = _mm256_fmadd_ps(h1, xb[t], b[S - 1]);
             }
         }
     }
     for (int t = 0; t < NT; ++t) {
-        alignas(32) float o[W];
-        for (int g = 0; g < G; ++g) _mm256_store_ps(o + 8 * g, sum_sets<S>(acc[t][g]));
+        alignas(32) float o[16];
+        for (int g = 0; g < 2; ++g) _mm256_store_ps(o + 8 * g, sum_sets<S>(acc[t][g]));
         std::memcpy(out + t * ldo, o, size_t(count) * 4);
     }
 }
@@ -681,7 +678,7 @@ void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
         const int n = count - c < 16 ? count - c : 16;
         for_tiles<4>(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
-            mxfp4_tile<NT::value, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+            mxfp4_tile16<NT::value>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
         });
     }
 }
