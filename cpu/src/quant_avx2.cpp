@@ -9,7 +9,10 @@
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
 //          NaN reaches the output;
-//   e8m0   s << 23 with code 0 -> 2^-127 and 255 -> NaN blended in;
+//   e8m0   (mxfp4, ds_fp4) half the factor biased by 2^32, 2^(code - 96) = (code + 31) << 23,
+//          NaN above 190, the sums times 2^-32 (e8m0_biased in tier_scalar.inc: no subnormal
+//          operands); outputs that are not finite again with the absolute factors, s << 23 with
+//          code 0 -> 2^-127 and 255 -> NaN blended in;
 //   q4_0   codes u = w + 8; one or two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`, then
 //          `vpmaddwd` by ones: exact int32 per 4 elements (pairs fit int16), x fp16 d x activation
 //          d; tiles of 3+ tokens: `vpmaddubsw(u, a)`, `vpmaddwd`, one FMA by d x activation d per
@@ -19,6 +22,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels.hpp"
@@ -54,6 +58,15 @@ inline __m256 e8m0x8(__m256i s) {
     f = _mm256_blendv_ps(f, _mm256_set1_ps(0x1p-127f), _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, _mm256_setzero_si256())));
     return _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
                             _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, _mm256_set1_epi32(255))));
+}
+
+// Half the e8m0 block factors of 8 codes (int32 lanes): biased as e8m0_biased (tier_scalar.inc),
+// else absolute.
+inline __m256 e8m0_half8(__m256i s, bool biased) {
+    if (!biased) return _mm256_mul_ps(e8m0x8(s), _mm256_set1_ps(0.5f));
+    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(s, _mm256_set1_epi32(31)), 23));
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                            _mm256_castsi256_ps(_mm256_cmpgt_epi32(s, _mm256_set1_epi32(190))));
 }
 
 // Independent accumulators per token: one FMA chain per token would be latency-bound below 4-5
@@ -92,15 +105,16 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
 // nibbles), w[2..3] the 16 odd ones, as the [16 even, 16 odd] activation layout; w[0], w[2] take
 // block scale vs[0], w[1], w[3] vs[1] (half the e4m3 / e8m0 value: the table holds 2 * value).
 // Scaled: multiplied in; else left to the caller (vs). B = 16 (nvfp4, e4m3 scale per 8 packed
-// bytes) or 32 (ds_fp4, e8m0 per 16 bytes).
+// bytes) or 32 (ds_fp4, e8m0 per 16 bytes; `biased`: e8m0_biased factors).
 template <int B, bool Scaled = true>
-inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, __m256 w[4], __m256 *vs = nullptr) {
+inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, bool biased, __m256 w[4],
+                       __m256 *vs = nullptr) {
     const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
     const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
     const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
                                : _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
     float s0, s1;
-    if (B == 32) s0 = s1 = 0.5f * g_e8m0[sc[c / 32]];
+    if (B == 32) s0 = s1 = biased ? e8m0_biased(sc[c / 32], true) : 0.5f * g_e8m0[sc[c / 32]];
     else s0 = 0.5f * g_e4m3[sc[c / 16]], s1 = half ? 0.0f : 0.5f * g_e4m3[sc[c / 16 + 1]];
     i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(bytes, m15)), w[0], w[1]);
     i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), m15)), w[2], w[3]);
@@ -119,7 +133,7 @@ struct E2m1Row {
     template <int NT>
     struct Row {
         static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *p, const uint8_t *sc, int64_t K,
-                        float row_scale, int pf) {
+                        float row_scale, bool biased, int pf) {
             constexpr int S = acc_sets<NT>();
             const float *x[NT];
             __m256 acc[NT][S];
@@ -130,7 +144,7 @@ struct E2m1Row {
             for (int64_t c = 0; c < K; c += 32) {
                 if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
                 __m256 w[4];
-                e2m1_chunk<B>(p, sc, c, K, w);
+                e2m1_chunk<B>(p, sc, c, K, biased, w);
                 for (int t = 0; t < NT; ++t) {
                     const float *xt = x[t] + c;
                     for (int i = 0; i < 4; ++i) acc[t][i % S] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i % S]);
@@ -146,14 +160,14 @@ struct E2m1Row {
 // FMA per scale, fewer operations than scaling the weights when they serve one token.
 template <int B, int R>
 void e2m1_one_token(const float *x, float *const out[R], const uint8_t *const p[R], const uint8_t *const sc[R],
-                    int64_t K, const float rs[R], int pf) {
+                    int64_t K, const float rs[R], bool biased, int pf) {
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < K; c += 32) {
         __m256 w[R][4], vs[R][2];
         for (int r = 0; r < R; ++r) {
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
-            e2m1_chunk<B, false>(p[r], sc[r], c, K, w[r], vs[r]);
+            e2m1_chunk<B, false>(p[r], sc[r], c, K, biased, w[r], vs[r]);
         }
         __m256 blk[R][2];
         for (int i = 0; i < 4; ++i) {
@@ -167,30 +181,41 @@ void e2m1_one_token(const float *x, float *const out[R], const uint8_t *const p[
     for (int r = 0; r < R; ++r) *out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * rs[r];
 }
 
+// Rows [first, first + count): ds_fp4 with the biased factors first, then its rows with an
+// output that is not finite again with the absolute ones (see e8m0 above).
 template <int B>
 void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
-    auto row_scale = [&](int64_t r) { return B == 16 ? f16(m.global + r * 2) : 1.0f; };
-    if (ntok == 1) {  // row j together with row j + count / 2
-        const float *x = reinterpret_cast<const float *>(act[0]);
-        for_row_pairs(count, [&](int R, const int *cols) {
-            const int64_t r0 = first + cols[0], r1 = first + cols[R - 1];
-            float *const o[2] = {out + cols[0], out + cols[R - 1]};
-            const uint8_t *const p[2] = {m.data + r0 * (K / 2), m.data + r1 * (K / 2)};
-            const uint8_t *const sc[2] = {m.scale + r0 * (K / B), m.scale + r1 * (K / B)};
-            const float rs[2] = {row_scale(r0), row_scale(r1)};
-            if (R == 1) e2m1_one_token<B, 1>(x, o, p, sc, K, rs, pf);
-            else e2m1_one_token<B, 2>(x, o, p, sc, K, rs, pf);
-        });
-        return;
-    }
-    for (int j = 0; j < count; ++j) {
-        const int64_t r = first + j;
-        per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K,
-                                             row_scale(r), pf);
-    }
+    auto row_scale = [&](int64_t r, bool biased) {
+        return B == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
+    };
+    auto rows = [&](int j0, int n, bool biased) {
+        if (ntok == 1) {  // row j together with row j + n / 2
+            const float *x = reinterpret_cast<const float *>(act[0]);
+            for_row_pairs(n, [&](int R, const int *cols) {
+                const int64_t r0 = first + j0 + cols[0], r1 = first + j0 + cols[R - 1];
+                float *const o[2] = {out + j0 + cols[0], out + j0 + cols[R - 1]};
+                const uint8_t *const p[2] = {m.data + r0 * (K / 2), m.data + r1 * (K / 2)};
+                const uint8_t *const sc[2] = {m.scale + r0 * (K / B), m.scale + r1 * (K / B)};
+                const float rs[2] = {row_scale(r0, biased), row_scale(r1, biased)};
+                if (R == 1) e2m1_one_token<B, 1>(x, o, p, sc, K, rs, biased, pf);
+                else e2m1_one_token<B, 2>(x, o, p, sc, K, rs, biased, pf);
+            });
+            return;
+        }
+        for (int j = j0; j < j0 + n; ++j) {
+            const int64_t r = first + j;
+            per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K,
+                                                 row_scale(r, biased), biased, pf);
+        }
+    };
+    constexpr bool kBiased = B == 32;
+    rows(0, count, kBiased);
+    if constexpr (kBiased)
+        for (int j = 0; j < count; ++j)
+            if (!outputs_finite(out + j, ldo, 1, ntok)) rows(j, 1, false);
 }
 
 // ---- fp8_block ------------------------------------------------------------------------------
@@ -432,7 +457,7 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
 // decoded once, scaled by the columns' e8m0 scales of the 32-row block, and used for all NT tokens.
 template <int NT>
 void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
-                  int pf_rows) {
+                  int pf_rows, bool biased) {
     constexpr int S = NT <= 2 ? 2 : 1;  // k = 2kb and 2kb + 1 in separate accumulators
     const int64_t K = m.K, N = m.N;
     const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
@@ -444,7 +469,6 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
             for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_setzero_ps();
     }
     const bool full = count == 16;
-    const __m256 half = _mm256_set1_ps(0.5f);
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
         alignas(16) uint8_t st[16] = {};
         const uint8_t *srow = m.scale + (k0 / 32) * N + first;
@@ -452,8 +476,7 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
         __m256 sc[2];
         for (int g = 0; g < 2; ++g)
-            sc[g] = _mm256_mul_ps(e8m0x8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g)))),
-                                  half);
+            sc[g] = e8m0_half8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g))), biased);
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
@@ -482,9 +505,10 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
             }
         }
     }
+    const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
     for (int t = 0; t < NT; ++t) {
         alignas(32) float o[16];
-        for (int g = 0; g < 2; ++g) _mm256_store_ps(o + 8 * g, sum_sets<S>(acc[t][g]));
+        for (int g = 0; g < 2; ++g) _mm256_store_ps(o + 8 * g, _mm256_mul_ps(sum_sets<S>(acc[t][g]), unbias));
         std::memcpy(out + t * ldo, o, size_t(count) * 4);
     }
 }
@@ -522,7 +546,7 @@ inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
 // used for both k and all NT tokens. The next block's scales are prefetched (one line per block).
 template <int NT>
 void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
-                  int pf_rows) {
+                  int pf_rows, bool biased) {
     const int64_t K = m.K, N = m.N;
     const __m256i tlo = e2m1x2_bf16_lo(), thi = e2m1x2_bf16_hi(), m15 = _mm256_set1_epi8(15);
     const __m256i z = _mm256_setzero_si256();
@@ -533,7 +557,6 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         for (int g = 0; g < 4; ++g) acc[t][g] = _mm256_setzero_ps();
     }
     const bool full = count == 32;
-    const __m256 half = _mm256_set1_ps(0.5f);
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
         alignas(32) uint8_t st[32] = {};
         const uint8_t *srow = m.scale + (k0 / 32) * N + first;
@@ -541,10 +564,10 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
         const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i *>(st));
         const __m256i sa = _mm256_unpacklo_epi8(sv, z), sb = _mm256_unpackhi_epi8(sv, z);
-        const __m256 sc[4] = {_mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sa, z)), half),
-                              _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sa, z)), half),
-                              _mm256_mul_ps(e8m0x8(_mm256_unpacklo_epi16(sb, z)), half),
-                              _mm256_mul_ps(e8m0x8(_mm256_unpackhi_epi16(sb, z)), half)};
+        const __m256 sc[4] = {e8m0_half8(_mm256_unpacklo_epi16(sa, z), biased),
+                              e8m0_half8(_mm256_unpackhi_epi16(sa, z), biased),
+                              e8m0_half8(_mm256_unpacklo_epi16(sb, z), biased),
+                              e8m0_half8(_mm256_unpackhi_epi16(sb, z), biased)};
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
@@ -572,9 +595,10 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
             }
         }
     }
+    const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
     for (int t = 0; t < NT; ++t) {
         alignas(32) float o[32];
-        for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, acc[t][g]);
+        for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, _mm256_mul_ps(acc[t][g], unbias));
         for (int g = 0; g < 4; ++g)
             for (int i = 0; i < 8; ++i) {
                 const int col = mxfp4_lane_column(g, i);
@@ -662,15 +686,19 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
 }
 
 // One or two tokens: tiles of 32 columns; more: 16 columns x up to 4 tokens (16 ymm registers:
-// 8 accumulators, 2 scales, 4 weights, 2 activations).
+// 8 accumulators, 2 scales, 4 weights, 2 activations). Each tile with the biased factors, again
+// with the absolute ones when one of its outputs is not finite (see e8m0 above).
 void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                 size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
     if (ntok <= 2) {
         for (int c = 0; c < count; c += 32) {
             const int n = count - c < 32 ? count - c : 32;
-            if (ntok == 1) mxfp4_tile32<1>(m, first + c, n, act, out + c, ldo, pf_rows);
-            else mxfp4_tile32<2>(m, first + c, n, act, out + c, ldo, pf_rows);
+            for (bool biased : {true, false}) {
+                if (ntok == 1) mxfp4_tile32<1>(m, first + c, n, act, out + c, ldo, pf_rows, biased);
+                else mxfp4_tile32<2>(m, first + c, n, act, out + c, ldo, pf_rows, biased);
+                if (outputs_finite(out + c, ldo, n, ntok)) break;
+            }
         }
         return;
     }
@@ -678,7 +706,10 @@ void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
         const int n = count - c < 16 ? count - c : 16;
         for_tiles<4>(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
-            mxfp4_tile16<NT::value>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows);
+            for (bool biased : {true, false}) {
+                mxfp4_tile16<NT::value>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, biased);
+                if (outputs_finite(out + t * ldo + c, ldo, n, NT::value)) break;
+            }
         });
     }
 }

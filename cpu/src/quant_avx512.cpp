@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <initializer_list>
 
 #include "kernels.hpp"
 #include "quant_kernels.hpp"
@@ -23,11 +24,12 @@ namespace {
 
 // ---- ds_fp4 / nvfp4: row-major e2m1, activations in the [16 even, 16 odd] layout -----------
 
-// One row: `Block` = 32 (ds_fp4, one e8m0 scale per 16 packed bytes) or 16 (nvfp4, two e4m3
-// scales per 16 packed bytes). The scaled weights are exact products, as in the reference.
+// One row: `Block` = 32 (ds_fp4, one e8m0 scale per 16 packed bytes; `biased`: e8m0_biased
+// factors, tier_scalar.inc) or 16 (nvfp4, two e4m3 scales per 16 packed bytes). The scaled
+// weights are exact products, as in the reference.
 template <int Block, int NT>
 void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *const *act, float *out, size_t ldo,
-              float row_scale, int pf) {
+              float row_scale, bool biased, int pf) {
     const __m512 lut = _mm512_loadu_ps(g_e2m1);
     const __m512i m15 = _mm512_set1_epi32(15);
     const float *table = Block == 32 ? g_e8m0 : g_e4m3;
@@ -38,7 +40,7 @@ void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *con
         __m512 s;
         if (Block == 32) {
             bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
-            s = _mm512_set1_ps(table[sc[c / 32]]);
+            s = _mm512_set1_ps(biased ? e8m0_biased(sc[c / 32], false) : table[sc[c / 32]]);
         } else if (c + 32 <= K) {
             bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
             s = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(table[sc[c / 16]]), _mm512_set1_ps(table[sc[c / 16 + 1]]));
@@ -59,6 +61,8 @@ void e2m1_row(const uint8_t *p, const uint8_t *sc, int64_t K, const uint8_t *con
     for (int t = 0; t < NT; ++t) out[t * ldo] = _mm512_reduce_add_ps(acc[t]) * row_scale;
 }
 
+// ds_fp4 rows with the biased factors first, each row with an output that is not finite again
+// with the absolute ones.
 template <int Block>
 void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                size_t ldo) {
@@ -67,11 +71,14 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
         const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / Block);
-        const float g = Block == 16 ? f16(m.global + r * 2) : 1.0f;
-        for_token_tiles(ntok, [&](auto tile_n, int t) {
-            using NT = decltype(tile_n);
-            e2m1_row<Block, NT::value>(p, sc, K, act + t, out + t * ldo + j, ldo, g, pf);
-        });
+        for (bool biased : {Block == 32, false}) {
+            const float g = Block == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
+                using NT = decltype(tile_n);
+                e2m1_row<Block, NT::value>(p, sc, K, act + t, out + t * ldo + j, ldo, g, biased, pf);
+            });
+            if (!biased || outputs_finite(out + j, ldo, 1, ntok)) break;
+        }
     }
 }
 

@@ -256,6 +256,44 @@ TEST(QuantKernels, DsFp4RowExponent) {
     }
 }
 
+// mxfp4 e8m0 codes at both ends (the AVX2 kernel's 2^32-biased factors, quant_avx2.cpp): every
+// kernel against the reference with codes that make subnormal factors or products in the absolute
+// arithmetic (codes 0 .. 119), with codes above 190 in two columns (computed again with the
+// absolute factors: finite), with sums past 2^96 (the same), and with 255 (NaN: its column NaN,
+// every other finite). Tokens 1..8, 32- and 16-column tiles and a tail.
+TEST(QuantKernels, Mxfp4ExtremeScaleCodes) {
+    std::mt19937 rng(4322);
+    const int64_t K = 384, N = 45;
+    Case c = make_case(rng, Format::mxfp4, K, N);
+    for (auto &b : c.scale) b &= 0x77;  // 2^-127 .. 2^-8, 1 in 64 blocks code 0
+    for (int ntok = 1; ntok <= 8; ++ntok) check(c, 0, int(N), ntok, rng, 1e-5);
+    check(c, 3, 37, 3, rng, 1e-5);
+    Case big = make_case(rng, Format::mxfp4, K, N);
+    big.scale[2 * N + 5] = 200;
+    big.scale[9 * N + 40] = 230;
+    for (int ntok : {1, 2, 5}) check(big, 0, int(N), ntok, rng, 1e-5);
+    // Codes 150 .. 160 and |x| ~ 2^70: sums near 2^104, finite in fp32 but past 2^96.
+    Case huge = make_case(rng, Format::mxfp4, K, N);
+    std::uniform_int_distribution<int> hs(150, 160);
+    for (auto &b : huge.scale) b = uint8_t(hs(rng));
+    for (int ntok : {1, 4}) check(huge, 0, int(N), ntok, rng, 1e-5, 0x1p70f);
+    Case nan = make_case(rng, Format::mxfp4, K, N);
+    nan.scale[3 * N + 7] = 255;
+    std::vector<uint16_t> x(K);
+    for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(0.5f - float(k % 5) * 0.2f);
+    for (const ft::cpu::QuantOps *ops : variants_here(Format::mxfp4))
+        for (int ntok : {1, 3}) {
+            std::vector<uint8_t> act(ops->act_bytes(K));
+            ops->prepare(x.data(), K, act.data());
+            std::vector<const uint8_t *> ap(size_t(ntok), act.data());
+            std::vector<float> out(size_t(N) * ntok, 0.0f);
+            ops->gemv(nan.m(), 0, int(N), ap.data(), ntok, out.data(), size_t(N));
+            for (int t = 0; t < ntok; ++t)
+                for (int64_t n = 0; n < N; ++n)
+                    EXPECT_EQ(std::isnan(out[t * N + n]), n == 7) << ops->kernel << " token " << t << " column " << n;
+        }
+}
+
 // The SIMD preparation of the ds_fp4 AVX-512-BF16 activation against its scalar definition, byte
 // for byte: groups of 128 at many magnitudes (amax below the 1e-4 floor, e4m3 subnormal and
 // normal ranges, near the bf16 maximum), an all-zero group, exact e4m3 rounding ties, negative
