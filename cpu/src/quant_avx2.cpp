@@ -4,7 +4,9 @@
 // (mxfp4: 4) and used for all of them; weights are decoded exactly in registers, never stored:
 //   e2m1   `vpshufb` of a 16-entry int8 table of 2 * value (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12),
 //          sign-extended and converted to fp32, times half the block scale (exact); mxfp4 with
-//          1-2 tokens: two `vpshufb` of the bf16 bytes of 2 * value, unpacked under zeros to fp32;
+//          1-2 tokens: two `vpshufb` of the bf16 bytes of 2 * value, a byte unpack into words, and
+//          each 32-bit lane's even word shifted up / odd word masked: fp32. mxfp4 sums each 32-row
+//          block unscaled and applies the block scale once per block and column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
@@ -454,7 +456,8 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
 
 // Columns [first, first + count) (count <= 16) for NT tokens (the tiles of 3..4 tokens and their
 // remainders; 1-2-token calls take mxfp4_tile32): per K row the 16 bytes (two weights each) are
-// decoded once, scaled by the columns' e8m0 scales of the 32-row block, and used for all NT tokens.
+// decoded once and used for all NT tokens; each 32-row block is summed unscaled per token and the
+// columns' e8m0 factors are applied once per block.
 template <int NT>
 void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
                   int pf_rows, bool biased) {
@@ -477,6 +480,10 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         __m256 sc[2];
         for (int g = 0; g < 2; ++g)
             sc[g] = e8m0_half8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g))), biased);
+        __m256 blk[NT][2][S];
+        for (int t = 0; t < NT; ++t)
+            for (int g = 0; g < 2; ++g)
+                for (int i = 0; i < S; ++i) blk[t][g][i] = _mm256_setzero_ps();
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
@@ -494,16 +501,17 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
             __m256 l0, l1, h0, h1;  // k = 2kb (low nibbles) and 2kb + 1
             i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(v, m15)), l0, l1);
             i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m15)), h0, h1);
-            l0 = _mm256_mul_ps(l0, sc[0]), l1 = _mm256_mul_ps(l1, sc[1]);
-            h0 = _mm256_mul_ps(h0, sc[0]), h1 = _mm256_mul_ps(h1, sc[1]);
             for (int t = 0; t < NT; ++t) {
-                __m256 *a = acc[t][0], *b = acc[t][1];
+                __m256 *a = blk[t][0], *b = blk[t][1];
                 a[0] = _mm256_fmadd_ps(l0, xa[t], a[0]);
                 a[S - 1] = _mm256_fmadd_ps(h0, xb[t], a[S - 1]);
                 b[0] = _mm256_fmadd_ps(l1, xa[t], b[0]);
                 b[S - 1] = _mm256_fmadd_ps(h1, xb[t], b[S - 1]);
             }
         }
+        for (int t = 0; t < NT; ++t)
+            for (int g = 0; g < 2; ++g)
+                for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_fmadd_ps(blk[t][g][i], sc[g], acc[t][g][i]);
     }
     const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
     for (int t = 0; t < NT; ++t) {
@@ -514,7 +522,7 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
 }
 
 // bf16 bits of 2 * e2m1(code), split into low and high bytes (pshufb tables, both lanes): the
-// values are exact in bf16, so a byte unpack under 16 zero bits gives their fp32 bits.
+// values are exact in bf16, so the bf16 word moved to the top of 32 bits is their fp32.
 inline __m256i e2m1x2_bf16_lo() {
     return _mm256_setr_epi8(0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80),
                             char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80),
@@ -526,30 +534,33 @@ inline __m256i e2m1x2_bf16_hi() {
                             char(0xBF), char(0xC0), char(0xC0), char(0xC0), char(0xC0), char(0xC1), char(0xC1));
 }
 
-// The byte and word unpacks work inside 128-bit lanes: vector j of a 32-byte decode holds columns
-// 4j..4j+3 and 16+4j..16+4j+3.
-inline int mxfp4_lane_column(int j, int i) { return i < 4 ? 4 * j + i : 16 + 4 * j + i - 4; }
+// The byte unpacks work inside 128-bit lanes and each 32-bit lane holds two bf16 words: vector j
+// of a 32-byte decode holds, in lane i, column 16 (i / 4) + 8 (j / 2) + 2 (i % 4) + j % 2.
+inline int mxfp4_lane_column(int j, int i) { return 16 * (i / 4) + 8 * (j / 2) + 2 * (i % 4) + j % 2; }
 
-// 32 codes (one nibble per column) -> 4 fp32 vectors of 2 * e2m1, in mxfp4_lane_column order.
+// 32 codes (one nibble per column) -> 4 fp32 vectors of 2 * e2m1, in mxfp4_lane_column order: the
+// bf16 low and high bytes by `vpshufb`, interleaved into words by a byte unpack, then the even
+// word of each 32-bit lane shifted up and the odd one masked (4 shuffles per 32 codes).
 inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
-    const __m256i z = _mm256_setzero_si256();
     const __m256i lo = _mm256_shuffle_epi8(tlo, codes), hi = _mm256_shuffle_epi8(thi, codes);
     const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
-    w[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, a));
-    w[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, a));
-    w[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, b));
-    w[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, b));
+    const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
+    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+    w[1] = _mm256_castsi256_ps(_mm256_and_si256(a, top));
+    w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+    w[3] = _mm256_castsi256_ps(_mm256_and_si256(b, top));
 }
 
 // Tiles of 32 columns x NT (1, 2) tokens: per K row pair the row's 32 bytes are decoded once (bf16
-// tables, 4 fp32 vectors per 32 nibbles), scaled by the columns' e8m0 scales (same lane order) and
-// used for both k and all NT tokens. The next block's scales are prefetched (one line per block).
+// tables, 4 fp32 vectors per 32 nibbles) and used for both k and all NT tokens; each 32-row block
+// is summed unscaled and the columns' e8m0 factors are applied once per block (no multiply per
+// weight). The next block's scales are prefetched (one line per block).
 template <int NT>
 void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
                   int pf_rows, bool biased) {
     const int64_t K = m.K, N = m.N;
     const __m256i tlo = e2m1x2_bf16_lo(), thi = e2m1x2_bf16_hi(), m15 = _mm256_set1_epi8(15);
-    const __m256i z = _mm256_setzero_si256();
+    const __m256i z = _mm256_setzero_si256(), low16 = _mm256_set1_epi32(0xffff);
     const float *x[NT];
     __m256 acc[NT][4];
     for (int t = 0; t < NT; ++t) {
@@ -564,10 +575,13 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
         const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i *>(st));
         const __m256i sa = _mm256_unpacklo_epi8(sv, z), sb = _mm256_unpackhi_epi8(sv, z);
-        const __m256 sc[4] = {e8m0_half8(_mm256_unpacklo_epi16(sa, z), biased),
-                              e8m0_half8(_mm256_unpackhi_epi16(sa, z), biased),
-                              e8m0_half8(_mm256_unpacklo_epi16(sb, z), biased),
-                              e8m0_half8(_mm256_unpackhi_epi16(sb, z), biased)};
+        const __m256 sc[4] = {e8m0_half8(_mm256_and_si256(sa, low16), biased),
+                              e8m0_half8(_mm256_srli_epi32(sa, 16), biased),
+                              e8m0_half8(_mm256_and_si256(sb, low16), biased),
+                              e8m0_half8(_mm256_srli_epi32(sb, 16), biased)};
+        __m256 blk[NT][4];
+        for (int t = 0; t < NT; ++t)
+            for (int g = 0; g < 4; ++g) blk[t][g] = _mm256_setzero_ps();
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
             const uint8_t *row = m.data + kb * N + first;
             if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
@@ -584,16 +598,14 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src));
             __m256 w[4];
             e2m1x2_ps32(_mm256_and_si256(v, m15), tlo, thi, w);  // k = 2kb (low nibbles)
-            for (int g = 0; g < 4; ++g) {
-                w[g] = _mm256_mul_ps(w[g], sc[g]);
-                for (int t = 0; t < NT; ++t) acc[t][g] = _mm256_fmadd_ps(w[g], xa[t], acc[t][g]);
-            }
+            for (int g = 0; g < 4; ++g)
+                for (int t = 0; t < NT; ++t) blk[t][g] = _mm256_fmadd_ps(w[g], xa[t], blk[t][g]);
             e2m1x2_ps32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), tlo, thi, w);  // k = 2kb + 1
-            for (int g = 0; g < 4; ++g) {
-                w[g] = _mm256_mul_ps(w[g], sc[g]);
-                for (int t = 0; t < NT; ++t) acc[t][g] = _mm256_fmadd_ps(w[g], xb[t], acc[t][g]);
-            }
+            for (int g = 0; g < 4; ++g)
+                for (int t = 0; t < NT; ++t) blk[t][g] = _mm256_fmadd_ps(w[g], xb[t], blk[t][g]);
         }
+        for (int t = 0; t < NT; ++t)
+            for (int g = 0; g < 4; ++g) acc[t][g] = _mm256_fmadd_ps(blk[t][g], sc[g], acc[t][g]);
     }
     const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
     for (int t = 0; t < NT; ++t) {
