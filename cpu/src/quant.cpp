@@ -1,12 +1,13 @@
 // Quantised expert formats: decode tables, activation preparation, the scalar kernels (a direct
 // transcription of the lib/core/formats reference) and the choice of kernel per tier.
 //
-// Prepared activation layouts (one per format, shared by every tier):
+// Prepared activation layouts (one per format, shared by the tiers except as noted):
 //   fp8_block, mxfp4  float[K] as is.
 //   nvfp4, ds_fp4     float, per 32 elements [16 even, 16 odd] (x0 x2 .. x30 x1 x3 .. x31), so a
 //                     kernel multiplies the low nibbles of 16 packed bytes by the first half and
 //                     the high nibbles by the second; zero-padded to a multiple of 32. ds_fp4 rounds
-//                     x through FP8 per 128 first (DeepSeek-V4).
+//                     x through FP8 per 128 first (DeepSeek-V4). The AVX2 kernels take the same
+//                     values in the order their decode gives (split_index_avx2).
 //   q4_0              Q8_0 (ft::quantize_q8_0): int8 q[K] zero-padded to a multiple of 64, then
 //                     float d[K/32] (+1 zero entry).
 // The AVX-512-BF16 tier's kernels (quant_avx512bf16.cpp) read bf16 activations instead:
@@ -57,6 +58,14 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Position of element k in the [16 even, 16 odd] per-32 layout.
 inline int64_t split_index(int64_t k) { return (k & ~int64_t(31)) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1); }
+
+// Position of element k in the AVX2 nvfp4 / ds_fp4 kernels' per-32 layout (the order their
+// bf16-word decode gives, quant_avx2.cpp): element 2i + h (h: odd) at 8 (2 (i % 2) + i / 8) +
+// 4h + (i % 8) / 2.
+inline int64_t split_index_avx2(int64_t k) {
+    const int64_t e = k & 31, h = e & 1, i = e >> 1;
+    return (k & ~int64_t(31)) + 8 * (2 * (i % 2) + i / 8) + 4 * h + (i % 8) / 2;
+}
 
 // bf16 per 128 elements in 4 phases of 32 (phase r, word m = element 4m + r), zero-padded to a
 // multiple of 128; v holds bf16 bits.
@@ -280,30 +289,40 @@ void prepare_f32(const uint16_t *x, int64_t K, uint8_t *dst) {
     for (int64_t k = 0; k < K; ++k) y[k] = bf16_to_f32(x[k]);
 }
 
+// v[0, K) to y in the per-32 layout Index (zero-padded to a multiple of 32).
+template <int64_t (*Index)(int64_t)>
 void split_f32(const float *v, int64_t K, float *y) {
     const int64_t padded = round_up(K, 32);
-    for (int64_t k = K; k < padded; ++k) y[detail::split_index(k)] = 0.0f;
-    for (int64_t k = 0; k < K; ++k) y[detail::split_index(k)] = v[k];
+    for (int64_t k = K; k < padded; ++k) y[Index(k)] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) y[Index(k)] = v[k];
 }
 
+// nvfp4: the fp32 activation in the per-32 layout Index.
+template <int64_t (*Index)(int64_t)>
 void prepare_split(const uint16_t *x, int64_t K, uint8_t *dst) {
     float v[32];
     float *y = reinterpret_cast<float *>(dst);
     for (int64_t c = 0; c < K; c += 32) {
         const int64_t n = std::min<int64_t>(32, K - c);
         for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_f32(x[c + i]);
-        split_f32(v, n, y + c);
+        split_f32<Index>(v, n, y + c);
     }
 }
 
+// ds_fp4: the FP8 round trip per 128, then the per-32 layout Index.
+template <int64_t (*Index)(int64_t)>
 void prepare_ds_fp4(const uint16_t *x, int64_t K, uint8_t *dst) {
     float v[kFp8ActBlock];
     float *y = reinterpret_cast<float *>(dst);
     for (int64_t c = 0; c < K; c += kFp8ActBlock) {  // K is a multiple of 128 for ds_fp4
         fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
-        split_f32(v, kFp8ActBlock, y + c);
+        split_f32<Index>(v, kFp8ActBlock, y + c);
     }
 }
+constexpr auto prepare_split_even_odd = prepare_split<detail::split_index>;
+constexpr auto prepare_split_avx2 = prepare_split<detail::split_index_avx2>;
+constexpr auto prepare_ds_fp4_even_odd = prepare_ds_fp4<detail::split_index>;
+constexpr auto prepare_ds_fp4_avx2 = prepare_ds_fp4<detail::split_index_avx2>;
 
 void prepare_q8_0(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = round_up(K, 64);
@@ -411,10 +430,10 @@ const TierKernels kKernels[] = {
 #endif
      }, {}, {}},
     {Format::nvfp4, "nvfp4-w4a16",
-     {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split}
+     {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::nvfp4_avx2, "-avx2", f32_act_bytes, prepare_split},
-      {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split},
+      , {detail::nvfp4_avx2, "-avx2", f32_act_bytes, prepare_split_avx2},
+      {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split_even_odd},
       {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_split_bf16,
        detail::nvfp4_dequant_avx512bf16}
 #endif
@@ -426,10 +445,10 @@ const TierKernels kKernels[] = {
     },
 #endif
     {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)",
-     {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4}
+     {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::ds_fp4_avx2, "-avx2", f32_act_bytes, prepare_ds_fp4},
-      {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4},
+      , {detail::ds_fp4_avx2, "-avx2", f32_act_bytes, prepare_ds_fp4_avx2},
+      {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4_even_odd},
       {detail::ds_fp4_avx512bf16_rowexp, "-avx512bf16-rowexp", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
        detail::ds_fp4_dequant_avx512bf16_rowexp}
 #endif

@@ -1,12 +1,12 @@
-// AVX2 + FMA (+ F16C) kernels of every quantised format, fp32 activations in the layouts of the
-// scalar kernels (quant.cpp): fp8_block / mxfp4 float[K], nvfp4 / ds_fp4 float per 32 elements
-// [16 even, 16 odd], q4_0 Q8_0. Each weight vector is decoded once per tile of up to 8 tokens
+// AVX2 + FMA (+ F16C) kernels of every quantised format, on prepared activations (quant.cpp):
+// fp8_block / mxfp4 float[K], nvfp4 / ds_fp4 float per 32 elements in the order of e2m1_chunk's
+// decode (split_index_avx2), q4_0 Q8_0. Each weight vector is decoded once per tile of up to 8 tokens
 // (mxfp4: 4) and used for all of them; weights are decoded exactly in registers, never stored:
-//   e2m1   `vpshufb` of a 16-entry int8 table of 2 * value (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12),
-//          sign-extended and converted to fp32, times half the block scale (exact); mxfp4 with
-//          1-2 tokens: two `vpshufb` of the bf16 bytes of 2 * value, a byte unpack into words, and
-//          each 32-bit lane's even word shifted up / odd word masked: fp32. mxfp4 sums each 32-row
-//          block unscaled and applies the block scale once per block and column;
+//   e2m1   two `vpshufb` of the bf16 bytes of 2 * value (exact in bf16), a byte unpack into
+//          words, and each 32-bit lane's even word shifted up / odd word masked: fp32 (nvfp4,
+//          ds_fp4, mxfp4 with 1-2 tokens); mxfp4 with 3-4 tokens: `vpshufb` of an int8 table of
+//          2 * value, sign-extended and converted. Times half the block scale (exact); mxfp4 sums
+//          each 32-row block unscaled and applies the block scale once per block and column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
@@ -101,25 +101,60 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
     });
 }
 
+// ---- e2m1 through bf16 bytes -----------------------------------------------------------------
+
+// bf16 bits of 2 * e2m1(code), split into low and high bytes (pshufb tables, both lanes): the
+// values are exact in bf16, so the bf16 word moved to the top of 32 bits is their fp32.
+inline __m256i e2m1x2_bf16_lo() {
+    return _mm256_setr_epi8(0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80),
+                            char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80),
+                            0, 0x40, char(0x80), char(0xC0), 0, 0x40);
+}
+inline __m256i e2m1x2_bf16_hi() {
+    return _mm256_setr_epi8(0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, char(0xBF), char(0xC0), char(0xC0),
+                            char(0xC0), char(0xC0), char(0xC1), char(0xC1), 0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0,
+                            char(0xBF), char(0xC0), char(0xC0), char(0xC0), char(0xC0), char(0xC1), char(0xC1));
+}
+
+// The byte unpacks work inside 128-bit lanes and each 32-bit lane holds two bf16 words: vector j
+// of a 32-byte decode holds, in lane i, column 16 (i / 4) + 8 (j / 2) + 2 (i % 4) + j % 2.
+inline int mxfp4_lane_column(int j, int i) { return 16 * (i / 4) + 8 * (j / 2) + 2 * (i % 4) + j % 2; }
+
+// 32 codes (one nibble per column) -> 4 fp32 vectors of 2 * e2m1, in mxfp4_lane_column order: the
+// bf16 low and high bytes by `vpshufb`, interleaved into words by a byte unpack, then the even
+// word of each 32-bit lane shifted up and the odd one masked (4 shuffles per 32 codes).
+inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
+    const __m256i lo = _mm256_shuffle_epi8(tlo, codes), hi = _mm256_shuffle_epi8(thi, codes);
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+    const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
+    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+    w[1] = _mm256_castsi256_ps(_mm256_and_si256(a, top));
+    w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+    w[3] = _mm256_castsi256_ps(_mm256_and_si256(b, top));
+}
+
 // ---- nvfp4 / ds_fp4 -------------------------------------------------------------------------
 
-// The 32 weights of chunk c of a row (16 packed bytes): w[0..1] the 16 even elements (low
-// nibbles), w[2..3] the 16 odd ones, as the [16 even, 16 odd] activation layout; w[0], w[2] take
-// block scale vs[0], w[1], w[3] vs[1] (half the e4m3 / e8m0 value: the table holds 2 * value).
-// Scaled: multiplied in; else left to the caller (vs). B = 16 (nvfp4, e4m3 scale per 8 packed
-// bytes) or 32 (ds_fp4, e8m0 per 16 bytes; `biased`: e8m0_biased factors).
+// The 32 weights of chunk c of a row (16 packed bytes) in the order of the AVX2 activation layout
+// (split_index_avx2 in quant.cpp): the low nibbles (even elements) in the low 128-bit lane, the
+// high ones (odd) in the high lane, decoded by e2m1x2_ps32; w[0], w[2] hold elements 0..15 and take
+// block scale vs[0], w[1], w[3] elements 16..31 and vs[1] (half the e4m3 / e8m0 value: the table
+// holds 2 * value). Scaled: multiplied in; else left to the caller (vs). B = 16 (nvfp4, e4m3 scale
+// per 8 packed bytes) or 32 (ds_fp4, e8m0 per 16 bytes; `biased`: e8m0_biased factors).
 template <int B, bool Scaled = true>
 inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, bool biased, __m256 w[4],
                        __m256 *vs = nullptr) {
-    const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
     const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
-    const __m128i bytes = half ? _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2))
-                               : _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2));
+    const __m256i bytes = half ? _mm256_broadcastsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2)))
+                               : _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2)));
+    const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                           _mm256_set1_epi8(15));
     float s0, s1;
     if (B == 32) s0 = s1 = biased ? e8m0_biased(sc[c / 32], true) : 0.5f * g_e8m0[sc[c / 32]];
     else s0 = 0.5f * g_e4m3[sc[c / 16]], s1 = half ? 0.0f : 0.5f * g_e4m3[sc[c / 16 + 1]];
-    i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(bytes, m15)), w[0], w[1]);
-    i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), m15)), w[2], w[3]);
+    __m256 v[4];
+    e2m1x2_ps32(codes, e2m1x2_bf16_lo(), e2m1x2_bf16_hi(), v);
+    w[0] = v[0], w[1] = v[2], w[2] = v[1], w[3] = v[3];
     const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
     if (!Scaled) {
         vs[0] = vs0, vs[1] = vs1;
@@ -519,36 +554,6 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         for (int g = 0; g < 2; ++g) _mm256_store_ps(o + 8 * g, _mm256_mul_ps(sum_sets<S>(acc[t][g]), unbias));
         std::memcpy(out + t * ldo, o, size_t(count) * 4);
     }
-}
-
-// bf16 bits of 2 * e2m1(code), split into low and high bytes (pshufb tables, both lanes): the
-// values are exact in bf16, so the bf16 word moved to the top of 32 bits is their fp32.
-inline __m256i e2m1x2_bf16_lo() {
-    return _mm256_setr_epi8(0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80),
-                            char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80),
-                            0, 0x40, char(0x80), char(0xC0), 0, 0x40);
-}
-inline __m256i e2m1x2_bf16_hi() {
-    return _mm256_setr_epi8(0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, char(0xBF), char(0xC0), char(0xC0),
-                            char(0xC0), char(0xC0), char(0xC1), char(0xC1), 0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0,
-                            char(0xBF), char(0xC0), char(0xC0), char(0xC0), char(0xC0), char(0xC1), char(0xC1));
-}
-
-// The byte unpacks work inside 128-bit lanes and each 32-bit lane holds two bf16 words: vector j
-// of a 32-byte decode holds, in lane i, column 16 (i / 4) + 8 (j / 2) + 2 (i % 4) + j % 2.
-inline int mxfp4_lane_column(int j, int i) { return 16 * (i / 4) + 8 * (j / 2) + 2 * (i % 4) + j % 2; }
-
-// 32 codes (one nibble per column) -> 4 fp32 vectors of 2 * e2m1, in mxfp4_lane_column order: the
-// bf16 low and high bytes by `vpshufb`, interleaved into words by a byte unpack, then the even
-// word of each 32-bit lane shifted up and the odd one masked (4 shuffles per 32 codes).
-inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
-    const __m256i lo = _mm256_shuffle_epi8(tlo, codes), hi = _mm256_shuffle_epi8(thi, codes);
-    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
-    const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
-    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-    w[1] = _mm256_castsi256_ps(_mm256_and_si256(a, top));
-    w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
-    w[3] = _mm256_castsi256_ps(_mm256_and_si256(b, top));
 }
 
 // Tiles of 32 columns x NT (1, 2) tokens: per K row pair the row's 32 bytes are decoded once (bf16
