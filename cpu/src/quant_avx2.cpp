@@ -145,8 +145,8 @@ template <int B, bool Scaled = true>
 inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, bool biased, __m256 w[4],
                        __m256 *vs = nullptr) {
     const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
-    const __m256i bytes = half ? _mm256_broadcastsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + c / 2)))
-                               : _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + c / 2)));
+    const __m128i *src = reinterpret_cast<const __m128i *>(p + c / 2);
+    const __m256i bytes = _mm256_broadcastsi128_si256(half ? _mm_loadl_epi64(src) : _mm_loadu_si128(src));
     const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
                                            _mm256_set1_epi8(15));
     float s0, s1;
@@ -244,8 +244,8 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         }
         for (int j = j0; j < j0 + n; ++j) {
             const int64_t r = first + j;
-            per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2), m.scale + r * (K / B), K,
-                                                 row_scale(r, biased), biased, pf);
+            per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2),
+                                                 m.scale + r * (K / B), K, row_scale(r, biased), biased, pf);
         }
     };
     constexpr bool kBiased = B == 32;
@@ -513,8 +513,10 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         std::memcpy(st, srow, size_t(count));
         if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
         __m256 sc[2];
-        for (int g = 0; g < 2; ++g)
-            sc[g] = e8m0_half8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g))), biased);
+        for (int g = 0; g < 2; ++g) {
+            const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g));
+            sc[g] = e8m0_half8(_mm256_cvtepu8_epi32(codes), biased);
+        }
         __m256 blk[NT][2][S];
         for (int t = 0; t < NT; ++t)
             for (int g = 0; g < 2; ++g)
