@@ -489,6 +489,19 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
 
 // ---- mxfp4: K-outer over tiles of columns x NT tokens --------------------------------------------
 
+// K row pair kb of a tile of W columns from `first` holding `count` of them: the next rows
+// prefetched into L2 pf_rows ahead, and a partial tile's bytes copied zero-padded into tmp[W].
+template <int W>
+inline const uint8_t *tile_row(const QuantMatrix &m, int64_t first, int count, int64_t kb, int pf_rows, uint8_t *tmp) {
+    const uint8_t *row = m.data + kb * m.N + first;
+    if (pf_rows && kb + pf_rows < m.K / 2)
+        _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * m.N), _MM_HINT_T1);
+    if (count == W) return row;
+    std::memset(tmp, 0, W);
+    std::memcpy(tmp, row, size_t(count));
+    return tmp;
+}
+
 // Columns [first, first + count) (count <= 16) for NT tokens (the tiles of 3..4 tokens and their
 // remainders; 1-2-token calls take mxfp4_tile32): per K row the 16 bytes (two weights each) are
 // decoded once and used for all NT tokens; each 32-row block is summed unscaled per token and the
@@ -506,7 +519,6 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         for (int g = 0; g < 2; ++g)
             for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_setzero_ps();
     }
-    const bool full = count == 16;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
         alignas(16) uint8_t st[16] = {};
         const uint8_t *srow = m.scale + (k0 / 32) * N + first;
@@ -522,15 +534,8 @@ void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t 
             for (int g = 0; g < 2; ++g)
                 for (int i = 0; i < S; ++i) blk[t][g][i] = _mm256_setzero_ps();
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
-            const uint8_t *row = m.data + kb * N + first;
-            if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
             alignas(16) uint8_t tmp[16];
-            const uint8_t *src = row;
-            if (!full) {
-                std::memset(tmp, 0, 16);
-                std::memcpy(tmp, row, size_t(count));
-                src = tmp;
-            }
+            const uint8_t *src = tile_row<16>(m, first, count, kb, pf_rows, tmp);
             __m256 xa[NT], xb[NT];
             for (int t = 0; t < NT; ++t)
                 xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
@@ -574,7 +579,6 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         x[t] = reinterpret_cast<const float *>(act[t]);
         for (int g = 0; g < 4; ++g) acc[t][g] = _mm256_setzero_ps();
     }
-    const bool full = count == 32;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
         alignas(32) uint8_t st[32] = {};
         const uint8_t *srow = m.scale + (k0 / 32) * N + first;
@@ -590,15 +594,8 @@ void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t 
         for (int t = 0; t < NT; ++t)
             for (int g = 0; g < 4; ++g) blk[t][g] = _mm256_setzero_ps();
         for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
-            const uint8_t *row = m.data + kb * N + first;
-            if (pf_rows && kb + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
             alignas(32) uint8_t tmp[32];
-            const uint8_t *src = row;
-            if (!full) {
-                std::memset(tmp, 0, 32);
-                std::memcpy(tmp, row, size_t(count));
-                src = tmp;
-            }
+            const uint8_t *src = tile_row<32>(m, first, count, kb, pf_rows, tmp);
             __m256 xa[NT], xb[NT];
             for (int t = 0; t < NT; ++t)
                 xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);

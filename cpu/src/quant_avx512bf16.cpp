@@ -20,7 +20,6 @@
 #endif
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 
 #include "kernels.hpp"
@@ -251,7 +250,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
             const int64_t row = first + cols[r];
             pp[r] = m.data + row * (K / 2);
             sp[r] = m.scale + row * (K / B);
-            g[r] = B == 16 ? f16(m.global + row * 2) : RowExp ? 0x1p-32f : 1.0f;
+            g[r] = B == 16 ? f16(m.global + row * 2) : RowExp ? kUnbias : 1.0f;
         }
         for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
@@ -262,9 +261,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
     if constexpr (RowExp) {
         // Rows flagged (a code above 190) or overflowed: again with the absolute scales.
         for (int j = 0; j < count; ++j) {
-            bool finite = true;
-            for (int t = 0; t < ntok; ++t) finite &= std::isfinite(out[t * ldo + j]);
-            if (finite) continue;
+            if (outputs_finite(out + j, ldo, 1, ntok)) continue;
             const int64_t row = first + j;
             const uint8_t *p1[1] = {m.data + row * (K / 2)}, *s1[1] = {m.scale + row * (K / B)};
             const int c1[1] = {j};
