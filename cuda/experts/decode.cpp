@@ -14,7 +14,9 @@
 // and FP4 formats and q4_0; the other GGUF block formats on an integer-dot CUDA-core kernel with
 // Q8_0 activations (decode_dp4a.cu), and bf16 rows whose length is not a multiple of 8 on a float
 // one (decode_simt.cu; also the block formats' fallback where the integer one does not fit).
-// On both, a warp owns two output rows, its lanes split the reduction and finish with a shuffle.
+// On both, a warp owns pairs of output rows (the integer one several, its CTA's rows staged in
+// shared memory or prefetched into L2 first), its lanes split the reduction and finish with a
+// shuffle.
 // Every sum runs in a fixed order, so results are deterministic run to run. Experts of a model
 // that mixes GGUF block formats run gate_up and down each on its own format's kernel.
 // Files: decode_launch.hpp (constants, arguments, launchers), decode_kernels.cuh (shared device

@@ -1,11 +1,14 @@
 // The integer-dot decode kernel of the GGUF block formats q8_0, q2_k .. q6_k, iq4_xs
 // (launch_simt_projection, decode_simt.cu, picks it). Each CTA quantises the activations of the
 // routes it serves to int8 per 32 elements in shared memory (the Q8_0 rule of the CPU kernels'
-// activations, ft::quantize_q8_0); each warp owns two weight rows and its lanes take 32-weight chunks,
-// which are unpacked to int8 codes 4 to a word and dotted with __dp4a, the block scales applied
-// once per 16 weights.
+// activations, ft::quantize_q8_0) while its weight rows are copied into shared memory (or
+// prefetched into L2 where they do not fit); each warp owns pairs of weight rows and its lanes
+// take 32-weight chunks, which are unpacked to int8 codes 4 to a word and dotted with __dp4a, the
+// block scales applied once per 16 weights.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "decode_kernels.cuh"
@@ -23,8 +26,9 @@ struct Chunk {
     float mult[2], minv[2];
 };
 
-__device__ __forceinline__ uint32_t ld32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
-__device__ __forceinline__ uint32_t ld16(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned short *>(p)); }
+// Generic loads: a row is read from global memory or from its copy in shared memory.
+__device__ __forceinline__ uint32_t ld32(const uint8_t *p) { return *reinterpret_cast<const unsigned int *>(p); }
+__device__ __forceinline__ uint32_t ld16(const uint8_t *p) { return *reinterpret_cast<const unsigned short *>(p); }
 __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_to_f32(uint16_t(ld16(p))); }
 
 // N words from p (2-byte aligned; every field of these blocks is): aligned loads, shifted by two
@@ -36,7 +40,7 @@ __device__ __forceinline__ void load_words(const uint8_t *p, uint32_t *w) {
     if ((a & 15) == 0) {
 #pragma unroll
         for (int i = 0; i < N / 4; ++i) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+            const uint4 v = reinterpret_cast<const uint4 *>(p)[i];
             w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
         }
     } else if ((a & 3) == 0) {
@@ -217,28 +221,99 @@ __device__ __forceinline__ void quantize_routes(const uint16_t *const *arow, int
     }
 }
 
-// gate_up (GATE_UP): warp w of CTA x owns unit j = x * 8 + w: rows j (gate) and I + j (up);
-// down: rows 2j and 2j + 1 of the N = H outputs. Shared memory: dp4a_smem_bytes(K).
+// L2 prefetch of [p, p + bytes): one 128-byte line per thread in turn.
+__device__ __forceinline__ void prefetch_l2(const uint8_t *p, int64_t bytes) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes);
+    for (uintptr_t a = (reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127)) + 128 * threadIdx.x; a < end;
+         a += 128 * kThreads)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+// [src, src + bytes) into shared memory at dst + (src % 16), by 16-byte cp.async from the
+// aligned-down address (the last copy reads only up to src + bytes and zero-fills the rest).
+// Returns the copy of src. Completed by cp_async_wait().
+__device__ __forceinline__ const uint8_t *stage(uint8_t *dst, const uint8_t *src, int64_t bytes) {
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(src) + uintptr_t(bytes);
+    for (uintptr_t a = a0 + 16 * threadIdx.x; a < end; a += 16 * kThreads) {
+        uint8_t *d = dst + (a - a0);
+        const unsigned n = end - a < 16 ? unsigned(end - a) : 16u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(unsigned(__cvta_generic_to_shared(d))),
+                     "l"(a), "r"(n));
+#else
+        for (unsigned i = 0; i < 16; ++i) d[i] = i < n ? reinterpret_cast<const uint8_t *>(a)[i] : 0;
+#endif
+    }
+    return dst + (reinterpret_cast<uintptr_t>(src) - a0);
+}
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// The rows CTA x reads of one slot's matrix at `base` (units u0 = x * upw * kWarps on, n of
+// them): gate_up two ranges (gate rows u0.., up rows I + u0..), down one (rows 2 u0..).
+struct CtaRows {
+    const uint8_t *src[2];
+    int64_t bytes;
+    int first[2];  // the first row of each range
+    int ranges;
+};
+template <bool GATE_UP>
+__device__ __forceinline__ CtaRows cta_rows(const ProjArgs &p, const uint8_t *base, int64_t rb) {
+    CtaRows r{};
+    const int u0 = blockIdx.x * p.units_per_warp * kWarps, units = p.units_per_warp * kWarps;
+    if (GATE_UP) {
+        const int n = max(0, min(units, p.inter - u0));
+        r = CtaRows{{base + int64_t(u0) * rb, base + int64_t(p.inter + u0) * rb}, n * rb, {u0, p.inter + u0}, 2};
+    } else {
+        const int n = max(0, min(2 * units, p.N - 2 * u0));
+        r = CtaRows{{base + int64_t(2 * u0) * rb, nullptr}, n * rb, {2 * u0, 0}, 1};
+    }
+    return r;
+}
+
+// Shared-memory bytes of the activations of kRouteChunk routes (then the staged rows, 16-aligned).
+__host__ __device__ constexpr size_t dp4a_smem_bytes(int K) {
+    return size_t(kRouteChunk) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float)));
+}
+
+// Shared-memory bytes of one staged range of `rows` rows of rb bytes (16 of alignment slack).
+__host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t rb) { return (rows * rb + 31) / 16 * 16; }
+
+// Warp w of CTA x owns units (x * upw + u) * kWarps + w, u < upw = p.units_per_warp; gate_up
+// (GATE_UP): unit j is rows j (gate) and I + j (up); down: rows 2j and 2j + 1 of the N = H
+// outputs. Per group, the CTA's rows are copied into shared memory (p.stage_rows) or prefetched
+// into L2 before the routes' activations are quantised, so that their loads overlap that work;
+// the activations of a chunk of routes are quantised once for all units. Shared memory:
+// dp4a_smem_bytes(K), then the staged rows.
 template <Format F, bool GATE_UP>
 __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
     extern __shared__ __align__(16) uint8_t smem[];
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     const int K = p.K, nc = K / 32;
+    const int64_t rb = gguf_row_bytes<F>(K);
     int8_t *aq = reinterpret_cast<int8_t *>(smem);
     int2 *as = reinterpret_cast<int2 *>(smem + size_t(kRouteChunk) * K);
     float *ad = reinterpret_cast<float *>(as + kRouteChunk * nc);
     const ActQ act{aq, ad, as, K, nc};
+    uint8_t *wsm = smem + dp4a_smem_bytes(K);  // the staged rows
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int unit = blockIdx.x * kWarps + warp;
-    int n0, n1;
-    bool has1;
-    const bool active = unit_rows<GATE_UP>(p, unit, n0, n1, has1);  // inactive warps still sync
-    const int64_t rb = gguf_row_bytes<F>(K);
     const int ngroups = *p.g.num;
     for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
         const uint8_t *base = p.data + size_t(p.g.slot[gi]) * p.data_rb;
-        const uint8_t *r0p = base + n0 * rb, *r1p = base + (has1 ? n1 : n0) * rb;
+        const CtaRows r = cta_rows<GATE_UP>(p, base, rb);
+        const uint8_t *rows[2] = {r.src[0], r.src[1]};
+        if (p.stage_rows) {
+            __syncthreads();  // the previous group's rows are no longer read
+            const int64_t range = staged_range_bytes(r.bytes / rb, rb);
+            for (int i = 0; i < r.ranges; ++i) rows[i] = stage(wsm + i * range, r.src[i], r.bytes);
+        } else {
+            for (int i = 0; i < r.ranges; ++i) prefetch_l2(r.src[i], r.bytes);
+        }
         const int first = p.g.start[gi], count = p.g.count[gi];
         for (int r0 = 0; r0 < count; r0 += kRouteChunk) {
             const int nr = min(kRouteChunk, count - r0);
@@ -247,40 +322,86 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
             route_rows(p, first + r0, nr, route, arow);
             __syncthreads();  // the previous chunk's activations are no longer read
             quantize_routes(arow, nr, K, aq, ad, as);
+            if (p.stage_rows && r0 == 0) cp_async_wait();
             __syncthreads();
-            if (!active) continue;
-            float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
-            for (int c = lane; c < nc; c += 32) {
-                const Chunk k0 = load_chunk<F>(r0p, c);
-                const Chunk k1 = has1 ? load_chunk<F>(r1p, c) : k0;
+            for (int u = 0; u < p.units_per_warp; ++u) {
+                const int unit = (blockIdx.x * p.units_per_warp + u) * kWarps + warp;
+                int n0, n1;
+                bool has1;
+                if (!unit_rows<GATE_UP>(p, unit, n0, n1, has1)) break;  // later units lie further out
+                // Row n of range i is at rows[i] + (n - first[i]) * rb.
+                const uint8_t *r0p = rows[0] + (n0 - r.first[0]) * rb;
+                const uint8_t *r1p = GATE_UP ? rows[1] + (n1 - r.first[1]) * rb : r0p + (has1 ? rb : 0);
+                float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
+                for (int c = lane; c < nc; c += 32) {
+                    const Chunk k0 = load_chunk<F>(r0p, c);
+                    const Chunk k1 = has1 ? load_chunk<F>(r1p, c) : k0;
+#pragma unroll
+                    for (int j = 0; j < kRouteChunk; ++j) {
+                        if (j < nr) {
+                            acc0[j] += chunk_dot<F>(k0, act, j, c);
+                            if (has1) acc1[j] += chunk_dot<F>(k1, act, j, c);
+                        }
+                    }
+                }
 #pragma unroll
                 for (int j = 0; j < kRouteChunk; ++j) {
                     if (j < nr) {
-                        acc0[j] += chunk_dot<F>(k0, act, j, c);
-                        if (has1) acc1[j] += chunk_dot<F>(k1, act, j, c);
+                        const float v0 = warp_sum(acc0[j]);
+                        const float v1 = has1 ? warp_sum(acc1[j]) : 0.0f;
+                        if (lane == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
                     }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kRouteChunk; ++j) {
-                if (j < nr) {
-                    const float v0 = warp_sum(acc0[j]);
-                    const float v1 = has1 ? warp_sum(acc1[j]) : 0.0f;
-                    if (lane == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
                 }
             }
         }
     }
 }
 
-size_t dp4a_smem_bytes(int K) { return size_t(kRouteChunk) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float))); }
+
+// CTAs of one launch resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached
+// per shared-memory size (a few entries; a shared-memory size has one slot).
+template <Format F, bool GATE_UP>
+int blocks_per_sm(size_t smem) {
+    static std::atomic<uint64_t> cache[8];  // smem << 16 | blocks
+    std::atomic<uint64_t> &slot = cache[(smem / 16) % 8];
+    const uint64_t c = slot.load(std::memory_order_relaxed);
+    if (c != 0 && (c >> 16) == smem) return int(c & 0xffff);
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dp4a_kernel<F, GATE_UP>, kThreads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    n = std::max(n, 1);
+    slot.store(uint64_t(smem) << 16 | uint64_t(n), std::memory_order_relaxed);
+    return n;
+}
+
+// Units per warp and staging: upw is the fewest units per warp that make the CTAs of a call
+// with top_k groups one wave (grid.x counts CTAs of one unit per warp; at most 8). The rows are
+// staged in shared memory where upw units' rows fit beside the activations in the 48 KiB a
+// launch gets without opting in and as many CTAs stay resident, else prefetched into L2
+// (staging fewer units, so more waves, lost to that on the H200).
+template <Format F, bool GATE_UP>
+cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
+    const size_t act_smem = dp4a_smem_bytes(p.K);
+    int dev = 0, sms = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        cudaGetLastError(), sms = 1;
+    const int64_t groups = std::min<int64_t>(grid.y, std::max(p.top_k, 1));
+    const int per_sm = blocks_per_sm<F, GATE_UP>(act_smem);
+    const int64_t wave = int64_t(per_sm) * std::max(sms, 1);
+    const int upw = int(std::clamp<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1, 8));
+    const int64_t rows = int64_t(upw) * kWarps * (GATE_UP ? 1 : 2);
+    const size_t staged = size_t((GATE_UP ? 2 : 1) * staged_range_bytes(rows, gguf_row_bytes<F>(p.K)));
+    p.units_per_warp = upw;
+    p.stage_rows = act_smem + staged <= 48 * 1024 && blocks_per_sm<F, GATE_UP>(act_smem + staged) >= per_sm;
+    grid.x = (grid.x + upw - 1) / upw;
+    return launch_pdl(dp4a_kernel<F, GATE_UP>, grid, dim3(kThreads), act_smem + (p.stage_rows ? staged : 0), s, p);
+}
 
 template <Format F>
 cudaError_t launch_dp4a(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
-    const dim3 b(kThreads);
-    const size_t smem = dp4a_smem_bytes(p.K);
-    return gate_up ? launch_pdl(dp4a_kernel<F, true>, grid, b, smem, s, p)
-                   : launch_pdl(dp4a_kernel<F, false>, grid, b, smem, s, p);
+    return gate_up ? launch_dp4a<F, true>(grid, p, s) : launch_dp4a<F, false>(grid, p, s);
 }
 
 }  // namespace

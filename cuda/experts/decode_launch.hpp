@@ -44,6 +44,10 @@ struct ProjArgs {
     const float *bias;
     const int32_t *bias_ids;
     int32_t bias_experts;
+    // Integer-dot kernel only, set by its launcher (decode_dp4a.cu): units (row pairs) per warp,
+    // and whether each CTA copies its rows into shared memory first.
+    int32_t units_per_warp;
+    bool stage_rows;
 };
 
 // A launch's own error, else the last one pending (and cleared), as a checked launch returns.
