@@ -152,7 +152,7 @@ __device__ __forceinline__ Chunk load_chunk(const uint8_t *row, int c) {
     return k;
 }
 
-// The shared-memory activations of kRouteChunk routes: int8 codes [route][K], scales
+// The shared-memory activations of a chunk of routes: int8 codes [route][K], scales
 // [route][K / 32], code sums per 16 [route][K / 32][2].
 struct ActQ {
     const int8_t *q;
@@ -275,9 +275,15 @@ __device__ __forceinline__ CtaRows cta_rows(const ProjArgs &p, const uint8_t *ba
     return r;
 }
 
-// Shared-memory bytes of the activations of kRouteChunk routes (then the staged rows, 16-aligned).
-__host__ __device__ constexpr size_t dp4a_smem_bytes(int K) {
-    return size_t(kRouteChunk) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float)));
+// Routes whose activations a CTA quantises at once and whose accumulators live in registers
+// (RC): a group rarely has more routes than the call has tokens (a token's top_k experts are
+// distinct; more routes take more chunks), so one-token calls take 1, calls of up to 4 tokens 4,
+// larger ones 8 where their activations fit.
+constexpr int kDp4aMaxRoutes = 8;
+
+// Shared-memory bytes of the activations of rc routes, rounded up to 16 (the staged rows follow).
+__host__ __device__ constexpr size_t dp4a_smem_bytes(int K, int rc) {
+    return (size_t(rc) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float))) + 15) / 16 * 16;
 }
 
 // Shared-memory bytes of one staged range of `rows` rows of rb bytes (16 of alignment slack).
@@ -288,18 +294,18 @@ __host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t r
 // outputs. Per group, the CTA's rows are copied into shared memory (p.stage_rows) or prefetched
 // into L2 before the routes' activations are quantised, so that their loads overlap that work;
 // the activations of a chunk of routes are quantised once for all units. Shared memory:
-// dp4a_smem_bytes(K), then the staged rows.
-template <Format F, bool GATE_UP>
+// dp4a_smem_bytes(K, RC), then the staged rows.
+template <Format F, bool GATE_UP, int RC>
 __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
     extern __shared__ __align__(16) uint8_t smem[];
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     const int K = p.K, nc = K / 32;
     const int64_t rb = gguf_row_bytes<F>(K);
     int8_t *aq = reinterpret_cast<int8_t *>(smem);
-    int2 *as = reinterpret_cast<int2 *>(smem + size_t(kRouteChunk) * K);
-    float *ad = reinterpret_cast<float *>(as + kRouteChunk * nc);
+    int2 *as = reinterpret_cast<int2 *>(smem + size_t(RC) * K);
+    float *ad = reinterpret_cast<float *>(as + RC * nc);
     const ActQ act{aq, ad, as, K, nc};
-    uint8_t *wsm = smem + dp4a_smem_bytes(K);  // the staged rows
+    uint8_t *wsm = smem + dp4a_smem_bytes(K, RC);  // the staged rows
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ngroups = *p.g.num;
@@ -315,11 +321,11 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
             for (int i = 0; i < r.ranges; ++i) prefetch_l2(r.src[i], r.bytes);
         }
         const int first = p.g.start[gi], count = p.g.count[gi];
-        for (int r0 = 0; r0 < count; r0 += kRouteChunk) {
-            const int nr = min(kRouteChunk, count - r0);
-            const uint16_t *arow[kRouteChunk];
-            int route[kRouteChunk];
-            route_rows(p, first + r0, nr, route, arow);
+        for (int r0 = 0; r0 < count; r0 += RC) {
+            const int nr = min(RC, count - r0);
+            const uint16_t *arow[RC];
+            int route[RC];
+            route_rows<RC>(p, first + r0, nr, route, arow);
             __syncthreads();  // the previous chunk's activations are no longer read
             quantize_routes(arow, nr, K, aq, ad, as);
             if (p.stage_rows && r0 == 0) cp_async_wait();
@@ -332,12 +338,12 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
                 // Row n of range i is at rows[i] + (n - first[i]) * rb.
                 const uint8_t *r0p = rows[0] + (n0 - r.first[0]) * rb;
                 const uint8_t *r1p = GATE_UP ? rows[1] + (n1 - r.first[1]) * rb : r0p + (has1 ? rb : 0);
-                float acc0[kRouteChunk] = {}, acc1[kRouteChunk] = {};
+                float acc0[RC] = {}, acc1[RC] = {};
                 for (int c = lane; c < nc; c += 32) {
                     const Chunk k0 = load_chunk<F>(r0p, c);
                     const Chunk k1 = has1 ? load_chunk<F>(r1p, c) : k0;
 #pragma unroll
-                    for (int j = 0; j < kRouteChunk; ++j) {
+                    for (int j = 0; j < RC; ++j) {
                         if (j < nr) {
                             acc0[j] += chunk_dot<F>(k0, act, j, c);
                             if (has1) acc1[j] += chunk_dot<F>(k1, act, j, c);
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
                     }
                 }
 #pragma unroll
-                for (int j = 0; j < kRouteChunk; ++j) {
+                for (int j = 0; j < RC; ++j) {
                     if (j < nr) {
                         const float v0 = warp_sum(acc0[j]);
                         const float v1 = has1 ? warp_sum(acc1[j]) : 0.0f;
@@ -360,14 +366,14 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
 
 // CTAs of one launch resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached
 // per shared-memory size (a few entries; a shared-memory size has one slot).
-template <Format F, bool GATE_UP>
+template <Format F, bool GATE_UP, int RC>
 int blocks_per_sm(size_t smem) {
     static std::atomic<uint64_t> cache[8];  // smem << 16 | blocks
     std::atomic<uint64_t> &slot = cache[(smem / 16) % 8];
     const uint64_t c = slot.load(std::memory_order_relaxed);
     if (c != 0 && (c >> 16) == smem) return int(c & 0xffff);
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dp4a_kernel<F, GATE_UP>, kThreads, smem) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dp4a_kernel<F, GATE_UP, RC>, kThreads, smem) != cudaSuccess) {
         cudaGetLastError();
         return 1;
     }
@@ -381,22 +387,30 @@ int blocks_per_sm(size_t smem) {
 // staged in shared memory where upw units' rows fit beside the activations in the 48 KiB a
 // launch gets without opting in and as many CTAs stay resident, else prefetched into L2
 // (staging fewer units, so more waves, lost to that on the H200).
-template <Format F, bool GATE_UP>
+template <Format F, bool GATE_UP, int RC>
 cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
-    const size_t act_smem = dp4a_smem_bytes(p.K);
+    const size_t act_smem = dp4a_smem_bytes(p.K, RC);
     int dev = 0, sms = 1;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         cudaGetLastError(), sms = 1;
     const int64_t groups = std::min<int64_t>(grid.y, std::max(p.top_k, 1));
-    const int per_sm = blocks_per_sm<F, GATE_UP>(act_smem);
+    const int per_sm = blocks_per_sm<F, GATE_UP, RC>(act_smem);
     const int64_t wave = int64_t(per_sm) * std::max(sms, 1);
     const int upw = int(std::clamp<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1, 8));
     const int64_t rows = int64_t(upw) * kWarps * (GATE_UP ? 1 : 2);
     const size_t staged = size_t((GATE_UP ? 2 : 1) * staged_range_bytes(rows, gguf_row_bytes<F>(p.K)));
     p.units_per_warp = upw;
-    p.stage_rows = act_smem + staged <= 48 * 1024 && blocks_per_sm<F, GATE_UP>(act_smem + staged) >= per_sm;
+    p.stage_rows = act_smem + staged <= 48 * 1024 && blocks_per_sm<F, GATE_UP, RC>(act_smem + staged) >= per_sm;
     grid.x = (grid.x + upw - 1) / upw;
-    return launch_pdl(dp4a_kernel<F, GATE_UP>, grid, dim3(kThreads), act_smem + (p.stage_rows ? staged : 0), s, p);
+    return launch_pdl(dp4a_kernel<F, GATE_UP, RC>, grid, dim3(kThreads), act_smem + (p.stage_rows ? staged : 0), s, p);
+}
+
+template <Format F, bool GATE_UP>
+cudaError_t launch_dp4a(dim3 grid, const ProjArgs &p, cudaStream_t s) {
+    if (p.tokens == 1) return launch_dp4a<F, GATE_UP, 1>(grid, p, s);
+    if (p.tokens > 4 && dp4a_smem_bytes(p.K, kDp4aMaxRoutes) <= 48 * 1024)
+        return launch_dp4a<F, GATE_UP, kDp4aMaxRoutes>(grid, p, s);
+    return launch_dp4a<F, GATE_UP, 4>(grid, p, s);
 }
 
 template <Format F>
@@ -407,12 +421,12 @@ cudaError_t launch_dp4a(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t
 }  // namespace
 
 bool dp4a_usable(const ProjArgs &p) {
-    // Rows must keep every field 2-byte aligned; the activations of kRouteChunk routes must fit
-    // the 48 KiB of shared memory a launch gets without opting in.
+    // Rows must keep every field 2-byte aligned; the activations of 4 routes must fit the 48 KiB
+    // of shared memory a launch gets without opting in.
     return dp4a_fits(p.K) && (reinterpret_cast<uintptr_t>(p.data) % 2) == 0 && p.data_rb % 2 == 0;
 }
 
-bool dp4a_fits(int32_t K) { return K > 0 && K % 32 == 0 && dp4a_smem_bytes(K) <= 48 * 1024; }
+bool dp4a_fits(int32_t K) { return K > 0 && K % 32 == 0 && dp4a_smem_bytes(K, 4) <= 48 * 1024; }
 
 cudaError_t launch_dp4a_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
     switch (f) {

@@ -100,11 +100,12 @@ __device__ __forceinline__ bool unit_rows(const ProjArgs &p, int unit, int &n0, 
     return n0 < p.N;
 }
 
-// Routes r0 .. r0 + nr - 1 of the group whose routes start at `first` (slots past nr repeat the
-// last one) and each one's activation row (gate_up: its token's input; down: its intermediate).
+// Routes r0 .. r0 + nr - 1 (nr <= RC) of the group whose routes start at `first` (slots past nr
+// repeat the last one) and each one's activation row (gate_up: its token's input; down: its intermediate).
+template <int RC = kRouteChunk>
 __device__ __forceinline__ void route_rows(const ProjArgs &p, int first, int nr, int *route, const uint16_t **arow) {
 #pragma unroll
-    for (int j = 0; j < kRouteChunk; ++j) {
+    for (int j = 0; j < RC; ++j) {
         route[j] = p.g.routes[first + min(j, nr - 1)];
         const int64_t arow_index = p.act_by_token ? route[j] / p.top_k : route[j];
         arow[j] = p.act + arow_index * p.K;
