@@ -285,6 +285,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     p.inter = inter_;
     p.top_k = top_k_;
     p.tokens = tokens;
+    p.sms = sms_;
     p.activation = act_;
     p.ds_fp4 = ds;
     p.ds_clamp = ds && act_.kind == FT_ACT_SILU && std::isfinite(act_.limit) && act_.limit > 0.0f;

@@ -277,8 +277,8 @@ __device__ __forceinline__ CtaRows cta_rows(const ProjArgs &p, const uint8_t *ba
 
 // Routes whose activations a CTA quantises at once and whose accumulators live in registers
 // (RC): a group rarely has more routes than the call has tokens (a token's top_k experts are
-// distinct; more routes take more chunks), so one-token calls take 1, calls of up to 4 tokens 4,
-// larger ones 8 where their activations fit.
+// distinct; more routes take more chunks), so one-token calls take 1, calls of up to kRouteChunk
+// (4) tokens kRouteChunk, larger ones 8 where their activations fit.
 constexpr int kDp4aMaxRoutes = 8;
 
 // Shared-memory bytes of the activations of rc routes, rounded up to 16 (the staged rows follow).
@@ -287,7 +287,9 @@ __host__ __device__ constexpr size_t dp4a_smem_bytes(int K, int rc) {
 }
 
 // Shared-memory bytes of one staged range of `rows` rows of rb bytes (16 of alignment slack).
-__host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t rb) { return (rows * rb + 31) / 16 * 16; }
+__host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t rb) {
+    return (rows * rb + 31) / 16 * 16;
+}
 
 // Warp w of CTA x owns units (x * upw + u) * kWarps + w, u < upw = p.units_per_warp; gate_up
 // (GATE_UP): unit j is rows j (gate) and I + j (up); down: rows 2j and 2j + 1 of the N = H
@@ -364,20 +366,25 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
 }
 
 
-// CTAs of one launch resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached
-// per shared-memory size (a few entries; a shared-memory size has one slot).
+// CTAs of one launch resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached per
+// shared-memory size: each launch asks for two sizes, and a process sees a few K, so 8 entries
+// (searched in full, filled first-free, then by hash) keep the query off the decode path.
 template <Format F, bool GATE_UP, int RC>
 int blocks_per_sm(size_t smem) {
-    static std::atomic<uint64_t> cache[8];  // smem << 16 | blocks
-    std::atomic<uint64_t> &slot = cache[(smem / 16) % 8];
-    const uint64_t c = slot.load(std::memory_order_relaxed);
-    if (c != 0 && (c >> 16) == smem) return int(c & 0xffff);
+    static std::atomic<uint64_t> cache[8];  // smem << 16 | blocks; 0 = empty
+    std::atomic<uint64_t> *free_slot = nullptr;
+    for (std::atomic<uint64_t> &e : cache) {
+        const uint64_t c = e.load(std::memory_order_relaxed);
+        if (c == 0 && !free_slot) free_slot = &e;
+        if (c != 0 && (c >> 16) == smem) return int(c & 0xffff);
+    }
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dp4a_kernel<F, GATE_UP, RC>, kThreads, smem) != cudaSuccess) {
         cudaGetLastError();
         return 1;
     }
     n = std::max(n, 1);
+    std::atomic<uint64_t> &slot = free_slot ? *free_slot : cache[(smem / 16) % 8];
     slot.store(uint64_t(smem) << 16 | uint64_t(n), std::memory_order_relaxed);
     return n;
 }
@@ -390,12 +397,9 @@ int blocks_per_sm(size_t smem) {
 template <Format F, bool GATE_UP, int RC>
 cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
     const size_t act_smem = dp4a_smem_bytes(p.K, RC);
-    int dev = 0, sms = 1;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        cudaGetLastError(), sms = 1;
     const int64_t groups = std::min<int64_t>(grid.y, std::max(p.top_k, 1));
     const int per_sm = blocks_per_sm<F, GATE_UP, RC>(act_smem);
-    const int64_t wave = int64_t(per_sm) * std::max(sms, 1);
+    const int64_t wave = int64_t(per_sm) * std::max(p.sms, 1);
     const int upw = int(std::clamp<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1, 8));
     const int64_t rows = int64_t(upw) * kWarps * (GATE_UP ? 1 : 2);
     const size_t staged = size_t((GATE_UP ? 2 : 1) * staged_range_bytes(rows, gguf_row_bytes<F>(p.K)));
@@ -408,9 +412,9 @@ cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
 template <Format F, bool GATE_UP>
 cudaError_t launch_dp4a(dim3 grid, const ProjArgs &p, cudaStream_t s) {
     if (p.tokens == 1) return launch_dp4a<F, GATE_UP, 1>(grid, p, s);
-    if (p.tokens > 4 && dp4a_smem_bytes(p.K, kDp4aMaxRoutes) <= 48 * 1024)
+    if (p.tokens > kRouteChunk && dp4a_smem_bytes(p.K, kDp4aMaxRoutes) <= 48 * 1024)
         return launch_dp4a<F, GATE_UP, kDp4aMaxRoutes>(grid, p, s);
-    return launch_dp4a<F, GATE_UP, 4>(grid, p, s);
+    return launch_dp4a<F, GATE_UP, kRouteChunk>(grid, p, s);
 }
 
 template <Format F>
@@ -421,12 +425,12 @@ cudaError_t launch_dp4a(bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t
 }  // namespace
 
 bool dp4a_usable(const ProjArgs &p) {
-    // Rows must keep every field 2-byte aligned; the activations of 4 routes must fit the 48 KiB
-    // of shared memory a launch gets without opting in.
+    // Rows must keep every field 2-byte aligned; the activations of kRouteChunk routes must fit
+    // the 48 KiB of shared memory a launch gets without opting in.
     return dp4a_fits(p.K) && (reinterpret_cast<uintptr_t>(p.data) % 2) == 0 && p.data_rb % 2 == 0;
 }
 
-bool dp4a_fits(int32_t K) { return K > 0 && K % 32 == 0 && dp4a_smem_bytes(K, 4) <= 48 * 1024; }
+bool dp4a_fits(int32_t K) { return K > 0 && K % 32 == 0 && dp4a_smem_bytes(K, kRouteChunk) <= 48 * 1024; }
 
 cudaError_t launch_dp4a_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
     switch (f) {

@@ -34,6 +34,7 @@ struct ProjArgs {
     int32_t K, N;                         // reduction length, output rows (gate_up: 2I)
     int32_t inter, top_k;
     int32_t tokens;       // of the call
+    int32_t sms;          // multiprocessors of the device (ExpertDecoder's, sizes the grids)
     const uint16_t *act;  // gate_up: [T, K] by token; down: [R, K] by route
     bool act_by_token;
     uint16_t *inter_out;  // gate_up: [R, I]
