@@ -108,6 +108,29 @@ void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2) {
     }
 }
 
+void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t qbytes = round_up(K, 64), nb = K / 32;
+    std::memcpy(dst, x, size_t(K) * 2);  // the bf16 copy (mxfp4_avx512vbmi's activation)
+    std::memset(dst + K * 2, 0, size_t(qbytes - K) * 2);
+    dst += 2 * qbytes;
+    int8_t *q1 = reinterpret_cast<int8_t *>(dst), *q2 = q1 + qbytes;
+    float v[32];
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[32 * b + i]);
+        float d;
+        quantize_q8_0(v, 32, q1 + 32 * b, &d);
+        mxfp4_residual_q8(v, q1 + 32 * b, d, q2 + 32 * b);
+        int32_t c[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) c[0] += q1[32 * b + i], c[1] += q2[32 * b + i];
+        c[0] *= -12, c[1] *= -12;
+        const float ds = d / 512.0f;
+        std::memcpy(dst + 2 * qbytes + 4 * b, &ds, 4);
+        std::memcpy(dst + 2 * qbytes + 4 * nb + 8 * b, c, 8);
+    }
+    std::memset(q1 + K, 0, size_t(qbytes - K));
+    std::memset(q2 + K, 0, size_t(qbytes - K));
+}
+
 // The scalar kernels dequantise each weight exactly as lib/core/formats does and accumulate in fp32.
 void fp8_block_scalar(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                       float *out, size_t ldo) {
@@ -456,7 +479,8 @@ const TierKernels kKernels[] = {
     {Format::mxfp4, "mxfp4-w4a16",
      {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::mxfp4_avx2, "-avx2", f32_act_bytes, prepare_f32},
+      , {detail::mxfp4_avx2_w4a8, "-avx2", detail::mxfp4_q8_act_bytes, detail::prepare_mxfp4_q8x2_scalar, nullptr,
+         "mxfp4-w4a8x2"},
       {detail::mxfp4_avx512, "-avx512", f32_act_bytes, prepare_f32},
       {detail::mxfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif

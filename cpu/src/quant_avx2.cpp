@@ -1,26 +1,30 @@
 // AVX2 + FMA (+ F16C) kernels of every quantised format, on prepared activations (quant.cpp):
-// fp8_block / mxfp4 float[K], nvfp4 / ds_fp4 float per 32 elements in the order of e2m1_chunk's
-// decode (split_index_avx2), q4_0 Q8_0. Each weight vector is decoded once per tile of up to 8 tokens
-// (mxfp4: 4) and used for all of them; weights are decoded exactly in registers, never stored:
-//   e2m1   two `vpshufb` of the bf16 bytes of 2 * value (exact in bf16), a byte unpack into
-//          words, and each 32-bit lane's even word shifted up / odd word masked: fp32 (nvfp4,
-//          ds_fp4, mxfp4 with 1-2 tokens); mxfp4 with 3-4 tokens: `vpshufb` of an int8 table of
-//          2 * value, sign-extended and converted. Times half the block scale (exact); mxfp4 sums
-//          each 32-row block unscaled and applies the block scale once per block and column;
+// fp8_block float[K], nvfp4 / ds_fp4 float per 32 elements in the order of e2m1_chunk's decode
+// (split_index_avx2), q4_0 Q8_0, mxfp4 the W4A8 x2 layout (mxfp4_q8_act_bytes). Each weight vector
+// is decoded once per tile of up to 8 tokens (mxfp4: 3) and used for all of them; weights are
+// decoded exactly in registers, never stored:
+//   e2m1   (nvfp4, ds_fp4) two `vpshufb` of the bf16 bytes of 2 * value (exact in bf16), a byte
+//          unpack into words, and each 32-bit lane's even word shifted up / odd word masked:
+//          fp32, times half the block scale (exact);
+//   mxfp4  W4A8 x2: per K row pair, `vpshufb` of u = 2 * e2m1 + 12 and byte unpacks give int16
+//          pairs (u at k, u at k + 1) per column; `vpmaddwd` with the activation's int16 pair
+//          x16 = 256 q1 + q2 (the VNNI kernel's two int8 terms as one integer) sums exactly in
+//          int32 per 32-row block from -12 * sum(x16); then (sum * d / 512) * e8m0 per column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
 //          NaN reaches the output;
-//   e8m0   (mxfp4, ds_fp4) half the factor biased by 2^32, 2^(code - 96) = (code + 31) << 23,
-//          NaN above 190, the sums times 2^-32 (e8m0_biased in tier_scalar.inc: no subnormal
-//          operands); outputs that are not finite again with the absolute factors, s << 23 with
-//          code 0 -> 2^-127 and 255 -> NaN blended in;
+//   e8m0   (mxfp4, ds_fp4) the factor biased by 2^32, 2^(code - 95) = (code + 32) << 23 (ds_fp4:
+//          half of it), NaN above 190, the sums times 2^-32 (e8m0_biased in tier_scalar.inc: no
+//          subnormal operands); outputs that are not finite again with the absolute factors,
+//          s << 23 with code 0 -> 2^-127 and 255 -> NaN blended in;
 //   q4_0   codes u = w + 8; one or two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`, then
 //          `vpmaddwd` by ones: exact int32 per 4 elements (pairs fit int16), x fp16 d x activation
 //          d; tiles of 3+ tokens: `vpmaddubsw(u, a)`, `vpmaddwd`, one FMA by d x activation d per
 //          block and token, and the -8 offset once per 8 blocks from the activation's block sums.
 // Products are exact (e2m1 x e4m3 / e8m0 scales and e4m3 x bf16 fit fp32), so only the fp32
-// summation order differs from the reference (Q8_0 activations for q4_0 by definition).
+// summation order differs from the reference (Q8_0 activations for q4_0 by definition, W4A8 x2
+// for mxfp4: the integer sums are exact, the activation that of the VNNI kernel).
 #include <immintrin.h>
 
 #include <cstring>
@@ -38,15 +42,6 @@ namespace {
 #include "tier_scalar.inc"
 
 #include "tier_avx2.inc"
-
-// 2 * e2m1(code) as int8 for codes 0..15 (the pshufb table).
-inline __m128i e2m1x2_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
-
-// 16 int8 -> two fp32 vectors (elements 0..7, 8..15).
-inline void i8x16_to_ps(__m128i v, __m256 &a, __m256 &b) {
-    a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-    b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
-}
 
 template <int S>
 inline __m256 sum_sets(const __m256 *a) {
@@ -116,13 +111,10 @@ inline __m256i e2m1x2_bf16_hi() {
                             char(0xBF), char(0xC0), char(0xC0), char(0xC0), char(0xC0), char(0xC1), char(0xC1));
 }
 
-// The byte unpacks work inside 128-bit lanes and each 32-bit lane holds two bf16 words: vector j
-// of a 32-byte decode holds, in lane i, column 16 (i / 4) + 8 (j / 2) + 2 (i % 4) + j % 2.
-inline int mxfp4_lane_column(int j, int i) { return 16 * (i / 4) + 8 * (j / 2) + 2 * (i % 4) + j % 2; }
-
-// 32 codes (one nibble per column) -> 4 fp32 vectors of 2 * e2m1, in mxfp4_lane_column order: the
-// bf16 low and high bytes by `vpshufb`, interleaved into words by a byte unpack, then the even
-// word of each 32-bit lane shifted up and the odd one masked (4 shuffles per 32 codes).
+// 32 codes (one per byte) -> 4 fp32 vectors of 2 * e2m1: the bf16 low and high bytes by
+// `vpshufb`, interleaved into words by a byte unpack, then the even word of each 32-bit lane
+// shifted up and the odd one masked (4 shuffles per 32 codes). The unpacks work inside 128-bit
+// lanes, so lane i of vector j holds code 16 (i / 4) + 8 (j / 2) + 2 (i % 4) + j % 2.
 inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
     const __m256i lo = _mm256_shuffle_epi8(tlo, codes), hi = _mm256_shuffle_epi8(thi, codes);
     const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
@@ -487,7 +479,7 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
     }
 }
 
-// ---- mxfp4: K-outer over tiles of columns x NT tokens --------------------------------------------
+// ---- mxfp4: K-outer over tiles of columns x NT tokens, W4A8 x2 ------------------------------------
 
 // K row pair kb of a tile of W columns from `first` holding `count` of them: the next rows
 // prefetched into L2 pf_rows ahead, and a partial tile's bytes copied zero-padded into tmp[W].
@@ -502,127 +494,125 @@ inline const uint8_t *tile_row(const QuantMatrix &m, int64_t first, int count, i
     return tmp;
 }
 
-// Columns [first, first + count) (count <= 16) for NT tokens (the tiles of 3..4 tokens and their
-// remainders; 1-2-token calls take mxfp4_tile32): per K row the 16 bytes (two weights each) are
-// decoded once and used for all NT tokens; each 32-row block is summed unscaled per token and the
-// columns' e8m0 factors are applied once per block.
-template <int NT>
-void mxfp4_tile16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
-                  int pf_rows, bool biased) {
-    constexpr int S = NT <= 2 ? 2 : 1;  // k = 2kb and 2kb + 1 in separate accumulators
-    const int64_t K = m.K, N = m.N;
-    const __m128i lut = e2m1x2_table(), m15 = _mm_set1_epi8(15);
-    const float *x[NT];
-    __m256 acc[NT][2][S];
-    for (int t = 0; t < NT; ++t) {
-        x[t] = reinterpret_cast<const float *>(act[t]);
-        for (int g = 0; g < 2; ++g)
-            for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_setzero_ps();
+// The W4A8 x2 activation (mxfp4_q8_act_bytes) read as one int16 per element: x16 = 256 q1 + q2
+// (|x16| <= 32639), so x ~ (d / 256) x16 and the kernel's sums are those of the VNNI kernel.
+// Block b of token t as 32 int16 into dst; returns the block's int32 start -12 sum(x16).
+inline int32_t mxfp4_x16_block(const uint8_t *a, int64_t qbytes, int64_t nb, int64_t b, int16_t *dst) {
+    const int8_t *q1 = reinterpret_cast<const int8_t *>(a) + 32 * b, *q2 = q1 + qbytes;
+    for (int h = 0; h < 2; ++h) {
+        const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q1 + 16 * h)));
+        const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q2 + 16 * h)));
+        _mm256_store_si256(reinterpret_cast<__m256i *>(dst + 16 * h), _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
     }
-    for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        alignas(16) uint8_t st[16] = {};
-        const uint8_t *srow = m.scale + (k0 / 32) * N + first;
-        std::memcpy(st, srow, size_t(count));
-        if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
-        __m256 sc[2];
-        for (int g = 0; g < 2; ++g) {
-            const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(st + 8 * g));
-            sc[g] = e8m0_half8(_mm256_cvtepu8_epi32(codes), biased);
+    int32_t c[2];
+    std::memcpy(c, a + 2 * qbytes + 4 * nb + 8 * b, 8);
+    return 256 * c[0] + c[1];
+}
+
+// The 32 bytes of one K row pair kb for 32 columns -> 4 vectors of int16 pairs (u at k = 2kb,
+// u at 2kb + 1; u = 2 * e2m1 + 12 in [0, 24]) per column: two `vpshufb` and four byte unpacks.
+// Lane i of w[g] is column mxfp4_w4a8_column(g, i).
+inline void mxfp4_u16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
+    const __m256i ul = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
+    const __m256i uh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+    const __m256i a = _mm256_unpacklo_epi8(ul, uh), b = _mm256_unpackhi_epi8(ul, uh), z = _mm256_setzero_si256();
+    w[0] = _mm256_unpacklo_epi8(a, z), w[1] = _mm256_unpackhi_epi8(a, z);
+    w[2] = _mm256_unpacklo_epi8(b, z), w[3] = _mm256_unpackhi_epi8(b, z);
+}
+constexpr int mxfp4_w4a8_column(int g, int i) { return 16 * (i / 4) + 4 * g + i % 4; }
+
+// The e8m0 factors of 8 codes (int32 lanes): biased by 2^32 as e8m0_biased (tier_scalar.inc),
+// else absolute.
+inline __m256 e8m0_full8(__m256i s, bool biased) {
+    if (!biased) return e8m0x8(s);
+    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(s, _mm256_set1_epi32(32)), 23));
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                            _mm256_castsi256_ps(_mm256_cmpgt_epi32(s, _mm256_set1_epi32(190))));
+}
+
+// The e8m0 factors of 32 columns (codes at sc) in the lane order of mxfp4_u16_pairs.
+inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
+    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i *>(sc)), z = _mm256_setzero_si256();
+    const __m256i a = _mm256_unpacklo_epi8(v, z), b = _mm256_unpackhi_epi8(v, z);
+    s[0] = e8m0_full8(_mm256_unpacklo_epi16(a, z), biased), s[1] = e8m0_full8(_mm256_unpackhi_epi16(a, z), biased);
+    s[2] = e8m0_full8(_mm256_unpacklo_epi16(b, z), biased), s[3] = e8m0_full8(_mm256_unpackhi_epi16(b, z), biased);
+}
+
+// NL groups of 32 columns from `first` (count of them in the tile) x NT tokens. Per block of 32 K
+// rows each column's int32 sum starts at -12 sum(x16) and takes one `vpmaddwd` (2 k) per K row
+// pair; then fp32 (sum * d / 512) * e8m0 into the column's accumulator, as the VNNI kernel, with
+// the factors biased by 2^32 (no subnormal products for small codes; outputs times 2^-32) or not.
+template <int NT, int NL>
+void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
+                     float *out, size_t ldo, int pf_rows, bool biased) {
+    constexpr int W = 32 * NL;
+    const int64_t nb = m.K / 32;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g_e2m1_u8x64)));
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const uint8_t *a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
+    __m256 acc[NT][4 * NL];
+    for (int t = 0; t < NT; ++t)
+        for (int g = 0; g < 4 * NL; ++g) acc[t][g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        alignas(32) int16_t xs[NT][32];
+        __m256i isum[NT][4 * NL];
+        for (int t = 0; t < NT; ++t) {
+            const __m256i c = _mm256_set1_epi32(mxfp4_x16_block(a[t], qbytes, nb, b, xs[t]));
+            for (int g = 0; g < 4 * NL; ++g) isum[t][g] = c;
         }
-        __m256 blk[NT][2][S];
-        for (int t = 0; t < NT; ++t)
-            for (int g = 0; g < 2; ++g)
-                for (int i = 0; i < S; ++i) blk[t][g][i] = _mm256_setzero_ps();
-        for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
-            alignas(16) uint8_t tmp[16];
-            const uint8_t *src = tile_row<16>(m, first, count, kb, pf_rows, tmp);
-            __m256 xa[NT], xb[NT];
-            for (int t = 0; t < NT; ++t)
-                xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
-            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src));
-            __m256 l0, l1, h0, h1;  // k = 2kb (low nibbles) and 2kb + 1
-            i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(v, m15)), l0, l1);
-            i8x16_to_ps(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m15)), h0, h1);
+        for (int r = 0; r < 16; ++r) {
+            alignas(32) uint8_t tmp[W];
+            const uint8_t *src = tile_row<W>(m, first, count, 16 * b + r, pf_rows, tmp);
+            __m256i xb[NT];
             for (int t = 0; t < NT; ++t) {
-                __m256 *a = blk[t][0], *b = blk[t][1];
-                a[0] = _mm256_fmadd_ps(l0, xa[t], a[0]);
-                a[S - 1] = _mm256_fmadd_ps(h0, xb[t], a[S - 1]);
-                b[0] = _mm256_fmadd_ps(l1, xa[t], b[0]);
-                b[S - 1] = _mm256_fmadd_ps(h1, xb[t], b[S - 1]);
+                int32_t pair;
+                std::memcpy(&pair, xs[t] + 2 * r, 4);
+                xb[t] = _mm256_set1_epi32(pair);
+            }
+            for (int l = 0; l < NL; ++l) {
+                __m256i w[4];
+                mxfp4_u16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 32 * l)), lut, m15, w);
+                for (int g = 0; g < 4; ++g)
+                    for (int t = 0; t < NT; ++t)
+                        isum[t][4 * l + g] = _mm256_add_epi32(isum[t][4 * l + g], _mm256_madd_epi16(w[g], xb[t]));
             }
         }
-        for (int t = 0; t < NT; ++t)
-            for (int g = 0; g < 2; ++g)
-                for (int i = 0; i < S; ++i) acc[t][g][i] = _mm256_fmadd_ps(blk[t][g][i], sc[g], acc[t][g][i]);
-    }
-    const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
-    for (int t = 0; t < NT; ++t) {
-        alignas(32) float o[16];
-        for (int g = 0; g < 2; ++g) _mm256_store_ps(o + 8 * g, _mm256_mul_ps(sum_sets<S>(acc[t][g]), unbias));
-        std::memcpy(out + t * ldo, o, size_t(count) * 4);
-    }
-}
-
-// Tiles of 32 columns x NT (1, 2) tokens: per K row pair the row's 32 bytes are decoded once (bf16
-// tables, 4 fp32 vectors per 32 nibbles) and used for both k and all NT tokens; each 32-row block
-// is summed unscaled and the columns' e8m0 factors are applied once per block (no multiply per
-// weight). The next block's scales are prefetched (one line per block).
-template <int NT>
-void mxfp4_tile32(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
-                  int pf_rows, bool biased) {
-    const int64_t K = m.K, N = m.N;
-    const __m256i tlo = e2m1x2_bf16_lo(), thi = e2m1x2_bf16_hi(), m15 = _mm256_set1_epi8(15);
-    const __m256i z = _mm256_setzero_si256(), low16 = _mm256_set1_epi32(0xffff);
-    const float *x[NT];
-    __m256 acc[NT][4];
-    for (int t = 0; t < NT; ++t) {
-        x[t] = reinterpret_cast<const float *>(act[t]);
-        for (int g = 0; g < 4; ++g) acc[t][g] = _mm256_setzero_ps();
-    }
-    for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        alignas(32) uint8_t st[32] = {};
-        const uint8_t *srow = m.scale + (k0 / 32) * N + first;
+        alignas(32) uint8_t st[W] = {};
+        const uint8_t *srow = m.scale + b * m.N + first;
         std::memcpy(st, srow, size_t(count));
-        if (k0 + 32 < K) _mm_prefetch(reinterpret_cast<const char *>(srow + N), _MM_HINT_T0);
-        const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i *>(st));
-        const __m256i sa = _mm256_unpacklo_epi8(sv, z), sb = _mm256_unpackhi_epi8(sv, z);
-        const __m256 sc[4] = {e8m0_half8(_mm256_and_si256(sa, low16), biased),
-                              e8m0_half8(_mm256_srli_epi32(sa, 16), biased),
-                              e8m0_half8(_mm256_and_si256(sb, low16), biased),
-                              e8m0_half8(_mm256_srli_epi32(sb, 16), biased)};
-        __m256 blk[NT][4];
-        for (int t = 0; t < NT; ++t)
-            for (int g = 0; g < 4; ++g) blk[t][g] = _mm256_setzero_ps();
-        for (int64_t kb = k0 / 2; kb < k0 / 2 + 16; ++kb) {
-            alignas(32) uint8_t tmp[32];
-            const uint8_t *src = tile_row<32>(m, first, count, kb, pf_rows, tmp);
-            __m256 xa[NT], xb[NT];
-            for (int t = 0; t < NT; ++t)
-                xa[t] = _mm256_broadcast_ss(x[t] + 2 * kb), xb[t] = _mm256_broadcast_ss(x[t] + 2 * kb + 1);
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src));
-            __m256 w[4];
-            e2m1x2_ps32(_mm256_and_si256(v, m15), tlo, thi, w);  // k = 2kb (low nibbles)
-            for (int g = 0; g < 4; ++g)
-                for (int t = 0; t < NT; ++t) blk[t][g] = _mm256_fmadd_ps(w[g], xa[t], blk[t][g]);
-            e2m1x2_ps32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), tlo, thi, w);  // k = 2kb + 1
-            for (int g = 0; g < 4; ++g)
-                for (int t = 0; t < NT; ++t) blk[t][g] = _mm256_fmadd_ps(w[g], xb[t], blk[t][g]);
+        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
+        __m256 dt[NT];
+        for (int t = 0; t < NT; ++t) {
+            float d;
+            std::memcpy(&d, a[t] + 2 * qbytes + 4 * b, 4);
+            dt[t] = _mm256_set1_ps(d);
         }
-        for (int t = 0; t < NT; ++t)
-            for (int g = 0; g < 4; ++g) acc[t][g] = _mm256_fmadd_ps(blk[t][g], sc[g], acc[t][g]);
+        for (int l = 0; l < NL; ++l) {
+            __m256 s[4];
+            mxfp4_w4a8_scales(st + 32 * l, biased, s);
+            for (int g = 0; g < 4; ++g)
+                for (int t = 0; t < NT; ++t) {
+                    // (sum * d) * e8m0: the power of two last (a product s * d formed first is
+                    // subnormal for small codes).
+                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t][4 * l + g]), dt[t]);
+                    acc[t][4 * l + g] = _mm256_fmadd_ps(v, s[g], acc[t][4 * l + g]);
+                }
+        }
     }
     const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
     for (int t = 0; t < NT; ++t) {
-        alignas(32) float o[32];
-        for (int g = 0; g < 4; ++g) _mm256_store_ps(o + 8 * g, _mm256_mul_ps(acc[t][g], unbias));
-        for (int g = 0; g < 4; ++g)
-            for (int i = 0; i < 8; ++i) {
-                const int col = mxfp4_lane_column(g, i);
-                if (col < count) out[t * ldo + col] = o[8 * g + i];
+        alignas(32) float o[8];
+        for (int l = 0; l < NL; ++l)
+            for (int g = 0; g < 4; ++g) {
+                _mm256_store_ps(o, _mm256_mul_ps(acc[t][4 * l + g], unbias));
+                for (int i = 0; i < 8; ++i) {
+                    const int col = 32 * l + mxfp4_w4a8_column(g, i);
+                    if (col < count) out[t * ldo + col] = o[i];
+                }
             }
     }
 }
-
 }  // namespace
 
 void ds_fp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
@@ -701,29 +691,32 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
     });
 }
 
-// One or two tokens: tiles of 32 columns; more: 16 columns x up to 4 tokens (16 ymm registers:
-// 8 accumulators, 2 scales, 4 weights, 2 activations). Each tile with the biased factors, again
-// with the absolute ones when one of its outputs is not finite (see e8m0 above).
-void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
-                size_t ldo) {
+// mxfp4 W4A8 x2 (the mxfp4_q8_act_bytes layout): one token in tiles of 64 columns (two 32-byte
+// streams per K row pair), several in tiles of 32 columns x up to 3 tokens (12 int32 sums in
+// registers), each row pair decoded once per tile and token group. Each tile with the biased
+// factors, again with the absolute ones when one of its outputs is not finite.
+void mxfp4_avx2_w4a8(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                     float *out, size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
-    if (ntok <= 2) {
-        for (int c = 0; c < count; c += 32) {
-            const int n = count - c < 32 ? count - c : 32;
+    const int64_t qbytes = (m.K + 63) / 64 * 64;
+    if (ntok == 1) {
+        for (int c = 0; c < count; c += 64) {
+            const int n = count - c < 64 ? count - c : 64;
             for (bool biased : {true, false}) {
-                if (ntok == 1) mxfp4_tile32<1>(m, first + c, n, act, out + c, ldo, pf_rows, biased);
-                else mxfp4_tile32<2>(m, first + c, n, act, out + c, ldo, pf_rows, biased);
-                if (outputs_finite(out + c, ldo, n, ntok)) break;
+                if (n > 32) mxfp4_w4a8_tile<1, 2>(m, first + c, n, act, qbytes, out + c, ldo, pf_rows, biased);
+                else mxfp4_w4a8_tile<1, 1>(m, first + c, n, act, qbytes, out + c, ldo, pf_rows, biased);
+                if (outputs_finite(out + c, ldo, n, 1)) break;
             }
         }
         return;
     }
-    for (int c = 0; c < count; c += 16) {
-        const int n = count - c < 16 ? count - c : 16;
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+    for (int c = 0; c < count; c += 32) {
+        const int n = count - c < 32 ? count - c : 32;
+        for_tiles<3>(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             for (bool biased : {true, false}) {
-                mxfp4_tile16<NT::value>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, biased);
+                mxfp4_w4a8_tile<NT::value, 1>(m, first + c, n, act + t, qbytes, out + t * ldo + c, ldo, pf_rows,
+                                              biased);
                 if (outputs_finite(out + t * ldo + c, ldo, n, NT::value)) break;
             }
         });

@@ -63,6 +63,8 @@ size_t nvfp4_q8_act_bytes(int64_t K);
 // kernel runs for calls of several tokens).
 void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2);
 size_t mxfp4_q8_act_bytes(int64_t K);
+// That layout by its definition (ft::quantize_q8_0, mxfp4_residual_q8): the AVX2 tier's preparation.
+void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
 
 void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -81,7 +83,7 @@ void fp8_block_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, i
 void nvfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void ds_fp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
-void mxfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void mxfp4_avx2_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // GGUF block formats (quant_gguf_avx2.cpp), the scalar kernels' layouts.
 void q8_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
