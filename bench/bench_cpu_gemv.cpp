@@ -10,7 +10,7 @@
 // format and batch, GB/s, the interleaved read bound, their ratio, bs / bs=1 and µs per token.
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
 // FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format),
-// FT_BENCH_DS_FP4_SCALE=c ds_fp4's. kernel_<format> benchmarks: the block formats' kernels on
+// FT_BENCH_DS_FP4_SCALE=c ds_fp4's. kernel_<format> benchmarks: the quantised formats' kernels on
 // in-cache weights in thread CPU time, their compute ceiling next to the read bound.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
@@ -338,7 +338,7 @@ double thread_cpu_seconds() {
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// The compute ceiling of a block format's kernel (the default tier's, as the layers run it): 32
+// The compute ceiling of a quantised format's kernel (the default tier's, as the layers run it): 32
 // rows of K = 2048 that stay in L2, all tokens per call, on this thread, timed in thread CPU time
 // (so other processes on a shared machine do not count). GBps_core: weight bytes per CPU second;
 // ceiling_to_read = GBps_core x pool threads / read_GBps, the bound of the layer benchmarks: below
@@ -354,10 +354,20 @@ void BM_kernel_format(benchmark::State &state) {
         state.SkipWithError("no kernel for this format");
         return;
     }
-    const size_t rb = ft::block_row_bytes(f, K);
-    std::vector<uint8_t> w(rb * N);
+    // Weights, then the block scales and nvfp4's fp16 globals where the format has them (mxfp4:
+    // [K/2][N] and [K/32][N]); random bytes & 0x77 keep fp16 scales and e4m3 codes finite.
+    size_t wbytes = 0, sbytes = 0, gbytes = 0;
+    switch (f) {
+        case ft::Format::fp8_block: wbytes = size_t(N) * K, sbytes = size_t((N + 127) / 128) * (K / 128) * 2; break;
+        case ft::Format::nvfp4: wbytes = size_t(N) * K / 2, sbytes = size_t(N) * K / 16, gbytes = size_t(N) * 2; break;
+        case ft::Format::ds_fp4:
+        case ft::Format::mxfp4: wbytes = size_t(N) * K / 2, sbytes = size_t(N) * K / 32; break;
+        default: wbytes = ft::block_row_bytes(f, K) * N; break;
+    }
+    std::vector<uint8_t> w(wbytes + sbytes + gbytes);
     std::mt19937 rng(uint32_t(state.range(0) * 64 + T));
-    for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;  // fp16 block scales stay finite
+    for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;
+    for (size_t i = 0; i < gbytes; i += 2) w[wbytes + sbytes + i] = 0, w[wbytes + sbytes + i + 1] = 0x3c;  // 1.0
     const size_t ab = ops->act_bytes(K);
     std::vector<uint8_t> act(ab * size_t(T) + 64);
     std::vector<const uint8_t *> ap(static_cast<size_t>(T));
@@ -368,7 +378,8 @@ void BM_kernel_format(benchmark::State &state) {
         ops->prepare(x.data(), K, dst);
         ap[size_t(t)] = dst;
     }
-    const ft::cpu::detail::QuantMatrix m{w.data(), nullptr, nullptr, K, N};
+    const ft::cpu::detail::QuantMatrix m{w.data(), sbytes ? w.data() + wbytes : nullptr,
+                                         gbytes ? w.data() + wbytes + sbytes : nullptr, K, N};
     std::vector<float> out(size_t(T) * N);
     double secs = 0;
     int64_t calls = 0;
@@ -381,7 +392,7 @@ void BM_kernel_format(benchmark::State &state) {
         secs += s;
         calls += 64;
     }
-    const double gbps = double(rb) * N * double(calls) / secs / 1e9;
+    const double gbps = double(w.size()) * double(calls) / secs / 1e9;
     state.counters["GBps_core"] = gbps;
     state.counters["ceiling_to_read"] = gbps * pool().size() / read_bandwidth();
     state.SetLabel(ops->kernel);
@@ -486,8 +497,9 @@ void register_all() {
                     ->ArgNames({"fmt", "H", "I", "bs", "bmin"})
                     ->UseManualTime()
                     ->Unit(benchmark::kMicrosecond);
-    // Kernel compute ceilings of the block formats (in cache, one thread).
-    for (ft::Format f : {ft::Format::q4_0, ft::Format::q8_0, ft::Format::q2_k, ft::Format::q3_k, ft::Format::q4_k,
+    // Kernel compute ceilings of the quantised formats (in cache, one thread).
+    for (ft::Format f : {ft::Format::fp8_block, ft::Format::nvfp4, ft::Format::ds_fp4, ft::Format::mxfp4,
+                         ft::Format::q4_0, ft::Format::q8_0, ft::Format::q2_k, ft::Format::q3_k, ft::Format::q4_k,
                          ft::Format::q5_k, ft::Format::q6_k, ft::Format::iq4_xs})
         for (int64_t t : {1, 4, 8})
             benchmark::RegisterBenchmark((std::string("kernel_") + ft::format_name(f)).c_str(), BM_kernel_format)
