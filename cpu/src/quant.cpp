@@ -6,8 +6,7 @@
 //   nvfp4, ds_fp4     float, per 32 elements [16 even, 16 odd] (x0 x2 .. x30 x1 x3 .. x31), so a
 //                     kernel multiplies the low nibbles of 16 packed bytes by the first half and
 //                     the high nibbles by the second; zero-padded to a multiple of 32. ds_fp4 rounds
-//                     x through FP8 per 128 first (DeepSeek-V4). The AVX2 kernels take the same
-//                     values in the order their decode gives (split_index_avx2).
+//                     x through FP8 per 128 first (DeepSeek-V4).
 //   q4_0              Q8_0 (ft::quantize_q8_0): int8 q[K] zero-padded to a multiple of 64, then
 //                     float d[K/32] (+1 zero entry).
 // The AVX-512-BF16 tier's kernels (quant_avx512bf16.cpp) read bf16 activations instead:
@@ -17,7 +16,9 @@
 //                     results are bf16 values).
 //   q8_0, q2_k .. q6_k, iq4_xs  the q4_0 layout (Q8_0) on every tier.
 // q4_0 with AVX-512-VNNI: the same Q8_0 values grouped per 4 blocks, with per-lane d and the
-// -8 * sum(q) correction (q8_0_x4_act_bytes in quant_kernels.hpp).
+// -8 * sum(q) correction (q8_0_x4_act_bytes in quant_kernels.hpp). The AVX2 kernels of nvfp4,
+// ds_fp4 and mxfp4, and mxfp4's one-token VNNI kernel, take W4A8 x2 activations (two int8 terms
+// per 32 elements: e2m1_x16_act_bytes, mxfp4_q8_act_bytes in quant_kernels.hpp).
 #include "quant.hpp"
 
 #include <algorithm>
@@ -58,14 +59,6 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Position of element k in the [16 even, 16 odd] per-32 layout.
 inline int64_t split_index(int64_t k) { return (k & ~int64_t(31)) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1); }
-
-// Position of element k in the AVX2 nvfp4 / ds_fp4 kernels' per-32 layout (the order their
-// bf16-word decode gives, quant_avx2.cpp): element 2i + h (h: odd) at 8 (2 (i % 2) + i / 8) +
-// 4h + (i % 8) / 2.
-inline int64_t split_index_avx2(int64_t k) {
-    const int64_t e = k & 31, h = e & 1, i = e >> 1;
-    return (k & ~int64_t(31)) + 8 * (2 * (i % 2) + i / 8) + 4 * h + (i % 8) / 2;
-}
 
 // bf16 per 128 elements in 4 phases of 32 (phase r, word m = element 4m + r), zero-padded to a
 // multiple of 128; v holds bf16 bits.
@@ -129,6 +122,50 @@ void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
     }
     std::memset(q1 + K, 0, size_t(qbytes - K));
     std::memset(q2 + K, 0, size_t(qbytes - K));
+}
+
+size_t e2m1_x16_act_bytes(int64_t K) { return size_t(round_up(K, 64) * 2 + round_up(K, 64) / 2); }
+
+namespace {
+// 64 elements v (zero-padded) of the e2m1 W4A8 x2 activation from c: the int16 pairs of the
+// 4 vectors and the 8 floats d / 512 (layout: quant_kernels.hpp).
+void x16_chunk(const float *v, int64_t c, uint8_t *dst, float *dv) {
+    int16_t x16[64];
+    for (int h = 0; h < 2; ++h) {
+        int8_t q1[32], q2[32];
+        float d;
+        quantize_q8_0(v + 32 * h, 32, q1, &d);
+        mxfp4_residual_q8(v + 32 * h, q1, d, q2);
+        for (int i = 0; i < 32; ++i) x16[32 * h + i] = int16_t(256 * q1[i] + q2[i]);
+        for (int i = 0; i < 4; ++i) dv[c / 8 + 4 * h + i] = d / 512.0f;
+    }
+    // Vector g, lane l: the pair of elements 8g + 2l (l < 4) or 32 + 8g + 2(l - 4).
+    int16_t *o = reinterpret_cast<int16_t *>(dst) + c;
+    for (int g = 0; g < 4; ++g)
+        for (int l = 0; l < 8; ++l) {
+            const int e = (l < 4 ? 0 : 32) + 8 * g + 2 * (l % 4);
+            o[16 * g + 2 * l] = x16[e], o[16 * g + 2 * l + 1] = x16[e + 1];
+        }
+}
+}  // namespace
+
+void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t kp = round_up(K, 64);
+    float *dv = reinterpret_cast<float *>(dst + 2 * kp);
+    for (int64_t c = 0; c < kp; c += 64) {
+        float v[64];
+        for (int i = 0; i < 64; ++i) v[i] = c + i < K ? bf16_to_f32(x[c + i]) : 0.0f;
+        x16_chunk(v, c, dst, dv);
+    }
+}
+
+void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float *dv = reinterpret_cast<float *>(dst + 2 * K);  // K is a multiple of 128 for ds_fp4
+    float v[kFp8ActBlock];
+    for (int64_t c = 0; c < K; c += kFp8ActBlock) {
+        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
+        for (int64_t h = 0; h < kFp8ActBlock; h += 64) x16_chunk(v + h, c + h, dst, dv);
+    }
 }
 
 // The scalar kernels dequantise each weight exactly as lib/core/formats does and accumulate in fp32.
@@ -343,9 +380,7 @@ void prepare_ds_fp4(const uint16_t *x, int64_t K, uint8_t *dst) {
     }
 }
 constexpr auto prepare_split_even_odd = prepare_split<detail::split_index>;
-constexpr auto prepare_split_avx2 = prepare_split<detail::split_index_avx2>;
 constexpr auto prepare_ds_fp4_even_odd = prepare_ds_fp4<detail::split_index>;
-constexpr auto prepare_ds_fp4_avx2 = prepare_ds_fp4<detail::split_index_avx2>;
 
 void prepare_q8_0(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = round_up(K, 64);
@@ -455,7 +490,7 @@ const TierKernels kKernels[] = {
     {Format::nvfp4, "nvfp4-w4a16",
      {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::nvfp4_avx2, "-avx2", f32_act_bytes, prepare_split_avx2},
+      , {detail::nvfp4_avx2, "-avx2", detail::e2m1_x16_act_bytes, detail::prepare_nvfp4_x16, nullptr, "nvfp4-w4a8x2"},
       {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split_even_odd},
       {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_split_bf16,
        detail::nvfp4_dequant_avx512bf16}
@@ -470,7 +505,8 @@ const TierKernels kKernels[] = {
     {Format::ds_fp4, "ds_fp4-w4a16(fp8 act)",
      {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::ds_fp4_avx2, "-avx2", f32_act_bytes, prepare_ds_fp4_avx2},
+      , {detail::ds_fp4_avx2, "-avx2", detail::e2m1_x16_act_bytes, detail::prepare_ds_fp4_x16, nullptr,
+         "ds_fp4-w4a8x2(fp8 act)"},
       {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4_even_odd},
       {detail::ds_fp4_avx512bf16_rowexp, "-avx512bf16-rowexp", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
        detail::ds_fp4_dequant_avx512bf16_rowexp}

@@ -1,30 +1,31 @@
 // AVX2 + FMA (+ F16C) kernels of every quantised format, on prepared activations (quant.cpp):
-// fp8_block float[K], nvfp4 / ds_fp4 float per 32 elements in the order of e2m1_chunk's decode
-// (split_index_avx2), q4_0 Q8_0, mxfp4 the W4A8 x2 layout (mxfp4_q8_act_bytes). Each weight vector
-// is decoded once per tile of up to 8 tokens (mxfp4: 3) and used for all of them; weights are
-// decoded exactly in registers, never stored:
-//   e2m1   (nvfp4, ds_fp4) two `vpshufb` of the bf16 bytes of 2 * value (exact in bf16), a byte
-//          unpack into words, and each 32-bit lane's even word shifted up / odd word masked:
-//          fp32, times half the block scale (exact);
-//   mxfp4  W4A8 x2: per K row pair, `vpshufb` of u = 2 * e2m1 + 12 and byte unpacks give int16
-//          pairs (u at k, u at k + 1) per column; `vpmaddwd` with the activation's int16 pair
-//          x16 = 256 q1 + q2 (the VNNI kernel's two int8 terms as one integer) sums exactly in
-//          int32 per 32-row block from -12 * sum(x16); then (sum * d / 512) * e8m0 per column;
+// fp8_block float[K], q4_0 Q8_0, and for the e2m1 formats W4A8 x2 (two int8 terms per 32
+// elements read as one int16, x16 = 256 q1 + q2): nvfp4 / ds_fp4 e2m1_x16_act_bytes, mxfp4
+// mxfp4_q8_act_bytes. Each weight vector is decoded once per tile of up to 8 tokens (mxfp4: 3)
+// and used for all of them; weights are decoded exactly in registers, never stored:
+//   e2m1   nvfp4 / ds_fp4: per 32 packed bytes of a row, two `vpshufb` of the int8 table of
+//          2 * value and byte unpacks with the sign give int16 pairs (element 2i, 2i + 1);
+//          `vpmaddwd` with the activation's pairs sums exactly in int32 per lane, lanes of
+//          two blocks added, then (sum * block scale * d / 512) per lane in fp32;
+//          mxfp4: per K row pair, `vpshufb` of u = 2 * e2m1 + 12 and byte unpacks give int16
+//          pairs (u at k, u at k + 1) per column; `vpmaddwd` with the activation pair sums
+//          exactly in int32 per 32-row block from -12 * sum(x16); then (sum * d / 512) * e8m0
+//          per column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
-//          NaN reaches the output;
-//   e8m0   (mxfp4, ds_fp4) the factor biased by 2^32, 2^(code - 95) = (code + 32) << 23 (ds_fp4:
-//          half of it), NaN above 190, the sums times 2^-32 (e8m0_biased in tier_scalar.inc: no
-//          subnormal operands); outputs that are not finite again with the absolute factors,
+//          NaN reaches the output (fp8_block); nvfp4's e4m3 scales the same way, NaN codes -> NaN;
+//   e8m0   (mxfp4, ds_fp4) the factor biased by 2^32, 2^(code - 95) = (code + 32) << 23, NaN
+//          above 190, the sums times 2^-32 (e8m0_biased in tier_scalar.inc: no subnormal
+//          operands or products); outputs that are not finite again with the absolute factors,
 //          s << 23 with code 0 -> 2^-127 and 255 -> NaN blended in;
 //   q4_0   codes u = w + 8; one or two tokens: `vpmaddubsw(u, a) - vpmaddubsw(8, a)`, then
 //          `vpmaddwd` by ones: exact int32 per 4 elements (pairs fit int16), x fp16 d x activation
 //          d; tiles of 3+ tokens: `vpmaddubsw(u, a)`, `vpmaddwd`, one FMA by d x activation d per
 //          block and token, and the -8 offset once per 8 blocks from the activation's block sums.
-// Products are exact (e2m1 x e4m3 / e8m0 scales and e4m3 x bf16 fit fp32), so only the fp32
-// summation order differs from the reference (Q8_0 activations for q4_0 by definition, W4A8 x2
-// for mxfp4: the integer sums are exact, the activation that of the VNNI kernel).
+// fp8_block's products are exact (e4m3 x bf16 fit fp32), so only the fp32 summation order differs
+// from the reference; the integer sums are exact, so the others differ by the activation (Q8_0
+// for q4_0 by definition, W4A8 x2: at most d / 256 per element) and fp32 rounding.
 #include <immintrin.h>
 
 #include <cstring>
@@ -57,11 +58,11 @@ inline __m256 e8m0x8(__m256i s) {
                             _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, _mm256_set1_epi32(255))));
 }
 
-// Half the e8m0 block factors of 8 codes (int32 lanes): biased as e8m0_biased (tier_scalar.inc),
+// The e8m0 factors of 8 codes (int32 lanes): biased by 2^32 as e8m0_biased (tier_scalar.inc),
 // else absolute.
-inline __m256 e8m0_half8(__m256i s, bool biased) {
-    if (!biased) return _mm256_mul_ps(e8m0x8(s), _mm256_set1_ps(0.5f));
-    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(s, _mm256_set1_epi32(31)), 23));
+inline __m256 e8m0_full8(__m256i s, bool biased) {
+    if (!biased) return e8m0x8(s);
+    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(s, _mm256_set1_epi32(32)), 23));
     return _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
                             _mm256_castsi256_ps(_mm256_cmpgt_epi32(s, _mm256_set1_epi32(190))));
 }
@@ -96,148 +97,130 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
     });
 }
 
-// ---- e2m1 through bf16 bytes -----------------------------------------------------------------
+// ---- nvfp4 / ds_fp4 W4A8 x2: integer sums with `vpmaddwd` -----------------------------------
 
-// bf16 bits of 2 * e2m1(code), split into low and high bytes (pshufb tables, both lanes): the
-// values are exact in bf16, so the bf16 word moved to the top of 32 bits is their fp32.
-inline __m256i e2m1x2_bf16_lo() {
-    return _mm256_setr_epi8(0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80),
-                            char(0xC0), 0, 0x40, 0, char(0x80), 0, 0x40, char(0x80), char(0xC0), 0, 0x40, 0, char(0x80),
-                            0, 0x40, char(0x80), char(0xC0), 0, 0x40);
-}
-inline __m256i e2m1x2_bf16_hi() {
-    return _mm256_setr_epi8(0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, char(0xBF), char(0xC0), char(0xC0),
-                            char(0xC0), char(0xC0), char(0xC1), char(0xC1), 0, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0,
-                            char(0xBF), char(0xC0), char(0xC0), char(0xC0), char(0xC0), char(0xC1), char(0xC1));
-}
-
-// 32 codes (one per byte) -> 4 fp32 vectors of 2 * e2m1: the bf16 low and high bytes by
-// `vpshufb`, interleaved into words by a byte unpack, then the even word of each 32-bit lane
-// shifted up and the odd one masked (4 shuffles per 32 codes). The unpacks work inside 128-bit
-// lanes, so lane i of vector j holds code 16 (i / 4) + 8 (j / 2) + 2 (i % 4) + j % 2.
-inline void e2m1x2_ps32(__m256i codes, __m256i tlo, __m256i thi, __m256 *w) {
-    const __m256i lo = _mm256_shuffle_epi8(tlo, codes), hi = _mm256_shuffle_epi8(thi, codes);
-    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
-    const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
-    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-    w[1] = _mm256_castsi256_ps(_mm256_and_si256(a, top));
-    w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
-    w[3] = _mm256_castsi256_ps(_mm256_and_si256(b, top));
+// The 32 packed bytes of 64 elements of a row -> 4 vectors of int16 pairs (2 e2m1 at element
+// 2i, 2 e2m1 at 2i + 1) of bytes i: vector g holds bytes 4g .. 4g + 3 in its low 128-bit lane and
+// 16 + 4g .. in the high one (the activation's order, prepare_nvfp4_x16). Two `vpshufb` of the
+// int8 table of 2 * value, byte unpacks into pairs, and sign-extending unpacks.
+inline void e2m1_i16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
+    const __m256i sa = _mm256_cmpgt_epi8(z, a), sb = _mm256_cmpgt_epi8(z, b);
+    w[0] = _mm256_unpacklo_epi8(a, sa), w[1] = _mm256_unpackhi_epi8(a, sa);
+    w[2] = _mm256_unpacklo_epi8(b, sb), w[3] = _mm256_unpackhi_epi8(b, sb);
 }
 
-// ---- nvfp4 / ds_fp4 -------------------------------------------------------------------------
-
-// The 32 weights of chunk c of a row (16 packed bytes) in the order of the AVX2 activation layout
-// (split_index_avx2 in quant.cpp): the low nibbles (even elements) in the low 128-bit lane, the
-// high ones (odd) in the high lane, decoded by e2m1x2_ps32; w[0], w[2] hold elements 0..15 and take
-// block scale vs[0], w[1], w[3] elements 16..31 and vs[1] (half the e4m3 / e8m0 value: the table
-// holds 2 * value). Scaled: multiplied in; else left to the caller (vs). B = 16 (nvfp4, e4m3 scale
-// per 8 packed bytes) or 32 (ds_fp4, e8m0 per 16 bytes; `biased`: e8m0_biased factors).
-template <int B, bool Scaled = true>
-inline void e2m1_chunk(const uint8_t *p, const uint8_t *sc, int64_t c, int64_t K, bool biased, __m256 w[4],
-                       __m256 *vs = nullptr) {
-    const bool half = c + 32 > K;  // nvfp4 row ending in half a chunk
-    const __m128i *src = reinterpret_cast<const __m128i *>(p + c / 2);
-    const __m256i bytes = _mm256_broadcastsi128_si256(half ? _mm_loadl_epi64(src) : _mm_loadu_si128(src));
-    const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
-                                           _mm256_set1_epi8(15));
-    float s0, s1;
-    if (B == 32) s0 = s1 = biased ? e8m0_biased(sc[c / 32], true) : 0.5f * g_e8m0[sc[c / 32]];
-    else s0 = 0.5f * g_e4m3[sc[c / 16]], s1 = half ? 0.0f : 0.5f * g_e4m3[sc[c / 16 + 1]];
-    __m256 v[4];
-    e2m1x2_ps32(codes, e2m1x2_bf16_lo(), e2m1x2_bf16_hi(), v);
-    w[0] = v[0], w[1] = v[2], w[2] = v[1], w[3] = v[3];
-    const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
-    if (!Scaled) {
-        vs[0] = vs0, vs[1] = vs1;
-        return;
-    }
-    w[0] = _mm256_mul_ps(w[0], vs0), w[1] = _mm256_mul_ps(w[1], vs1);
-    w[2] = _mm256_mul_ps(w[2], vs0), w[3] = _mm256_mul_ps(w[3], vs1);
+// The e4m3 scales of 128 elements of a row (8 codes) as fp32 with the reference's values: the
+// fp16 bits of value * 2^-8 (byte << 8 shifted right arithmetically by 1, bit 14 cleared;
+// subnormals exact), x 2^8, and 0x7F / 0xFF -> NaN.
+inline __m256 e4m3x8(const uint8_t *sc) {
+    const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i *>(sc)));
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(int16_t(0xbfff)));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f00)), _mm_set1_epi16(0x7f00));
+    return _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                            _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
 }
 
-// One row x NT tokens.
+// The block scales of 128 elements of a row: nvfp4 (B = 16) the 8 e4m3 codes in lanes 0..7;
+// ds_fp4 (B = 32) the 4 e8m0 factors in lanes 0..3 (biased by 2^32 as e8m0_biased, or absolute).
 template <int B>
-struct E2m1Row {
-    template <int NT>
-    struct Row {
-        static void run(const uint8_t *const *act, float *out, size_t ldo, const uint8_t *p, const uint8_t *sc, int64_t K,
-                        float row_scale, bool biased, int pf) {
-            constexpr int S = acc_sets<NT>();
-            const float *x[NT];
-            __m256 acc[NT][S];
-            for (int t = 0; t < NT; ++t) {
-                x[t] = reinterpret_cast<const float *>(act[t]);
-                for (int i = 0; i < S; ++i) acc[t][i] = _mm256_setzero_ps();
-            }
-            for (int64_t c = 0; c < K; c += 32) {
-                if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
-                __m256 w[4];
-                e2m1_chunk<B>(p, sc, c, K, biased, w);
-                for (int t = 0; t < NT; ++t) {
-                    const float *xt = x[t] + c;
-                    for (int i = 0; i < 4; ++i) acc[t][i % S] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i % S]);
-                }
-            }
-            for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(sum_sets<S>(acc[t])) * row_scale;
-        }
-    };
-};
-
-// R rows x one token (R = 2: two weight streams per core, each activation vector loaded once for
-// both): each chunk is summed unscaled per block scale (w[0] + w[2] and w[1] + w[3]), then one
-// FMA per scale, fewer operations than scaling the weights when they serve one token.
-template <int B, int R>
-void e2m1_one_token(const float *x, float *const out[R], const uint8_t *const p[R], const uint8_t *const sc[R],
-                    int64_t K, const float rs[R], bool biased, int pf) {
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < K; c += 32) {
-        __m256 w[R][4], vs[R][2];
-        for (int r = 0; r < R; ++r) {
-            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p[r] + c / 2) + pf, _MM_HINT_T0);
-            e2m1_chunk<B, false>(p[r], sc[r], c, K, biased, w[r], vs[r]);
-        }
-        __m256 blk[R][2];
-        for (int i = 0; i < 4; ++i) {
-            const __m256 xv = _mm256_loadu_ps(x + c + 8 * i);
-            for (int r = 0; r < R; ++r)
-                blk[r][i & 1] = i < 2 ? _mm256_mul_ps(w[r][i], xv) : _mm256_fmadd_ps(w[r][i], xv, blk[r][i & 1]);
-        }
-        for (int r = 0; r < R; ++r)
-            for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_fmadd_ps(blk[r][h], vs[r][h], acc[r][h]);
+inline __m256 x16_scales128(const uint8_t *sc, bool biased) {
+    if constexpr (B == 16) {
+        return e4m3x8(sc);
+    } else {
+        int32_t four;
+        std::memcpy(&four, sc, 4);
+        return e8m0_full8(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(four)), biased);
     }
-    for (int r = 0; r < R; ++r) *out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * rs[r];
 }
 
-// Rows [first, first + count): ds_fp4 with the biased factors first, then its rows with an
-// output that is not finite again with the absolute ones (see e8m0 above).
+// One row x NT tokens. Per 64 elements and token: vpmaddwd of the 4 pair vectors with the
+// activation's, added in two pairs (the first: block 0 of 16 in lanes 0..3, block 2 in 4..7; the
+// second: blocks 1 and 3), converted, times (block scale x activation d / 512) per lane, into two accumulators; the row
+// sum times g (nvfp4's fp16 global; ds_fp4 2^-32 with biased factors, else 1). The int32 lane
+// sums are exact (|sum| <= 4 x 12 x 32639). A partial last 64 (nvfp4, K % 64 = 16, 32, 48) is
+// read from zero-padded copies, so no byte past the row is touched.
+template <int B, int NT>
+void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const uint8_t *const *act, float *out,
+                  size_t ldo, int pf, bool biased) {
+    const int64_t kp = (K + 63) / 64 * 64;
+    const __m256i lut = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    const __m256i m15 = _mm256_set1_epi8(15);
+    // Lane -> scale of 128 elements, per half (64) of them: nvfp4 blocks {0, 2} and {1, 3} of 16
+    // in the half, ds_fp4 the half's two blocks of 32 for both.
+    const __m256i idx01[2] = {B == 16 ? _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                              B == 16 ? _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6) : _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)};
+    const __m256i idx23[2] = {B == 16 ? _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3) : idx01[0],
+                              B == 16 ? _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7) : idx01[1]};
+    constexpr int A = NT <= 4 ? 2 : 1;  // accumulators per token (16 ymm registers)
+    const int16_t *xa[NT];
+    const float *dv[NT];
+    __m256 acc[NT][A];
+    for (int t = 0; t < NT; ++t) {
+        xa[t] = reinterpret_cast<const int16_t *>(act[t]);
+        dv[t] = reinterpret_cast<const float *>(act[t] + 2 * kp);
+        for (int i = 0; i < A; ++i) acc[t][i] = _mm256_setzero_ps();
+    }
+    alignas(32) uint8_t wtail[32];
+    alignas(8) uint8_t stail[8];
+    __m256 s8 = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kp; c += 64) {
+        const bool tail = c + 64 > K;
+        const uint8_t *wp = p + c / 2;
+        if (tail) {
+            std::memset(wtail, 0, 32);
+            std::memcpy(wtail, wp, size_t(K - c) / 2);
+            wp = wtail;
+        }
+        if (c % 128 == 0) {
+            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
+            if (c + 128 <= K) {
+                s8 = x16_scales128<B>(sc + c / B, biased);
+            } else {
+                std::memset(stail, 0, 8);
+                std::memcpy(stail, sc + c / B, size_t(K - c) / B);
+                s8 = x16_scales128<B>(stail, biased);
+            }
+        }
+        const int half = int(c % 128) / 64;
+        const __m256 s01 = _mm256_permutevar8x32_ps(s8, idx01[half]), s23 = _mm256_permutevar8x32_ps(s8, idx23[half]);
+        __m256i w[4];
+        e2m1_i16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(wp)), lut, m15, w);
+        for (int t = 0; t < NT; ++t) {
+            const __m256i *xv = reinterpret_cast<const __m256i *>(xa[t] + c);
+            const __m256i r01 = _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xv)),
+                                                 _mm256_madd_epi16(w[1], _mm256_loadu_si256(xv + 1)));
+            const __m256i r23 = _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xv + 2)),
+                                                 _mm256_madd_epi16(w[3], _mm256_loadu_si256(xv + 3)));
+            const __m256 d = _mm256_loadu_ps(dv[t] + c / 8);
+            acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r01), _mm256_mul_ps(s01, d), acc[t][0]);
+            acc[t][A - 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r23), _mm256_mul_ps(s23, d), acc[t][A - 1]);
+        }
+    }
+    for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(A == 2 ? _mm256_add_ps(acc[t][0], acc[t][A - 1]) : acc[t][0]) * g;
+}
+
+// nvfp4 / ds_fp4 W4A8 x2 (the e2m1_x16_act_bytes layout): each row decoded once per tile of up
+// to 4 tokens. ds_fp4 with the biased factors first, then its rows with an output that is not
+// finite again with the absolute ones (see e8m0 above).
 template <int B>
-void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
-               size_t ldo) {
+void e2m1_x16_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+                   size_t ldo) {
     const int pf = g_prefetch_bytes;
     const int64_t K = m.K;
-    auto row_scale = [&](int64_t r, bool biased) {
-        return B == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
-    };
     auto rows = [&](int j0, int n, bool biased) {
-        if (ntok == 1) {  // row j together with row j + n / 2
-            const float *x = reinterpret_cast<const float *>(act[0]);
-            for_row_pairs(n, [&](int R, const int *cols) {
-                const int64_t r0 = first + j0 + cols[0], r1 = first + j0 + cols[R - 1];
-                float *const o[2] = {out + j0 + cols[0], out + j0 + cols[R - 1]};
-                const uint8_t *const p[2] = {m.data + r0 * (K / 2), m.data + r1 * (K / 2)};
-                const uint8_t *const sc[2] = {m.scale + r0 * (K / B), m.scale + r1 * (K / B)};
-                const float rs[2] = {row_scale(r0, biased), row_scale(r1, biased)};
-                if (R == 1) e2m1_one_token<B, 1>(x, o, p, sc, K, rs, biased, pf);
-                else e2m1_one_token<B, 2>(x, o, p, sc, K, rs, biased, pf);
-            });
-            return;
-        }
         for (int j = j0; j < j0 + n; ++j) {
             const int64_t r = first + j;
-            per_tokens<E2m1Row<B>::template Row>(ntok, act, out + j, ldo, m.data + r * (K / 2),
-                                                 m.scale + r * (K / B), K, row_scale(r, biased), biased, pf);
+            const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
+            const float g = B == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
+            for_tiles<8>(ntok, [&](auto tile_n, int t) {
+                using NT = decltype(tile_n);
+                e2m1_x16_row<B, NT::value>(p, sc, g, K, act + t, out + t * ldo + j, ldo, pf, biased);
+            });
         }
     };
     constexpr bool kBiased = B == 32;
@@ -521,15 +504,6 @@ inline void mxfp4_u16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
 }
 constexpr int mxfp4_w4a8_column(int g, int i) { return 16 * (i / 4) + 4 * g + i % 4; }
 
-// The e8m0 factors of 8 codes (int32 lanes): biased by 2^32 as e8m0_biased (tier_scalar.inc),
-// else absolute.
-inline __m256 e8m0_full8(__m256i s, bool biased) {
-    if (!biased) return e8m0x8(s);
-    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(s, _mm256_set1_epi32(32)), 23));
-    return _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
-                            _mm256_castsi256_ps(_mm256_cmpgt_epi32(s, _mm256_set1_epi32(190))));
-}
-
 // The e8m0 factors of 32 columns (codes at sc) in the lane order of mxfp4_u16_pairs.
 inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i *>(sc)), z = _mm256_setzero_si256();
@@ -615,14 +589,14 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
 }
 }  // namespace
 
-void ds_fp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
-                 size_t ldo) {
-    e2m1_rows<32>(m, first, count, act, ntok, out, ldo);
-}
-
 void nvfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                 size_t ldo) {
-    e2m1_rows<16>(m, first, count, act, ntok, out, ldo);
+    e2m1_x16_rows<16>(m, first, count, act, ntok, out, ldo);
+}
+
+void ds_fp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+                 size_t ldo) {
+    e2m1_x16_rows<32>(m, first, count, act, ntok, out, ldo);
 }
 
 void fp8_block_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,

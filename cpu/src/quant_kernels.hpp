@@ -65,6 +65,15 @@ void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2);
 size_t mxfp4_q8_act_bytes(int64_t K);
 // That layout by its definition (ft::quantize_q8_0, mxfp4_residual_q8): the AVX2 tier's preparation.
 void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
+// nvfp4 / ds_fp4 W4A8 x2 (their AVX2 kernels): the same two terms per 32 elements
+// (zero-padded to a multiple of 64; ds_fp4 after its FP8 round trip) as one int16,
+// x16 = 256 q1 + q2, so x ~ d / 256 * x16. Per 64 elements: 4 vectors of 8 int16 pairs (vector g,
+// lane l: elements 8g + 2l, + 1 for l < 4; 32 + 8g + 2(l - 4), + 1 above), the order of the
+// kernels' decode; after all of them, per 64 elements 8 floats: d / 512 of the first 32 four
+// times, then of the second 32.
+size_t e2m1_x16_act_bytes(int64_t K);
+void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
+void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 
 void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -101,7 +102,8 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
     std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
     // xr: the activation of the format's numerics; xq: Q8_0 of bf16 x (per 32) for the W4A8
     // kernels of mxfp4 (kernel name "...-w4a8..."; the block formats are W*A8 by definition, xr already).
-    std::vector<std::vector<double>> xr(ntok, std::vector<double>(c.K)), xq = xr;
+    // xq2: the W4A8 x2 activation (two int8 terms per 32) of the "...-w4a8x2..." kernels.
+    std::vector<std::vector<double>> xr(ntok, std::vector<double>(c.K)), xq = xr, xq2 = xr;
     for (int t = 0; t < ntok; ++t) {
         std::vector<float> xf(c.K), y(c.K);
         for (int64_t k = 0; k < c.K; ++k) {
@@ -130,21 +132,26 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
                     xq[t][16 * b + 2 * i + 1] = double(q[16 * b + 8 + i]) * double(d[b]);
                 }
         }
-        if (c.f == Format::mxfp4) {
-            // W4A8 x2: x ~ d (q1 + q2 / 256), q1 and d Q8_0, q2 the int8 residual; within d / 256
-            // (+ the fp32 rounding of x * (1 / d) where q2 clamps).
-            std::vector<int8_t> q(c.K), q2(c.K);
-            std::vector<float> d(c.K / 32);
-            ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());
-            for (int64_t b = 0; b < c.K / 32; ++b)
-                ft::cpu::detail::mxfp4_residual_q8(xf.data() + 32 * b, q.data() + 32 * b, d[b], q2.data() + 32 * b);
+        if (c.f == Format::mxfp4 || c.f == Format::nvfp4 || c.f == Format::ds_fp4) {
+            // W4A8 x2: x ~ d (q1 + q2 / 256) per 32 (zero-padded), q1 and d Q8_0, q2 the int8
+            // residual (ds_fp4: of the FP8 round trip); within d / 256 (+ the fp32 rounding of
+            // x * (1 / d) where q2 clamps).
+            const int64_t kp = (c.K + 31) / 32 * 32;
+            std::vector<float> xp(kp, 0.0f);
+            std::copy(xf.begin(), xf.end(), xp.begin());
+            std::vector<int8_t> q(kp), q2(kp);
+            std::vector<float> d(kp / 32);
+            ft::quantize_q8_0(xp.data(), kp, q.data(), d.data());
+            for (int64_t b = 0; b < kp / 32; ++b)
+                ft::cpu::detail::mxfp4_residual_q8(xp.data() + 32 * b, q.data() + 32 * b, d[b], q2.data() + 32 * b);
             for (int64_t k = 0; k < c.K; ++k) {
-                xq[t][k] = (double(q[k]) + double(q2[k]) / 256.0) * double(d[k / 32]);
-                ASSERT_LE(std::fabs(xq[t][k] - xf[k]), 1.001 * double(d[k / 32]) / 256.0) << "k=" << k;
+                xq2[t][k] = (double(q[k]) + double(q2[k]) / 256.0) * double(d[k / 32]);
+                ASSERT_LE(std::fabs(xq2[t][k] - xf[k]), 1.001 * double(d[k / 32]) / 256.0) << "k=" << k;
             }
         }
     }
-    std::vector<std::vector<double>> ref(ntok, std::vector<double>(count)), mag = ref, refq = ref, magq = ref;
+    std::vector<std::vector<double>> ref(ntok, std::vector<double>(count)), mag = ref, refq = ref, magq = ref,
+                                     refq2 = ref, magq2 = ref;
     for (int j = 0; j < count; ++j) {
         const std::vector<float> w = c.weights(first + j);
         for (int t = 0; t < ntok; ++t)
@@ -153,6 +160,8 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
                 mag[t][j] += std::fabs(double(w[k]) * xr[t][k]);
                 refq[t][j] += double(w[k]) * xq[t][k];
                 magq[t][j] += std::fabs(double(w[k]) * xq[t][k]);
+                refq2[t][j] += double(w[k]) * xq2[t][k];
+                magq2[t][j] += std::fabs(double(w[k]) * xq2[t][k]);
             }
     }
     const auto ops_list = variants_here(c.f);
@@ -160,13 +169,13 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
     expect_every_gguf_tier(c.f, ops_list);
     for (const ft::cpu::QuantOps *ops : ops_list) {
         // mxfp4 W4A8 x2 with VNNI runs calls of several tokens through the W4A16 kernel; the AVX2
-        // one runs every call as W4A8 x2.
+        // W4A8 x2 kernels run every call so. nvfp4 "-w4a8" (VNNI): int8 per 16.
         const std::string kname = ops->kernel;
         const bool avx2 = kname.size() > 5 && kname.compare(kname.size() - 5, 5, "-avx2") == 0;
-        const bool w4a8 = (c.f == Format::nvfp4 || (c.f == Format::mxfp4 && (ntok == 1 || avx2))) &&
-                          kname.find("w4a8") != std::string::npos;
-        const auto &want = w4a8 ? refq : ref;
-        const auto &want_mag = w4a8 ? magq : mag;
+        const bool x2 = kname.find("w4a8x2") != std::string::npos && (ntok == 1 || avx2);
+        const bool w4a8 = !x2 && c.f == Format::nvfp4 && kname.find("w4a8") != std::string::npos;
+        const auto &want = x2 ? refq2 : w4a8 ? refq : ref;
+        const auto &want_mag = x2 ? magq2 : w4a8 ? magq : mag;
         std::vector<std::vector<uint8_t>> act;
         std::vector<const uint8_t *> ap;
         for (int t = 0; t < ntok; ++t) {
