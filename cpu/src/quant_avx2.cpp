@@ -217,6 +217,10 @@ void e2m1_x16_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t
             const int64_t r = first + j;
             const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / B);
             const float g = B == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
+            if (ntok == 1) {
+                e2m1_x16_row<B, 1>(p, sc, g, K, act, out + j, ldo, pf, biased);
+                continue;
+            }
             for_tiles<8>(ntok, [&](auto tile_n, int t) {
                 using NT = decltype(tile_n);
                 e2m1_x16_row<B, NT::value>(p, sc, g, K, act + t, out + t * ldo + j, ldo, pf, biased);
