@@ -101,6 +101,16 @@ void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2) {
     }
 }
 
+namespace {
+// One block of 32 as the W4A8 x2 terms: q1 and d by ft::quantize_q8_0, q2 the residual.
+float q8x2_block(const float *v, int8_t *q1, int8_t *q2) {
+    float d;
+    quantize_q8_0(v, 32, q1, &d);
+    mxfp4_residual_q8(v, q1, d, q2);
+    return d;
+}
+}  // namespace
+
 void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = round_up(K, 64), nb = K / 32;
     std::memcpy(dst, x, size_t(K) * 2);  // the bf16 copy (mxfp4_avx512vbmi's activation)
@@ -110,9 +120,7 @@ void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
     float v[32];
     for (int64_t b = 0; b < nb; ++b) {
         for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[32 * b + i]);
-        float d;
-        quantize_q8_0(v, 32, q1 + 32 * b, &d);
-        mxfp4_residual_q8(v, q1 + 32 * b, d, q2 + 32 * b);
+        const float d = q8x2_block(v, q1 + 32 * b, q2 + 32 * b);
         int32_t c[2] = {0, 0};
         for (int i = 0; i < 32; ++i) c[0] += q1[32 * b + i], c[1] += q2[32 * b + i];
         c[0] *= -12, c[1] *= -12;
@@ -133,9 +141,7 @@ void x16_chunk(const float *v, int64_t c, uint8_t *dst, float *dv) {
     int16_t x16[64];
     for (int h = 0; h < 2; ++h) {
         int8_t q1[32], q2[32];
-        float d;
-        quantize_q8_0(v + 32 * h, 32, q1, &d);
-        mxfp4_residual_q8(v + 32 * h, q1, d, q2);
+        const float d = q8x2_block(v + 32 * h, q1, q2);
         for (int i = 0; i < 32; ++i) x16[32 * h + i] = int16_t(256 * q1[i] + q2[i]);
         for (int i = 0; i < 4; ++i) dv[c / 8 + 4 * h + i] = d / 512.0f;
     }
@@ -515,7 +521,7 @@ const TierKernels kKernels[] = {
     {Format::mxfp4, "mxfp4-w4a16",
      {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::mxfp4_avx2_w4a8, "-avx2", detail::mxfp4_q8_act_bytes, detail::prepare_mxfp4_q8x2_scalar, nullptr,
+      , {detail::mxfp4_avx2, "-avx2", detail::mxfp4_q8_act_bytes, detail::prepare_mxfp4_q8x2_scalar, nullptr,
          "mxfp4-w4a8x2"},
       {detail::mxfp4_avx512, "-avx512", f32_act_bytes, prepare_f32},
       {detail::mxfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}

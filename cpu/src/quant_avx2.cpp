@@ -7,10 +7,9 @@
 //          2 * value and byte unpacks with the sign give int16 pairs (element 2i, 2i + 1);
 //          `vpmaddwd` with the activation's pairs sums exactly in int32 per lane, lanes of
 //          two blocks added, then (sum * block scale * d / 512) per lane in fp32;
-//          mxfp4: per K row pair, `vpshufb` of u = 2 * e2m1 + 12 and byte unpacks give int16
-//          pairs (u at k, u at k + 1) per column; `vpmaddwd` with the activation pair sums
-//          exactly in int32 per 32-row block from -12 * sum(x16); then (sum * d / 512) * e8m0
-//          per column;
+//          mxfp4: the same decode per K row pair gives int16 pairs (k, k + 1) per column;
+//          `vpmaddwd` with the activation pair sums exactly in int32 per 32-row block; then
+//          (sum * d / 512) * e8m0 per column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
 //          a 128-chunk holding a NaN code (0x7F/0xFF) is summed from the reference table so the
@@ -99,6 +98,11 @@ void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A..
 
 // ---- nvfp4 / ds_fp4 W4A8 x2: integer sums with `vpmaddwd` -----------------------------------
 
+// 2 * e2m1(code) as int8 for codes 0..15, in both 128-bit lanes (the `vpshufb` table).
+inline __m256i e2m1x2_i8_table() {
+    return _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+}
+
 // The 32 packed bytes of 64 elements of a row -> 4 vectors of int16 pairs (2 e2m1 at element
 // 2i, 2 e2m1 at 2i + 1) of bytes i: vector g holds bytes 4g .. 4g + 3 in its low 128-bit lane and
 // 16 + 4g .. in the high one (the activation's order, prepare_nvfp4_x16). Two `vpshufb` of the
@@ -147,9 +151,7 @@ template <int B, int NT>
 void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const uint8_t *const *act, float *out,
                   size_t ldo, int pf, bool biased) {
     const int64_t kp = (K + 63) / 64 * 64;
-    const __m256i lut = _mm256_broadcastsi128_si256(
-        _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
-    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i lut = e2m1x2_i8_table(), m15 = _mm256_set1_epi8(15);
     // Lane -> scale of 128 elements, per half (64) of them: nvfp4 blocks {0, 2} and {1, 3} of 16
     // in the half, ds_fp4 the half's two blocks of 32 for both.
     const __m256i idx01[2] = {B == 16 ? _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
@@ -482,33 +484,23 @@ inline const uint8_t *tile_row(const QuantMatrix &m, int64_t first, int count, i
 }
 
 // The W4A8 x2 activation (mxfp4_q8_act_bytes) read as one int16 per element: x16 = 256 q1 + q2
-// (|x16| <= 32639), so x ~ (d / 256) x16 and the kernel's sums are those of the VNNI kernel.
-// Block b of token t as 32 int16 into dst; returns the block's int32 start -12 sum(x16).
-inline int32_t mxfp4_x16_block(const uint8_t *a, int64_t qbytes, int64_t nb, int64_t b, int16_t *dst) {
+// (|x16| <= 32639), so x ~ (d / 256) x16 and the kernel's integer sums are those of the VNNI
+// kernel. Block b as 32 int16 into dst.
+inline void mxfp4_x16_block(const uint8_t *a, int64_t qbytes, int64_t b, int16_t *dst) {
     const int8_t *q1 = reinterpret_cast<const int8_t *>(a) + 32 * b, *q2 = q1 + qbytes;
     for (int h = 0; h < 2; ++h) {
         const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q1 + 16 * h)));
         const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q2 + 16 * h)));
         _mm256_store_si256(reinterpret_cast<__m256i *>(dst + 16 * h), _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
     }
-    int32_t c[2];
-    std::memcpy(c, a + 2 * qbytes + 4 * nb + 8 * b, 8);
-    return 256 * c[0] + c[1];
 }
 
-// The 32 bytes of one K row pair kb for 32 columns -> 4 vectors of int16 pairs (u at k = 2kb,
-// u at 2kb + 1; u = 2 * e2m1 + 12 in [0, 24]) per column: two `vpshufb` and four byte unpacks.
-// Lane i of w[g] is column mxfp4_w4a8_column(g, i).
-inline void mxfp4_u16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
-    const __m256i ul = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
-    const __m256i uh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
-    const __m256i a = _mm256_unpacklo_epi8(ul, uh), b = _mm256_unpackhi_epi8(ul, uh), z = _mm256_setzero_si256();
-    w[0] = _mm256_unpacklo_epi8(a, z), w[1] = _mm256_unpackhi_epi8(a, z);
-    w[2] = _mm256_unpacklo_epi8(b, z), w[3] = _mm256_unpackhi_epi8(b, z);
-}
+// The 32 bytes of one K row pair kb for 32 columns decode like 64 elements of an nvfp4 row
+// (e2m1_i16_pairs): byte i holds column i's weights at k = 2kb and 2kb + 1, so lane i of w[g] is
+// column mxfp4_w4a8_column(g, i).
 constexpr int mxfp4_w4a8_column(int g, int i) { return 16 * (i / 4) + 4 * g + i % 4; }
 
-// The e8m0 factors of 32 columns (codes at sc) in the lane order of mxfp4_u16_pairs.
+// The e8m0 factors of 32 columns (codes at sc) in the lane order of e2m1_i16_pairs.
 inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i *>(sc)), z = _mm256_setzero_si256();
     const __m256i a = _mm256_unpacklo_epi8(v, z), b = _mm256_unpackhi_epi8(v, z);
@@ -517,16 +509,14 @@ inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
 }
 
 // NL groups of 32 columns from `first` (count of them in the tile) x NT tokens. Per block of 32 K
-// rows each column's int32 sum starts at -12 sum(x16) and takes one `vpmaddwd` (2 k) per K row
-// pair; then fp32 (sum * d / 512) * e8m0 into the column's accumulator, as the VNNI kernel, with
+// rows each column's int32 sum of 2 e2m1 x x16 takes one `vpmaddwd` (2 k) per K row pair; then fp32 (sum * d / 512) * e8m0 into the column's accumulator, as the VNNI kernel, with
 // the factors biased by 2^32 (no subnormal products for small codes; outputs times 2^-32) or not.
 template <int NT, int NL>
 void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
                      float *out, size_t ldo, int pf_rows, bool biased) {
     constexpr int W = 32 * NL;
     const int64_t nb = m.K / 32;
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g_e2m1_u8x64)));
-    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i lut = e2m1x2_i8_table(), m15 = _mm256_set1_epi8(15);
     const uint8_t *a[NT];
     for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
     __m256 acc[NT][4 * NL];
@@ -536,8 +526,8 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
         alignas(32) int16_t xs[NT][32];
         __m256i isum[NT][4 * NL];
         for (int t = 0; t < NT; ++t) {
-            const __m256i c = _mm256_set1_epi32(mxfp4_x16_block(a[t], qbytes, nb, b, xs[t]));
-            for (int g = 0; g < 4 * NL; ++g) isum[t][g] = c;
+            mxfp4_x16_block(a[t], qbytes, b, xs[t]);
+            for (int g = 0; g < 4 * NL; ++g) isum[t][g] = _mm256_setzero_si256();
         }
         for (int r = 0; r < 16; ++r) {
             alignas(32) uint8_t tmp[W];
@@ -550,7 +540,7 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
             }
             for (int l = 0; l < NL; ++l) {
                 __m256i w[4];
-                mxfp4_u16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 32 * l)), lut, m15, w);
+                e2m1_i16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 32 * l)), lut, m15, w);
                 for (int g = 0; g < 4; ++g)
                     for (int t = 0; t < NT; ++t)
                         isum[t][4 * l + g] = _mm256_add_epi32(isum[t][4 * l + g], _mm256_madd_epi16(w[g], xb[t]));
@@ -673,8 +663,8 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
 // streams per K row pair), several in tiles of 32 columns x up to 3 tokens (12 int32 sums in
 // registers), each row pair decoded once per tile and token group. Each tile with the biased
 // factors, again with the absolute ones when one of its outputs is not finite.
-void mxfp4_avx2_w4a8(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
-                     float *out, size_t ldo) {
+void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+                size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
     const int64_t qbytes = (m.K + 63) / 64 * 64;
     if (ntok == 1) {
