@@ -331,13 +331,19 @@ struct Fp8Row {
 
 // ---- q4_0 x Q8_0 ----------------------------------------------------------------------------
 
+// The 32 codes of a q4_0 block (elements 0..15: low nibbles, 16..31: high): its 16 bytes in both
+// lanes, the upper lane shifted right by 4, masked (3 operations, the load broadcasts).
+inline __m256i q4_codes(const uint8_t *blk) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2)));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0f));
+}
+
 // One or two tokens, R rows (R = 2 only for one token): vpmaddubsw(u, a) - vpmaddubsw(8, a) per
 // block, the second shared by the R rows.
 template <int NT, int R>
 void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const uint8_t *const row[R], int64_t nb,
              int64_t qbytes, int pf) {
     const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-    const __m128i m15 = _mm_set1_epi8(0x0f);
     constexpr int S = 2;  // blocks alternate between two accumulators
     const int8_t *q[NT];
     const float *d[NT];
@@ -356,8 +362,7 @@ void q4_rows(const uint8_t *const *act, float *const out[R], size_t ldo, const u
         for (int r = 0; r < R; ++r) {
             const uint8_t *blk = row[r] + b * 18;
             if (pf && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
-            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
-            u[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
+            u[r] = q4_codes(blk);
             dw[r] = _mm256_set1_ps(f16(blk));
         }
         for (int t = 0; t < NT; ++t) {
@@ -424,14 +429,9 @@ template <int NT>
 void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *const *sums, const uint8_t *row,
                   int64_t b0, int64_t n, float *out, size_t ldo, bool add, int pf) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m128i m15 = _mm_set1_epi8(0x0f);
     __m256 acc[NT], off[NT];
     float off_tail[NT];
     for (int t = 0; t < NT; ++t) acc[t] = off[t] = _mm256_setzero_ps(), off_tail[t] = 0.0f;
-    auto codes = [&](const uint8_t *blk) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
-        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m15), _mm_and_si128(v, m15));
-    };
     auto dot = [&](__m256i u, int t, int64_t b) {
         const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
         return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones));
@@ -449,14 +449,14 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
         for (int i = 0; i < 8; ++i) {
             const uint8_t *blk = g + i * 18;
             if (pf && (i & 3) == 0) _mm_prefetch(reinterpret_cast<const char *>(blk) + pf, _MM_HINT_T0);
-            const __m256i u = codes(blk);
+            const __m256i u = q4_codes(blk);
             for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(dot(u, t, b + i), _mm256_broadcast_ss(&pr[t][i]), acc[t]);
         }
     }
     for (; b < b0 + n; ++b) {
         const uint8_t *blk = row + b * 18;
         const float dw = f16(blk);
-        const __m256i u = codes(blk);
+        const __m256i u = q4_codes(blk);
         for (int t = 0; t < NT; ++t) {
             acc[t] = _mm256_fmadd_ps(dot(u, t, b), _mm256_set1_ps(dw * d[t][b]), acc[t]);
             off_tail[t] += dw * sums[t][b - b0];
