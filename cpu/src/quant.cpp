@@ -145,13 +145,10 @@ void x16_chunk(const float *v, int64_t c, uint8_t *dst, float *dv) {
         for (int i = 0; i < 32; ++i) x16[32 * h + i] = int16_t(256 * q1[i] + q2[i]);
         for (int i = 0; i < 4; ++i) dv[c / 8 + 4 * h + i] = d / 512.0f;
     }
-    // Vector g, lane l: the pair of elements 8g + 2l (l < 4) or 32 + 8g + 2(l - 4).
+    // Vector g, word i: element 32 (i / 8) + 16 (g / 2) + g % 2 + 2 (i % 8).
     int16_t *o = reinterpret_cast<int16_t *>(dst) + c;
     for (int g = 0; g < 4; ++g)
-        for (int l = 0; l < 8; ++l) {
-            const int e = (l < 4 ? 0 : 32) + 8 * g + 2 * (l % 4);
-            o[16 * g + 2 * l] = x16[e], o[16 * g + 2 * l + 1] = x16[e + 1];
-        }
+        for (int i = 0; i < 16; ++i) o[16 * g + i] = x16[32 * (i / 8) + 16 * (g / 2) + g % 2 + 2 * (i % 8)];
 }
 }  // namespace
 

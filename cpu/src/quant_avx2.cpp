@@ -4,10 +4,11 @@
 // mxfp4_q8_act_bytes. Each weight vector is decoded once per tile of up to 8 tokens (mxfp4: 3)
 // and used for all of them; weights are decoded exactly in registers, never stored:
 //   e2m1   nvfp4 / ds_fp4: per 32 packed bytes of a row, two `vpshufb` of the int8 table of
-//          2 * value and byte unpacks with the sign give int16 pairs (element 2i, 2i + 1);
-//          `vpmaddwd` with the activation's pairs sums exactly in int32 per lane, lanes of
-//          two blocks added, then (sum * block scale * d / 512) per lane in fp32;
-//          mxfp4: the same decode per K row pair gives int16 pairs (k, k + 1) per column;
+//          2 * value give the even and the odd elements, each byte unpacked above a zero byte
+//          (256 x the value as int16); `vpmaddwd` with the activation in that order sums
+//          exactly in int32 per lane, then (sum * block scale * d / 512) per lane in fp32 and
+//          2^-8 per row;
+//          mxfp4: byte unpacks with the sign give int16 pairs (k, k + 1) per column and K row pair;
 //          `vpmaddwd` with the activation pair sums exactly in int32 per 32-row block; then
 //          (sum * d / 512) * e8m0 per column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
@@ -116,6 +117,19 @@ inline void e2m1_i16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
     w[2] = _mm256_unpacklo_epi8(b, sb), w[3] = _mm256_unpackhi_epi8(b, sb);
 }
 
+// The 32 packed bytes of 64 elements of a row (nvfp4 / ds_fp4) -> 4 vectors of 256 x (2 e2m1) as
+// int16: two `vpshufb` of the int8 table give the even and odd elements as bytes, unpacked above a
+// zero byte (the sign comes along). Per 128-bit lane h (elements 32h .. 32h + 31): w[0] the even
+// elements 0..14 of it, w[1] the odd 1..15, w[2] the even 16..30, w[3] the odd 17..31 (the
+// activation's order, prepare_nvfp4_x16), so each int32 lane of vpmaddwd stays in one block of 16.
+inline void e2m1_i16_x256(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+    const __m256i z = _mm256_setzero_si256();
+    w[0] = _mm256_unpacklo_epi8(z, lo), w[1] = _mm256_unpacklo_epi8(z, hi);
+    w[2] = _mm256_unpackhi_epi8(z, lo), w[3] = _mm256_unpackhi_epi8(z, hi);
+}
+
 // The e4m3 scales of 128 elements of a row (8 codes) as fp32 with the reference's values: the
 // fp16 bits of value * 2^-8 (byte << 8 shifted right arithmetically by 1, bit 14 cleared;
 // subnormals exact), x 2^8, and 0x7F / 0xFF -> NaN.
@@ -141,11 +155,13 @@ inline __m256 x16_scales128(const uint8_t *sc, bool biased) {
     }
 }
 
-// One row x NT tokens. Per 64 elements and token: vpmaddwd of the 4 pair vectors with the
-// activation's, added in two pairs (the first: block 0 of 16 in lanes 0..3, block 2 in 4..7; the
-// second: blocks 1 and 3), converted, times (block scale x activation d / 512) per lane, into two accumulators; the row
-// sum times g (nvfp4's fp16 global; ds_fp4 2^-32 with biased factors, else 1). The int32 lane
-// sums are exact (|sum| <= 4 x 12 x 32639). A partial last 64 (nvfp4, K % 64 = 16, 32, 48) is
+// One row x NT tokens. Per 64 elements and token: vpmaddwd of the 4 weight vectors
+// (e2m1_i16_x256) with the activation's, added in two pairs (the first: block 0 of 16 in lanes
+// 0..3, block 2 in 4..7; the second: blocks 1 and 3; ds_fp4 adds the two, one block of 32 per
+// 128-bit lane), converted, times (block scale x activation d / 512) per lane, into the
+// accumulators; the row sum times g / 256 (g: nvfp4's fp16 global; ds_fp4 2^-32 with biased
+// factors, else 1). The int32 lane sums are exact (|sum| <= 8 x 256 x 12 x 32639 < 2^30), their
+// conversion rounds as an fp32 product would. A partial last 64 (nvfp4, K % 64 = 16, 32, 48) is
 // read from zero-padded copies, so no byte past the row is touched.
 template <int B, int NT>
 void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const uint8_t *const *act, float *out,
@@ -191,7 +207,7 @@ void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const
         const int half = int(c % 128) / 64;
         const __m256 s01 = _mm256_permutevar8x32_ps(s8, idx01[half]), s23 = _mm256_permutevar8x32_ps(s8, idx23[half]);
         __m256i w[4];
-        e2m1_i16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(wp)), lut, m15, w);
+        e2m1_i16_x256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(wp)), lut, m15, w);
         for (int t = 0; t < NT; ++t) {
             const __m256i *xv = reinterpret_cast<const __m256i *>(xa[t] + c);
             const __m256i r01 = _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xv)),
@@ -199,10 +215,15 @@ void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const
             const __m256i r23 = _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xv + 2)),
                                                  _mm256_madd_epi16(w[3], _mm256_loadu_si256(xv + 3)));
             const __m256 d = _mm256_loadu_ps(dv[t] + c / 8);
-            acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r01), _mm256_mul_ps(s01, d), acc[t][0]);
-            acc[t][A - 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r23), _mm256_mul_ps(s23, d), acc[t][A - 1]);
+            if constexpr (B == 32) {  // both halves in the same block of 32: one conversion
+                acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(r01, r23)), _mm256_mul_ps(s01, d), acc[t][0]);
+            } else {
+                acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r01), _mm256_mul_ps(s01, d), acc[t][0]);
+                acc[t][A - 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r23), _mm256_mul_ps(s23, d), acc[t][A - 1]);
+            }
         }
     }
+    g *= 0x1p-8f;  // the weights came x 256
     for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(A == 2 ? _mm256_add_ps(acc[t][0], acc[t][A - 1]) : acc[t][0]) * g;
 }
 

@@ -67,10 +67,10 @@ size_t mxfp4_q8_act_bytes(int64_t K);
 void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
 // nvfp4 / ds_fp4 W4A8 x2 (their AVX2 kernels): the same two terms per 32 elements
 // (zero-padded to a multiple of 64; ds_fp4 after its FP8 round trip) as one int16,
-// x16 = 256 q1 + q2, so x ~ d / 256 * x16. Per 64 elements: 4 vectors of 8 int16 pairs (vector g,
-// lane l: elements 8g + 2l, + 1 for l < 4; 32 + 8g + 2(l - 4), + 1 above), the order of the
-// kernels' decode; after all of them, per 64 elements 8 floats: d / 512 of the first 32 four
-// times, then of the second 32.
+// x16 = 256 q1 + q2, so x ~ d / 256 * x16. Per 64 elements: 4 vectors of 16 int16 (vector g,
+// word i: element 32 (i / 8) + 16 (g / 2) + g % 2 + 2 (i % 8)), the order of the kernels' decode;
+// after all of them, per 64 elements 8 floats: d / 512 of the first 32 four times, then of the
+// second 32.
 size_t e2m1_x16_act_bytes(int64_t K);
 void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
