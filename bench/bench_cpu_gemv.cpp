@@ -338,8 +338,9 @@ double thread_cpu_seconds() {
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// The compute ceiling of a quantised format's kernel (the default tier's, as the layers run it): 32
-// rows of K = 2048 that stay in L2, all tokens per call, on this thread, timed in thread CPU time
+// The compute ceiling of a quantised format's kernel (the default tier's, as the layers run it): 64
+// rows of K = 2048 that stay in L2 (mxfp4: 64 columns, one whole tile of its kernels; with 32 half
+// of each tile's lanes were idle), all tokens per call, on this thread, timed in thread CPU time
 // (so other processes on a shared machine do not count). GBps_core: weight bytes per CPU second;
 // ceiling_to_read = GBps_core x pool threads / read_GBps, the bound of the layer benchmarks: below
 // 1 the kernel, not memory, limits the layer at that token count. Args: format id, tokens.
@@ -347,7 +348,7 @@ void BM_kernel_format(benchmark::State &state) {
     const ft::Format f = ft::Format(state.range(0));
     const int T = int(state.range(1));
     const int64_t K = 2048;
-    const int N = 32;
+    const int N = 64;
     const ft::cpu::QuantOps *ops =
         ft::cpu::quant_ops(f, ft::cpu::default_isa(), ft::cpu::moe_tuning(ft::read_tuning(false)).quant);
     if (!ops) {
