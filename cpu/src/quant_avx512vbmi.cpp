@@ -2,7 +2,8 @@
 // activations). Chosen on the avx512bf16 tier when the CPU also has VBMI (Ice Lake and later,
 // Sapphire Rapids, Zen 4; not Cooper Lake, which keeps quant_avx512bf16.cpp's kernel).
 //
-// A tile is 64 columns (one cache line of each K row) x up to 2 tokens. Per K row the 64 bytes
+// A tile is 64 columns (one cache line of each K row) x up to 2 tokens in one pass, or 3-4 tokens
+// in two passes of half its columns each (see two_passes). Per K row the 64 bytes
 // are loaded once, and each group of 16 columns takes two shuffles: one `vpmultishiftqb` picks,
 // inside every qword (8 columns), the two bytes of columns 8q + 2g and 8q + 2g + 1 and their high
 // nibbles into the low bits of four words (word 2i: byte, word 2i + 1: byte >> 4; bits above the
@@ -127,9 +128,19 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
     }
 }
 
+// Three or four tokens: two passes over the tile's lines (the second from L2), each decoding half
+// the groups once for all of them (their block sums fit the registers).
+template <int NT>
+void two_passes(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, float *out, size_t ldo,
+                int pf_rows, int pf_span) {
+    tile<NT, 2, 0>(m, first, count, act, out, ldo, pf_rows, pf_span);
+    tile<NT, 2, 2>(m, first, count, act, out, ldo, pf_rows, pf_span);
+}
+
 }  // namespace
 
-// Tiles of 64 columns and two tokens. The K rows of a tile are N bytes apart, so the hardware
+// Tiles of 64 columns and up to 4 tokens (a group of 4 tokens, then the rest: 3 tokens in two
+// passes, 2 or 1 in one). The K rows of a tile are N bytes apart, so the hardware
 // prefetchers do not follow them: software prefetch into L2 (more misses in flight than L1 takes)
 // FT_CPU_PREFETCH / 8 rows ahead, 64 at the default 512 (measured, cpu/README.md: 32 rows into L1
 // gave 12.4 GB/s on 2 cores, 64 rows into L2 20.7).
@@ -146,15 +157,18 @@ void mxfp4_avx512vbmi(const QuantMatrix &m, int64_t first, int count, const uint
         }
         const int n = count - c < 64 ? count - c : 64;
         const int pf = n;
-        int t = 0;
-        // Four tokens: two passes over the tile's lines (the second from L2), each decoding half
-        // the groups once for all four, instead of decoding everything for each pair of tokens.
-        for (; t + 4 <= ntok; t += 4) {
-            tile<4, 2, 0>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
-            tile<4, 2, 2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
+        for (int t = 0; t < ntok;) {
+            const int r = ntok - t < 4 ? ntok - t : 4;
+            const uint8_t *const *a = act + t;
+            float *o = out + t * ldo + c;
+            switch (r) {
+                case 1: tile<1>(m, first + c, n, a, o, ldo, pf_rows, pf); break;
+                case 2: tile<2>(m, first + c, n, a, o, ldo, pf_rows, pf); break;
+                case 3: two_passes<3>(m, first + c, n, a, o, ldo, pf_rows, pf); break;
+                default: two_passes<4>(m, first + c, n, a, o, ldo, pf_rows, pf); break;
+            }
+            t += r;
         }
-        for (; t + 2 <= ntok; t += 2) tile<2>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
-        if (t < ntok) tile<1>(m, first + c, n, act + t, out + t * ldo + c, ldo, pf_rows, pf);
     }
 }
 
