@@ -137,6 +137,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     // H = 2880 only every other row is); with one token the VBMI kernel reads both lines per K
     // row in one pass.
     if (format == Format::mxfp4) s_->mxfp4_lines = kMxfp4Lines;
+    s_->item_blocks = std::max(s_->mxfp4_lines, kMaxItemBlocks);
     // Prepared activations sized for the largest layout among the accepted formats.
     size_t act_in_cap = 0, act_mid_cap = 0;
     for (const FormatEntry &e : formats_) {
@@ -155,7 +156,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         s_->inter.resize(routes * intermediate + int64_t(max_tokens) * shared_intermediate);
         s_->route_out.resize(slots * hidden);
         s_->shared_gate.resize(max_tokens);
-        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock * s_->mxfp4_lines);
+        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock * s_->item_blocks);
         s_->aptr.resize(slots);
         s_->mptr.resize(slots);
         s_->aptr16.resize(slots);
@@ -337,7 +338,7 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
 
     // Work items: (group, row block) for the groups the SIMD kernels handle.
     bool any_onednn = false;
-    s.p1_prefix[0] = s.p2_prefix[0] = 0;
+    int64_t q1_units = 0, q2_rows = 0;  // SIMD quantised groups: gate/up units, down rows
     for (int32_t gi = 0; gi < ng; ++gi) {
         Group &g = s.groups[gi];
         // The oneDNN path adds no biases: experts with biases stay on the SIMD kernels.
@@ -346,6 +347,18 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
                    g.count >= onednn_min_tokens_;
         g.batched = g.quant && s.batched_ok && g.count >= s.batched_min;
         any_onednn |= g.onednn;
+        if (g.quant && !g.batched && format_ != Format::mxfp4) q1_units += g.inter, q2_rows += H;
+    }
+    auto item_blocks = [&](int64_t units) {
+        int b = 1;
+        while (b < kMaxItemBlocks && units >= int64_t(2 * b) * kRowBlock * kItemsPerWorker * pool_.size()) b *= 2;
+        return b;
+    };
+    s.q1_blocks = item_blocks(q1_units);
+    s.q2_blocks = item_blocks(q2_rows);
+    s.p1_prefix[0] = s.p2_prefix[0] = 0;
+    for (int32_t gi = 0; gi < ng; ++gi) {
+        const Group &g = s.groups[gi];
         s.p1_prefix[gi + 1] = s.p1_prefix[gi] + (g.onednn ? 0 : ceil_div(g.inter, int64_t(kRowBlock) * p1_blocks(g)));
         s.p2_prefix[gi + 1] = s.p2_prefix[gi] + (g.onednn ? 0 : ceil_div(H, p2_rows(g)));
     }
@@ -445,14 +458,16 @@ int32_t MoeExecutor::group_of(const std::vector<int64_t> &prefix, int64_t item) 
 }
 
 int MoeExecutor::p1_blocks(const Group &g) const {
+    if (!g.quant || g.batched) return 1;
     // kRowBlock intermediate units are 2 * kRowBlock interleaved gate/up columns, one line.
-    return g.quant && !g.batched && format_ == Format::mxfp4 ? s_->mxfp4_lines : 1;
+    return format_ == Format::mxfp4 ? s_->mxfp4_lines : s_->q1_blocks;
 }
 
 int64_t MoeExecutor::p2_rows(const Group &g) const {
     if (!g.quant) return kRowBlock;
     // The batched path's dequantisation scratch holds 2 * kRowBlock rows.
-    if (g.batched || format_ != Format::mxfp4) return s_->p2_block;
+    if (g.batched) return s_->p2_block;
+    if (format_ != Format::mxfp4) return int64_t(kRowBlock) * s_->q2_blocks;
     return int64_t(s_->mxfp4_lines) * 64;
 }
 
@@ -463,7 +478,8 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
     const int32_t gi = group_of(s.p1_prefix, it);
     const Group &g = s.groups[gi];
     // mxfp4 (SIMD path): all the item's lines in one kernel call (its one-token pass reads two
-    // lines per K row); the other paths work in blocks of kRowBlock units.
+    // lines per K row); the other quantised SIMD groups q1_blocks blocks of kRowBlock units per
+    // call, the batched and bf16 paths one block.
     const int blocks = p1_blocks(g);
     const int64_t i0 = (it - s.p1_prefix[gi]) * blocks * kRowBlock;
     run_block_pass1(worker, g, i0, blocks * kRowBlock);
@@ -472,8 +488,8 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
 void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int units) {
     Scratch &s = *s_;
     const int64_t H = hidden_;
-    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock * s.mxfp4_lines;
-    float *up_tile = gate_tile + kRouteChunk * kRowBlock;
+    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock * s.item_blocks;
+    float *up_tile = gate_tile + kRouteChunk * units;
     uint16_t *deq = g.batched ? s.deq.data() + size_t(worker) * 2 * kRowBlock * s.deq_ld : nullptr;
     float *deq_scale = g.batched ? s.deq_scale.data() + size_t(worker) * 2 * kRowBlock : nullptr;
     if (g.batched) {
@@ -494,27 +510,27 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
                                 2 * int64_t(inter_)};
     for (int c0 = 0; c0 < g.count; c0 += kRouteChunk) {
         const int n = std::min(kRouteChunk, g.count - c0);
-        int ld = kRowBlock;  // tile row stride; mxfp4 computes gate/up columns interleaved
+        int ld = units;  // tile row stride; mxfp4 computes gate/up columns interleaved
         if (!g.quant) {
             const uint16_t *const *xs = &s.xptr[g.first_slot + c0];
-            gemv_(g.gate + i0 * H, H, ni, int(H), xs, n, gate_tile, kRowBlock);
-            gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, kRowBlock);
+            gemv_(g.gate + i0 * H, H, ni, int(H), xs, n, gate_tile, ld);
+            gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, ld);
         } else if (g.batched) {
             const uint16_t *const *xs = &s.aptr16[g.first_slot + c0];
             const int cols = int(s.act_in_bytes / 2);
-            gemv_(deq, s.deq_ld, ni, cols, xs, n, gate_tile, kRowBlock);
-            gemv_(deq + kRowBlock * s.deq_ld, s.deq_ld, ni, cols, xs, n, up_tile, kRowBlock);
+            gemv_(deq, s.deq_ld, ni, cols, xs, n, gate_tile, ld);
+            gemv_(deq + kRowBlock * s.deq_ld, s.deq_ld, ni, cols, xs, n, up_tile, ld);
             for (int j = 0; j < n; ++j)
                 for (int i = 0; i < ni; ++i) {
-                    gate_tile[j * kRowBlock + i] *= deq_scale[i];
-                    up_tile[j * kRowBlock + i] *= deq_scale[kRowBlock + i];
+                    gate_tile[j * ld + i] *= deq_scale[i];
+                    up_tile[j * ld + i] *= deq_scale[kRowBlock + i];
                 }
         } else if (mxfp4) {
             ld = 2 * units;  // one tile of n x 2 * units floats across both halves of the scratch
             s.gu_ops->gemv(m, 2 * i0, 2 * ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
         } else {
-            s.gu_ops->gemv(m, i0, ni, &s.aptr[g.first_slot + c0], n, gate_tile, kRowBlock);
-            s.gu_ops->gemv(m, inter_ + i0, ni, &s.aptr[g.first_slot + c0], n, up_tile, kRowBlock);
+            s.gu_ops->gemv(m, i0, ni, &s.aptr[g.first_slot + c0], n, gate_tile, ld);
+            s.gu_ops->gemv(m, inter_ + i0, ni, &s.aptr[g.first_slot + c0], n, up_tile, ld);
         }
         for (int j = 0; j < n; ++j) {
             uint16_t *dst = g.inter_out + int64_t(c0 + j) * g.inter + i0;
@@ -525,8 +541,8 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
                     gv = gate_tile[j * ld + 2 * i] + bf16_bits_to_f32(bias);
                     uv = gate_tile[j * ld + 2 * i + 1] + bf16_bits_to_f32(bias + 2);
                 } else {
-                    gv = gate_tile[j * kRowBlock + i];
-                    uv = up_tile[j * kRowBlock + i];
+                    gv = gate_tile[j * ld + i];
+                    uv = up_tile[j * ld + i];
                     if (g.gu_bias) {
                         gv += g.gu_bias[i0 + i];
                         uv += g.gu_bias[inter_ + i0 + i];

@@ -32,6 +32,12 @@ inline float activate(const ActivationSpec &a, float g, float u) {
 constexpr int kRowBlock = 32;
 // mxfp4 items cover this many 64-byte lines of each K row (see the executor's constructor).
 constexpr int kMxfp4Lines = 2;
+// Items of the other quantised SIMD groups (not batched): kRowBlock x b rows, b the largest power
+// of two up to kMaxItemBlocks that leaves every worker at least kItemsPerWorker items of the pass.
+// A kernel call reads its rows as two sequential streams, each started cold (the hardware
+// prefetchers ramp up again); longer items spend less of their time in those starts.
+constexpr int kMaxItemBlocks = 8;
+constexpr int kItemsPerWorker = 4;
 // At most this many routes go through one kernel call; more are done in chunks that re-read the
 // item's weight block from cache instead of memory.
 constexpr int kRouteChunk = 32;
@@ -77,6 +83,8 @@ struct MoeExecutor::Scratch {
     size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate (this call)
     int32_t batched_min = 0;                 // quant_batched_min_tokens over every accepted format
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
+    int item_blocks = 1;                     // units per pass-1 item / kRowBlock: tile capacity
+    int q1_blocks = 1, q2_blocks = 1;        // this call: blocks per item of SIMD quantised groups
     // mxfp4 items that run the SIMD GEMV (not the batched path): 64-byte lines of each K row per
     // item (kMxfp4Lines, see moe_executor.cpp).
     int mxfp4_lines = 1;
