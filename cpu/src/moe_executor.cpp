@@ -349,13 +349,13 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
         any_onednn |= g.onednn;
         if (g.quant && !g.batched && format_ != Format::mxfp4) q1_units += g.inter, q2_rows += H;
     }
-    auto item_blocks = [&](int64_t units) {
+    auto blocks_for = [&](int64_t units) {
         int b = 1;
         while (b < kMaxItemBlocks && units >= int64_t(2 * b) * kRowBlock * kItemsPerWorker * pool_.size()) b *= 2;
         return b;
     };
-    s.q1_blocks = item_blocks(q1_units);
-    s.q2_blocks = item_blocks(q2_rows);
+    s.q1_blocks = blocks_for(q1_units);
+    s.q2_blocks = blocks_for(q2_rows);
     s.p1_prefix[0] = s.p2_prefix[0] = 0;
     for (int32_t gi = 0; gi < ng; ++gi) {
         const Group &g = s.groups[gi];
