@@ -137,7 +137,6 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     // H = 2880 only every other row is); with one token the VBMI kernel reads both lines per K
     // row in one pass.
     if (format == Format::mxfp4) s_->mxfp4_lines = kMxfp4Lines;
-    s_->item_blocks = std::max(s_->mxfp4_lines, kMaxItemBlocks);
     // Prepared activations sized for the largest layout among the accepted formats.
     size_t act_in_cap = 0, act_mid_cap = 0;
     for (const FormatEntry &e : formats_) {
@@ -156,7 +155,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         s_->inter.resize(routes * intermediate + int64_t(max_tokens) * shared_intermediate);
         s_->route_out.resize(slots * hidden);
         s_->shared_gate.resize(max_tokens);
-        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock * s_->item_blocks);
+        s_->tiles.resize(size_t(pool.size()) * 2 * kRouteChunk * kRowBlock * kMaxItemBlocks);
         s_->aptr.resize(slots);
         s_->mptr.resize(slots);
         s_->aptr16.resize(slots);
@@ -488,7 +487,7 @@ void MoeExecutor::run_item_pass1(int worker, int64_t it) {
 void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int units) {
     Scratch &s = *s_;
     const int64_t H = hidden_;
-    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock * s.item_blocks;
+    float *gate_tile = s.tiles.data() + size_t(worker) * 2 * kRouteChunk * kRowBlock * kMaxItemBlocks;
     float *up_tile = gate_tile + kRouteChunk * units;
     uint16_t *deq = g.batched ? s.deq.data() + size_t(worker) * 2 * kRowBlock * s.deq_ld : nullptr;
     float *deq_scale = g.batched ? s.deq_scale.data() + size_t(worker) * 2 * kRowBlock : nullptr;

@@ -36,8 +36,10 @@ constexpr int kMxfp4Lines = 2;
 // of two up to kMaxItemBlocks that leaves every worker at least kItemsPerWorker items of the pass.
 // A kernel call reads its rows as two sequential streams, each started cold (the hardware
 // prefetchers ramp up again); longer items spend less of their time in those starts.
+// Pass-1 tiles hold kRouteChunk x kRowBlock x kMaxItemBlocks floats per worker (mxfp4 items too).
 constexpr int kMaxItemBlocks = 8;
 constexpr int kItemsPerWorker = 4;
+static_assert(kMxfp4Lines <= kMaxItemBlocks, "mxfp4 items must fit the pass-1 tiles");
 // At most this many routes go through one kernel call; more are done in chunks that re-read the
 // item's weight block from cache instead of memory.
 constexpr int kRouteChunk = 32;
@@ -83,7 +85,6 @@ struct MoeExecutor::Scratch {
     size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate (this call)
     int32_t batched_min = 0;                 // quant_batched_min_tokens over every accepted format
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
-    int item_blocks = 1;                     // units per pass-1 item / kRowBlock: tile capacity
     int q1_blocks = 1, q2_blocks = 1;        // this call: blocks per item of SIMD quantised groups
     // mxfp4 items that run the SIMD GEMV (not the batched path): 64-byte lines of each K row per
     // item (kMxfp4Lines, see moe_executor.cpp).

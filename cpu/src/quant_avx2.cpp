@@ -104,13 +104,18 @@ inline __m256i e2m1x2_i8_table() {
     return _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
 }
 
-// The 32 packed bytes of 64 elements of a row -> 4 vectors of int16 pairs (2 e2m1 at element
-// 2i, 2 e2m1 at 2i + 1) of bytes i: vector g holds bytes 4g .. 4g + 3 in its low 128-bit lane and
-// 16 + 4g .. in the high one (the activation's order, prepare_nvfp4_x16). Two `vpshufb` of the
-// int8 table of 2 * value, byte unpacks into pairs, and sign-extending unpacks.
+// 2 * e2m1 as int8 of the low and of the high nibbles of 32 packed bytes: two `vpshufb`.
+inline void e2m1_nibbles(__m256i v, __m256i lut, __m256i m15, __m256i &lo, __m256i &hi) {
+    lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
+    hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+}
+
+// 32 packed bytes -> 4 vectors of sign-extended int16 pairs (2 e2m1 of the low nibble, of the high
+// nibble) of each byte: w[g] holds bytes 4g .. 4g + 3 in its low 128-bit lane and 16 + 4g .. in
+// the high one (mxfp4: byte i holds column i's weights at k and k + 1).
 inline void e2m1_i16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
-    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
-    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+    __m256i lo, hi;
+    e2m1_nibbles(v, lut, m15, lo, hi);
     const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
     const __m256i sa = _mm256_cmpgt_epi8(z, a), sb = _mm256_cmpgt_epi8(z, b);
     w[0] = _mm256_unpacklo_epi8(a, sa), w[1] = _mm256_unpackhi_epi8(a, sa);
@@ -118,13 +123,13 @@ inline void e2m1_i16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
 }
 
 // The 32 packed bytes of 64 elements of a row (nvfp4 / ds_fp4) -> 4 vectors of 256 x (2 e2m1) as
-// int16: two `vpshufb` of the int8 table give the even and odd elements as bytes, unpacked above a
-// zero byte (the sign comes along). Per 128-bit lane h (elements 32h .. 32h + 31): w[0] the even
-// elements 0..14 of it, w[1] the odd 1..15, w[2] the even 16..30, w[3] the odd 17..31 (the
-// activation's order, prepare_nvfp4_x16), so each int32 lane of vpmaddwd stays in one block of 16.
+// int16: the even and odd elements' bytes unpacked above a zero byte (the sign comes along). Per
+// 128-bit lane h (elements 32h .. 32h + 31): w[0] the even elements 0..14 of it, w[1] the odd
+// 1..15, w[2] the even 16..30, w[3] the odd 17..31 (the activation's order, prepare_nvfp4_x16),
+// so each int32 lane of vpmaddwd stays in one block of 16.
 inline void e2m1_i16_x256(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
-    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
-    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+    __m256i lo, hi;
+    e2m1_nibbles(v, lut, m15, lo, hi);
     const __m256i z = _mm256_setzero_si256();
     w[0] = _mm256_unpacklo_epi8(z, lo), w[1] = _mm256_unpacklo_epi8(z, hi);
     w[2] = _mm256_unpackhi_epi8(z, lo), w[3] = _mm256_unpackhi_epi8(z, hi);
@@ -174,7 +179,7 @@ void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const
                               B == 16 ? _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6) : _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)};
     const __m256i idx23[2] = {B == 16 ? _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3) : idx01[0],
                               B == 16 ? _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7) : idx01[1]};
-    constexpr int A = NT <= 4 ? 2 : 1;  // accumulators per token (16 ymm registers)
+    constexpr int A = B == 16 && NT <= 4 ? 2 : 1;  // accumulators per token (16 ymm registers)
     const int16_t *xa[NT];
     const float *dv[NT];
     __m256 acc[NT][A];
@@ -516,9 +521,8 @@ inline void mxfp4_x16_block(const uint8_t *a, int64_t qbytes, int64_t b, int16_t
     }
 }
 
-// The 32 bytes of one K row pair kb for 32 columns decode like 64 elements of an nvfp4 row
-// (e2m1_i16_pairs): byte i holds column i's weights at k = 2kb and 2kb + 1, so lane i of w[g] is
-// column mxfp4_w4a8_column(g, i).
+// The 32 bytes of one K row pair kb for 32 columns through e2m1_i16_pairs: byte i holds column
+// i's weights at k = 2kb and 2kb + 1, so lane i of w[g] is column mxfp4_w4a8_column(g, i).
 constexpr int mxfp4_w4a8_column(int g, int i) { return 16 * (i / 4) + 4 * g + i % 4; }
 
 // The e8m0 factors of 32 columns (codes at sc) in the lane order of e2m1_i16_pairs.
@@ -530,8 +534,9 @@ inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
 }
 
 // NL groups of 32 columns from `first` (count of them in the tile) x NT tokens. Per block of 32 K
-// rows each column's int32 sum of 2 e2m1 x x16 takes one `vpmaddwd` (2 k) per K row pair; then fp32 (sum * d / 512) * e8m0 into the column's accumulator, as the VNNI kernel, with
-// the factors biased by 2^32 (no subnormal products for small codes; outputs times 2^-32) or not.
+// rows each column's int32 sum of 2 e2m1 x x16 takes one `vpmaddwd` (2 k) per K row pair; then
+// fp32 (sum * d / 512) * e8m0 into the column's accumulator, as the VNNI kernel, with the factors
+// biased by 2^32 (no subnormal products for small codes; outputs times 2^-32) or not.
 template <int NT, int NL>
 void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
                      float *out, size_t ldo, int pf_rows, bool biased) {
