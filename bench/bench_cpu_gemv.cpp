@@ -9,9 +9,10 @@
 // --benchmark_min_time defaults to 0.2 s per benchmark. After the run a summary table lists, per
 // format and batch, GB/s, the interleaved read bound, their ratio, bs / bs=1 and µs per token.
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
-// FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (see BM_moe_layer_format),
-// FT_BENCH_DS_FP4_SCALE=c ds_fp4's. kernel_<format> benchmarks: the quantised formats' kernels on
-// in-cache weights in thread CPU time, their compute ceiling next to the read bound.
+// FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (default 120, see
+// e8m0_scale_base), FT_BENCH_DS_FP4_SCALE=c ds_fp4's. kernel_<format> benchmarks: the quantised
+// formats' kernels on in-cache weights in thread CPU time, their compute ceiling next to the read
+// bound.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -248,10 +249,20 @@ void BM_moe_layer(benchmark::State &state) {
                              state.counters["read_GBps"], state.counters["us_per_layer"]});
 }
 
+// The e8m0 scale codes of mxfp4 and ds_fp4 weights in the benchmarks are base + (random & 7). The
+// base comes from FT_BENCH_MXFP4_SCALE / FT_BENCH_DS_FP4_SCALE; the default 120 (factors 2^-7 ..
+// 2^0) is the range of real checkpoints. Small bases give subnormal factors and products, which
+// Intel cores handle by microcode assists: the kernels' worst case (0 for the extreme).
+uint8_t e8m0_scale_base(ft::Format f) {
+    const std::string sc = ft::env_string(f == ft::Format::ds_fp4 ? "FT_BENCH_DS_FP4_SCALE" : "FT_BENCH_MXFP4_SCALE");
+    return sc.empty() ? uint8_t(120) : uint8_t(std::atoi(sc.c_str()));
+}
+
 // The window of a quantised format: the same rotating window and routing as BM_moe_layer, banks
-// in the format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, no e8m0 255,
-// moderate scales). Kept for the next benchmark of the same (format, H, I) (the batch sizes of a
-// format run one after another), so each window is filled and probed once.
+// in the format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, moderate fp16
+// scales), e8m0 scales as e8m0_scale_base says. Kept for the next benchmark of the same (format,
+// H, I) (the batch sizes of a format run one after another), so each window is filled and probed
+// once.
 struct FormatWindow {
     ft::Format f;
     int64_t H = 0, I = 0;
@@ -279,21 +290,16 @@ const FormatWindow &format_window(ft::Format f, int32_t H, int32_t I) {
         banks.push_back(std::make_unique<Buffer>((schema[b].row_bytes * E + 1) / 2));
         uint8_t *p = reinterpret_cast<uint8_t *>(banks.back()->data);
         const size_t n = schema[b].row_bytes * E;
-        // FT_BENCH_MXFP4_SCALE=c: mxfp4 e8m0 scale bytes c + (byte & 7) instead (e.g. 120: 2^-7 ..
-        // 2^0, gpt-oss-like); the masked bytes give codes 0 .. 119, half of them 0x34 = 2^-75, so
-        // pass 2 multiplies values near 2^-70 by 2^-75: subnormal products (microcode assists on
-        // Intel cores).
-        // FT_BENCH_DS_FP4_SCALE=c: the same for ds_fp4's e8m0 scales (banks "*_scale").
-        const std::string sc = ft::env_string(f == ft::Format::ds_fp4 ? "FT_BENCH_DS_FP4_SCALE" : "FT_BENCH_MXFP4_SCALE");
-        const bool real_scales = (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) && !sc.empty() &&
-                                 schema[b].name.find("_scale") != std::string::npos;
-        const uint8_t base = uint8_t(std::atoi(sc.c_str()));
+        // mxfp4 / ds_fp4 e8m0 scale banks: codes e8m0_scale_base + (byte & 7).
+        const bool e8m0 =
+            (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) && schema[b].name.find("_scale") != std::string::npos;
+        const uint8_t base = e8m0_scale_base(f);
         pool().run([&](int w, int nw) {
             // Locals: stores through a uint8_t pointer may alias the captured variables, which would
             // keep the loop scalar (it dominated the run time of a benchmark).
             uint8_t *const q = p;
             const size_t lo = n * w / nw, hi = n * (w + 1) / nw;
-            if (real_scales) {
+            if (e8m0) {
                 for (size_t i = lo; i < hi; ++i) q[i] = uint8_t(base + (q[i] & 7));
             } else {
                 for (size_t i = lo; i < hi; ++i) q[i] = uint8_t(q[i] & 0x77);
@@ -356,7 +362,8 @@ void BM_kernel_format(benchmark::State &state) {
         return;
     }
     // Weights, then the block scales and nvfp4's fp16 globals where the format has them (mxfp4:
-    // [K/2][N] and [K/32][N]); random bytes & 0x77 keep fp16 scales and e4m3 codes finite.
+    // [K/2][N] and [K/32][N]); random bytes & 0x77 keep fp16 scales and e4m3 codes finite;
+    // e8m0 scales as the layers' (e8m0_scale_base).
     size_t wbytes = 0, sbytes = 0, gbytes = 0;
     switch (f) {
         case ft::Format::fp8_block: wbytes = size_t(N) * K, sbytes = size_t((N + 127) / 128) * (K / 128) * 2; break;
@@ -368,6 +375,8 @@ void BM_kernel_format(benchmark::State &state) {
     std::vector<uint8_t> w(wbytes + sbytes + gbytes);
     std::mt19937 rng(uint32_t(state.range(0) * 64 + T));
     for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;
+    if (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4)
+        for (size_t i = wbytes; i < wbytes + sbytes; ++i) w[i] = uint8_t(e8m0_scale_base(f) + (w[i] & 7));
     for (size_t i = 0; i < gbytes; i += 2) w[wbytes + sbytes + i] = 0, w[wbytes + sbytes + i + 1] = 0x3c;  // 1.0
     const size_t ab = ops->act_bytes(K);
     std::vector<uint8_t> act(ab * size_t(T) + 64);
