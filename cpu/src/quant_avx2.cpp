@@ -1,15 +1,17 @@
 // AVX2 + FMA (+ F16C) kernels of every quantised format, on prepared activations (quant.cpp):
 // fp8_block float[K], q4_0 Q8_0, and for the e2m1 formats W4A8 x2 (two int8 terms per 32
 // elements read as one int16, x16 = 256 q1 + q2): nvfp4 / ds_fp4 e2m1_x16_act_bytes, mxfp4
-// mxfp4_q8_act_bytes. Each weight vector is decoded once per tile of up to 8 tokens (mxfp4: 3)
-// and used for all of them; weights are decoded exactly in registers, never stored:
+// mxfp4_q8_act_bytes. Each weight vector is decoded once per tile of up to 8 tokens and used for
+// all of them; weights are decoded exactly in registers and never stored, except by mxfp4 from
+// 3 tokens on (one block's 16 decoded K row pairs at a time in a stack buffer):
 //   e2m1   nvfp4 / ds_fp4: per 32 packed bytes of a row, two `vpshufb` of the int8 table of
 //          2 * value give the even and the odd elements, each byte unpacked above a zero byte
 //          (256 x the value as int16); `vpmaddwd` with the activation in that order sums
 //          exactly in int32 per lane, then (sum * block scale * d / 512) per lane in fp32 and
 //          2^-8 per row;
-//          mxfp4: byte unpacks with the sign give int16 pairs (k, k + 1) per column and K row pair;
-//          `vpmaddwd` with the activation pair sums exactly in int32 per 32-row block; then
+//          mxfp4: from a table of 2 * value + 12 (unsigned), byte unpacks with zero give int16
+//          pairs (k, k + 1) per column and K row pair; `vpmaddwd` with the activation pair sums
+//          exactly in int32 per 32-row block, from the block's -12 x sum(x16); then
 //          (sum * d / 512) * e8m0 per column;
 //   e4m3   byte << 8 (unpack with zero), arithmetic shift right by 1, bit 14 cleared: the fp16 bits
 //          of value * 2^-8 (subnormals exact), `vcvtph2ps`, times the bf16 block scale; 2^8 per row;
@@ -108,18 +110,6 @@ inline __m256i e2m1x2_i8_table() {
 inline void e2m1_nibbles(__m256i v, __m256i lut, __m256i m15, __m256i &lo, __m256i &hi) {
     lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m15));
     hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
-}
-
-// 32 packed bytes -> 4 vectors of sign-extended int16 pairs (2 e2m1 of the low nibble, of the high
-// nibble) of each byte: w[g] holds bytes 4g .. 4g + 3 in its low 128-bit lane and 16 + 4g .. in
-// the high one (mxfp4: byte i holds column i's weights at k and k + 1).
-inline void e2m1_i16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
-    __m256i lo, hi;
-    e2m1_nibbles(v, lut, m15, lo, hi);
-    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
-    const __m256i sa = _mm256_cmpgt_epi8(z, a), sb = _mm256_cmpgt_epi8(z, b);
-    w[0] = _mm256_unpacklo_epi8(a, sa), w[1] = _mm256_unpackhi_epi8(a, sa);
-    w[2] = _mm256_unpacklo_epi8(b, sb), w[3] = _mm256_unpackhi_epi8(b, sb);
 }
 
 // The 32 packed bytes of 64 elements of a row (nvfp4 / ds_fp4) -> 4 vectors of 256 x (2 e2m1) as
@@ -496,16 +486,21 @@ void q4_rows_tile(const int8_t *const *q, const float *const *d, const float *co
 
 // ---- mxfp4: K-outer over tiles of columns x NT tokens, W4A8 x2 ------------------------------------
 
-// K row pair kb of a tile of W columns from `first` holding `count` of them: the next rows
-// prefetched into L2 pf_rows ahead, and a partial tile's bytes copied zero-padded into tmp[W].
+// The 16 K row pairs of block b of a tile of W columns from `first` holding `count` of them, row
+// r at the result + r * stride: in place, or for a partial tile copied zero-padded into
+// tmp[16 * W]; the rows pf_rows ahead prefetched into L2.
 template <int W>
-inline const uint8_t *tile_row(const QuantMatrix &m, int64_t first, int count, int64_t kb, int pf_rows, uint8_t *tmp) {
-    const uint8_t *row = m.data + kb * m.N + first;
-    if (pf_rows && kb + pf_rows < m.K / 2)
-        _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * m.N), _MM_HINT_T1);
-    if (count == W) return row;
-    std::memset(tmp, 0, W);
-    std::memcpy(tmp, row, size_t(count));
+inline const uint8_t *tile_block(const QuantMatrix &m, int64_t first, int count, int64_t b, int pf_rows, uint8_t *tmp,
+                                 int64_t &stride) {
+    const uint8_t *rows = m.data + 16 * b * m.N + first;
+    if (pf_rows)
+        for (int64_t r = 0, n = m.K / 2 - 16 * b - pf_rows; r < 16 && r < n; ++r)
+            _mm_prefetch(reinterpret_cast<const char *>(rows + (r + pf_rows) * m.N), _MM_HINT_T1);
+    stride = m.N;
+    if (count == W) return rows;
+    std::memset(tmp, 0, 16 * W);
+    for (int r = 0; r < 16; ++r) std::memcpy(tmp + r * W, rows + r * m.N, size_t(count));
+    stride = W;
     return tmp;
 }
 
@@ -521,11 +516,27 @@ inline void mxfp4_x16_block(const uint8_t *a, int64_t qbytes, int64_t b, int16_t
     }
 }
 
-// The 32 bytes of one K row pair kb for 32 columns through e2m1_i16_pairs: byte i holds column
-// i's weights at k = 2kb and 2kb + 1, so lane i of w[g] is column mxfp4_w4a8_column(g, i).
+// 2 * e2m1(code) + 12 (0 .. 24) for codes 0..15, in both 128-bit lanes: mxfp4's weights as
+// unsigned bytes, so they widen to int16 by unpacking with zero; each int32 sum starts at the
+// block's -12 x sum(x16) = 256 c1 + c2 (the activation's -12 sum(q1), -12 sum(q2)), so it ends exact.
+inline __m256i e2m1x2_u8_table() {
+    return _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
+// The 32 bytes of one K row pair for 32 columns (byte i holds column i's weights at k = 2kb and
+// 2kb + 1) -> 4 vectors of int16 pairs (2 e2m1 + 12 at k, at k + 1): lane i of w[g] is column
+// mxfp4_w4a8_column(g, i) (bytes 4g .. 4g + 3 in the low 128-bit lane, 16 + 4g .. in the high).
 constexpr int mxfp4_w4a8_column(int g, int i) { return 16 * (i / 4) + 4 * g + i % 4; }
 
-// The e8m0 factors of 32 columns (codes at sc) in the lane order of e2m1_i16_pairs.
+inline void mxfp4_u16_pairs(__m256i v, __m256i lut, __m256i m15, __m256i w[4]) {
+    __m256i lo, hi;
+    e2m1_nibbles(v, lut, m15, lo, hi);
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
+    w[0] = _mm256_unpacklo_epi8(a, z), w[1] = _mm256_unpackhi_epi8(a, z);
+    w[2] = _mm256_unpacklo_epi8(b, z), w[3] = _mm256_unpackhi_epi8(b, z);
+}
+
+// The e8m0 factors of 32 columns (codes at sc) in the lane order of mxfp4_u16_pairs.
 inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i *>(sc)), z = _mm256_setzero_si256();
     const __m256i a = _mm256_unpacklo_epi8(v, z), b = _mm256_unpackhi_epi8(v, z);
@@ -533,67 +544,23 @@ inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
     s[2] = e8m0_full8(_mm256_unpacklo_epi16(b, z), biased), s[3] = e8m0_full8(_mm256_unpackhi_epi16(b, z), biased);
 }
 
-// NL groups of 32 columns from `first` (count of them in the tile) x NT tokens. Per block of 32 K
-// rows each column's int32 sum of 2 e2m1 x x16 takes one `vpmaddwd` (2 k) per K row pair; then
-// fp32 (sum * d / 512) * e8m0 into the column's accumulator, as the VNNI kernel, with the factors
-// biased by 2^32 (no subnormal products for small codes; outputs times 2^-32) or not.
+// Per token and block b of nb (a: the activation past its bf16 copy): the start of the int32
+// sums, -12 sum(x16) = 256 c1 + c2 from the block's -12 sum(q1), -12 sum(q2); its d / 512.
+inline __m256i mxfp4_offset_start(const uint8_t *a, int64_t qbytes, int64_t nb, int64_t b) {
+    int32_t c[2];
+    std::memcpy(c, a + 2 * qbytes + 4 * nb + 8 * b, 8);
+    return _mm256_set1_epi32(256 * c[0] + c[1]);
+}
+
+inline __m256 mxfp4_block_d(const uint8_t *a, int64_t qbytes, int64_t b) {
+    float d;
+    std::memcpy(&d, a + 2 * qbytes + 4 * b, 4);
+    return _mm256_set1_ps(d);
+}
+
+// The NT x 32 NL accumulators (times 2^-32 when biased) to the count outputs of each token.
 template <int NT, int NL>
-void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
-                     float *out, size_t ldo, int pf_rows, bool biased) {
-    constexpr int W = 32 * NL;
-    const int64_t nb = m.K / 32;
-    const __m256i lut = e2m1x2_i8_table(), m15 = _mm256_set1_epi8(15);
-    const uint8_t *a[NT];
-    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
-    __m256 acc[NT][4 * NL];
-    for (int t = 0; t < NT; ++t)
-        for (int g = 0; g < 4 * NL; ++g) acc[t][g] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        alignas(32) int16_t xs[NT][32];
-        __m256i isum[NT][4 * NL];
-        for (int t = 0; t < NT; ++t) {
-            mxfp4_x16_block(a[t], qbytes, b, xs[t]);
-            for (int g = 0; g < 4 * NL; ++g) isum[t][g] = _mm256_setzero_si256();
-        }
-        for (int r = 0; r < 16; ++r) {
-            alignas(32) uint8_t tmp[W];
-            const uint8_t *src = tile_row<W>(m, first, count, 16 * b + r, pf_rows, tmp);
-            __m256i xb[NT];
-            for (int t = 0; t < NT; ++t) {
-                int32_t pair;
-                std::memcpy(&pair, xs[t] + 2 * r, 4);
-                xb[t] = _mm256_set1_epi32(pair);
-            }
-            for (int l = 0; l < NL; ++l) {
-                __m256i w[4];
-                e2m1_i16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 32 * l)), lut, m15, w);
-                for (int g = 0; g < 4; ++g)
-                    for (int t = 0; t < NT; ++t)
-                        isum[t][4 * l + g] = _mm256_add_epi32(isum[t][4 * l + g], _mm256_madd_epi16(w[g], xb[t]));
-            }
-        }
-        alignas(32) uint8_t st[W] = {};
-        const uint8_t *srow = m.scale + b * m.N + first;
-        std::memcpy(st, srow, size_t(count));
-        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
-        __m256 dt[NT];
-        for (int t = 0; t < NT; ++t) {
-            float d;
-            std::memcpy(&d, a[t] + 2 * qbytes + 4 * b, 4);
-            dt[t] = _mm256_set1_ps(d);
-        }
-        for (int l = 0; l < NL; ++l) {
-            __m256 s[4];
-            mxfp4_w4a8_scales(st + 32 * l, biased, s);
-            for (int g = 0; g < 4; ++g)
-                for (int t = 0; t < NT; ++t) {
-                    // (sum * d) * e8m0: the power of two last (a product s * d formed first is
-                    // subnormal for small codes).
-                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t][4 * l + g]), dt[t]);
-                    acc[t][4 * l + g] = _mm256_fmadd_ps(v, s[g], acc[t][4 * l + g]);
-                }
-        }
-    }
+inline void mxfp4_w4a8_store(const __m256 (*acc)[4 * NL], int count, bool biased, float *out, size_t ldo) {
     const __m256 unbias = _mm256_set1_ps(biased ? kUnbias : 1.0f);
     for (int t = 0; t < NT; ++t) {
         alignas(32) float o[8];
@@ -606,6 +573,147 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
                 }
             }
     }
+}
+
+// NL groups of 32 columns from `first` (count of them in the tile) x NT tokens (1 or 2: 4 int32
+// sums per token and group in registers). Per block of 32 K rows each column's int32 sum of
+// (2 e2m1 + 12) x x16 takes one `vpmaddwd` (2 k) per K row pair; then fp32 (sum * d / 512) * e8m0
+// into the column's accumulator, as the VNNI kernel, with the factors biased by 2^32 (no
+// subnormal products for small codes; outputs times 2^-32) or not.
+template <int NT, int NL>
+void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
+                     float *out, size_t ldo, int pf_rows, bool biased) {
+    constexpr int W = 32 * NL;
+    const int64_t nb = m.K / 32;
+    const __m256i lut = e2m1x2_u8_table(), m15 = _mm256_set1_epi8(15);
+    const uint8_t *a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
+    __m256 acc[NT][4 * NL];
+    for (int t = 0; t < NT; ++t)
+        for (int g = 0; g < 4 * NL; ++g) acc[t][g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        alignas(32) int16_t xs[NT][32];
+        __m256i isum[NT][4 * NL];
+        for (int t = 0; t < NT; ++t) {
+            mxfp4_x16_block(a[t], qbytes, b, xs[t]);
+            const __m256i start = mxfp4_offset_start(a[t], qbytes, nb, b);
+            for (int g = 0; g < 4 * NL; ++g) isum[t][g] = start;
+        }
+        alignas(32) uint8_t tmp[16 * W];
+        int64_t stride;
+        const uint8_t *rows = tile_block<W>(m, first, count, b, pf_rows, tmp, stride);
+        for (int r = 0; r < 16; ++r) {
+            __m256i xb[NT];
+            for (int t = 0; t < NT; ++t) {
+                int32_t pair;
+                std::memcpy(&pair, xs[t] + 2 * r, 4);
+                xb[t] = _mm256_set1_epi32(pair);
+            }
+            for (int l = 0; l < NL; ++l) {
+                __m256i w[4];
+                mxfp4_u16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(rows + r * stride + 32 * l)), lut,
+                                m15, w);
+                for (int g = 0; g < 4; ++g)
+                    for (int t = 0; t < NT; ++t)
+                        isum[t][4 * l + g] = _mm256_add_epi32(isum[t][4 * l + g], _mm256_madd_epi16(w[g], xb[t]));
+            }
+        }
+        alignas(32) uint8_t st[W] = {};
+        const uint8_t *srow = m.scale + b * m.N + first;
+        std::memcpy(st, srow, size_t(count));
+        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
+        __m256 dt[NT];
+        for (int t = 0; t < NT; ++t) dt[t] = mxfp4_block_d(a[t], qbytes, b);
+        for (int l = 0; l < NL; ++l) {
+            __m256 s[4];
+            mxfp4_w4a8_scales(st + 32 * l, biased, s);
+            for (int g = 0; g < 4; ++g)
+                for (int t = 0; t < NT; ++t) {
+                    // (sum * d) * e8m0: the power of two last (a product s * d formed first is
+                    // subnormal for small codes).
+                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t][4 * l + g]), dt[t]);
+                    acc[t][4 * l + g] = _mm256_fmadd_ps(v, s[g], acc[t][4 * l + g]);
+                }
+        }
+    }
+    mxfp4_w4a8_store<NT, NL>(acc, count, biased, out, ldo);
+}
+
+// One group of NG tokens over half h of 32 columns (vectors 2h, 2h + 1 of each K row pair in wb):
+// the block's int32 sums, 2 per token, which stay in registers with the NG activation pairs.
+template <int NG>
+inline void mxfp4_w4a8_group(const __m256i (*wb)[4], int h, const int16_t (*xs)[32], const __m256i *start,
+                             __m256i isum[NG][2]) {
+    for (int t = 0; t < NG; ++t) isum[t][0] = isum[t][1] = start[t];
+#pragma GCC unroll 1  // GCC unrolls it fully for 1 .. 3 tokens and then spills (2 x slower)
+    for (int r = 0; r < 16; ++r) {
+        const __m256i w0 = _mm256_load_si256(&wb[r][2 * h]), w1 = _mm256_load_si256(&wb[r][2 * h + 1]);
+        for (int t = 0; t < NG; ++t) {
+            int32_t pair;
+            std::memcpy(&pair, xs[t] + 2 * r, 4);
+            const __m256i xb = _mm256_set1_epi32(pair);
+            isum[t][0] = _mm256_add_epi32(_mm256_madd_epi16(w0, xb), isum[t][0]);
+            isum[t][1] = _mm256_add_epi32(_mm256_madd_epi16(w1, xb), isum[t][1]);
+        }
+    }
+}
+
+// NL groups of 32 columns from `first` (count of them in the tile) x NT tokens (up to 8): per
+// block of 32 K rows, the 16 row pairs decoded once into wb, then per group of up to 4 tokens and
+// half of 32 columns the sums of mxfp4_w4a8_group, into the accumulators as mxfp4_w4a8_tile.
+template <int NT, int NL>
+void mxfp4_w4a8_tokens(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
+                       float *out, size_t ldo, int pf_rows, bool biased) {
+    constexpr int W = 32 * NL;
+    const int64_t nb = m.K / 32;
+    const __m256i lut = e2m1x2_u8_table(), m15 = _mm256_set1_epi8(15);
+    const uint8_t *a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
+    __m256 acc[NT][4 * NL];
+    for (int t = 0; t < NT; ++t)
+        for (int g = 0; g < 4 * NL; ++g) acc[t][g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        alignas(32) uint8_t tmp[16 * W];
+        int64_t stride;
+        const uint8_t *rows = tile_block<W>(m, first, count, b, pf_rows, tmp, stride);
+        alignas(32) __m256i wb[NL][16][4];
+        for (int l = 0; l < NL; ++l)
+            for (int r = 0; r < 16; ++r)
+                mxfp4_u16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(rows + r * stride + 32 * l)), lut,
+                                m15, wb[l][r]);
+        alignas(32) int16_t xs[NT][32];
+        __m256i start[NT];
+        __m256 dt[NT];
+        for (int t = 0; t < NT; ++t) {
+            mxfp4_x16_block(a[t], qbytes, b, xs[t]);
+            start[t] = mxfp4_offset_start(a[t], qbytes, nb, b);
+            dt[t] = mxfp4_block_d(a[t], qbytes, b);
+        }
+        alignas(32) uint8_t st[W] = {};
+        const uint8_t *srow = m.scale + b * m.N + first;
+        std::memcpy(st, srow, size_t(count));
+        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
+        __m256 s[NL][4];
+        for (int l = 0; l < NL; ++l) mxfp4_w4a8_scales(st + 32 * l, biased, s[l]);
+        auto group = [&](auto ng, int t0) {
+            constexpr int NG = decltype(ng)::value;
+            for (int l = 0; l < NL; ++l)
+                for (int h = 0; h < 2; ++h) {
+                    __m256i isum[NG][2];
+                    mxfp4_w4a8_group<NG>(wb[l], h, xs + t0, start + t0, isum);
+                    for (int t = 0; t < NG; ++t)
+                        for (int j = 0; j < 2; ++j) {
+                            const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t][j]), dt[t0 + t]);
+                            __m256 &c = acc[t0 + t][4 * l + 2 * h + j];
+                            c = _mm256_fmadd_ps(v, s[l][2 * h + j], c);
+                        }
+                }
+        };
+        int t0 = 0;
+        for (; t0 + 4 <= NT; t0 += 4) group(std::integral_constant<int, 4>{}, t0);
+        if constexpr (NT % 4 != 0) group(std::integral_constant<int, NT % 4>{}, t0);
+    }
+    mxfp4_w4a8_store<NT, NL>(acc, count, biased, out, ldo);
 }
 }  // namespace
 
@@ -686,9 +794,10 @@ void q4_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
 }
 
 // mxfp4 W4A8 x2 (the mxfp4_q8_act_bytes layout): one token in tiles of 64 columns (two 32-byte
-// streams per K row pair), several in tiles of 32 columns x up to 3 tokens (12 int32 sums in
-// registers), each row pair decoded once per tile and token group. Each tile with the biased
-// factors, again with the absolute ones when one of its outputs is not finite.
+// streams per K row pair), two in tiles of 32 columns (8 int32 sums in registers), 3 .. 8 in tiles
+// of 64 columns whose row pairs are decoded once per block into a buffer and summed per 4 tokens
+// x 16 columns (mxfp4_w4a8_tokens). Each tile with the biased factors, again with the absolute
+// ones when one of its outputs is not finite.
 void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
                 size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
@@ -704,14 +813,23 @@ void mxfp4_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
         }
         return;
     }
-    for (int c = 0; c < count; c += 32) {
-        const int n = count - c < 32 ? count - c : 32;
-        for_tiles<3>(ntok, [&](auto tile_n, int t) {
-            using NT = decltype(tile_n);
+    for (int c = 0; c < count; c += 64) {
+        const int n = count - c < 64 ? count - c : 64;
+        for_tiles<8>(ntok, [&](auto tile_n, int t) {
+            constexpr int NT = decltype(tile_n)::value;
+            float *o = out + t * ldo + c;
             for (bool biased : {true, false}) {
-                mxfp4_w4a8_tile<NT::value, 1>(m, first + c, n, act + t, qbytes, out + t * ldo + c, ldo, pf_rows,
-                                              biased);
-                if (outputs_finite(out + t * ldo + c, ldo, n, NT::value)) break;
+                if constexpr (NT <= 2) {
+                    mxfp4_w4a8_tile<NT, 1>(m, first + c, n < 32 ? n : 32, act + t, qbytes, o, ldo, pf_rows, biased);
+                    if (n > 32)
+                        mxfp4_w4a8_tile<NT, 1>(m, first + c + 32, n - 32, act + t, qbytes, o + 32, ldo, pf_rows,
+                                               biased);
+                } else if (n > 32) {
+                    mxfp4_w4a8_tokens<NT, 2>(m, first + c, n, act + t, qbytes, o, ldo, pf_rows, biased);
+                } else {
+                    mxfp4_w4a8_tokens<NT, 1>(m, first + c, n, act + t, qbytes, o, ldo, pf_rows, biased);
+                }
+                if (outputs_finite(o, ldo, n, NT)) break;
             }
         });
     }
