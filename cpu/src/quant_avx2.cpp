@@ -178,29 +178,9 @@ void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const
         dv[t] = reinterpret_cast<const float *>(act[t] + 2 * kp);
         for (int i = 0; i < A; ++i) acc[t][i] = _mm256_setzero_ps();
     }
-    alignas(32) uint8_t wtail[32];
-    alignas(8) uint8_t stail[8];
-    __m256 s8 = _mm256_setzero_ps();
-    for (int64_t c = 0; c < kp; c += 64) {
-        const bool tail = c + 64 > K;
-        const uint8_t *wp = p + c / 2;
-        if (tail) {
-            std::memset(wtail, 0, 32);
-            std::memcpy(wtail, wp, size_t(K - c) / 2);
-            wp = wtail;
-        }
-        if (c % 128 == 0) {
-            if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + c / 2) + pf, _MM_HINT_T0);
-            if (c + 128 <= K) {
-                s8 = x16_scales128<B>(sc + c / B, biased);
-            } else {
-                std::memset(stail, 0, 8);
-                std::memcpy(stail, sc + c / B, size_t(K - c) / B);
-                s8 = x16_scales128<B>(stail, biased);
-            }
-        }
-        const int half = int(c % 128) / 64;
-        const __m256 s01 = _mm256_permutevar8x32_ps(s8, idx01[half]), s23 = _mm256_permutevar8x32_ps(s8, idx23[half]);
+    // The 64 elements from c (half h of 128) with the weight bytes wp and the block scales s8.
+    auto half = [&](int64_t c, int h, const uint8_t *wp, __m256 s8) {
+        const __m256 s01 = _mm256_permutevar8x32_ps(s8, idx01[h]), s23 = _mm256_permutevar8x32_ps(s8, idx23[h]);
         __m256i w[4];
         e2m1_i16_x256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(wp)), lut, m15, w);
         for (int t = 0; t < NT; ++t) {
@@ -217,13 +197,32 @@ void e2m1_x16_row(const uint8_t *p, const uint8_t *sc, float g, int64_t K, const
                 acc[t][A - 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r23), _mm256_mul_ps(s23, d), acc[t][A - 1]);
             }
         }
+    };
+    // Whole 128s without tail checks (no calls in the loop, so the accumulators stay in
+    // registers), then a partial last 128 from zero-padded copies.
+    int64_t c = 0;
+    for (; c + 128 <= K; c += 128) {
+        const uint8_t *wp = p + c / 2;
+        if (pf) _mm_prefetch(reinterpret_cast<const char *>(wp) + pf, _MM_HINT_T0);
+        const __m256 s8 = x16_scales128<B>(sc + c / B, biased);
+        half(c, 0, wp, s8);
+        half(c + 64, 1, wp + 32, s8);
+    }
+    if (c < K) {
+        alignas(32) uint8_t wtail[64] = {};
+        alignas(8) uint8_t stail[8] = {};
+        std::memcpy(wtail, p + c / 2, size_t(K - c) / 2);
+        std::memcpy(stail, sc + c / B, size_t(K - c) / B);
+        const __m256 s8 = x16_scales128<B>(stail, biased);
+        half(c, 0, wtail, s8);
+        if (c + 64 < kp) half(c + 64, 1, wtail + 32, s8);
     }
     g *= 0x1p-8f;  // the weights came x 256
     for (int t = 0; t < NT; ++t) out[t * ldo] = hsum(A == 2 ? _mm256_add_ps(acc[t][0], acc[t][A - 1]) : acc[t][0]) * g;
 }
 
 // nvfp4 / ds_fp4 W4A8 x2 (the e2m1_x16_act_bytes layout): each row decoded once per tile of up
-// to 4 tokens. ds_fp4 with the biased factors first, then its rows with an output that is not
+// to 8 tokens. ds_fp4 with the biased factors first, then its rows with an output that is not
 // finite again with the absolute ones (see e8m0 above).
 template <int B>
 void e2m1_x16_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
