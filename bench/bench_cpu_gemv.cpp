@@ -375,8 +375,10 @@ void BM_kernel_format(benchmark::State &state) {
     std::vector<uint8_t> w(wbytes + sbytes + gbytes);
     std::mt19937 rng(uint32_t(state.range(0) * 64 + T));
     for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;
-    if (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4)
-        for (size_t i = wbytes; i < wbytes + sbytes; ++i) w[i] = uint8_t(e8m0_scale_base(f) + (w[i] & 7));
+    if (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) {
+        const uint8_t base = e8m0_scale_base(f);
+        for (size_t i = wbytes; i < wbytes + sbytes; ++i) w[i] = uint8_t(base + (w[i] & 7));
+    }
     for (size_t i = 0; i < gbytes; i += 2) w[wbytes + sbytes + i] = 0, w[wbytes + sbytes + i + 1] = 0x3c;  // 1.0
     const size_t ab = ops->act_bytes(K);
     std::vector<uint8_t> act(ab * size_t(T) + 64);

@@ -503,6 +503,16 @@ inline const uint8_t *tile_block(const QuantMatrix &m, int64_t first, int count,
     return tmp;
 }
 
+// The e8m0 codes of block b for a tile of W columns from `first` holding `count` of them, copied
+// zero-padded into st[W]; the next block's codes prefetched.
+template <int W>
+inline void tile_scales(const QuantMatrix &m, int64_t first, int count, int64_t b, int64_t nb, uint8_t *st) {
+    const uint8_t *srow = m.scale + b * m.N + first;
+    std::memset(st, 0, W);
+    std::memcpy(st, srow, size_t(count));
+    if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
+}
+
 // The W4A8 x2 activation (mxfp4_q8_act_bytes) read as one int16 per element: x16 = 256 q1 + q2
 // (|x16| <= 32639), so x ~ (d / 256) x16 and the kernel's integer sums are those of the VNNI
 // kernel. Block b as 32 int16 into dst.
@@ -587,9 +597,7 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
     const __m256i lut = e2m1x2_u8_table(), m15 = _mm256_set1_epi8(15);
     const uint8_t *a[NT];
     for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
-    __m256 acc[NT][4 * NL];
-    for (int t = 0; t < NT; ++t)
-        for (int g = 0; g < 4 * NL; ++g) acc[t][g] = _mm256_setzero_ps();
+    __m256 acc[NT][4 * NL] = {};
     for (int64_t b = 0; b < nb; ++b) {
         alignas(32) int16_t xs[NT][32];
         __m256i isum[NT][4 * NL];
@@ -617,10 +625,8 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
                         isum[t][4 * l + g] = _mm256_add_epi32(isum[t][4 * l + g], _mm256_madd_epi16(w[g], xb[t]));
             }
         }
-        alignas(32) uint8_t st[W] = {};
-        const uint8_t *srow = m.scale + b * m.N + first;
-        std::memcpy(st, srow, size_t(count));
-        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
+        alignas(32) uint8_t st[W];
+        tile_scales<W>(m, first, count, b, nb, st);
         __m256 dt[NT];
         for (int t = 0; t < NT; ++t) dt[t] = mxfp4_block_d(a[t], qbytes, b);
         for (int l = 0; l < NL; ++l) {
@@ -668,9 +674,7 @@ void mxfp4_w4a8_tokens(const QuantMatrix &m, int64_t first, int count, const uin
     const __m256i lut = e2m1x2_u8_table(), m15 = _mm256_set1_epi8(15);
     const uint8_t *a[NT];
     for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
-    __m256 acc[NT][4 * NL];
-    for (int t = 0; t < NT; ++t)
-        for (int g = 0; g < 4 * NL; ++g) acc[t][g] = _mm256_setzero_ps();
+    __m256 acc[NT][4 * NL] = {};
     for (int64_t b = 0; b < nb; ++b) {
         alignas(32) uint8_t tmp[16 * W];
         int64_t stride;
@@ -688,10 +692,8 @@ void mxfp4_w4a8_tokens(const QuantMatrix &m, int64_t first, int count, const uin
             start[t] = mxfp4_offset_start(a[t], qbytes, nb, b);
             dt[t] = mxfp4_block_d(a[t], qbytes, b);
         }
-        alignas(32) uint8_t st[W] = {};
-        const uint8_t *srow = m.scale + b * m.N + first;
-        std::memcpy(st, srow, size_t(count));
-        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
+        alignas(32) uint8_t st[W];
+        tile_scales<W>(m, first, count, b, nb, st);
         __m256 s[NL][4];
         for (int l = 0; l < NL; ++l) mxfp4_w4a8_scales(st + 32 * l, biased, s[l]);
         auto group = [&](auto ng, int t0) {
