@@ -160,12 +160,7 @@ std::vector<MixedLayerRef> fill_model(std::mt19937 &rng, ft::Model &m) {
 // intermediate's Q8_0 steps where the two sides round it differently: under 5e-3 over 17,000 draws.
 ft::test::FormatNumerics q8_numerics() {
     ft::test::FormatNumerics n;
-    n.in_round_trip = n.mid_round_trip = [](const float *x, int64_t K, float *y) {
-        std::vector<int8_t> q(static_cast<size_t>(K));
-        std::vector<float> d(static_cast<size_t>(K / 32));
-        ft::quantize_q8_0(x, K, q.data(), d.data());
-        for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 32)];
-    };
+    n.in_round_trip = n.mid_round_trip = ft::test::q8_0_round_trip;
     return n;
 }
 constexpr double kBound = 1.5e-2;

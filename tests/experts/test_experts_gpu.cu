@@ -126,12 +126,6 @@ Batch random_batch(std::mt19937 &rng, int32_t E, int32_t H, int32_t T, int32_t K
 
 // The GPU kernel of format f quantises its activations to Q8_0 (decode_dp4a.cu).
 bool q8_activations(Format f) { return format_is_block(f) && f != Format::q4_0; }
-void q8_round_trip(const float *x, int64_t K, float *y) {
-    std::vector<int8_t> q(static_cast<size_t>(K));
-    std::vector<float> d(static_cast<size_t>(K / 32));
-    ft::quantize_q8_0(x, K, q.data(), d.data());
-    for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 32)];
-}
 
 std::vector<double> reference(const Layer &L, const Batch &b, const ft::cuda::DeviceActivation &act) {
     ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
@@ -141,7 +135,7 @@ std::vector<double> reference(const Layer &L, const Batch &b, const ft::cuda::De
         fmt.ds_limit = act.kind == FT_ACT_SILU && std::isfinite(act.limit) ? act.limit : 0.0;
         fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
     }
-    if (q8_activations(L.f)) fmt.in_round_trip = fmt.mid_round_trip = q8_round_trip;
+    if (q8_activations(L.f)) fmt.in_round_trip = fmt.mid_round_trip = ft::test::q8_0_round_trip;
     std::vector<double> ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H,
                                                              L.I, b.T, b.K, b.x.data(), b.ids.data(), b.w.data());
     if (!b.addend.empty())
@@ -440,8 +434,8 @@ TEST(ExpertDecoderGpu, MixedBlockFormatsPerMatrix) {
         ft::cuda::ExpertDecoder dec(m.decoder, H, I, K, 8, act);
         const ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
         ft::test::FormatNumerics fmt;  // each projection's kernel's activations
-        if (q8_activations(m.gu)) fmt.in_round_trip = q8_round_trip;
-        if (q8_activations(m.dn)) fmt.mid_round_trip = q8_round_trip;
+        if (q8_activations(m.gu)) fmt.in_round_trip = ft::test::q8_0_round_trip;
+        if (q8_activations(m.dn)) fmt.mid_round_trip = ft::test::q8_0_round_trip;
         for (int32_t T : {1, 3, 8}) {
             const Batch b = random_batch(rng, E, H, T, K, false);
             DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);

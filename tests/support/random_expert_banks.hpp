@@ -84,4 +84,13 @@ struct RandomExpertLayer {
     }
 };
 
+// x through Q8_0 and back (ft::quantize_q8_0 per 32; K a multiple of 32): the activation rounding
+// of the block formats' integer-dot kernels, for FormatNumerics' in / mid round trips.
+inline void q8_0_round_trip(const float *x, int64_t K, float *y) {
+    std::vector<int8_t> q(static_cast<size_t>(K));
+    std::vector<float> d(static_cast<size_t>(K / 32));
+    ft::quantize_q8_0(x, K, q.data(), d.data());
+    for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 32)];
+}
+
 }  // namespace ft::test
