@@ -223,6 +223,10 @@ int main(int argc, char **argv) {
         {ft::Format::q8_0, 2048, 768},   {ft::Format::q4_k, 2048, 768},    {ft::Format::q6_k, 2048, 768},
         {ft::Format::q5_k, 2048, 768},   {ft::Format::q3_k, 2048, 768},    {ft::Format::q2_k, 2048, 768},
         {ft::Format::iq4_xs, 2048, 768},
+        // larger experts of the GGUF releases: Qwen3-235B-A22B (4096 x 1536), DeepSeek-V3 (7168 x 2048)
+        {ft::Format::q4_k, 4096, 1536},  {ft::Format::q6_k, 4096, 1536},   {ft::Format::q8_0, 4096, 1536},
+        {ft::Format::q2_k, 4096, 1536},  {ft::Format::iq4_xs, 4096, 1536}, {ft::Format::q4_k, 7168, 2048},
+        {ft::Format::q3_k, 7168, 2048},
     };
     for (const Shape &s : shapes)
         for (int32_t T : {1, 8}) {

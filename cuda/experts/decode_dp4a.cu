@@ -1,15 +1,17 @@
 // The integer-dot decode kernel of the GGUF block formats q8_0, q2_k .. q6_k, iq4_xs
 // (launch_simt_projection, decode_simt.cu, picks it). Each CTA quantises the activations of the
 // routes it serves to int8 per 32 elements in shared memory (the Q8_0 rule of the CPU kernels'
-// activations, ft::quantize_q8_0) while its weight rows are copied into shared memory (or
-// prefetched into L2 where they do not fit); each warp owns pairs of weight rows and its lanes
-// take 32-weight chunks, which are unpacked to int8 codes 4 to a word and dotted with __dp4a, the
-// block scales applied once per 16 weights.
+// activations, ft::quantize_q8_0) while its weight rows are copied into shared memory where they
+// fit (in multi-route calls prefetched into L2 otherwise); each warp serves pairs of weight rows,
+// 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls, the
+// chunks that share code bytes at once), unpacked to int8 codes 4 to a word and dotted with
+// __dp4a, the block scales applied once per 16 weights.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_kernels.cuh"
 #include "ft/cuda_gguf.cuh"
@@ -17,14 +19,6 @@
 
 namespace ft::cuda::decode {
 namespace {
-
-// 32 weights of a row: int8 codes q (element order, 4 to a word) and, per half of 16, the factor
-// of the codes and of the activation sum: sum_i w_i x_i = da * sum_h (mult[h] * (sum q a - off *
-// sum a) - minv[h] * sum a) over the half's int8 activations a (x = da * a).
-struct Chunk {
-    uint32_t q[8];
-    float mult[2], minv[2];
-};
 
 // Generic loads: a row is read from global memory or from its copy in shared memory.
 __device__ __forceinline__ uint32_t ld32(const uint8_t *p) { return *reinterpret_cast<const unsigned int *>(p); }
@@ -37,7 +31,7 @@ __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_to_f32(ui
 template <int N>
 __device__ __forceinline__ void load_words(const uint8_t *p, uint32_t *w) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    if ((a & 15) == 0) {
+    if (N % 4 == 0 && (a & 15) == 0) {
 #pragma unroll
         for (int i = 0; i < N / 4; ++i) {
             const uint4 v = reinterpret_cast<const uint4 *>(p)[i];
@@ -71,83 +65,162 @@ __device__ __forceinline__ uint32_t iq4nl4(uint32_t codes) {
 template <Format F>
 constexpr int kOff = F == Format::q6_k ? 32 : F == Format::q3_k ? 4 : 0;
 
-// Chunk c (elements 32c .. 32c + 31) of a row of format F; layouts in docs/formats.md and
-// lib/core/formats/dequant_gguf.cpp.
+// Chunks a lane takes at once: those that share their code bytes (q2_k, q3_k: the four 2-bit
+// planes of 32 bytes; q4_k, q5_k and q6_k's ql: the two nibbles), so each byte is loaded once.
 template <Format F>
-__device__ __forceinline__ Chunk load_chunk(const uint8_t *row, int c) {
+constexpr int kGroup = F == Format::q2_k || F == Format::q3_k                      ? 4
+                       : F == Format::q4_k || F == Format::q5_k || F == Format::q6_k ? 2
+                                                                                     : 1;
+
+// Chunk i of group g (chunk c holds elements 32c .. 32c + 31 of the row).
+template <Format F>
+__device__ __forceinline__ int group_chunk(int g, int i) {
+    if constexpr (F == Format::q6_k)
+        return (g / 4) * 8 + 4 * ((g % 4) / 2) + (g % 2) + 2 * i;  // quarters q and q + 2 of a half
+    else
+        return kGroup<F> * g + i;
+}
+
+// The bytes of one group: codes (q), the q3_k / q5_k / q6_k high bits (x), scale bytes (s), the
+// super-block's d and dmin. Layouts in docs/formats.md and lib/core/formats/dequant_gguf.cpp.
+struct Group {
+    uint32_t q[8], x[8], s[3];
+    float d, dmin;
+    int sel;  // which part of its super-block the group is
+};
+
+__device__ __forceinline__ uint32_t byte_of(uint32_t w, int b) { return (w >> (8 * b)) & 0xffu; }
+
+template <Format F>
+__device__ __forceinline__ Group load_group(const uint8_t *row, int g) {
     using namespace gguf_detail;
+    Group w;
+    w.dmin = 0.0f;
+    if constexpr (F == Format::q8_0) {
+        const uint8_t *blk = row + int64_t(g) * kQ8_0BlockBytes;
+        w.d = f16_at(blk);
+        load_words<8>(blk + 2, w.q);
+    } else if constexpr (F == Format::iq4_xs) {
+        const int ib = g % 8;
+        const uint8_t *blk = row + int64_t(g / 8) * kIQ4_XSBlockBytes;
+        const uint32_t sh = ld16(blk + 2);
+        const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
+        w.d = f16_at(blk) * float(ls - 32);
+        load_words<4>(blk + 8 + 16 * ib, w.q);
+    } else if constexpr (F == Format::q2_k || F == Format::q3_k) {
+        w.sel = g % 2;  // the half of the super-block
+        const uint8_t *sb = row + int64_t(g / 2) * gguf_row_bytes<F>(kQK);
+        if constexpr (F == Format::q2_k) {
+            uint32_t dm;
+            load_words<8>(sb + 16 + 32 * w.sel, w.q);
+            load_words<2>(sb + 8 * w.sel, w.s);
+            load_words<1>(sb + 80, &dm);
+            w.d = f16_to_f32(uint16_t(dm & 0xffffu));
+            w.dmin = f16_to_f32(uint16_t(dm >> 16));
+        } else {
+            load_words<8>(sb + 32 + 32 * w.sel, w.q);
+            load_words<8>(sb, w.x);
+            uint32_t s6[3];
+            load_words<3>(sb + 96, s6);
+            w.s[0] = s6[0], w.s[1] = s6[1], w.s[2] = s6[2];
+            w.d = f16_at(sb + 108);
+        }
+    } else if constexpr (F == Format::q4_k || F == Format::q5_k) {
+        w.sel = g % 4;  // sub-blocks 2 sel and 2 sel + 1
+        const uint8_t *sb = row + int64_t(g / 4) * gguf_row_bytes<F>(kQK);
+        uint32_t dm;
+        load_words<1>(sb, &dm);
+        w.d = f16_to_f32(uint16_t(dm & 0xffffu));
+        w.dmin = f16_to_f32(uint16_t(dm >> 16));
+        // Scale bytes 2 sel .. +1 (A), 2 sel + 4 .. +5 (B) and 2 sel - 4 .. -3 (C; sel >= 2 only)
+        // of the 12 at sb + 4: what sub-blocks 2 sel and 2 sel + 1 take from them.
+        w.s[0] = ld16(sb + 4 + 2 * w.sel);
+        w.s[1] = ld16(sb + 8 + 2 * w.sel);
+        w.s[2] = ld16(sb + 4 + (2 * w.sel + 8) % 12);
+        constexpr int qs_at = F == Format::q4_k ? 16 : 48;
+        load_words<8>(sb + qs_at + 32 * w.sel, w.q);
+        if constexpr (F == Format::q5_k) load_words<8>(sb + 16, w.x);
+    } else if constexpr (F == Format::q6_k) {
+        w.sel = g % 4;  // half sel / 2, ql nibbles of quarters sel % 2 and sel % 2 + 2
+        const int half = w.sel / 2, lo = w.sel % 2;
+        const uint8_t *sb = row + int64_t(g / 4) * gguf_row_bytes<F>(kQK);
+        load_words<8>(sb + 64 * half + 32 * lo, w.q);
+        load_words<8>(sb + 128 + 32 * half, w.x);
+        w.s[0] = ld16(sb + 192 + 8 * half + 2 * lo);
+        w.s[1] = ld16(sb + 196 + 8 * half + 2 * lo);
+        w.d = f16_at(sb + 208);
+    }
+    return w;
+}
+
+// 32 weights of a row: int8 codes q (element order, 4 to a word) and, per half of 16, the factor
+// of the codes and of the activation sum: sum_i w_i x_i = da * sum_h (mult[h] * (sum q a - off *
+// sum a) - minv[h] * sum a) over the half's int8 activations a (x = da * a).
+struct Chunk {
+    uint32_t q[8];
+    float mult[2], minv[2];
+};
+
+// Chunk I (< kGroup<F>) of a loaded group: constant where the caller unrolls over a group, else
+// per lane, so word choices are selects, never an indexed register array (local memory).
+template <Format F>
+__device__ __forceinline__ Chunk group_chunk_codes(const Group &w, int I) {
     Chunk k;
     k.minv[0] = k.minv[1] = 0.0f;
     if constexpr (F == Format::q8_0) {
-        const uint8_t *blk = row + int64_t(c) * kQ8_0BlockBytes;
-        k.mult[0] = k.mult[1] = f16_at(blk);
-        load_words<8>(blk + 2, k.q);
+        k.mult[0] = k.mult[1] = w.d;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) k.q[i] = w.q[i];
     } else if constexpr (F == Format::iq4_xs) {
-        const int ib = c % 8;
-        const uint8_t *blk = row + int64_t(c / 8) * kIQ4_XSBlockBytes;
-        const uint32_t sh = ld16(blk + 2);
-        const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
-        k.mult[0] = k.mult[1] = f16_at(blk) * float(ls - 32);
-        uint32_t t[4];
-        load_words<4>(blk + 8 + 16 * ib, t);
+        k.mult[0] = k.mult[1] = w.d;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            k.q[i] = iq4nl4(t[i] & 0x0f0f0f0fu);
-            k.q[4 + i] = iq4nl4((t[i] >> 4) & 0x0f0f0f0fu);
+            k.q[i] = iq4nl4(w.q[i] & 0x0f0f0f0fu);
+            k.q[4 + i] = iq4nl4((w.q[i] >> 4) & 0x0f0f0f0fu);
         }
-    } else {
-        const int sub = c % 8, half = sub / 4, quarter = sub % 4;
-        const uint8_t *sb = row + int64_t(c / 8) * gguf_row_bytes<F>(kQK);
-        if constexpr (F == Format::q2_k) {
-            const float d = f16_at(sb + 80), dmin = f16_at(sb + 82);
+    } else if constexpr (F == Format::q2_k) {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const uint8_t sc = sb[half * 8 + quarter * 2 + r];
-                k.mult[r] = d * float(sc & 0xf);
-                k.minv[r] = dmin * float(sc >> 4);
-            }
-            load_words<8>(sb + 16 + 32 * half, k.q);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) k.q[i] = (k.q[i] >> (2 * quarter)) & 0x03030303u;
-        } else if constexpr (F == Format::q3_k) {
-            const float d = f16_at(sb + 108);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) k.mult[r] = d * float(scale_q3_k(half * 8 + quarter * 2 + r, sb + 96));
-            uint32_t hm[8];
-            load_words<8>(sb + 32 + 32 * half, k.q);
-            load_words<8>(sb, hm);
-            const int hb = 4 * half + quarter;
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                k.q[i] = ((k.q[i] >> (2 * quarter)) & 0x03030303u) | (((hm[i] >> hb) & 0x01010101u) << 2);
-        } else if constexpr (F == Format::q4_k || F == Format::q5_k) {
-            int sc, mn;
-            scale_min_k4(sub, sb + 4, sc, mn);
-            k.mult[0] = k.mult[1] = f16_at(sb) * float(sc);
-            k.minv[0] = k.minv[1] = f16_at(sb + 2) * float(mn);
-            constexpr int qs_at = F == Format::q4_k ? 16 : 48;
-            load_words<8>(sb + qs_at + 32 * (sub / 2), k.q);
-            const int shift = 4 * (sub % 2);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) k.q[i] = (k.q[i] >> shift) & 0x0f0f0f0fu;
-            if constexpr (F == Format::q5_k) {
-                uint32_t qh[8];
-                load_words<8>(sb + 16, qh);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) k.q[i] |= ((qh[i] >> sub) & 0x01010101u) << 4;
-            }
-        } else if constexpr (F == Format::q6_k) {
-            const float d = f16_at(sb + 208);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) k.mult[r] = d * float(int8_t(sb[192 + 8 * half + 2 * quarter + r]));
-            uint32_t qh[8];
-            load_words<8>(sb + 64 * half + 32 * (quarter & 1), k.q);
-            load_words<8>(sb + 128 + 32 * half, qh);
-            const int shift = 4 * (quarter >> 1);
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                k.q[i] = ((k.q[i] >> shift) & 0x0f0f0f0fu) | (((qh[i] >> (2 * quarter)) & 0x03030303u) << 4);
+        for (int r = 0; r < 2; ++r) {
+            const uint32_t sc = byte_of(I < 2 ? w.s[0] : w.s[1], (2 * I + r) % 4);
+            k.mult[r] = w.d * float(sc & 0xf);
+            k.minv[r] = w.dmin * float(sc >> 4);
         }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) k.q[i] = (w.q[i] >> (2 * I)) & 0x03030303u;
+    } else if constexpr (F == Format::q3_k) {
+        // Sub-block 8 half + 2 I + r: low 4 bits from byte 2 I + r (low nibble in the first half,
+        // high in the second), high 2 bits from byte 8 + (2 I + r) % 4 at 2 (2 half + (2 I + r) / 4).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint32_t lo = (byte_of(I < 2 ? w.s[0] : w.s[1], (2 * I + r) % 4) >> (4 * w.sel)) & 0xf;
+            const uint32_t hi = (byte_of(w.s[2], (2 * I + r) % 4) >> (2 * (2 * w.sel + (2 * I + r) / 4))) & 3;
+            k.mult[r] = w.d * float(int(lo | (hi << 4)) - 32);
+        }
+        const int hb = 4 * w.sel + I;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            k.q[i] = ((w.q[i] >> (2 * I)) & 0x03030303u) | (((w.x[i] >> hb) & 0x01010101u) << 2);
+    } else if constexpr (F == Format::q4_k || F == Format::q5_k) {
+        const uint32_t a = byte_of(w.s[0], I), b = byte_of(w.s[1], I), c = byte_of(w.s[2], I);
+        const bool low = w.sel < 2;  // sub-blocks 0..3 keep 6-bit scale and min in bytes j and j + 4
+        const uint32_t sc = low ? a & 63 : (b & 0xf) | ((c >> 6) << 4);
+        const uint32_t mn = low ? b & 63 : (b >> 4) | ((a >> 6) << 4);
+        k.mult[0] = k.mult[1] = w.d * float(sc);
+        k.minv[0] = k.minv[1] = w.dmin * float(mn);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) k.q[i] = (w.q[i] >> (4 * I)) & 0x0f0f0f0fu;
+        if constexpr (F == Format::q5_k) {
+            const int sub = 2 * w.sel + I;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) k.q[i] |= ((w.x[i] >> sub) & 0x01010101u) << 4;
+        }
+    } else if constexpr (F == Format::q6_k) {
+        const int quarter = w.sel % 2 + 2 * I;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) k.mult[r] = w.d * float(int8_t(byte_of(I == 0 ? w.s[0] : w.s[1], r)));
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            k.q[i] = ((w.q[i] >> (4 * I)) & 0x0f0f0f0fu) | (((w.x[i] >> (2 * quarter)) & 0x03030303u) << 4);
     }
     return k;
 }
@@ -174,6 +247,51 @@ __device__ __forceinline__ float chunk_dot(const Chunk &k, const ActQ &a, int j,
     float v = k.mult[0] * float(lo - kOff<F> * s.x) + k.mult[1] * float(hi - kOff<F> * s.y);
     v -= k.minv[0] * float(s.x) + k.minv[1] * float(s.y);
     return v * a.d[j * a.nc + c];
+}
+
+// Group g and chunk i of chunk c: the inverse of group_chunk.
+template <Format F>
+__device__ __forceinline__ void chunk_group(int c, int &g, int &i) {
+    if constexpr (F == Format::q6_k) {
+        const int sub = c % 8;
+        g = (c / 8) * 4 + 2 * (sub / 4) + sub % 2;
+        i = (sub % 4) / 2;
+    } else {
+        g = c / kGroup<F>;
+        i = c % kGroup<F>;
+    }
+}
+
+// Work item t of a lane on two rows (r1 = r0 where the second row is missing: !has1): group t
+// (G = kGroup<F>: every chunk of the group) or chunk t (G = 1), dotted with the first nr of RC
+// routes' activations and added to the rows' accumulators.
+template <Format F, int G, int RC>
+__device__ __forceinline__ void lane_dots(const uint8_t *r0, const uint8_t *r1, bool has1, const ActQ &act, int t,
+                                          int nr, float (&acc0)[RC], float (&acc1)[RC]) {
+    int g = t, i0 = 0;
+    if constexpr (G == 1) chunk_group<F>(t, g, i0);
+    const Group w0 = load_group<F>(r0, g);
+    const Group w1 = has1 ? load_group<F>(r1, g) : w0;
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+        const int ii = G == 1 ? i0 : i, c = G == 1 ? t : group_chunk<F>(g, i);
+        const Chunk k0 = group_chunk_codes<F>(w0, ii), k1 = group_chunk_codes<F>(w1, ii);
+#pragma unroll
+        for (int j = 0; j < RC; ++j) {
+            if (j < nr) {
+                acc0[j] += chunk_dot<F>(k0, act, j, c);
+                if (has1) acc1[j] += chunk_dot<F>(k1, act, j, c);
+            }
+        }
+    }
+}
+
+// Sum over the S lanes (a power of two <= 32) of each aligned group of S lanes of the warp.
+__device__ __forceinline__ float lanes_sum(float v, int S) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < S) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // Thread t of the CTA quantises activation chunks t, t + kThreads, ... of the nr routes' rows.
@@ -253,8 +371,8 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// The rows CTA x reads of one slot's matrix at `base` (units u0 = x * upw * kWarps on, n of
-// them): gate_up two ranges (gate rows u0.., up rows I + u0..), down one (rows 2 u0..).
+// The rows CTA x reads of one slot's matrix at `base` (units u0 = x * n on, n = upw * kWarps *
+// (32 / unit_lanes) of them): gate_up two ranges (gate rows u0.., up rows I + u0..), down one (rows 2 u0..).
 struct CtaRows {
     const uint8_t *src[2];
     int64_t bytes;
@@ -264,7 +382,7 @@ struct CtaRows {
 template <bool GATE_UP>
 __device__ __forceinline__ CtaRows cta_rows(const ProjArgs &p, const uint8_t *base, int64_t rb) {
     CtaRows r{};
-    const int u0 = blockIdx.x * p.units_per_warp * kWarps, units = p.units_per_warp * kWarps;
+    const int units = p.units_per_warp * kWarps * (32 / p.unit_lanes), u0 = blockIdx.x * units;
     if (GATE_UP) {
         const int n = max(0, min(units, p.inter - u0));
         r = CtaRows{{base + int64_t(u0) * rb, base + int64_t(p.inter + u0) * rb}, n * rb, {u0, p.inter + u0}, 2};
@@ -281,6 +399,11 @@ __device__ __forceinline__ CtaRows cta_rows(const ProjArgs &p, const uint8_t *ba
 // (4) tokens kRouteChunk, larger ones 8 where their activations fit.
 constexpr int kDp4aMaxRoutes = 8;
 
+// Chunks a lane takes at once: a whole group (kGroup) in one-route calls, where the loads bound
+// the kernel; one chunk with more routes, where the dots do and fewer registers keep more warps.
+template <Format F, int RC>
+constexpr int kLaneGroup = RC == 1 ? kGroup<F> : 1;
+
 // Shared-memory bytes of the activations of rc routes, rounded up to 16 (the staged rows follow).
 __host__ __device__ constexpr size_t dp4a_smem_bytes(int K, int rc) {
     return (size_t(rc) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float))) + 15) / 16 * 16;
@@ -291,14 +414,16 @@ __host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t r
     return (rows * rb + 31) / 16 * 16;
 }
 
-// Warp w of CTA x owns units (x * upw + u) * kWarps + w, u < upw = p.units_per_warp; gate_up
-// (GATE_UP): unit j is rows j (gate) and I + j (up); down: rows 2j and 2j + 1 of the N = H
-// outputs. Per group, the CTA's rows are copied into shared memory (p.stage_rows) or prefetched
-// into L2 before the routes' activations are quantised, so that their loads overlap that work;
-// the activations of a chunk of routes are quantised once for all units. Shared memory:
-// dp4a_smem_bytes(K, RC), then the staged rows.
+// Sub-warp `sub` (S = p.unit_lanes lanes) of warp w of CTA x owns units ((x * upw + u) * kWarps +
+// w) * (32 / S) + sub, u < upw = p.units_per_warp; gate_up (GATE_UP): unit j is rows j (gate) and
+// I + j (up); down: rows 2j and 2j + 1 of the N = H outputs. Per group, the CTA's rows are copied
+// into shared memory (p.stage_rows) or, with several routes, prefetched into L2 before the routes'
+// activations are quantised, so that their loads overlap that work (one-route calls skip the
+// prefetch: it brought rows that did not fit L2 in twice); the activations of a chunk of routes
+// are quantised once for all units. Three CTAs per SM at least (registers capped to match).
+// Shared memory: dp4a_smem_bytes(K, RC), then the staged rows.
 template <Format F, bool GATE_UP, int RC>
-__global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
+__global__ void __launch_bounds__(kThreads, 3) dp4a_kernel(ProjArgs p) {
     extern __shared__ __align__(16) uint8_t smem[];
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     const int K = p.K, nc = K / 32;
@@ -310,6 +435,9 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
     uint8_t *wsm = smem + dp4a_smem_bytes(K, RC);  // the staged rows
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Each warp serves `subs` units at once, S = 32 / subs lanes each (lane sl of sub-warp sub).
+    const int S = p.unit_lanes, subs = 32 / S, sl = lane % S, sub = lane / S;
+    constexpr int G = kLaneGroup<F, RC>;
     const int ngroups = *p.g.num;
     for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
         const uint8_t *base = p.data + size_t(p.g.slot[gi]) * p.data_rb;
@@ -319,7 +447,7 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
             __syncthreads();  // the previous group's rows are no longer read
             const int64_t range = staged_range_bytes(r.bytes / rb, rb);
             for (int i = 0; i < r.ranges; ++i) rows[i] = stage(wsm + i * range, r.src[i], r.bytes);
-        } else {
+        } else if (RC > 1) {
             for (int i = 0; i < r.ranges; ++i) prefetch_l2(r.src[i], r.bytes);
         }
         const int first = p.g.start[gi], count = p.g.count[gi];
@@ -333,31 +461,23 @@ __global__ void __launch_bounds__(kThreads) dp4a_kernel(ProjArgs p) {
             if (p.stage_rows && r0 == 0) cp_async_wait();
             __syncthreads();
             for (int u = 0; u < p.units_per_warp; ++u) {
-                const int unit = (blockIdx.x * p.units_per_warp + u) * kWarps + warp;
+                const int unit = ((blockIdx.x * p.units_per_warp + u) * kWarps + warp) * subs + sub;
                 int n0, n1;
                 bool has1;
-                if (!unit_rows<GATE_UP>(p, unit, n0, n1, has1)) break;  // later units lie further out
-                // Row n of range i is at rows[i] + (n - first[i]) * rb.
-                const uint8_t *r0p = rows[0] + (n0 - r.first[0]) * rb;
-                const uint8_t *r1p = GATE_UP ? rows[1] + (n1 - r.first[1]) * rb : r0p + (has1 ? rb : 0);
+                const bool valid = unit_rows<GATE_UP>(p, unit, n0, n1, has1);
+                if (!__any_sync(0xffffffffu, valid)) break;  // later units lie further out
                 float acc0[RC] = {}, acc1[RC] = {};
-                for (int c = lane; c < nc; c += 32) {
-                    const Chunk k0 = load_chunk<F>(r0p, c);
-                    const Chunk k1 = has1 ? load_chunk<F>(r1p, c) : k0;
-#pragma unroll
-                    for (int j = 0; j < RC; ++j) {
-                        if (j < nr) {
-                            acc0[j] += chunk_dot<F>(k0, act, j, c);
-                            if (has1) acc1[j] += chunk_dot<F>(k1, act, j, c);
-                        }
-                    }
+                if (valid) {
+                    // Row n of range i is at rows[i] + (n - first[i]) * rb.
+                    const uint8_t *r0p = rows[0] + (n0 - r.first[0]) * rb;
+                    const uint8_t *r1p = GATE_UP ? rows[1] + (n1 - r.first[1]) * rb : r0p + (has1 ? rb : 0);
+                    for (int t = sl; t < nc / G; t += S) lane_dots<F, G>(r0p, r1p, has1, act, t, nr, acc0, acc1);
                 }
 #pragma unroll
                 for (int j = 0; j < RC; ++j) {
                     if (j < nr) {
-                        const float v0 = warp_sum(acc0[j]);
-                        const float v1 = has1 ? warp_sum(acc1[j]) : 0.0f;
-                        if (lane == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
+                        const float v0 = lanes_sum(acc0[j], S), v1 = lanes_sum(acc1[j], S);
+                        if (valid && sl == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
                     }
                 }
             }
@@ -389,19 +509,24 @@ int blocks_per_sm(size_t smem) {
     return n;
 }
 
-// Units per warp and staging: upw is the fewest units per warp that make the CTAs of a call
-// with top_k groups one wave (grid.x counts CTAs of one unit per warp; at most 8). The rows are
-// staged in shared memory where upw units' rows fit beside the activations in the 48 KiB a
-// launch gets without opting in and as many CTAs stay resident, else prefetched into L2
-// (staging fewer units, so more waves, lost to that on the H200).
+// Lanes per unit, units per warp and staging: a unit gets 8, 16 or 32 lanes, enough for a row's
+// chunks (or groups) in one pass where it has few (small K); upw is the fewest units per sub-warp
+// that make the CTAs of a call with top_k groups one wave (grid.x counts CTAs of one unit per
+// warp; at most 8). The rows are staged in shared memory where upw units' rows fit beside the
+// activations in the 48 KiB a launch gets without opting in and as many CTAs stay resident, else
+// read from global memory (staging fewer units, so more waves, lost to that on the H200).
 template <Format F, bool GATE_UP, int RC>
 cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
+    const int ng = p.K / 32 / kLaneGroup<F, RC>;
+    p.unit_lanes = ng > 16 ? 32 : ng > 8 ? 16 : 8;
+    const int subs = 32 / p.unit_lanes;
+    grid.x = (grid.x + subs - 1) / subs;  // CTAs of one unit per sub-warp
     const size_t act_smem = dp4a_smem_bytes(p.K, RC);
     const int64_t groups = std::min<int64_t>(grid.y, std::max(p.top_k, 1));
     const int per_sm = blocks_per_sm<F, GATE_UP, RC>(act_smem);
     const int64_t wave = int64_t(per_sm) * std::max(p.sms, 1);
     const int upw = int(std::clamp<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1, 8));
-    const int64_t rows = int64_t(upw) * kWarps * (GATE_UP ? 1 : 2);
+    const int64_t rows = int64_t(upw) * kWarps * subs * (GATE_UP ? 1 : 2);
     const size_t staged = size_t((GATE_UP ? 2 : 1) * staged_range_bytes(rows, gguf_row_bytes<F>(p.K)));
     p.units_per_warp = upw;
     p.stage_rows = act_smem + staged <= 48 * 1024 && blocks_per_sm<F, GATE_UP, RC>(act_smem + staged) >= per_sm;

@@ -47,8 +47,9 @@ struct ProjArgs {
     const int32_t *bias_ids;
     int32_t bias_experts;
     // Integer-dot kernel only, set by its launcher (decode_dp4a.cu): units (row pairs) per warp,
-    // and whether each CTA copies its rows into shared memory first.
+    // lanes per unit, and whether each CTA copies its rows into shared memory first.
     int32_t units_per_warp;
+    int32_t unit_lanes;  // lanes per unit (8, 16 or 32): a warp serves 32 / unit_lanes units at once
     bool stage_rows;
 };
 

@@ -180,6 +180,10 @@ const Geometry kGeometries[] = {
     {Format::q3_k, 512, 256},      {Format::q4_k, 256, 512},
     {Format::q5_k, 256, 256},      {Format::q6_k, 768, 256},
     {Format::iq4_xs, 256, 256},
+    // the integer-dot kernel's 16 and 32 lanes per row pair (rows of more than 8 / 16 chunk groups)
+    {Format::q4_k, 2304, 768},     {Format::q2_k, 2304, 256},
+    {Format::q6_k, 2304, 256},     {Format::q8_0, 1056, 96},
+    {Format::iq4_xs, 768, 256},
 };
 
 std::string label(const Geometry &g, const ft::cuda::DeviceActivation &a, int32_t T) {
