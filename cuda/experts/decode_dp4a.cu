@@ -133,7 +133,8 @@ __device__ __forceinline__ Group load_group(const uint8_t *row, int g) {
         w.d = f16_to_f32(uint16_t(dm & 0xffffu));
         w.dmin = f16_to_f32(uint16_t(dm >> 16));
         // Scale bytes 2 sel .. +1 (A), 2 sel + 4 .. +5 (B) and 2 sel - 4 .. -3 (C; sel >= 2 only)
-        // of the 12 at sb + 4: what sub-blocks 2 sel and 2 sel + 1 take from them.
+        // of the 12 at sb + 4: what gguf_detail::scale_min_k4 reads for sub-blocks 2 sel and
+        // 2 sel + 1, loaded once for both (group_chunk_codes decodes them from registers).
         w.s[0] = ld16(sb + 4 + 2 * w.sel);
         w.s[1] = ld16(sb + 8 + 2 * w.sel);
         w.s[2] = ld16(sb + 4 + (2 * w.sel + 8) % 12);
@@ -188,8 +189,9 @@ __device__ __forceinline__ Chunk group_chunk_codes(const Group &w, int I) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) k.q[i] = (w.q[i] >> (2 * I)) & 0x03030303u;
     } else if constexpr (F == Format::q3_k) {
-        // Sub-block 8 half + 2 I + r: low 4 bits from byte 2 I + r (low nibble in the first half,
-        // high in the second), high 2 bits from byte 8 + (2 I + r) % 4 at 2 (2 half + (2 I + r) / 4).
+        // gguf_detail::scale_q3_k of sub-block 8 half + 2 I + r on the 12 bytes in registers: low
+        // 4 bits from byte 2 I + r (low nibble in the first half, high in the second), high 2 bits
+        // from byte 8 + (2 I + r) % 4 at 2 (2 half + (2 I + r) / 4).
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const uint32_t lo = (byte_of(I < 2 ? w.s[0] : w.s[1], (2 * I + r) % 4) >> (4 * w.sel)) & 0xf;

@@ -45,9 +45,10 @@ std::vector<ft::cpu::ActivationSpec> activations_of(Format f) {
 }
 
 // Max relative error bounds of the whole layer (bf16 output, so >= 2^-9 anyway): W8A16 / W4A16
-// compute with exact weights and fp32 sums; the GGUF block formats (q4_0, q8_0, the K-quants) use Q8_0
-// activations in both GEMMs, and each is compared with the unquantised fp64 reference. mxfp4 W4A8 x2 (two int8 terms per activation,
-// the default with VNNI + VBMI) keeps the W4A16 bound: measured 2.5e-3 .. 3.2e-3 here, as W4A16.
+// compute with exact weights and fp32 sums; the GGUF block formats (q4_0, q8_0, the K-quants) use
+// Q8_0 activations in both GEMMs, and each is compared with the unquantised fp64 reference. mxfp4
+// W4A8 x2 (two int8 terms per activation, the default with VNNI + VBMI) keeps the W4A16 bound:
+// measured 2.5e-3 .. 3.2e-3 here, as W4A16.
 // nvfp4 W4A8 (QuantChoice::nvfp4_w4a8, FT_CPU_NVFP4_W4A8=1; one int8 term per 16,
 // ft::quantize_int8_per16) is W4A8 like q4_0: 3e-2; measured 1.1e-2 .. 1.3e-2 here.
 double bound_of(Format f, const char *kernel = "") {
