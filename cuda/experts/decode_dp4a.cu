@@ -513,10 +513,10 @@ int blocks_per_sm(size_t smem) {
 
 // Lanes per unit, units per warp and staging: a unit gets 8, 16 or 32 lanes, enough for a row's
 // chunks (or groups) in one pass where it has few (small K); upw is the fewest units per sub-warp
-// that make the CTAs of a call with top_k groups one wave (grid.x counts CTAs of one unit per
-// warp; at most 8). The rows are staged in shared memory where upw units' rows fit beside the
-// activations in the 48 KiB a launch gets without opting in and as many CTAs stay resident, else
-// read from global memory (staging fewer units, so more waves, lost to that on the H200).
+// that make the CTAs of a call with top_k groups one wave, however many that takes (grid.x counts
+// CTAs of one unit per warp). The rows are staged in shared memory where upw units' rows fit
+// beside the activations in the 48 KiB a launch gets without opting in and as many CTAs stay
+// resident, else read from global memory (staging fewer units, so more waves, lost to that on the H200).
 template <Format F, bool GATE_UP, int RC>
 cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
     const int ng = p.K / 32 / kLaneGroup<F, RC>;
@@ -527,7 +527,7 @@ cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
     const int64_t groups = std::min<int64_t>(grid.y, std::max(p.top_k, 1));
     const int per_sm = blocks_per_sm<F, GATE_UP, RC>(act_smem);
     const int64_t wave = int64_t(per_sm) * std::max(p.sms, 1);
-    const int upw = int(std::clamp<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1, 8));
+    const int upw = int(std::max<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1));
     const int64_t rows = int64_t(upw) * kWarps * subs * (GATE_UP ? 1 : 2);
     const size_t staged = size_t((GATE_UP ? 2 : 1) * staged_range_bytes(rows, gguf_row_bytes<F>(p.K)));
     p.units_per_warp = upw;
