@@ -225,8 +225,8 @@ int main(int argc, char **argv) {
         {ft::Format::iq4_xs, 2048, 768},
         // larger experts of the GGUF releases: Qwen3-235B-A22B (4096 x 1536), DeepSeek-V3 (7168 x 2048)
         {ft::Format::q4_k, 4096, 1536},  {ft::Format::q6_k, 4096, 1536},   {ft::Format::q8_0, 4096, 1536},
-        {ft::Format::q2_k, 4096, 1536},  {ft::Format::iq4_xs, 4096, 1536}, {ft::Format::q4_k, 7168, 2048},
-        {ft::Format::q3_k, 7168, 2048},
+        {ft::Format::q2_k, 4096, 1536},  {ft::Format::iq4_xs, 4096, 1536}, {ft::Format::q4_0, 4096, 1536},
+        {ft::Format::q4_k, 7168, 2048},  {ft::Format::q3_k, 7168, 2048},
     };
     for (const Shape &s : shapes)
         for (int32_t T : {1, 8}) {

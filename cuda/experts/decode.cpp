@@ -10,10 +10,10 @@
 //   down     the same over the down rows -> f32 per route (mxfp4: + down bias)
 //            (bf16 gpt-oss: + the route's expert's f32 down bias, from the bias table)
 //   combine  y[t] = sum_k w * route (+ addend), one bf16 rounding
-// gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for bf16, the FP8
-// and FP4 formats and q4_0; the other GGUF block formats on an integer-dot CUDA-core kernel with
-// Q8_0 activations (decode_dp4a.cu), and bf16 rows whose length is not a multiple of 8 on a float
-// one (decode_simt.cu; also the block formats' fallback where the integer one does not fit).
+// gate_up and down run on tensor cores (mma.sync: decode_mma.cu, decode_mxfp4.cu) for bf16 and the
+// FP8 and FP4 formats; the GGUF block formats on an integer-dot CUDA-core kernel with Q8_0
+// activations (decode_dp4a.cu), and bf16 rows whose length is not a multiple of 8 on a float one
+// (decode_simt.cu; also the block formats' fallback where the integer one does not fit).
 // On both, a warp owns pairs of output rows (the integer one several, its CTA's rows staged in
 // shared memory or prefetched into L2 first), its lanes split the reduction and finish with a
 // shuffle.
@@ -47,16 +47,14 @@ struct ProjGrids {
 };
 
 // One projection of the decode (gate/up + activation, or down): the format's tensor-core (`mma`)
-// kernel, or the CUDA-core one for bf16 rows that are not a multiple of 8.
+// kernel, or the CUDA-core ones (the GGUF block formats, bf16 rows that are not a multiple of 8).
 cudaError_t launch_projection(bool gate_up, Format f, bool mma, bool vec, const ProjGrids &g, const ProjArgs &p,
                               cudaStream_t s) {
     if (mma) {
         if (f == Format::mxfp4) return launch_mxfp4_projection(gate_up, g.mxfp4_mma, p, s);
         return launch_mma_projection(f, gate_up, g.mma, p, s);  // mma_ is only set for known formats
     }
-    // The CUDA-core kernel serves bf16 rows whose length is not a multiple of 8 and the GGUF
-    // block formats but q4_0.
-    if ((f == Format::bf16 && !vec) || gguf_simt_format(f)) return launch_simt_projection(f, gate_up, g.rowmajor, p, s);
+    if ((f == Format::bf16 && !vec) || format_is_block(f)) return launch_simt_projection(f, gate_up, g.rowmajor, p, s);
     return cudaErrorInvalidValue;
 }
 
@@ -96,14 +94,16 @@ BankRoles bank_roles(Format format, bool vec) {
         case Format::ds_fp4:
             r.gu[1] = 1, r.dn[0] = 2, r.dn[1] = 3, r.nbanks = 4;
             break;
-        case Format::q4_0: r.need_align = 4; break;
+        // The GGUF block formats: the float kernel reads bytes (decode_simt.cu); the integer-dot one
+        // runs where dp4a_usable finds the rows 2-byte aligned.
+        case Format::q4_0:
         case Format::q8_0:
         case Format::q2_k:
         case Format::q3_k:
         case Format::q4_k:
         case Format::q5_k:
         case Format::q6_k:
-        case Format::iq4_xs: r.need_align = 1; break;  // byte loads (decode_simt.cu)
+        case Format::iq4_xs: r.need_align = 1; break;
     }
     return r;
 }
@@ -166,9 +166,9 @@ ExpertDecoder::ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32
     if (top_k <= 0 || max_tokens <= 0)
         fail(FT_ERR_INVALID_ARGUMENT, "expert decoder: top_k ", top_k, " and max_tokens ", max_tokens, " must be > 0");
     vec_ = format != Format::bf16 || (hidden % 8 == 0 && inter % 8 == 0);
-    // Tensor-core kernels for every format but the GGUF K-quants, q8_0 and iq4_xs; those and bf16
-    // rows not a multiple of 8 take the CUDA-core one.
-    mma_ = vec_ && !gguf_simt_format(format);
+    // Tensor-core kernels for every format but the GGUF block formats; those and bf16 rows not a
+    // multiple of 8 take the CUDA-core ones.
+    mma_ = vec_ && !format_is_block(format);
 
     const size_t R = size_t(max_tokens) * size_t(top_k);
     size_t off = 0;
@@ -214,7 +214,6 @@ const char *ExpertDecoder::kernel_name() const {
             case Format::fp8_block: return "fp8_block-mma";
             case Format::nvfp4: return "nvfp4-mma";
             case Format::ds_fp4: return "ds_fp4-mma(fp8 act)";
-            case Format::q4_0: return "q4_0-mma";
             case Format::mxfp4: return "mxfp4-mma";
             default: break;
         }
@@ -223,6 +222,7 @@ const char *ExpertDecoder::kernel_name() const {
     // whose rows are not 2-byte aligned would take the float one).
     const bool dp4a = dp4a_fits(std::max(hidden_, inter_));
     switch (format_) {
+        case Format::q4_0: return dp4a ? "q4_0-dp4a" : "q4_0-simt";
         case Format::q8_0: return dp4a ? "q8_0-dp4a" : "q8_0-simt";
         case Format::q2_k: return dp4a ? "q2_k-dp4a" : "q2_k-simt";
         case Format::q3_k: return dp4a ? "q3_k-dp4a" : "q3_k-simt";
@@ -266,12 +266,10 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const Format f_gu = ex.format, f_dn = ex.down();
     const bool mixed = f_gu != format_ || f_dn != format_;
     if (mixed && !block_mix_usable(ex, format_, hidden_, inter_)) return cudaErrorInvalidValue;
-    // q4_0's data loads need 4-byte alignment, the other block formats' none (bank_roles).
-    const Format align_format = mixed && (f_gu == Format::q4_0 || f_dn == Format::q4_0) ? Format::q4_0 : format_;
-    const BankRoles roles = bank_roles(align_format, vec_);
+    // A mix holds block formats only, as the decoder's is: the same bank roles and alignment, and
+    // no tensor-core kernel (mma_ false), for both projections.
+    const BankRoles roles = bank_roles(format_, vec_);
     if (!banks_usable(ex, format_, roles)) return cudaErrorInvalidValue;
-    const bool mma_gu = mixed ? vec_ && !gguf_simt_format(f_gu) : mma_;
-    const bool mma_dn = mixed ? vec_ && !gguf_simt_format(f_dn) : mma_;
     if (!biases_usable(ex, expert_ids)) return cudaErrorInvalidValue;
 
     const int64_t H = hidden_, I = inter_, R = int64_t(tokens) * top_k_;
@@ -315,7 +313,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const ProjGrids grids_gu{dim3(unsigned((I + 7) / 8), grid_y((I + 7) / 8)),  // mma: 8 units (16 rows) per CTA
                              dim3(unsigned((I + kWarps - 1) / kWarps), grid_y((I + kWarps - 1) / kWarps)),
                              dim3(unsigned(gx_mx_gu), grid_y(gx_mx_gu))};
-    if ((e = launched(launch_projection(true, f_gu, mma_gu, vec_, grids_gu, p, stream))) != cudaSuccess) return e;
+    if ((e = launched(launch_projection(true, f_gu, mma_, vec_, grids_gu, p, stream))) != cudaSuccess) return e;
 
     if (ds && (e = launched(launch_inter_round_trip(slots, inter_buf_, R, inter_, stream))) != cudaSuccess) return e;
 
@@ -331,7 +329,7 @@ cudaError_t ExpertDecoder::compute(const DeviceExperts &ex, const uint16_t *x, c
     const ProjGrids grids_dn{dim3(unsigned((H + 15) / 16), grid_y((H + 15) / 16)),  // mma: 16 rows per CTA
                              dim3(unsigned(gx_dn), grid_y(gx_dn)),
                              dim3(unsigned(gx_mx_dn), grid_y(gx_mx_dn))};
-    return launched(launch_projection(false, f_dn, mma_dn, vec_, grids_dn, p, stream));
+    return launched(launch_projection(false, f_dn, mma_, vec_, grids_dn, p, stream));
 }
 
 cudaError_t ExpertDecoder::combine(const int32_t *slots, const float *w, const uint16_t *addend, uint16_t *y,

@@ -1,4 +1,4 @@
-// The integer-dot decode kernel of the GGUF block formats q8_0, q2_k .. q6_k, iq4_xs
+// The integer-dot decode kernel of the GGUF block formats q4_0, q8_0, q2_k .. q6_k, iq4_xs
 // (launch_simt_projection, decode_simt.cu, picks it). Each CTA quantises the activations of the
 // routes it serves to int8 per 32 elements in shared memory (the Q8_0 rule of the CPU kernels'
 // activations, ft::quantize_q8_0) while its weight rows are copied into shared memory where they
@@ -63,7 +63,7 @@ __device__ __forceinline__ uint32_t iq4nl4(uint32_t codes) {
 
 // Code offset subtracted from every weight's code (the value is code - off).
 template <Format F>
-constexpr int kOff = F == Format::q6_k ? 32 : F == Format::q3_k ? 4 : 0;
+constexpr int kOff = F == Format::q6_k ? 32 : F == Format::q4_0 ? 8 : F == Format::q3_k ? 4 : 0;
 
 // Chunks a lane takes at once: those that share their code bytes (q2_k, q3_k: the four 2-bit
 // planes of 32 bytes; q4_k, q5_k and q6_k's ql: the two nibbles), so each byte is loaded once.
@@ -82,7 +82,8 @@ __device__ __forceinline__ int group_chunk(int g, int i) {
 }
 
 // The bytes of one group: codes (q), the q3_k / q5_k / q6_k high bits (x), scale bytes (s), the
-// super-block's d and dmin. Layouts in docs/formats.md and lib/core/formats/dequant_gguf.cpp.
+// super-block's d and dmin. Layouts in docs/formats.md and lib/core/formats (dequant.cpp for q4_0,
+// dequant_gguf.cpp).
 struct Group {
     uint32_t q[8], x[8], s[3];
     float d, dmin;
@@ -96,7 +97,11 @@ __device__ __forceinline__ Group load_group(const uint8_t *row, int g) {
     using namespace gguf_detail;
     Group w;
     w.dmin = 0.0f;
-    if constexpr (F == Format::q8_0) {
+    if constexpr (F == Format::q4_0) {
+        const uint8_t *blk = row + int64_t(g) * kQ4_0BlockBytes;
+        w.d = f16_at(blk);
+        load_words<4>(blk + 2, w.q);
+    } else if constexpr (F == Format::q8_0) {
         const uint8_t *blk = row + int64_t(g) * kQ8_0BlockBytes;
         w.d = f16_at(blk);
         load_words<8>(blk + 2, w.q);
@@ -168,7 +173,14 @@ template <Format F>
 __device__ __forceinline__ Chunk group_chunk_codes(const Group &w, int I) {
     Chunk k;
     k.minv[0] = k.minv[1] = 0.0f;
-    if constexpr (F == Format::q8_0) {
+    if constexpr (F == Format::q4_0) {  // byte j: element j (low nibble), j + 16 (high)
+        k.mult[0] = k.mult[1] = w.d;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            k.q[i] = w.q[i] & 0x0f0f0f0fu;
+            k.q[4 + i] = (w.q[i] >> 4) & 0x0f0f0f0fu;
+        }
+    } else if constexpr (F == Format::q8_0) {
         k.mult[0] = k.mult[1] = w.d;
 #pragma unroll
         for (int i = 0; i < 8; ++i) k.q[i] = w.q[i];
@@ -561,6 +573,7 @@ bool dp4a_fits(int32_t K) { return K > 0 && K % 32 == 0 && dp4a_smem_bytes(K, kR
 
 cudaError_t launch_dp4a_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s) {
     switch (f) {
+        case Format::q4_0: return launch_dp4a<Format::q4_0>(gate_up, grid, p, s);
         case Format::q8_0: return launch_dp4a<Format::q8_0>(gate_up, grid, p, s);
         case Format::q2_k: return launch_dp4a<Format::q2_k>(gate_up, grid, p, s);
         case Format::q3_k: return launch_dp4a<Format::q3_k>(gate_up, grid, p, s);

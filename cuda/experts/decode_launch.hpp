@@ -61,20 +61,18 @@ inline cudaError_t launched(cudaError_t e) {
 
 // ---- launchers (each waits for its predecessor: launch_pdl) ------------------------------------
 
-// The GGUF block formats the CUDA-core kernel decodes with gguf_dequant8 (ft/cuda_gguf.cuh).
-inline bool gguf_simt_format(Format f) { return format_is_block(f) && f != Format::q4_0; }
-
 // CUDA-core kernel (decode_simt.cu): bf16 rows whose length is not a multiple of 8, and the GGUF
-// block formats q8_0, q2_k .. q6_k, iq4_xs; cudaErrorInvalidValue for another format.
-// The GGUF block formats go to the integer-dot kernel where dp4a_usable(p).
+// block formats (format_is_block; decoded with gguf_dequant8, ft/cuda_gguf.cuh);
+// cudaErrorInvalidValue for another format. The GGUF block formats go to the integer-dot kernel
+// where dp4a_usable(p).
 cudaError_t launch_simt_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
-// Integer-dot kernel of the GGUF block formats but q4_0 (decode_dp4a.cu): activations quantised
-// to int8 per 32 in shared memory, __dp4a dots; usable where rows are 2-byte aligned and the
-// activations of kRouteChunk routes fit 48 KiB of shared memory (K <= 8192).
+// Integer-dot kernel of the GGUF block formats (decode_dp4a.cu): activations quantised to int8
+// per 32 in shared memory, __dp4a dots; usable where rows are 2-byte aligned and the activations
+// of kRouteChunk routes fit 48 KiB of shared memory (K <= 8928).
 bool dp4a_usable(const ProjArgs &p);
 bool dp4a_fits(int32_t K);  // the shared-memory part of dp4a_usable
 cudaError_t launch_dp4a_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
-// Tensor-core kernel of a row-major format: bf16, fp8_block, nvfp4, ds_fp4, q4_0 (decode_mma.cu);
+// Tensor-core kernel of a row-major format: bf16, fp8_block, nvfp4, ds_fp4 (decode_mma.cu);
 // cudaErrorInvalidValue for another format.
 cudaError_t launch_mma_projection(Format f, bool gate_up, dim3 grid, const ProjArgs &p, cudaStream_t s);
 // Tensor-core kernel of mxfp4's transposed banks (decode_mxfp4.cu).

@@ -1,5 +1,5 @@
-// The tensor-core decode kernels of the row-major formats (decode.cpp): bf16, fp8_block, nvfp4,
-// ds_fp4 and q4_0, one trait per format around one mma_kernel.
+// The tensor-core decode kernels of the row-major formats (decode.cpp): bf16, fp8_block, nvfp4
+// and ds_fp4, one trait per format around one mma_kernel.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -179,48 +179,6 @@ struct MmaDsFp4 {
     __device__ float finish(int, float v) const { return v; }
 };
 
-// q4_0: one 32-element block (18 bytes: fp16 d, 16 qs bytes; byte j = elements j (low nibble)
-// and j + 16 (high)) per chunk; lane quad t takes qs bytes 4t .. 4t+3, i.e. elements 4t .. 4t+3
-// (step 0) and 16+4t .. 16+4t+3 (step 1). q - 8 is exact in bf16 (built as 128 + q, minus 136);
-// d (fp16) times q is not, so each block goes to a fresh accumulator scaled by d in fp32, as the
-// CUDA-core kernel does. Blocks are only 2-byte aligned: two 2-byte loads per lane and row.
-struct MmaQ4_0 {
-    static constexpr int E = 8, S = 2;
-    static constexpr int kMinBlocks = 2;  // CTAs per SM the registers must allow
-    static constexpr int U = 8;  // chunks whose weight loads a warp keeps in flight
-    static constexpr bool kScaleC = true;
-    using Raw = uint32_t;
-    const uint8_t *data;
-    int64_t ld;
-    __device__ MmaQ4_0(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K / 32) * 18) {}
-    // pos = block * 32 + 8t: qs bytes 4t .. 4t+3 of the block.
-    __device__ Raw load(int row, int pos) const {
-        const uint8_t *b = data + row * ld + int64_t(pos / 32) * 18 + 2 + (pos % 32) / 2;
-        return ld_stream2(b) | (ld_stream2(b + 2) << 16);
-    }
-    // bf16 pairs (128 + q) of the low nibbles of bytes (0, 1) and (2, 3) of x, minus 136.
-    __device__ static void q_pairs(uint32_t x, uint32_t &p01, uint32_t &p23) {
-        const __nv_bfloat162 off = bits_bf16x2(0x43084308u);  // 136 twice
-        p01 = bf16x2_bits(__hsub2(bits_bf16x2(__byte_perm(x, 0x43u, 0x4140) & 0xff0fff0fu), off));
-        p23 = bf16x2_bits(__hsub2(bits_bf16x2(__byte_perm(x, 0x43u, 0x4342) & 0xff0fff0fu), off));
-    }
-    __device__ void operands(const Raw &w, int, int, uint32_t (&a)[S][2]) const {
-        q_pairs(w, a[0][0], a[0][1]);
-        q_pairs(w >> 4, a[1][0], a[1][1]);
-    }
-    __device__ static void acts(const uint16_t *row, int pos, uint32_t (&b)[S][2]) {
-        const uint16_t *blk = row + (pos & ~31) + (pos & 31) / 2;  // element 4t of the block
-        const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(blk));
-        const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(blk + 16));
-        b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = hi.x, b[1][1] = hi.y;
-    }
-    __device__ float cscale(int row, int cpos) const {
-        return f16_to_f32(uint16_t(ld_stream2(data + row * ld + int64_t(cpos / 32) * 18)));
-    }
-    __device__ float finish(int, float v) const { return v; }
-};
-
 template <class F, bool GATE_UP>
 __global__ void __launch_bounds__(kThreads, F::kMinBlocks) mma_kernel(ProjArgs p) {
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
@@ -345,7 +303,6 @@ cudaError_t launch_mma_projection(Format f, bool gate_up, dim3 grid, const ProjA
         case Format::fp8_block: return launch_format<MmaFp8>(gate_up, grid, p, s);
         case Format::nvfp4: return launch_format<MmaNvfp4>(gate_up, grid, p, s);
         case Format::ds_fp4: return launch_format<MmaDsFp4>(gate_up, grid, p, s);
-        case Format::q4_0: return launch_format<MmaQ4_0>(gate_up, grid, p, s);
         default: return cudaErrorInvalidValue;  // mxfp4: launch_mxfp4_projection
     }
 }

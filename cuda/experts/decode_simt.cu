@@ -1,6 +1,7 @@
 // The CUDA-core decode kernel (decode.cpp): bf16 rows whose length is not a multiple of 8, and the
-// GGUF block formats q8_0, q2_k .. q6_k, iq4_xs. A warp owns two output rows, its lanes split the
-// reduction and finish with a shuffle reduction.
+// GGUF block formats q4_0, q8_0, q2_k .. q6_k, iq4_xs where the integer-dot kernel (decode_dp4a.cu)
+// does not serve them. A warp owns two output rows, its lanes split the reduction and finish with a
+// shuffle reduction.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -159,6 +160,7 @@ cudaError_t launch_simt_projection(Format f, bool gate_up, dim3 grid, const Proj
     if (f != Format::bf16 && dp4a_usable(p)) return launch_dp4a_projection(f, gate_up, grid, p, s);
     switch (f) {
         case Format::bf16: return launch_rowmajor<Bf16Scalar>(gate_up, grid, p, s);
+        case Format::q4_0: return launch_rowmajor<GgufBlocks<Format::q4_0>>(gate_up, grid, p, s);
         case Format::q8_0: return launch_rowmajor<GgufBlocks<Format::q8_0>>(gate_up, grid, p, s);
         case Format::q2_k: return launch_rowmajor<GgufBlocks<Format::q2_k>>(gate_up, grid, p, s);
         case Format::q3_k: return launch_rowmajor<GgufBlocks<Format::q3_k>>(gate_up, grid, p, s);

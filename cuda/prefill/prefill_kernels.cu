@@ -82,16 +82,8 @@ __global__ void dequant_rows_kernel(DeviceExperts ex, Roles ro, const int32_t *s
                 vals[2 * b] = e2m1_to_f32(byte & 15u) * s;
                 vals[2 * b + 1] = e2m1_to_f32(byte >> 4) * s;
             }
-        } else if constexpr (F != Format::q4_0) {  // q8_0, q2_k .. q6_k, iq4_xs
+        } else {  // the GGUF block formats
             gguf_dequant8<F>(data + int64_t(row) * gguf_row_bytes<F>(K), k0, vals);
-        } else {  // q4_0: 8 elements of one 32-block: low (jj < 16) or high nibbles of qs[jj & 15 ..]
-            const uint8_t *blk = data + (int64_t(row) * (K / kQ4_0Block) + k0 / kQ4_0Block) * kQ4_0BlockBytes;
-            const float d = f16_to_f32(load_u16(blk));
-            const int jj = k0 % kQ4_0Block;
-            const uint8_t *qs = blk + 2 + (jj & 15);
-            const int shift = jj < 16 ? 0 : 4;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) vals[e] = float(int((qs[e] >> shift) & 15u) - 8) * d;
         }
         *reinterpret_cast<uint4 *>(dst + k0) = pack8(vals);
     }

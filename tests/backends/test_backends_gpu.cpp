@@ -45,10 +45,10 @@ std::vector<FormatCase> cases() {
     c.push_back({"nvfp4", base("qwen3_moe", "nvfp4", 160, 96), 1e-2});
     c.push_back({"mxfp4", base("gpt_oss", "mxfp4", 128, 64), 1e-2});
     c.push_back({"ds_fp4", base("deepseek_v4", "ds_fp4", 256, 128), 1.5e-2});
+    // GGUF block formats (W*A8: the integer-dot decode kernel on the GPU, the CPU's kernels).
     ft::synth::Spec q = base("qwen3_moe", "q4_0", 128, 64);
     q.gguf = true;
     c.push_back({"q4_0", q, 3e-2});
-    // GGUF block formats (CUDA-core decode kernel on the GPU, W?A8 kernels on the CPU).
     for (const char *f : {"q8_0", "q4_k", "q6_k", "iq4_xs"}) {
         ft::synth::Spec g = base("qwen3_moe", f, 256, 256);
         g.gguf = true;

@@ -29,7 +29,7 @@ std::vector<MixCase> mix_cases() {
     return {
         // Q4_K_M's pattern: q4_k gate/up, q6_k down, in every layer.
         {"per_matrix", {"q4_k/q6_k"}},
-        // Every block format, q4_0 (tensor-core kernel) next to the CUDA-core ones in one layer.
+        // Every block format across the layers, most layers' gate_up and down in different ones.
         {"per_layer", {"q4_k/q6_k", "q8_0/q4_k", "iq4_xs/iq4_xs", "q4_0/q5_k", "q2_k/q3_k", "q6_k/q4_0"}},
         // Formats that differ while the rows have the same size (q4_0 and q4_k: 0.5625 bytes a weight).
         {"equal_rows", {"q4_0/q4_0", "q4_k/q4_k"}},

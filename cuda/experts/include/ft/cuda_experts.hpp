@@ -11,9 +11,10 @@
 //   per 16 x fp16 global per row); mxfp4 W4A16 (transposed, biases before the clamped SwiGLU and
 //   per route after down); ds_fp4 W4A16 on FP8-round-tripped activations (input and
 //   intermediate, per 128), gate/up rounded to bf16 then clamped (silu with finite limit > 0),
-//   each weighted route rounded to bf16 before the sum; q4_0 W4A16 (the CPU quantises activations
-//   to Q8_0; the GPU keeps the bf16 activations, so it is closer to the exact layer: both are
-//   within 1e-2 of max|y| of the fp64 reference at the tested shapes, GPU vs CPU within 3e-2).
+//   each weighted route rounded to bf16 before the sum; the GGUF block formats (q4_0, q8_0, the
+//   K-quants, iq4_xs) W*A8 where the integer-dot kernel runs (rows 2-byte aligned, K <= 8928):
+//   input and intermediate quantised to Q8_0 per 32 as the CPU does (ft::quantize_q8_0); W*A16
+//   with bf16 activations on the float kernel otherwise.
 //   bf16 gpt-oss: f32 biases per expert (DeviceExperts bias tables) added as mxfp4 adds its own.
 #pragma once
 
@@ -67,7 +68,7 @@ public:
     // top_k/max_tokens <= 0), FT_ERR_OUT_OF_MEMORY, FT_ERR_DEVICE, FT_ERR_DEVICE_LOST.
     // A decoder made for a GGUF block format (format_is_block) also runs experts whose gate_up
     // and down are in other block formats (models mixing them): each projection takes its own
-    // format's kernel (q4_0: tensor cores, the others: CUDA cores); nothing else depends on it.
+    // format's kernel; nothing else depends on it.
     ExpertDecoder(Format format, int32_t hidden, int32_t inter, int32_t top_k, int32_t max_tokens,
                   DeviceActivation act);
     ~ExpertDecoder() = default;  // frees; non-copyable
@@ -83,8 +84,9 @@ public:
     // cudaErrorInvalidValue for a format/geometry other than the decoder's (block formats: a
     // projection's format not a block format, H or I not a multiple of its block, or bank rows
     // shorter than its rows), tokens outside
-    // [0, max_tokens], NULL pointers or bank pointers not aligned as the kernels need (16 bytes
-    // for base[b] and row_bytes[b] multiples of 16, 4 for q4_0/mxfp4, 2 for unaligned bf16 shapes).
+    // [0, max_tokens], NULL pointers or bank pointers not aligned as the kernels need (data banks:
+    // base[b] and row_bytes[b] multiples of 16, 8 for nvfp4, 4 for mxfp4, 2 for unaligned bf16
+    // shapes, 1 for the GGUF block formats; the other banks 2, mxfp4's scales 4).
     // Experts with bias tables: expert_ids int32 [T,K] device (the routing's ids) names the expert
     // of every route with slot >= 0; the gate/up biases are added in f32 before the activation and
     // the down bias to the route's output (cudaErrorInvalidValue without expert_ids, for a format
@@ -113,7 +115,7 @@ private:
     DeviceActivation act_;
     bool vec_ = true;  // bf16 only: rows are whole 16-byte vectors (H and I multiples of 8)
     int32_t sms_ = 132;  // multiprocessors of the device (sizes the grids)
-    bool mma_ = false;  // tensor-core kernels: every format but bf16 rows not a multiple of 8
+    bool mma_ = false;  // tensor-core kernels: not the GGUF block formats, nor bf16 rows not a multiple of 8
     size_t scratch_bytes_ = 0;
     DeviceBuffer scratch_;  // one allocation, carved below
     int32_t *num_groups_ = nullptr;    // [1]

@@ -1,8 +1,9 @@
-// Device dequantisation of the GGUF block formats beyond q4_0 (q8_0, q2_k .. q6_k, iq4_xs): eight
-// consecutive weights of a row, the CUDA twins of lib/core/formats/dequant_gguf.cpp. Products are
-// rounded one by one (__fmul_rn/__fsub_rn, no fused multiply-add) in the reference's order, so
-// the values equal the host reference bit for bit (tests/prefill: PrefillGpuDequant). Bytes are
-// read one at a time: bank rows of these formats carry no alignment promise.
+// Device dequantisation of the GGUF block formats (q4_0, q8_0, q2_k .. q6_k, iq4_xs): eight
+// consecutive weights of a row, the CUDA twins of lib/core/formats/dequant.cpp (q4_0) and
+// dequant_gguf.cpp (the others). Products are rounded one by one (__fmul_rn/__fsub_rn, no fused
+// multiply-add) in the reference's order, so the values equal the host reference bit for bit
+// (tests/prefill: PrefillGpuDequant). Bytes are read one at a time: bank rows of these formats
+// carry no alignment promise.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,8 @@ __device__ __forceinline__ float iq4nl(int code) {
 // Bytes of one row of K weights of block format F.
 template <Format F>
 __host__ __device__ constexpr int64_t gguf_row_bytes(int64_t K) {
-    return F == Format::q8_0     ? K / 32 * kQ8_0BlockBytes
+    return F == Format::q4_0     ? K / kQ4_0Block * kQ4_0BlockBytes
+           : F == Format::q8_0   ? K / 32 * kQ8_0BlockBytes
            : F == Format::q2_k   ? K / kQK * kQ2_KBlockBytes
            : F == Format::q3_k   ? K / kQK * kQ3_KBlockBytes
            : F == Format::q4_k   ? K / kQK * kQ4_KBlockBytes
@@ -71,8 +73,8 @@ template <Format F>
 __device__ __forceinline__ GgufScales gguf_scales32(const uint8_t *row, int64_t k32) {
     using namespace gguf_detail;
     GgufScales s;
-    if constexpr (F == Format::q8_0) {
-        s.blk = row + (k32 / 32) * kQ8_0BlockBytes;
+    if constexpr (F == Format::q4_0 || F == Format::q8_0) {
+        s.blk = row + (k32 / 32) * gguf_row_bytes<F>(32);
         s.idx = 0;
         s.dl[0] = s.dl[1] = half_at(s.blk);
         s.ml[0] = s.ml[1] = 0.0f;
@@ -114,8 +116,15 @@ template <Format F>
 __device__ __forceinline__ void gguf_quants8(const GgufScales &s, int i, float *o) {
     using namespace gguf_detail;
     const int l0 = 8 * i, run = i / 2;
-    const float dl = s.dl[run], ml = s.ml[run];
-    if constexpr (F == Format::q8_0) {
+    // Selects, not s.dl[run]: an array indexed by a run-time i would live in local memory.
+    const float dl = run ? s.dl[1] : s.dl[0], ml = run ? s.ml[1] : s.ml[0];
+    if constexpr (F == Format::q4_0) {
+        // Element j (0..15) is the low nibble of qs[j], element j + 16 its high nibble.
+        const uint8_t *q = s.blk + 2 + (l0 & 15);
+        const int shift = l0 < 16 ? 0 : 4;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(float(int((q[e] >> shift) & 0xf) - 8), dl);
+    } else if constexpr (F == Format::q8_0) {
         const uint8_t *q = s.blk + 2 + l0;
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(float(int8_t(q[e])), dl);
