@@ -374,6 +374,37 @@ TEST(ExpertDecoderGpu, TensorCoreKernelsAreSelected) {
     }
 }
 
+// Rows longer than the integer-dot kernel's shared memory takes (K > 8928: gate_up at H = 9216)
+// go to the float CUDA-core kernel with bf16 activations; down (K = I) stays on the integer one.
+TEST(ExpertDecoderGpu, LongBlockRowsTakeTheFloatKernel) {
+    SKIP_WITHOUT_GPU();
+    const int32_t H = 9216, I = 256, E = 3, K = 2;
+    const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
+    const ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
+    ft::test::FormatNumerics fmt;  // gate_up: bf16 activations; down: Q8_0
+    fmt.mid_round_trip = ft::test::q8_0_round_trip;
+    for (Format f : {Format::q4_0, Format::q4_k, Format::q6_k}) {
+        std::mt19937 rng(60 + int(f));
+        const Layer L(rng, f, H, I, E);
+        const DeviceLayer D(L);
+        ft::cuda::ExpertDecoder dec(f, H, I, K, 4, act);
+        EXPECT_NE(std::string(dec.kernel_name()).find("simt"), std::string::npos) << dec.kernel_name();
+        for (int32_t T : {1, 4}) {
+            const Batch b = random_batch(rng, E, H, T, K, false);
+            DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);
+            x.put(b.x), ids.put(b.ids), w.put(b.w);
+            CUDA_OK(cudaMemset(y.p, 0xff, y.n));
+            CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T,
+                               nullptr));
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<double> ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, E, a, fmt,
+                                                                        H, I, T, K, b.x.data(), b.ids.data(), b.w.data());
+            EXPECT_LT(ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * H), ref), gpu_bound(f))
+                << ft::format_name(f) << " T=" << T;
+        }
+    }
+}
+
 TEST(ExpertDecoderGpu, ZeroTokensAndBadArguments) {
     SKIP_WITHOUT_GPU();
     std::mt19937 rng(5);
