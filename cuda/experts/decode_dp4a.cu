@@ -4,7 +4,7 @@
 // activations, ft::quantize_q8_0) while its weight rows are copied into shared memory where they
 // fit (in multi-route calls prefetched into L2 otherwise); each warp serves pairs of weight rows,
 // 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls, the
-// chunks that share code bytes at once), unpacked to int8 codes 4 to a word and dotted with
+// chunks that share code bytes, or two neighbours, at once: kGroup), unpacked to int8 codes 4 to a word and dotted with
 // __dp4a, the block scales applied once per 16 weights.
 #include <cuda_runtime.h>
 
@@ -65,12 +65,17 @@ __device__ __forceinline__ uint32_t iq4nl4(uint32_t codes) {
 template <Format F>
 constexpr int kOff = F == Format::q6_k ? 32 : F == Format::q4_0 ? 8 : F == Format::q3_k ? 4 : 0;
 
-// Chunks a lane takes at once: those that share their code bytes (q2_k, q3_k: the four 2-bit
-// planes of 32 bytes; q4_k, q5_k and q6_k's ql: the two nibbles), so each byte is loaded once.
+// Formats whose 32-weight chunks have 16 code bytes of their own (q4_0 blocks, iq4_xs
+// sub-blocks): a group is two neighbours, loaded at once for more bytes in flight per lane (not
+// q8_0: its 34-byte blocks measured slower in pairs).
 template <Format F>
-constexpr int kGroup = F == Format::q2_k || F == Format::q3_k                      ? 4
-                       : F == Format::q4_k || F == Format::q5_k || F == Format::q6_k ? 2
-                                                                                     : 1;
+constexpr bool kPairs = F == Format::q4_0 || F == Format::iq4_xs;
+
+// Chunks a lane takes at once in one-route calls: those that share their code bytes (q2_k, q3_k:
+// the four 2-bit planes of 32 bytes; q4_k, q5_k and q6_k's ql: the two nibbles), so each byte is
+// loaded once, or a pair (kPairs).
+template <Format F>
+constexpr int kGroup = F == Format::q2_k || F == Format::q3_k ? 4 : F == Format::q8_0 ? 1 : 2;
 
 // Chunk i of group g (chunk c holds elements 32c .. 32c + 31 of the row).
 template <Format F>
@@ -82,7 +87,7 @@ __device__ __forceinline__ int group_chunk(int g, int i) {
 }
 
 // The bytes of one group: codes (q), the q3_k / q5_k / q6_k high bits (x), scale bytes (s), the
-// super-block's d and dmin. Layouts in docs/formats.md and lib/core/formats (dequant.cpp for q4_0,
+// super-block's d and dmin (kPairs: each chunk's scale). Layouts in docs/formats.md and lib/core/formats (dequant.cpp for q4_0,
 // dequant_gguf.cpp).
 struct Group {
     uint32_t q[8], x[8], s[3];
@@ -92,26 +97,33 @@ struct Group {
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int b) { return (w >> (8 * b)) & 0xffu; }
 
-template <Format F>
+// Group g (kPairs with P = 1: chunk g alone, as chunk 0 of its group).
+template <Format F, int P = 2>
 __device__ __forceinline__ Group load_group(const uint8_t *row, int g) {
     using namespace gguf_detail;
     Group w;
     w.dmin = 0.0f;
     if constexpr (F == Format::q4_0) {
-        const uint8_t *blk = row + int64_t(g) * kQ4_0BlockBytes;
+        const uint8_t *blk = row + int64_t(P * g) * kQ4_0BlockBytes;
         w.d = f16_at(blk);
         load_words<4>(blk + 2, w.q);
+        if constexpr (P == 2) {
+            w.dmin = f16_at(blk + kQ4_0BlockBytes);
+            load_words<4>(blk + kQ4_0BlockBytes + 2, w.q + 4);
+        }
     } else if constexpr (F == Format::q8_0) {
         const uint8_t *blk = row + int64_t(g) * kQ8_0BlockBytes;
         w.d = f16_at(blk);
         load_words<8>(blk + 2, w.q);
     } else if constexpr (F == Format::iq4_xs) {
-        const int ib = g % 8;
-        const uint8_t *blk = row + int64_t(g / 8) * kIQ4_XSBlockBytes;
-        const uint32_t sh = ld16(blk + 2);
-        const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
-        w.d = f16_at(blk) * float(ls - 32);
-        load_words<4>(blk + 8 + 16 * ib, w.q);
+        const int ib = (P * g) % 8;  // the (first) sub-block
+        const uint8_t *blk = row + int64_t(P * g / 8) * kIQ4_XSBlockBytes;
+        const uint32_t sh = ld16(blk + 2), sl = blk[4 + ib / 2];  // ib even with P = 2: both nibbles
+        const float d = f16_at(blk);
+        const int ls0 = ((sl >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
+        w.d = d * float(ls0 - 32);
+        load_words<4 * P>(blk + 8 + 16 * ib, w.q);
+        if constexpr (P == 2) w.dmin = d * float(int((sl >> 4) | (((sh >> (2 * ib + 2)) & 3) << 4)) - 32);
     } else if constexpr (F == Format::q2_k || F == Format::q3_k) {
         w.sel = g % 2;  // the half of the super-block
         const uint8_t *sb = row + int64_t(g / 2) * gguf_row_bytes<F>(kQK);
@@ -174,22 +186,24 @@ __device__ __forceinline__ Chunk group_chunk_codes(const Group &w, int I) {
     Chunk k;
     k.minv[0] = k.minv[1] = 0.0f;
     if constexpr (F == Format::q4_0) {  // byte j: element j (low nibble), j + 16 (high)
-        k.mult[0] = k.mult[1] = w.d;
+        k.mult[0] = k.mult[1] = I == 0 ? w.d : w.dmin;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            k.q[i] = w.q[i] & 0x0f0f0f0fu;
-            k.q[4 + i] = (w.q[i] >> 4) & 0x0f0f0f0fu;
+            const uint32_t b = I == 0 ? w.q[i] : w.q[4 + i];
+            k.q[i] = b & 0x0f0f0f0fu;
+            k.q[4 + i] = (b >> 4) & 0x0f0f0f0fu;
         }
     } else if constexpr (F == Format::q8_0) {
         k.mult[0] = k.mult[1] = w.d;
 #pragma unroll
         for (int i = 0; i < 8; ++i) k.q[i] = w.q[i];
     } else if constexpr (F == Format::iq4_xs) {
-        k.mult[0] = k.mult[1] = w.d;
+        k.mult[0] = k.mult[1] = I == 0 ? w.d : w.dmin;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            k.q[i] = iq4nl4(w.q[i] & 0x0f0f0f0fu);
-            k.q[4 + i] = iq4nl4((w.q[i] >> 4) & 0x0f0f0f0fu);
+            const uint32_t b = I == 0 ? w.q[i] : w.q[4 + i];
+            k.q[i] = iq4nl4(b & 0x0f0f0f0fu);
+            k.q[4 + i] = iq4nl4((b >> 4) & 0x0f0f0f0fu);
         }
     } else if constexpr (F == Format::q2_k) {
 #pragma unroll
@@ -283,9 +297,10 @@ template <Format F, int G, int RC>
 __device__ __forceinline__ void lane_dots(const uint8_t *r0, const uint8_t *r1, bool has1, const ActQ &act, int t,
                                           int nr, float (&acc0)[RC], float (&acc1)[RC]) {
     int g = t, i0 = 0;
-    if constexpr (G == 1) chunk_group<F>(t, g, i0);
-    const Group w0 = load_group<F>(r0, g);
-    const Group w1 = has1 ? load_group<F>(r1, g) : w0;
+    if constexpr (G == 1 && !kPairs<F>) chunk_group<F>(t, g, i0);
+    constexpr int P = G == 1 && kPairs<F> ? 1 : 2;  // a pair format's lone chunk is its own group
+    const Group w0 = load_group<F, P>(r0, g);
+    const Group w1 = has1 ? load_group<F, P>(r1, g) : w0;
 #pragma unroll
     for (int i = 0; i < G; ++i) {
         const int ii = G == 1 ? i0 : i, c = G == 1 ? t : group_chunk<F>(g, i);
@@ -486,6 +501,9 @@ __global__ void __launch_bounds__(kThreads, 3) dp4a_kernel(ProjArgs p) {
                     const uint8_t *r0p = rows[0] + (n0 - r.first[0]) * rb;
                     const uint8_t *r1p = GATE_UP ? rows[1] + (n1 - r.first[1]) * rb : r0p + (has1 ? rb : 0);
                     for (int t = sl; t < nc / G; t += S) lane_dots<F, G>(r0p, r1p, has1, act, t, nr, acc0, acc1);
+                    // An odd chunk count of a pair format: the last chunk alone, on the lane next in turn.
+                    if (kPairs<F> && G == 2 && nc % 2 != 0 && sl == (nc / 2) % S)
+                        lane_dots<F, 1>(r0p, r1p, has1, act, nc - 1, nr, acc0, acc1);
                 }
 #pragma unroll
                 for (int j = 0; j < RC; ++j) {
