@@ -3,15 +3,14 @@
 // routes it serves to int8 per 32 elements in shared memory (the Q8_0 rule of the CPU kernels'
 // activations, ft::quantize_q8_0) while its weight rows are copied into shared memory where they
 // fit (in multi-route calls prefetched into L2 otherwise); each warp serves pairs of weight rows,
-// 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls, the
-// chunks that share code bytes, or two neighbours, at once: kGroup), unpacked to int8 codes 4 to a word and dotted with
-// __dp4a, the block scales applied once per 16 weights.
+// 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls a group at
+// once, kGroup: the chunks that share code bytes, or two neighbours), unpacked to int8 codes 4 to
+// a word and dotted with __dp4a, the block scales applied once per 16 weights.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 
 #include "decode_kernels.cuh"
 #include "ft/cuda_gguf.cuh"
@@ -87,8 +86,8 @@ __device__ __forceinline__ int group_chunk(int g, int i) {
 }
 
 // The bytes of one group: codes (q), the q3_k / q5_k / q6_k high bits (x), scale bytes (s), the
-// super-block's d and dmin (kPairs: each chunk's scale). Layouts in docs/formats.md and lib/core/formats (dequant.cpp for q4_0,
-// dequant_gguf.cpp).
+// super-block's d and dmin (kPairs: d and dmin are the two chunks' scales). Layouts in
+// docs/formats.md and lib/core/formats (dequant.cpp for q4_0, dequant_gguf.cpp).
 struct Group {
     uint32_t q[8], x[8], s[3];
     float d, dmin;
@@ -315,14 +314,6 @@ __device__ __forceinline__ void lane_dots(const uint8_t *r0, const uint8_t *r1, 
     }
 }
 
-// Sum over the S lanes (a power of two <= 32) of each aligned group of S lanes of the warp.
-__device__ __forceinline__ float lanes_sum(float v, int S) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        if (o < S) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Thread t of the CTA quantises activation chunks t, t + kThreads, ... of the nr routes' rows.
 __device__ __forceinline__ void quantize_routes(const uint16_t *const *arow, int nr, int K, int8_t *q, float *d,
                                                 int2 *sum) {
@@ -508,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 3) dp4a_kernel(ProjArgs p) {
 #pragma unroll
                 for (int j = 0; j < RC; ++j) {
                     if (j < nr) {
-                        const float v0 = lanes_sum(acc0[j], S), v1 = lanes_sum(acc1[j], S);
+                        const float v0 = warp_sum(acc0[j], S), v1 = warp_sum(acc1[j], S);
                         if (valid && sl == j) store_route<GATE_UP>(p, route[j], unit, n0, n1, has1, v0, v1);
                     }
                 }

@@ -44,9 +44,11 @@ __device__ __forceinline__ uint32_t ld_stream2(const void *p) {
 __device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Sum over each aligned group of `width` lanes (a power of two <= 32; the whole warp by default).
+__device__ __forceinline__ float warp_sum(float v, int width = 32) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < width) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 

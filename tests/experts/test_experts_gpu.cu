@@ -397,8 +397,9 @@ TEST(ExpertDecoderGpu, LongBlockRowsTakeTheFloatKernel) {
             CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T,
                                nullptr));
             CUDA_OK(cudaDeviceSynchronize());
-            const std::vector<double> ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, E, a, fmt,
-                                                                        H, I, T, K, b.x.data(), b.ids.data(), b.w.data());
+            const auto expert = [&](int32_t e) { return L.expert(e); };
+            const std::vector<double> ref =
+                ft::test::moe_reference_f32(expert, E, a, fmt, H, I, T, K, b.x.data(), b.ids.data(), b.w.data());
             EXPECT_LT(ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * H), ref), gpu_bound(f))
                 << ft::format_name(f) << " T=" << T;
         }
