@@ -117,6 +117,37 @@ __device__ void build_groups(const int32_t *slots, int R, const GroupScratch &g,
     }
 }
 
+// Groups up to 32 routes in one warp (a decode step of a few tokens): lanes holding the same slot
+// find each other with __match_any_sync; groups are numbered by their first route, and a group's
+// routes are in route order. The same tables as build_groups, without its temporaries and barriers.
+__device__ void build_groups_warp(const int32_t *slots, int R, const GroupScratch &g) {
+    constexpr unsigned kAll = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const int32_t s = lane < R ? slots[lane] : -1;
+    const bool valid = s >= 0;
+    const unsigned peers = __match_any_sync(kAll, s) & __ballot_sync(kAll, valid);  // 0 where !valid
+    const int leader = valid ? __ffs(peers) - 1 : 0;
+    const bool lead = valid && leader == lane;
+    const unsigned leaders = __ballot_sync(kAll, lead);
+    // Exclusive prefix sum of the group sizes over the leaders, in lane order.
+    const int count = __popc(peers);
+    int incl = lead ? count : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(kAll, incl, o);
+        if (lane >= o) incl += v;
+    }
+    const int start = __shfl_sync(kAll, incl - (lead ? count : 0), leader);
+    if (lead) {
+        const int gi = __popc(leaders & ((1u << lane) - 1u));
+        g.slot[gi] = s;
+        g.start[gi] = start;
+        g.count[gi] = count;
+    }
+    if (valid) g.routes[start + __popc(peers & ((1u << lane) - 1u))] = lane;
+    if (lane == 0) *g.num = __popc(leaders);
+}
+
 // One warp: the DeepSeek-V4 FP8 round trip of 128 bf16 values (4 per lane), in to out.
 __device__ __forceinline__ void round_trip_128(const uint16_t *in, uint16_t *out, int lane) {
     float v[4], amax = 0.0f;
@@ -139,6 +170,10 @@ __global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slot
     __shared__ int32_t table[3 * kSmemTable], per_route[2 * kSmemRoutes];
     pdl_wait();
     if (blockIdx.x == 0) {
+        if (R <= 32) {
+            if (threadIdx.x < 32) build_groups_warp(slots, R, g);
+            return;
+        }
         const int P = 1 << g.table_bits;
         if (P <= kSmemTable && R <= kSmemRoutes)
             build_groups<true>(slots, R, g, table, table + P, table + 2 * P, per_route, per_route + R);
