@@ -11,32 +11,28 @@
 namespace ft::cuda::decode {
 namespace {
 
+// Inclusive scan over the 32 lanes of a warp; every lane must call it.
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, v, o);
+        if ((threadIdx.x & 31) >= o) v += x;
+    }
+    return v;
+}
+__device__ __forceinline__ int2 warp_inclusive_scan(int2 v) {
+    return make_int2(warp_inclusive_scan(v.x), warp_inclusive_scan(v.y));
+}
+
 // Exclusive block scan of two counters; `total` gets the block sums. All threads must call it.
 __device__ int2 block_exclusive_scan2(int2 v, int2 *total) {
     __shared__ int2 ws[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    int2 inc = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int x = __shfl_up_sync(0xffffffffu, inc.x, o), y = __shfl_up_sync(0xffffffffu, inc.y, o);
-        if (lane >= o) {
-            inc.x += x;
-            inc.y += y;
-        }
-    }
+    const int2 inc = warp_inclusive_scan(v);
     if (lane == 31) ws[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        int2 s = lane < nw ? ws[lane] : make_int2(0, 0);
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int x = __shfl_up_sync(0xffffffffu, s.x, o), y = __shfl_up_sync(0xffffffffu, s.y, o);
-            if (lane >= o) {
-                s.x += x;
-                s.y += y;
-            }
-        }
-        ws[lane] = s;
+        ws[lane] = warp_inclusive_scan(lane < nw ? ws[lane] : make_int2(0, 0));
     }
     __syncthreads();
     const int2 before = warp > 0 ? ws[warp - 1] : make_int2(0, 0);
@@ -131,12 +127,7 @@ __device__ void build_groups_warp(const int32_t *slots, int R, const GroupScratc
     const unsigned leaders = __ballot_sync(kAll, lead);
     // Exclusive prefix sum of the group sizes over the leaders, in lane order.
     const int count = __popc(peers);
-    int incl = lead ? count : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(kAll, incl, o);
-        if (lane >= o) incl += v;
-    }
+    const int incl = warp_inclusive_scan(lead ? count : 0);
     const int start = __shfl_sync(kAll, incl - (lead ? count : 0), leader);
     if (lead) {
         const int gi = __popc(leaders & ((1u << lane) - 1u));
