@@ -424,6 +424,14 @@ constexpr int kDp4aMaxRoutes = 8;
 template <Format F, int RC>
 constexpr int kLaneGroup = RC == 1 ? kGroup<F> : 1;
 
+// CTAs per SM the register cap is set for: one-route calls wait on their loads, so more warps per
+// SM read faster. 4 (64 registers) for the one-route kernels of q4_0, q8_0, q4_k and iq4_xs, which
+// fit without spilling; 3 elsewhere (q3_k, q5_k and q6_k spill at 64 and ran slower, q2_k fits but
+// ran slower too).
+template <Format F, int RC>
+constexpr int kMinCtas =
+    RC == 1 && (F == Format::q4_0 || F == Format::q8_0 || F == Format::q4_k || F == Format::iq4_xs) ? 4 : 3;
+
 // Shared-memory bytes of the activations of rc routes, rounded up to 16 (the staged rows follow).
 __host__ __device__ constexpr size_t dp4a_smem_bytes(int K, int rc) {
     return (size_t(rc) * (size_t(K) + size_t(K / 32) * (sizeof(int2) + sizeof(float))) + 15) / 16 * 16;
@@ -440,10 +448,10 @@ __host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t r
 // into shared memory (p.stage_rows) or, with several routes, prefetched into L2 before the routes'
 // activations are quantised, so that their loads overlap that work (one-route calls skip the
 // prefetch: it brought rows that did not fit L2 in twice); the activations of a chunk of routes
-// are quantised once for all units. Three CTAs per SM at least (registers capped to match).
+// are quantised once for all units. kMinCtas CTAs per SM at least (registers capped to match).
 // Shared memory: dp4a_smem_bytes(K, RC), then the staged rows.
 template <Format F, bool GATE_UP, int RC>
-__global__ void __launch_bounds__(kThreads, 3) dp4a_kernel(ProjArgs p) {
+__global__ void __launch_bounds__(kThreads, kMinCtas<F, RC>) dp4a_kernel(ProjArgs p) {
     extern __shared__ __align__(16) uint8_t smem[];
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     const int K = p.K, nc = K / 32;
