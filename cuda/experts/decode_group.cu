@@ -161,15 +161,14 @@ __global__ void __launch_bounds__(kGroupThreads) prep_kernel(const int32_t *slot
     __shared__ int32_t table[3 * kSmemTable], per_route[2 * kSmemRoutes];
     pdl_wait();
     if (blockIdx.x == 0) {
+        const int P = 1 << g.table_bits;
         if (R <= 32) {
             if (threadIdx.x < 32) build_groups_warp(slots, R, g);
-            return;
-        }
-        const int P = 1 << g.table_bits;
-        if (P <= kSmemTable && R <= kSmemRoutes)
+        } else if (P <= kSmemTable && R <= kSmemRoutes) {
             build_groups<true>(slots, R, g, table, table + P, table + 2 * P, per_route, per_route + R);
-        else
+        } else {
             build_groups<false>(slots, R, g, g.key, g.cnt, g.grp, g.entry, g.rank);
+        }
         return;
     }
     const int64_t tid = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x;
