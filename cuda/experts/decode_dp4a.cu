@@ -5,7 +5,9 @@
 // fit (in multi-route calls prefetched into L2 otherwise); each warp serves pairs of weight rows,
 // 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls a group at
 // once, kGroup: the chunks that share code bytes, or two neighbours), unpacked to int8 codes 4 to
-// a word and dotted with __dp4a, the block scales applied once per 16 weights.
+// a word and dotted with __dp4a, the block scales applied once per 16 weights. One-route calls of
+// long rows take dp4a_stream_kernel: the same dots on rows each warp streams through its own
+// shared-memory ring.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -291,15 +293,16 @@ __device__ __forceinline__ void chunk_group(int c, int &g, int &i) {
 
 // Work item t of a lane on two rows (r1 = r0 where the second row is missing: !has1): group t
 // (G = kGroup<F>: every chunk of the group) or chunk t (G = 1), dotted with the first nr of RC
-// routes' activations and added to the rows' accumulators.
+// routes' activations and added to the rows' accumulators. r0 and r1 point at the rows' group
+// gbase (a multiple of 32: where a streamed pass starts; 0 for whole rows).
 template <Format F, int G, int RC>
 __device__ __forceinline__ void lane_dots(const uint8_t *r0, const uint8_t *r1, bool has1, const ActQ &act, int t,
-                                          int nr, float (&acc0)[RC], float (&acc1)[RC]) {
+                                          int nr, float (&acc0)[RC], float (&acc1)[RC], int gbase = 0) {
     int g = t, i0 = 0;
     if constexpr (G == 1 && !kPairs<F>) chunk_group<F>(t, g, i0);
     constexpr int P = G == 1 && kPairs<F> ? 1 : 2;  // a pair format's lone chunk is its own group
-    const Group w0 = load_group<F, P>(r0, g);
-    const Group w1 = has1 ? load_group<F, P>(r1, g) : w0;
+    const Group w0 = load_group<F, P>(r0, g - gbase);
+    const Group w1 = has1 ? load_group<F, P>(r1, g - gbase) : w0;
 #pragma unroll
     for (int i = 0; i < G; ++i) {
         const int ii = G == 1 ? i0 : i, c = G == 1 ? t : group_chunk<F>(g, i);
@@ -368,12 +371,12 @@ __device__ __forceinline__ void prefetch_l2(const uint8_t *p, int64_t bytes) {
 }
 
 // [src, src + bytes) into shared memory at dst + (src % 16), by 16-byte cp.async from the
-// aligned-down address (the last copy reads only up to src + bytes and zero-fills the rest).
-// Returns the copy of src. Completed by cp_async_wait().
-__device__ __forceinline__ const uint8_t *stage(uint8_t *dst, const uint8_t *src, int64_t bytes) {
+// aligned-down address (the last copy reads only up to src + bytes and zero-fills the rest),
+// thread i of n copying pieces i, i + n, ... Returns the copy of src. Completed by cp_async_wait().
+__device__ __forceinline__ const uint8_t *stage(uint8_t *dst, const uint8_t *src, int64_t bytes, int i, int n) {
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
     const uintptr_t end = reinterpret_cast<uintptr_t>(src) + uintptr_t(bytes);
-    for (uintptr_t a = a0 + 16 * threadIdx.x; a < end; a += 16 * kThreads) {
+    for (uintptr_t a = a0 + 16 * unsigned(i); a < end; a += 16 * unsigned(n)) {
         uint8_t *d = dst + (a - a0);
         const unsigned n = end - a < 16 ? unsigned(end - a) : 16u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -388,6 +391,19 @@ __device__ __forceinline__ const uint8_t *stage(uint8_t *dst, const uint8_t *src
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+// The copies this thread issued since the last commit form one group; then wait until at most N
+// of its groups are in flight.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_pending() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 
@@ -474,7 +490,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, RC>) dp4a_kernel(ProjArg
         if (p.stage_rows) {
             __syncthreads();  // the previous group's rows are no longer read
             const int64_t range = staged_range_bytes(r.bytes / rb, rb);
-            for (int i = 0; i < r.ranges; ++i) rows[i] = stage(wsm + i * range, r.src[i], r.bytes);
+            for (int i = 0; i < r.ranges; ++i)
+                rows[i] = stage(wsm + i * range, r.src[i], r.bytes, threadIdx.x, kThreads);
         } else if (RC > 1) {
             for (int i = 0; i < r.ranges; ++i) prefetch_l2(r.src[i], r.bytes);
         }
@@ -517,10 +534,114 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, RC>) dp4a_kernel(ProjArg
 }
 
 
+// ---- one-route calls of long rows: rows streamed through a per-warp ring ---------------------
+
+// Stages of each warp's ring: while the warp dots one stage's rows, the next stage's copy is in flight.
+constexpr int kStreamStages = 2;
+
+// Bytes of one pass of a row: the 32 groups the warp's 32 lanes take at once (pass k holds groups
+// 32k .. 32k + 31, bytes k * PB .. of the row; the last pass may be shorter).
+template <Format F>
+__host__ __device__ constexpr int64_t stream_pass_bytes() {
+    return gguf_row_bytes<F>(32 * 32 * kGroup<F>);
+}
+
+// Shared-memory bytes of the streaming kernel: the activations of one route, then kWarps rings of
+// kStreamStages stages of two rows' passes (staged_range_bytes: 16 of alignment slack each).
+template <Format F>
+__host__ __device__ constexpr size_t stream_smem_bytes(int K) {
+    return dp4a_smem_bytes(K, 1) + size_t(kWarps) * kStreamStages * 2 * staged_range_bytes(1, stream_pass_bytes<F>());
+}
+
+// Whether a one-route call takes the streaming kernel: its units have 32 lanes (K of more than 16
+// groups), every chunk belongs to a whole group (no lone last chunk of a pair format), its shared
+// memory fits the 48 KiB a launch gets without opting in, and it measured faster there: iq4_xs
+// rows longer than 2048 keep the other kernel (3 % faster on 4096 x 1536 experts).
+template <Format F>
+bool stream_usable(int K) {
+    return K / 32 / kGroup<F> > 16 && (K / 32) % kGroup<F> == 0 && stream_smem_bytes<F>(K) <= 48 * 1024 &&
+           (F != Format::iq4_xs || K <= 2048);
+}
+
+// The one-route kernel for rows read from global memory: each warp streams its units' rows pass
+// by pass through its own ring of shared-memory stages with cp.async (kStreamStages - 1 passes in
+// flight while it dots one; the first before the activations are quantised), so a warp keeps a
+// pass of two rows in flight without holding it in registers. Lane l dots group 32k + l of pass
+// k; a unit's sums are reduced after its last pass. Units as dp4a_kernel with unit_lanes 32.
+// Shared memory: stream_smem_bytes<F>(K).
+template <Format F, bool GATE_UP>
+__global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(ProjArgs p) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
+    constexpr int G = kGroup<F>;
+    constexpr int64_t PB = stream_pass_bytes<F>(), SR = staged_range_bytes(1, PB);
+    const int K = p.K, nc = K / 32, ng = nc / G, passes = (ng + 31) / 32;
+    const int64_t rb = gguf_row_bytes<F>(K);
+    int8_t *aq = reinterpret_cast<int8_t *>(smem);
+    int2 *as = reinterpret_cast<int2 *>(smem + K);
+    float *ad = reinterpret_cast<float *>(as + nc);
+    const ActQ act{aq, ad, as, K, nc};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint8_t *ring = smem + dp4a_smem_bytes(K, 1) + size_t(warp) * kStreamStages * 2 * SR;
+    const int upw = p.units_per_warp, items = upw * passes;
+    // Item s of the warp: pass s % passes of its unit s / passes, held in stage s % kStreamStages.
+    const auto item_unit = [&](int s, int &n0, int &n1, bool &has1) {
+        return unit_rows<GATE_UP>(p, (blockIdx.x * upw + s / passes) * kWarps + warp, n0, n1, has1);
+    };
+    const int ngroups = *p.g.num;
+    for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
+        const uint8_t *base = p.data + size_t(p.g.slot[gi]) * p.data_rb;
+        // Item s's copy (nothing past the last item or unit); one commit group per item either way.
+        const auto issue = [&](int s) {
+            int n0, n1;
+            bool has1;
+            if (s < items && item_unit(s, n0, n1, has1)) {
+                const int64_t off = (s % passes) * PB, bytes = min(PB, rb - off);
+                uint8_t *buf = ring + (s % kStreamStages) * 2 * SR;
+                stage(buf, base + n0 * rb + off, bytes, lane, 32);
+                if (has1) stage(buf + SR, base + n1 * rb + off, bytes, lane, 32);
+            }
+            cp_async_commit();
+        };
+        const int first = p.g.start[gi], count = p.g.count[gi];
+        for (int r0 = 0; r0 < count; ++r0) {
+            const uint16_t *arow[1];
+            int route[1];
+            route_rows<1>(p, first + r0, 1, route, arow);
+            for (int s = 0; s < kStreamStages - 1; ++s) issue(s);
+            __syncthreads();  // the previous route's activations are no longer read
+            quantize_routes(arow, 1, K, aq, ad, as);
+            __syncthreads();
+            float acc0[1] = {0.0f}, acc1[1] = {0.0f};
+            for (int s = 0; s < items; ++s) {
+                issue(s + kStreamStages - 1);  // into the stage the warp finished with last item
+                int n0, n1;
+                bool has1;
+                if (!item_unit(s, n0, n1, has1)) break;  // later units lie further out; their copies were empty
+                cp_async_wait_pending<kStreamStages - 1>();
+                __syncwarp();  // every lane's copies of item s have landed
+                const int k = s % passes, t = 32 * k + lane;
+                const int64_t off = k * PB;
+                const uint8_t *buf = ring + (s % kStreamStages) * 2 * SR;
+                const uint8_t *r0p = buf + (reinterpret_cast<uintptr_t>(base + n0 * rb + off) & 15);
+                const uint8_t *r1p = has1 ? buf + SR + (reinterpret_cast<uintptr_t>(base + n1 * rb + off) & 15) : r0p;
+                if (t < ng) lane_dots<F, G>(r0p, r1p, has1, act, t, 1, acc0, acc1, 32 * k);
+                __syncwarp();  // the stage is refilled next item
+                if (k == passes - 1) {
+                    const int unit = (blockIdx.x * upw + s / passes) * kWarps + warp;
+                    const float v0 = warp_sum(acc0[0]), v1 = warp_sum(acc1[0]);
+                    if (lane == 0) store_route<GATE_UP>(p, route[0], unit, n0, n1, has1, v0, v1);
+                    acc0[0] = acc1[0] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
 // CTAs of one launch resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached per
 // shared-memory size: each launch asks for two sizes, and a process sees a few K, so 8 entries
 // (searched in full, filled first-free, then by hash) keep the query off the decode path.
-template <Format F, bool GATE_UP, int RC>
+template <Format F, bool GATE_UP, int RC, bool STREAM = false>
 int blocks_per_sm(size_t smem) {
     static std::atomic<uint64_t> cache[8];  // smem << 16 | blocks; 0 = empty
     std::atomic<uint64_t> *free_slot = nullptr;
@@ -530,7 +651,8 @@ int blocks_per_sm(size_t smem) {
         if (c != 0 && (c >> 16) == smem) return int(c & 0xffff);
     }
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dp4a_kernel<F, GATE_UP, RC>, kThreads, smem) != cudaSuccess) {
+    const auto kernel = STREAM ? dp4a_stream_kernel<F, GATE_UP> : dp4a_kernel<F, GATE_UP, RC>;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess) {
         cudaGetLastError();
         return 1;
     }
@@ -538,6 +660,21 @@ int blocks_per_sm(size_t smem) {
     std::atomic<uint64_t> &slot = free_slot ? *free_slot : cache[(smem / 16) % 8];
     slot.store(uint64_t(smem) << 16 | uint64_t(n), std::memory_order_relaxed);
     return n;
+}
+
+// The streaming kernel of a one-route call (stream_usable): units of 32 lanes, upw as launch_dp4a
+// for its own occupancy.
+template <Format F, bool GATE_UP>
+cudaError_t launch_dp4a_stream(dim3 grid, ProjArgs p, cudaStream_t s) {
+    const size_t smem = stream_smem_bytes<F>(p.K);
+    const int64_t groups = std::min<int64_t>(grid.y, std::max(p.top_k, 1));
+    const int64_t wave = int64_t(blocks_per_sm<F, GATE_UP, 1, true>(smem)) * std::max(p.sms, 1);
+    const int upw = int(std::max<int64_t>((int64_t(grid.x) * groups + wave - 1) / wave, 1));
+    p.unit_lanes = 32;
+    p.units_per_warp = upw;
+    p.stage_rows = false;
+    grid.x = (grid.x + upw - 1) / upw;
+    return launch_pdl(dp4a_stream_kernel<F, GATE_UP>, grid, dim3(kThreads), smem, s, p);
 }
 
 // Lanes per unit, units per warp and staging: a unit gets 8, 16 or 32 lanes, enough for a row's
@@ -567,6 +704,7 @@ cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
 
 template <Format F, bool GATE_UP>
 cudaError_t launch_dp4a(dim3 grid, const ProjArgs &p, cudaStream_t s) {
+    if (p.tokens == 1 && stream_usable<F>(p.K)) return launch_dp4a_stream<F, GATE_UP>(grid, p, s);
     if (p.tokens == 1) return launch_dp4a<F, GATE_UP, 1>(grid, p, s);
     if (p.tokens > kRouteChunk && dp4a_smem_bytes(p.K, kDp4aMaxRoutes) <= 48 * 1024)
         return launch_dp4a<F, GATE_UP, kDp4aMaxRoutes>(grid, p, s);

@@ -406,6 +406,34 @@ TEST(ExpertDecoderGpu, LongBlockRowsTakeTheFloatKernel) {
     }
 }
 
+// One-token calls whose rows have more than 16 chunk groups take the integer-dot kernel that
+// streams rows through per-warp rings (stream_usable: q4_0, q8_0 and q4_k both projections here,
+// gate_up K = 8192 and down K = 1280; iq4_xs down only): several passes per row and, on GPUs of
+// fewer than 170 SMs, several units per warp, so each warp's ring wraps within a unit and across units.
+TEST(ExpertDecoderGpu, StreamedOneTokenRowsMatchReference) {
+    SKIP_WITHOUT_GPU();
+    const int32_t H = 8192, I = 1280, E = 4, K = 4;
+    const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
+    for (Format f : {Format::q4_0, Format::q8_0, Format::q4_k, Format::iq4_xs}) {
+        std::mt19937 rng(80 + int(f));
+        const Layer L(rng, f, H, I, E);
+        const DeviceLayer D(L);
+        ft::cuda::ExpertDecoder dec(f, H, I, K, 4, act);
+        for (int32_t T : {1, 2}) {  // 2: the multi-route kernel on the same layer
+            const Batch b = random_batch(rng, E, H, T, K, false);
+            DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);
+            x.put(b.x), ids.put(b.ids), w.put(b.w);
+            CUDA_OK(cudaMemset(y.p, 0xff, y.n));
+            CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T,
+                               nullptr));
+            CUDA_OK(cudaDeviceSynchronize());
+            EXPECT_LT(ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * H), reference(L, b, act)),
+                      gpu_bound(f))
+                << ft::format_name(f) << " T=" << T;
+        }
+    }
+}
+
 TEST(ExpertDecoderGpu, ZeroTokensAndBadArguments) {
     SKIP_WITHOUT_GPU();
     std::mt19937 rng(5);
