@@ -374,6 +374,18 @@ TEST(ExpertDecoderGpu, TensorCoreKernelsAreSelected) {
     }
 }
 
+// The decoder's output (T x H bf16) for batch b on layer D, without an addend, into y.
+void decode_batch(ft::cuda::ExpertDecoder &dec, const DeviceLayer &D, const Batch &b, int32_t H,
+                  std::vector<uint16_t> &y) {
+    DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), out(size_t(b.T) * H * 2);
+    x.put(b.x), ids.put(b.ids), w.put(b.w);
+    CUDA_OK(cudaMemset(out.p, 0xff, out.n));
+    CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, out.as<uint16_t>(), b.T,
+                       nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    y = get<uint16_t>(out, size_t(b.T) * H);
+}
+
 // Rows longer than the integer-dot kernel's shared memory takes (K > 8928: gate_up at H = 9216)
 // go to the float CUDA-core kernel with bf16 activations; down (K = I) stays on the integer one.
 TEST(ExpertDecoderGpu, LongBlockRowsTakeTheFloatKernel) {
@@ -391,17 +403,12 @@ TEST(ExpertDecoderGpu, LongBlockRowsTakeTheFloatKernel) {
         EXPECT_NE(std::string(dec.kernel_name()).find("simt"), std::string::npos) << dec.kernel_name();
         for (int32_t T : {1, 4}) {
             const Batch b = random_batch(rng, E, H, T, K, false);
-            DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);
-            x.put(b.x), ids.put(b.ids), w.put(b.w);
-            CUDA_OK(cudaMemset(y.p, 0xff, y.n));
-            CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T,
-                               nullptr));
-            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> y;
+            ASSERT_NO_FATAL_FAILURE(decode_batch(dec, D, b, H, y));
             const auto expert = [&](int32_t e) { return L.expert(e); };
             const std::vector<double> ref =
                 ft::test::moe_reference_f32(expert, E, a, fmt, H, I, T, K, b.x.data(), b.ids.data(), b.w.data());
-            EXPECT_LT(ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * H), ref), gpu_bound(f))
-                << ft::format_name(f) << " T=" << T;
+            EXPECT_LT(ft::test::relative_error_bf16(y, ref), gpu_bound(f)) << ft::format_name(f) << " T=" << T;
         }
     }
 }
@@ -421,14 +428,9 @@ TEST(ExpertDecoderGpu, StreamedOneTokenRowsMatchReference) {
         ft::cuda::ExpertDecoder dec(f, H, I, K, 4, act);
         for (int32_t T : {1, 2}) {  // 2: the multi-route kernel on the same layer
             const Batch b = random_batch(rng, E, H, T, K, false);
-            DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);
-            x.put(b.x), ids.put(b.ids), w.put(b.w);
-            CUDA_OK(cudaMemset(y.p, 0xff, y.n));
-            CUDA_OK(dec.decode(D.dx, x.as<uint16_t>(), ids.as<int32_t>(), w.as<float>(), nullptr, y.as<uint16_t>(), T,
-                               nullptr));
-            CUDA_OK(cudaDeviceSynchronize());
-            EXPECT_LT(ft::test::relative_error_bf16(get<uint16_t>(y, size_t(T) * H), reference(L, b, act)),
-                      gpu_bound(f))
+            std::vector<uint16_t> y;
+            ASSERT_NO_FATAL_FAILURE(decode_batch(dec, D, b, H, y));
+            EXPECT_LT(ft::test::relative_error_bf16(y, reference(L, b, act)), gpu_bound(f))
                 << ft::format_name(f) << " T=" << T;
         }
     }
