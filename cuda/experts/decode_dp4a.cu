@@ -372,18 +372,18 @@ __device__ __forceinline__ void prefetch_l2(const uint8_t *p, int64_t bytes) {
 
 // [src, src + bytes) into shared memory at dst + (src % 16), by 16-byte cp.async from the
 // aligned-down address (the last copy reads only up to src + bytes and zero-fills the rest),
-// thread i of n copying pieces i, i + n, ... Returns the copy of src. Completed by cp_async_wait().
-__device__ __forceinline__ const uint8_t *stage(uint8_t *dst, const uint8_t *src, int64_t bytes, int i, int n) {
+// thread t of nt copying pieces t, t + nt, ... Returns the copy of src. Completed by cp_async_wait().
+__device__ __forceinline__ const uint8_t *stage(uint8_t *dst, const uint8_t *src, int64_t bytes, int t, int nt) {
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
     const uintptr_t end = reinterpret_cast<uintptr_t>(src) + uintptr_t(bytes);
-    for (uintptr_t a = a0 + 16 * unsigned(i); a < end; a += 16 * unsigned(n)) {
+    for (uintptr_t a = a0 + 16 * unsigned(t); a < end; a += 16 * unsigned(nt)) {
         uint8_t *d = dst + (a - a0);
-        const unsigned n = end - a < 16 ? unsigned(end - a) : 16u;
+        const unsigned len = end - a < 16 ? unsigned(end - a) : 16u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(unsigned(__cvta_generic_to_shared(d))),
-                     "l"(a), "r"(n));
+                     "l"(a), "r"(len));
 #else
-        for (unsigned i = 0; i < 16; ++i) d[i] = i < n ? reinterpret_cast<const uint8_t *>(a)[i] : 0;
+        for (unsigned i = 0; i < 16; ++i) d[i] = i < len ? reinterpret_cast<const uint8_t *>(a)[i] : 0;
 #endif
     }
     return dst + (reinterpret_cast<uintptr_t>(src) - a0);
@@ -553,6 +553,11 @@ __host__ __device__ constexpr size_t stream_smem_bytes(int K) {
     return dp4a_smem_bytes(K, 1) + size_t(kWarps) * kStreamStages * 2 * staged_range_bytes(1, stream_pass_bytes<F>());
 }
 
+// Formats whose ring fits beside the activations at the shortest row that streams (17 groups);
+// q3_k and q6_k passes never do, so they get no streaming kernel.
+template <Format F>
+constexpr bool kStreamFits = stream_smem_bytes<F>(32 * kGroup<F> * 17) <= 48 * 1024;
+
 // Whether a one-route call takes the streaming kernel: its units have 32 lanes (K of more than 16
 // groups), every chunk belongs to a whole group (no lone last chunk of a pair format), its shared
 // memory fits the 48 KiB a launch gets without opting in, and it measured faster there: iq4_xs
@@ -584,10 +589,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(P
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint8_t *ring = smem + dp4a_smem_bytes(K, 1) + size_t(warp) * kStreamStages * 2 * SR;
     const int upw = p.units_per_warp, items = upw * passes;
-    // Item s of the warp: pass s % passes of its unit s / passes, held in stage s % kStreamStages.
-    const auto item_unit = [&](int s, int &n0, int &n1, bool &has1) {
-        return unit_rows<GATE_UP>(p, (blockIdx.x * upw + s / passes) * kWarps + warp, n0, n1, has1);
-    };
+    // Item s of the warp: pass s % passes of its unit item_unit(s), held in stage s % kStreamStages.
+    const auto item_unit = [&](int s) { return (blockIdx.x * upw + s / passes) * kWarps + warp; };
     const int ngroups = *p.g.num;
     for (int gi = blockIdx.y; gi < ngroups; gi += gridDim.y) {
         const uint8_t *base = p.data + size_t(p.g.slot[gi]) * p.data_rb;
@@ -595,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(P
         const auto issue = [&](int s) {
             int n0, n1;
             bool has1;
-            if (s < items && item_unit(s, n0, n1, has1)) {
+            if (s < items && unit_rows<GATE_UP>(p, item_unit(s), n0, n1, has1)) {
                 const int64_t off = (s % passes) * PB, bytes = min(PB, rb - off);
                 uint8_t *buf = ring + (s % kStreamStages) * 2 * SR;
                 stage(buf, base + n0 * rb + off, bytes, lane, 32);
@@ -615,9 +618,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(P
             float acc0[1] = {0.0f}, acc1[1] = {0.0f};
             for (int s = 0; s < items; ++s) {
                 issue(s + kStreamStages - 1);  // into the stage the warp finished with last item
+                const int unit = item_unit(s);
                 int n0, n1;
                 bool has1;
-                if (!item_unit(s, n0, n1, has1)) break;  // later units lie further out; their copies were empty
+                if (!unit_rows<GATE_UP>(p, unit, n0, n1, has1)) break;  // later units lie further out: empty copies
                 cp_async_wait_pending<kStreamStages - 1>();
                 __syncwarp();  // every lane's copies of item s have landed
                 const int k = s % passes, t = 32 * k + lane;
@@ -628,7 +632,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(P
                 if (t < ng) lane_dots<F, G>(r0p, r1p, has1, act, t, 1, acc0, acc1, 32 * k);
                 __syncwarp();  // the stage is refilled next item
                 if (k == passes - 1) {
-                    const int unit = (blockIdx.x * upw + s / passes) * kWarps + warp;
                     const float v0 = warp_sum(acc0[0]), v1 = warp_sum(acc1[0]);
                     if (lane == 0) store_route<GATE_UP>(p, route[0], unit, n0, n1, has1, v0, v1);
                     acc0[0] = acc1[0] = 0.0f;
@@ -651,7 +654,8 @@ int blocks_per_sm(size_t smem) {
         if (c != 0 && (c >> 16) == smem) return int(c & 0xffff);
     }
     int n = 0;
-    const auto kernel = STREAM ? dp4a_stream_kernel<F, GATE_UP> : dp4a_kernel<F, GATE_UP, RC>;
+    void (*kernel)(ProjArgs) = dp4a_kernel<F, GATE_UP, RC>;
+    if constexpr (STREAM) kernel = dp4a_stream_kernel<F, GATE_UP>;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess) {
         cudaGetLastError();
         return 1;
@@ -704,7 +708,8 @@ cudaError_t launch_dp4a(dim3 grid, ProjArgs p, cudaStream_t s) {
 
 template <Format F, bool GATE_UP>
 cudaError_t launch_dp4a(dim3 grid, const ProjArgs &p, cudaStream_t s) {
-    if (p.tokens == 1 && stream_usable<F>(p.K)) return launch_dp4a_stream<F, GATE_UP>(grid, p, s);
+    if constexpr (kStreamFits<F>)
+        if (p.tokens == 1 && stream_usable<F>(p.K)) return launch_dp4a_stream<F, GATE_UP>(grid, p, s);
     if (p.tokens == 1) return launch_dp4a<F, GATE_UP, 1>(grid, p, s);
     if (p.tokens > kRouteChunk && dp4a_smem_bytes(p.K, kDp4aMaxRoutes) <= 48 * 1024)
         return launch_dp4a<F, GATE_UP, kDp4aMaxRoutes>(grid, p, s);
