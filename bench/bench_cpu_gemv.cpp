@@ -10,7 +10,8 @@
 // format and batch, GB/s, the interleaved read bound, their ratio, bs / bs=1 and µs per token.
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
 // FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (default 120, see
-// e8m0_scale_base), FT_BENCH_DS_FP4_SCALE=c ds_fp4's. kernel_<format> benchmarks: the quantised
+// e8m0_scale_base), FT_BENCH_DS_FP4_SCALE=c ds_fp4's, FT_BENCH_FP8_SCALE=e fp8_block's bf16 scales
+// with exponents e .. e + 7 (default 113, see fp8_scale_base). kernel_<format> benchmarks: the quantised
 // formats' kernels on in-cache weights in thread CPU time, their compute ceiling next to the read
 // bound.
 #include <benchmark/benchmark.h>
@@ -258,9 +259,28 @@ uint8_t e8m0_scale_base(ft::Format f) {
     return sc.empty() ? uint8_t(120) : uint8_t(std::atoi(sc.c_str()));
 }
 
+// fp8_block's bf16 scale_inv values in the benchmarks: 2^(e - 127) times a random mantissa, e =
+// base + (random & 7). The base comes from FT_BENCH_FP8_SCALE; the default 113 (2^-14 .. 2^-6)
+// covers real checkpoints (amax / 448 of blocks whose largest weight is 1e-3 .. 1). Bytes masked by
+// 0x77 would give exponents down to bf16 subnormals, whose subnormal products Intel cores handle by
+// microcode assists (small bases reproduce that: the kernels' worst case).
+uint8_t fp8_scale_base() {
+    const std::string sc = ft::env_string("FT_BENCH_FP8_SCALE");
+    return sc.empty() ? uint8_t(113) : uint8_t(std::atoi(sc.c_str()));
+}
+
+// Fills [p, p + n) (n even) with bf16 scale_inv values from random bytes, as fp8_scale_base says.
+void fill_fp8_scales(uint8_t *p, size_t n, uint8_t base) {
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        const uint32_t e = uint32_t(base) + (p[i + 1] & 7u), m = p[i] & 0x7fu;
+        const uint16_t v = uint16_t((e & 0xffu) << 7 | m);
+        p[i] = uint8_t(v), p[i + 1] = uint8_t(v >> 8);
+    }
+}
+
 // The window of a quantised format: the same rotating window and routing as BM_moe_layer, banks
 // in the format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, moderate fp16
-// scales), e8m0 scales as e8m0_scale_base says. Kept for the next benchmark of the same (format,
+// scales), e8m0 scales as e8m0_scale_base says, fp8_block's scales as fp8_scale_base says. Kept for the next benchmark of the same (format,
 // H, I) (the batch sizes of a format run one after another), so each window is filled and probed
 // once.
 struct FormatWindow {
@@ -291,15 +311,18 @@ const FormatWindow &format_window(ft::Format f, int32_t H, int32_t I) {
         uint8_t *p = reinterpret_cast<uint8_t *>(banks.back()->data);
         const size_t n = schema[b].row_bytes * E;
         // mxfp4 / ds_fp4 e8m0 scale banks: codes e8m0_scale_base + (byte & 7).
-        const bool e8m0 =
-            (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) && schema[b].name.find("_scale") != std::string::npos;
-        const uint8_t base = e8m0_scale_base(f);
+        const bool scale_bank = schema[b].name.find("_scale") != std::string::npos;
+        const bool e8m0 = (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) && scale_bank;
+        const bool fp8_scales = f == ft::Format::fp8_block && scale_bank;
+        const uint8_t base = fp8_scales ? fp8_scale_base() : e8m0_scale_base(f);
         pool().run([&](int w, int nw) {
             // Locals: stores through a uint8_t pointer may alias the captured variables, which would
             // keep the loop scalar (it dominated the run time of a benchmark).
             uint8_t *const q = p;
-            const size_t lo = n * w / nw, hi = n * (w + 1) / nw;
-            if (e8m0) {
+            const size_t lo = n * w / nw / 2 * 2, hi = n * (w + 1) / nw / 2 * 2;  // whole bf16 values
+            if (fp8_scales) {
+                fill_fp8_scales(q + lo, hi - lo, base);
+            } else if (e8m0) {
                 for (size_t i = lo; i < hi; ++i) q[i] = uint8_t(base + (q[i] & 7));
             } else {
                 for (size_t i = lo; i < hi; ++i) q[i] = uint8_t(q[i] & 0x77);
@@ -363,7 +386,7 @@ void BM_kernel_format(benchmark::State &state) {
     }
     // Weights, then the block scales and nvfp4's fp16 globals where the format has them (mxfp4:
     // [K/2][N] and [K/32][N]); random bytes & 0x77 keep fp16 scales and e4m3 codes finite;
-    // e8m0 scales as the layers' (e8m0_scale_base).
+    // e8m0 and fp8_block scales as the layers' (e8m0_scale_base, fp8_scale_base).
     size_t wbytes = 0, sbytes = 0, gbytes = 0;
     switch (f) {
         case ft::Format::fp8_block: wbytes = size_t(N) * K, sbytes = size_t((N + 127) / 128) * (K / 128) * 2; break;
@@ -375,6 +398,7 @@ void BM_kernel_format(benchmark::State &state) {
     std::vector<uint8_t> w(wbytes + sbytes + gbytes);
     std::mt19937 rng(uint32_t(state.range(0) * 64 + T));
     for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;
+    if (f == ft::Format::fp8_block) fill_fp8_scales(w.data() + wbytes, sbytes, fp8_scale_base());
     if (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) {
         const uint8_t base = e8m0_scale_base(f);
         for (size_t i = wbytes; i < wbytes + sbytes; ++i) w[i] = uint8_t(base + (w[i] & 7));
