@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 
 #include "decode_kernels.cuh"
@@ -469,9 +470,15 @@ __host__ __device__ constexpr int64_t staged_range_bytes(int64_t rows, int64_t r
 template <Format F, bool GATE_UP, int RC>
 __global__ void __launch_bounds__(kThreads, kMinCtas<F, RC>) dp4a_kernel(ProjArgs p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     const int K = p.K, nc = K / 32;
     const int64_t rb = gguf_row_bytes<F>(K);
+    // down: the first kWarps * (32 / unit_lanes) of the CTA's units, every CTA (launch_dp4a makes
+    // a call with top_k groups one wave).
+    if (!GATE_UP)
+        early_prefetch_down(p, rb, blockIdx.x * p.units_per_warp * kWarps * (32 / p.unit_lanes),
+                            kWarps * (32 / p.unit_lanes), INT_MAX);
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
+    pdl_trigger();  // the next projection's CTAs may be scheduled (early_prefetch_down)
     int8_t *aq = reinterpret_cast<int8_t *>(smem);
     int2 *as = reinterpret_cast<int2 *>(smem + size_t(RC) * K);
     float *ad = reinterpret_cast<float *>(as + RC * nc);
@@ -577,11 +584,14 @@ bool stream_usable(int K) {
 template <Format F, bool GATE_UP>
 __global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(ProjArgs p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     constexpr int G = kGroup<F>;
     constexpr int64_t PB = stream_pass_bytes<F>(), SR = staged_range_bytes(1, PB);
     const int K = p.K, nc = K / 32, ng = nc / G, passes = (ng + 31) / 32;
     const int64_t rb = gguf_row_bytes<F>(K);
+    // down: the first unit of each warp, every CTA (one wave, as launch_dp4a_stream sizes it).
+    if (!GATE_UP) early_prefetch_down(p, rb, blockIdx.x * p.units_per_warp * kWarps, kWarps, INT_MAX);
+    pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
+    pdl_trigger();  // the next projection's CTAs may be scheduled (early_prefetch_down)
     int8_t *aq = reinterpret_cast<int8_t *>(smem);
     int2 *as = reinterpret_cast<int2 *>(smem + K);
     float *ad = reinterpret_cast<float *>(as + nc);

@@ -128,6 +128,40 @@ __device__ __forceinline__ void store_route(const ProjArgs &p, int route, int un
     }
 }
 
+// ---- before pdl_wait: the down projection's first rows into L2 -------------------------------
+//
+// The projection kernels call pdl_trigger() right after their pdl_wait, so the down projection's
+// CTAs are scheduled while gate_up's last wave runs, and those of down's first wave prefetch into
+// L2 the rows they read first. prep's grouping is final by then: gate_up triggers only after its
+// own pdl_wait, which returns once prep has completed (a plain launch starts later still). A
+// prefetch is only a hint: no result depends on it. CTAs of later waves start after gate_up has
+// finished and skip it (they would only delay their own loads).
+
+// L2 prefetch of the first `bytes` of `rows` rows ld bytes apart from `first`, one 128-byte line
+// per thread in turn.
+__device__ __forceinline__ void prefetch_rows_l2(const uint8_t *first, int rows, int64_t ld, int64_t bytes) {
+    if (bytes >= ld) bytes = rows * ld, rows = 1;  // whole rows: one range
+    const int lines = int((bytes + 127) / 128) + 1;  // + 1: a row need not start on a line
+    for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
+        const int row = i / lines;
+        const uintptr_t start = reinterpret_cast<uintptr_t>(first + row * ld);
+        const uintptr_t a = (start & ~uintptr_t(127)) + uintptr_t(128) * (i - row * lines);
+        if (a < start + bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+}
+
+// Bytes of each row the early prefetch covers: the first chunks every warp reads.
+constexpr int64_t kEarlyRowBytes = 4096;
+
+// Before pdl_wait, a down projection's CTA among the first wave_ctas in launch order: of group
+// blockIdx.y's rows 2 u0 .. 2 (u0 + n) - 1 (rows of rb bytes), the first kEarlyRowBytes of each into L2.
+__device__ __forceinline__ void early_prefetch_down(const ProjArgs &p, int64_t rb, int u0, int n, int wave_ctas) {
+    if (int(blockIdx.y * gridDim.x + blockIdx.x) >= wave_ctas || int(blockIdx.y) >= __ldcg(p.g.num)) return;
+    const uint8_t *base = p.data + size_t(__ldcg(p.g.slot + blockIdx.y)) * p.data_rb;
+    const int rows = min(2 * n, p.N - 2 * u0);
+    if (rows > 0) prefetch_rows_l2(base + 2 * u0 * rb, rows, rb, rb < kEarlyRowBytes ? rb : kEarlyRowBytes);
+}
+
 // ---- mma.sync primitives (decode_mma.cu, decode_mxfp4.cu) -------------------------------------
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,

@@ -78,6 +78,7 @@ struct MmaBf16 {
     static constexpr int U = 4;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = false;
     using Raw = uint4;
+    __device__ static int64_t row_bytes(int K) { return int64_t(K) * 2; }
     const uint8_t *data;
     int64_t ld;
     __device__ MmaBf16(const ProjArgs &p, int32_t slot)
@@ -99,6 +100,7 @@ struct MmaFp8 {
     static constexpr int U = 4;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = true;
     using Raw = uint4;
+    __device__ static int64_t row_bytes(int K) { return K; }
     const uint8_t *data, *scales;
     int64_t ld;
     int32_t tiles;
@@ -132,6 +134,7 @@ struct MmaNvfp4 {
     static constexpr int U = 8;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = false;
     using Raw = uint2;
+    __device__ static int64_t row_bytes(int K) { return K / 2; }
     const uint8_t *data, *scales, *global;
     int64_t ld, sld;
     __device__ MmaNvfp4(const ProjArgs &p, int32_t slot)
@@ -159,6 +162,7 @@ struct MmaDsFp4 {
     static constexpr int U = 4;  // chunks whose weight loads a warp keeps in flight
     static constexpr bool kScaleC = false;
     using Raw = uint4;
+    __device__ static int64_t row_bytes(int K) { return K / 2; }
     const uint8_t *data, *scales;
     int64_t ld, sld;
     __device__ MmaDsFp4(const ProjArgs &p, int32_t slot)
@@ -181,7 +185,10 @@ struct MmaDsFp4 {
 
 template <class F, bool GATE_UP>
 __global__ void __launch_bounds__(kThreads, F::kMinBlocks) mma_kernel(ProjArgs p) {
+    // down: the CTA's rows 16x .. 16x + 15, in the first wave (kMinBlocks CTAs per SM at least).
+    if (!GATE_UP) early_prefetch_down(p, F::row_bytes(p.K), blockIdx.x * 8, 8, p.sms * F::kMinBlocks);
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
+    pdl_trigger();  // the next projection's CTAs may be scheduled (early_prefetch_down)
     __shared__ float red[kWarps][4][32];
     constexpr int CE = 4 * F::E;  // elements per chunk and row (the lane quad)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
