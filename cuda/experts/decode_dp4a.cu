@@ -408,8 +408,11 @@ __device__ __forceinline__ void cp_async_wait_pending() {
 #endif
 }
 
-// The rows CTA x reads of one slot's matrix at `base` (units u0 = x * n on, n = upw * kWarps *
-// (32 / unit_lanes) of them): gate_up two ranges (gate rows u0.., up rows I + u0..), down one (rows 2 u0..).
+// Units of one CTA of dp4a_kernel: upw per sub-warp, 32 / unit_lanes sub-warps per warp.
+__device__ __forceinline__ int cta_units(const ProjArgs &p) { return p.units_per_warp * kWarps * (32 / p.unit_lanes); }
+
+// The rows CTA x reads of one slot's matrix at `base` (units u0 = x * n on, n = cta_units of
+// them): gate_up two ranges (gate rows u0.., up rows I + u0..), down one (rows 2 u0..).
 struct CtaRows {
     const uint8_t *src[2];
     int64_t bytes;
@@ -419,7 +422,7 @@ struct CtaRows {
 template <bool GATE_UP>
 __device__ __forceinline__ CtaRows cta_rows(const ProjArgs &p, const uint8_t *base, int64_t rb) {
     CtaRows r{};
-    const int units = p.units_per_warp * kWarps * (32 / p.unit_lanes), u0 = blockIdx.x * units;
+    const int units = cta_units(p), u0 = blockIdx.x * units;
     if (GATE_UP) {
         const int n = max(0, min(units, p.inter - u0));
         r = CtaRows{{base + int64_t(u0) * rb, base + int64_t(p.inter + u0) * rb}, n * rb, {u0, p.inter + u0}, 2};
@@ -475,8 +478,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, RC>) dp4a_kernel(ProjArg
     // down: the first kWarps * (32 / unit_lanes) of the CTA's units, every CTA (launch_dp4a makes
     // a call with top_k groups one wave).
     if (!GATE_UP)
-        early_prefetch_down(p, rb, blockIdx.x * p.units_per_warp * kWarps * (32 / p.unit_lanes),
-                            kWarps * (32 / p.unit_lanes), INT_MAX);
+        early_prefetch_down(p, rb, blockIdx.x * cta_units(p), kWarps * (32 / p.unit_lanes), INT_MAX);
     pdl_wait();  // launched by launch_pdl: nothing before this reads earlier kernels' output
     pdl_trigger();  // the next projection's CTAs may be scheduled (early_prefetch_down)
     int8_t *aq = reinterpret_cast<int8_t *>(smem);

@@ -82,7 +82,7 @@ struct MmaBf16 {
     const uint8_t *data;
     int64_t ld;
     __device__ MmaBf16(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), ld(int64_t(p.K) * 2) {}
+        : data(p.data + size_t(slot) * p.data_rb), ld(row_bytes(p.K)) {}
     __device__ Raw load(int row, int pos) const { return ld_stream16(data + row * ld + int64_t(pos) * 2); }
     __device__ void operands(const Raw &w, int, int, uint32_t (&a)[S][2]) const {
         a[0][0] = w.x, a[0][1] = w.y, a[1][0] = w.z, a[1][1] = w.w;
@@ -105,7 +105,7 @@ struct MmaFp8 {
     int64_t ld;
     int32_t tiles;
     __device__ MmaFp8(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K),
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(row_bytes(p.K)),
           tiles(p.K / 128) {}
     __device__ Raw load(int row, int pos) const { return ld_stream16(data + row * ld + pos); }
     __device__ void operands(const Raw &w, int, int, uint32_t (&a)[S][2]) const {
@@ -139,7 +139,7 @@ struct MmaNvfp4 {
     int64_t ld, sld;
     __device__ MmaNvfp4(const ProjArgs &p, int32_t slot)
         : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb),
-          global(p.extra + size_t(slot) * p.extra_rb), ld(p.K / 2), sld(p.K / 16) {}
+          global(p.extra + size_t(slot) * p.extra_rb), ld(row_bytes(p.K)), sld(p.K / 16) {}
     __device__ Raw load(int row, int pos) const { return ld_stream8(data + row * ld + pos / 2); }
     __device__ void operands(const Raw &w, int row, int pos, uint32_t (&a)[S][2]) const {
         const __nv_bfloat16 s = __float2bfloat16_rn(e4m3x2_to_f32x2(__ldg(scales + row * sld + pos / 16)).x);
@@ -166,8 +166,8 @@ struct MmaDsFp4 {
     const uint8_t *data, *scales;
     int64_t ld, sld;
     __device__ MmaDsFp4(const ProjArgs &p, int32_t slot)
-        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb), ld(p.K / 2),
-          sld(p.K / 32) {}
+        : data(p.data + size_t(slot) * p.data_rb), scales(p.scale + size_t(slot) * p.scale_rb),
+          ld(row_bytes(p.K)), sld(p.K / 32) {}
     __device__ Raw load(int row, int pos) const { return ld_stream16(data + row * ld + pos / 2); }
     __device__ void operands(const Raw &w, int row, int pos, uint32_t (&a)[S][2]) const {
         // e8m0 2^-127 .. 2^127 and NaN are all bf16 values.
