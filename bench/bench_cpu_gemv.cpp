@@ -10,10 +10,10 @@
 // format and batch, GB/s, the interleaved read bound, their ratio, bs / bs=1 and µs per token.
 // FT_BENCH_WINDOW_MB sets the window size in MiB; FT_BENCH_HUGEPAGES=0 keeps 4 KiB pages;
 // FT_BENCH_MXFP4_SCALE=c fills mxfp4's e8m0 scales with codes c .. c + 7 (default 120, see
-// e8m0_scale_base), FT_BENCH_DS_FP4_SCALE=c ds_fp4's, FT_BENCH_FP8_SCALE=e fp8_block's bf16 scales
-// with exponents e .. e + 7 (default 113, see fp8_scale_base). kernel_<format> benchmarks: the quantised
-// formats' kernels on in-cache weights in thread CPU time, their compute ceiling next to the read
-// bound.
+// e8m0_scale_base), FT_BENCH_DS_FP4_SCALE=c ds_fp4's, FT_BENCH_FP8_SCALE=e fp8_block's bf16
+// scales with exponents e .. e + 7 (default 113, see fp8_scale_base). kernel_<format> benchmarks:
+// the quantised formats' kernels on in-cache weights in thread CPU time, their compute ceiling next
+// to the read bound.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -280,9 +280,9 @@ void fill_fp8_scales(uint8_t *p, size_t n, uint8_t base) {
 
 // The window of a quantised format: the same rotating window and routing as BM_moe_layer, banks
 // in the format's schema filled with bytes masked by 0x77 (no e4m3 NaN codes, moderate fp16
-// scales), e8m0 scales as e8m0_scale_base says, fp8_block's scales as fp8_scale_base says. Kept for the next benchmark of the same (format,
-// H, I) (the batch sizes of a format run one after another), so each window is filled and probed
-// once.
+// scales), e8m0 scales as e8m0_scale_base says, fp8_block's scales as fp8_scale_base says. Kept
+// for the next benchmark of the same (format, H, I) (the batch sizes of a format run one after
+// another), so each window is filled and probed once.
 struct FormatWindow {
     ft::Format f;
     int64_t H = 0, I = 0;
@@ -310,7 +310,8 @@ const FormatWindow &format_window(ft::Format f, int32_t H, int32_t I) {
         banks.push_back(std::make_unique<Buffer>((schema[b].row_bytes * E + 1) / 2));
         uint8_t *p = reinterpret_cast<uint8_t *>(banks.back()->data);
         const size_t n = schema[b].row_bytes * E;
-        // mxfp4 / ds_fp4 e8m0 scale banks: codes e8m0_scale_base + (byte & 7).
+        // Scale banks: mxfp4 / ds_fp4 e8m0 codes e8m0_scale_base + (byte & 7), fp8_block bf16 values
+        // by fill_fp8_scales; every other byte masked by 0x77.
         const bool scale_bank = schema[b].name.find("_scale") != std::string::npos;
         const bool e8m0 = (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) && scale_bank;
         const bool fp8_scales = f == ft::Format::fp8_block && scale_bank;
