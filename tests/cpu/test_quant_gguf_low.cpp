@@ -188,8 +188,11 @@ TEST(QuantGgufLow, NonFiniteActivationGivesNaN) {
 }
 
 // The whole layer through the MoE executor (cpu backend) per tier, SiLU / GELU, against the fp64
-// reference of the dequantised weights with unquantised activations: W2A8 .. W4A8, so the bound of
-// q4_0's W4A8 layers.
+// reference of the dequantised weights. Up to 16 tokens every expert takes the direct kernels
+// (the batched path starts at 32 tokens), which quantise both passes' inputs to Q8_0; the
+// reference does the same, so what is left is fp32 summation, bf16 rounding and the
+// intermediate's Q8_0 steps where the two sides round it differently: at most 4.1e-3 over 9,000
+// draws on every tier, against 3.4e-2 for the unquantised reference.
 class QuantGgufLowMoe : public ::testing::TestWithParam<Isa> {};
 
 TEST_P(QuantGgufLowMoe, MatchesDequantisedReference) {
@@ -211,10 +214,12 @@ TEST_P(QuantGgufLowMoe, MatchesDequantisedReference) {
                 auto src = L.cpu_source();
                 ex.run(src, nullptr, T, b.x.data(), b.ids.data(), b.w.data(), y.data());
                 ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
-                const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, {}, L.H, L.I,
+                ft::test::FormatNumerics q8;
+                q8.in_round_trip = q8.mid_round_trip = ft::test::q8_0_round_trip;
+                const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, q8, L.H, L.I,
                                                              T, K, b.x.data(), b.ids.data(), b.w.data());
                 const double err = ft::test::relative_error_bf16(y, ref);
-                EXPECT_LT(err, 3e-2) << ft::format_name(f) << " " << kernel << " act " << act.kind << " T=" << T;
+                EXPECT_LT(err, 1.5e-2) << ft::format_name(f) << " " << kernel << " act " << act.kind << " T=" << T;
                 if (T >= 2) {
                     for (int32_t h = 0; h < L.H; ++h) ASSERT_EQ(y[size_t(T - 1) * L.H + h], 0) << "skipped token";
                 }
