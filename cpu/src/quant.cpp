@@ -38,6 +38,7 @@ float g_e8m0[256];
 uint16_t g_e2m1_bf16x32[32];
 uint16_t g_e4m3_sub_bf16x32[32];
 uint8_t g_e2m1_u8x64[64];
+int16_t g_e2m1_i16x32[32];
 
 namespace {
 const bool g_tables_ready = [] {
@@ -52,6 +53,7 @@ const bool g_tables_ready = [] {
         g_e4m3_sub_bf16x32[i] = f32_to_bf16(e4m3_to_f32(uint8_t(i & 7)));
     }
     for (int i = 0; i < 64; ++i) g_e2m1_u8x64[i] = uint8_t(int(2.0f * e2m1_to_f32(uint8_t(i & 15))) + 12);
+    for (int i = 0; i < 32; ++i) g_e2m1_i16x32[i] = int16_t(2.0f * e2m1_to_f32(uint8_t(i & 15)));
     return true;
 }();
 
@@ -113,8 +115,8 @@ float q8x2_block(const float *v, int8_t *q1, int8_t *q2) {
 
 void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = round_up(K, 64), nb = K / 32;
-    std::memcpy(dst, x, size_t(K) * 2);  // the bf16 copy (mxfp4_avx512vbmi's activation)
-    std::memset(dst + K * 2, 0, size_t(qbytes - K) * 2);
+    uint8_t *x16 = dst;  // int16 256 q1 + q2 per element, zero-padded
+    std::memset(x16, 0, size_t(qbytes) * 2);
     dst += 2 * qbytes;
     int8_t *q1 = reinterpret_cast<int8_t *>(dst), *q2 = q1 + qbytes;
     float v[32];
@@ -122,7 +124,11 @@ void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst) {
         for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[32 * b + i]);
         const float d = q8x2_block(v, q1 + 32 * b, q2 + 32 * b);
         int32_t c[2] = {0, 0};
-        for (int i = 0; i < 32; ++i) c[0] += q1[32 * b + i], c[1] += q2[32 * b + i];
+        for (int i = 0; i < 32; ++i) {
+            const int16_t w = int16_t(256 * q1[32 * b + i] + q2[32 * b + i]);
+            std::memcpy(x16 + 2 * (32 * b + i), &w, 2);
+            c[0] += q1[32 * b + i], c[1] += q2[32 * b + i];
+        }
         c[0] *= -12, c[1] *= -12;
         const float ds = d / 512.0f;
         std::memcpy(dst + 2 * qbytes + 4 * b, &ds, 4);

@@ -513,16 +513,11 @@ inline void tile_scales(const QuantMatrix &m, int64_t first, int count, int64_t 
     if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char *>(srow + m.N), _MM_HINT_T0);
 }
 
-// The W4A8 x2 activation (mxfp4_q8_act_bytes) read as one int16 per element: x16 = 256 q1 + q2
-// (|x16| <= 32639), so x ~ (d / 256) x16 and the kernel's integer sums are those of the VNNI
-// kernel. Block b as 32 int16 into dst.
-inline void mxfp4_x16_block(const uint8_t *a, int64_t qbytes, int64_t b, int16_t *dst) {
-    const int8_t *q1 = reinterpret_cast<const int8_t *>(a) + 32 * b, *q2 = q1 + qbytes;
-    for (int h = 0; h < 2; ++h) {
-        const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q1 + 16 * h)));
-        const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q2 + 16 * h)));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(dst + 16 * h), _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
-    }
+// The W4A8 x2 activation (mxfp4_q8_act_bytes) starts with its int16 form x16 = 256 q1 + q2
+// (|x16| <= 32639), so x ~ (d / 256) x16 and the kernels' integer sums are those of the VNNI
+// kernel. Block b of a token's x16.
+inline const int16_t *mxfp4_x16_block(const uint8_t *act, int64_t b) {
+    return reinterpret_cast<const int16_t *>(act) + 32 * b;
 }
 
 // 2 * e2m1(code) + 12 (0 .. 24) for codes 0..15, in both 128-bit lanes: mxfp4's weights as
@@ -553,7 +548,7 @@ inline void mxfp4_w4a8_scales(const uint8_t *sc, bool biased, __m256 s[4]) {
     s[2] = e8m0_full8(_mm256_unpacklo_epi16(b, z), biased), s[3] = e8m0_full8(_mm256_unpackhi_epi16(b, z), biased);
 }
 
-// Per token and block b of nb (a: the activation past its bf16 copy): the start of the int32
+// Per token and block b of nb (a: the activation past its x16 form): the start of the int32
 // sums, -12 sum(x16) = 256 c1 + c2 from the block's -12 sum(q1), -12 sum(q2); its d / 512.
 inline __m256i mxfp4_offset_start(const uint8_t *a, int64_t qbytes, int64_t nb, int64_t b) {
     int32_t c[2];
@@ -596,13 +591,13 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
     const int64_t nb = m.K / 32;
     const __m256i lut = e2m1x2_u8_table(), m15 = _mm256_set1_epi8(15);
     const uint8_t *a[NT];
-    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
+    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the x16 form
     __m256 acc[NT][4 * NL] = {};
     for (int64_t b = 0; b < nb; ++b) {
-        alignas(32) int16_t xs[NT][32];
+        const int16_t *xs[NT];
         __m256i isum[NT][4 * NL];
         for (int t = 0; t < NT; ++t) {
-            mxfp4_x16_block(a[t], qbytes, b, xs[t]);
+            xs[t] = mxfp4_x16_block(act[t], b);
             const __m256i start = mxfp4_offset_start(a[t], qbytes, nb, b);
             for (int g = 0; g < 4 * NL; ++g) isum[t][g] = start;
         }
@@ -647,7 +642,7 @@ void mxfp4_w4a8_tile(const QuantMatrix &m, int64_t first, int count, const uint8
 // One group of NG tokens over half h of 32 columns (vectors 2h, 2h + 1 of each K row pair in wb):
 // the block's int32 sums, 2 per token, which stay in registers with the NG activation pairs.
 template <int NG>
-inline void mxfp4_w4a8_group(const __m256i (*wb)[4], int h, const int16_t (*xs)[32], const __m256i *start,
+inline void mxfp4_w4a8_group(const __m256i (*wb)[4], int h, const int16_t *const *xs, const __m256i *start,
                              __m256i isum[NG][2]) {
     for (int t = 0; t < NG; ++t) isum[t][0] = isum[t][1] = start[t];
 #pragma GCC unroll 1  // GCC unrolls it fully for 1 .. 3 tokens and then spills (2 x slower)
@@ -673,7 +668,7 @@ void mxfp4_w4a8_tokens(const QuantMatrix &m, int64_t first, int count, const uin
     const int64_t nb = m.K / 32;
     const __m256i lut = e2m1x2_u8_table(), m15 = _mm256_set1_epi8(15);
     const uint8_t *a[NT];
-    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the bf16 copy
+    for (int t = 0; t < NT; ++t) a[t] = act[t] + 2 * qbytes;  // past the x16 form
     __m256 acc[NT][4 * NL] = {};
     for (int64_t b = 0; b < nb; ++b) {
         alignas(32) uint8_t tmp[16 * W];
@@ -684,11 +679,11 @@ void mxfp4_w4a8_tokens(const QuantMatrix &m, int64_t first, int count, const uin
             for (int r = 0; r < 16; ++r)
                 mxfp4_u16_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(rows + r * stride + 32 * l)), lut,
                                 m15, wb[l][r]);
-        alignas(32) int16_t xs[NT][32];
+        const int16_t *xs[NT];
         __m256i start[NT];
         __m256 dt[NT];
         for (int t = 0; t < NT; ++t) {
-            mxfp4_x16_block(a[t], qbytes, b, xs[t]);
+            xs[t] = mxfp4_x16_block(act[t], b);
             start[t] = mxfp4_offset_start(a[t], qbytes, nb, b);
             dt[t] = mxfp4_block_d(a[t], qbytes, b);
         }

@@ -47,12 +47,12 @@ alignas(64) const struct SIdx {
     }
 } kSidx;
 
-// NL lines (64 columns each) x NT tokens, groups G0 .. G0 + NG - 1 of each line (NG = 2: half
-// the columns, so two tokens' block sums fit the registers; the other half is a second pass).
-// Every column's lane sees the same operations whatever NT, NL, NG and G0.
-template <int NT, int NL, int NG = 4, int G0 = 0>
+// One token, NL lines (64 columns each), all four groups of each line. Every column's lane sees
+// the same operations whatever NL.
+template <int NL>
 void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes, float *out,
           size_t ldo, int pf_rows, int pf_span) {
+    constexpr int NT = 1, NG = 4, G0 = 0;
     const int64_t K = m.K, N = m.N, nb = K / 32;
     const __m512i lut = _mm512_loadu_si512(g_e2m1_u8x64);
     // Bit offsets of the nibbles of words 0, 1 (even groups) and 2, 3 (odd) of each qword.
@@ -157,6 +157,106 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
     }
 }
 
+// Calls of several tokens: the x16 form of the same activation (256 q1 + q2 per element) times
+// the weights as int16 2 * e2m1 (`vpermw` from g_e2m1_i16x32), `vpdpwssd` into exact int32 block
+// sums, so each column's sum, and all fp32 operations on it, are those of the one-token tile
+// above: the results are bitwise the same whatever the token count. Lane 2q + r of group g is
+// column 8q + 2g + r and holds its words at k = 2kb, 2kb + 1 (`vpmultishiftqb` as in the W4A16
+// VBMI kernel); a 32-bit broadcast of the token's x16 pair multiplies it. 64 columns per tile,
+// groups G0 .. G0 + NG - 1 per pass (tile_x16_passes).
+constexpr int x16_column_of(int g, int l) { return 8 * (l >> 1) + 2 * g + (l & 1); }
+
+template <int NT, int NG, int G0>
+void tile_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes, float *out,
+              size_t ldo, int pf_rows) {
+    const int64_t K = m.K, N = m.N, nb = K / 32;
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_i16x32);
+    const __mmask64 mask = count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
+    __m512i ctrl[NG], sidx[NG];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; ++g) {
+        const int64_t o = 16 * (G0 + g);
+        ctrl[g] = _mm512_set1_epi64(o | (o + 4) << 16 | (o + 8) << 32 | (o + 12) << 48);
+        alignas(64) uint8_t si[64] = {};
+        for (int l = 0; l < 16; ++l) si[4 * l] = uint8_t(x16_column_of(G0 + g, l));
+        sidx[g] = _mm512_load_si512(si);
+    }
+    __m512 acc[NT][NG];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) acc[t][g] = _mm512_setzero_ps();
+    const uint8_t *row = m.data + first;
+    for (int64_t b = 0; b < nb; ++b) {
+        __m512i sum[NT][NG];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) sum[t][g] = _mm512_setzero_si512();
+        for (int64_t kb = 16 * b; kb < 16 * b + 16; ++kb, row += N) {
+            if (pf_rows && kb + pf_rows < K / 2) {
+                // The lines of the tile's span pf_rows K rows ahead (one more where not 64-aligned).
+                const char *pr = reinterpret_cast<const char *>(row + pf_rows * N);
+                _mm_prefetch(pr, _MM_HINT_T1);
+                _mm_prefetch(pr + count - 1, _MM_HINT_T1);
+            }
+            const __m512i v = _mm512_maskz_loadu_epi8(mask, row);
+            __m512i xp[NT];
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; ++t) {
+                int32_t pair;
+                std::memcpy(&pair, act[t] + 4 * kb, 4);
+                xp[t] = _mm512_set1_epi32(pair);
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) {
+                const __m512i w = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut);
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; ++t) sum[t][g] = _mm512_dpwssd_epi32(sum[t][g], w, xp[t]);
+            }
+        }
+        const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + b * N + first);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) {
+            const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; ++t) {
+                float d;
+                std::memcpy(&d, act[t] + 4 * qbytes + 4 * b, 4);
+                // As the one-token tile: (sum * d) * e8m0, the power-of-two scale last.
+                acc[t][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[t][g]), _mm512_set1_ps(d)), s,
+                                            acc[t][g]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+        alignas(64) float lanes[NG * 16];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
+        for (int g = 0; g < NG; ++g)
+            for (int l = 0; l < 16; ++l) {
+                const int c = x16_column_of(G0 + g, l);
+                if (c < count) out[t * ldo + c] = lanes[16 * g + l];
+            }
+    }
+}
+
+// NT tokens on one tile of up to 64 columns: up to 4 tokens in one pass over its lines (the
+// block totals live in memory between blocks), 5 to 8 in two passes of two groups each, the
+// second reading what the first brought into L2 (one pass with four groups, or four with one:
+// 31 % and 10 % slower at 8 tokens, `kernel_mxfp4` on the dev box).
+template <int NT>
+void tile_x16_passes(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes,
+                     float *out, size_t ldo, int pf_rows) {
+    if constexpr (NT <= 4) {
+        tile_x16<NT, 4, 0>(m, first, count, act, qbytes, out, ldo, pf_rows);
+    } else {
+        tile_x16<NT, 2, 0>(m, first, count, act, qbytes, out, ldo, pf_rows);
+        tile_x16<NT, 2, 2>(m, first, count, act, qbytes, out, ldo, 0);
+    }
+}
+
 }  // namespace
 
 // The W4A8 x2 activation (mxfp4_q8_act_bytes) with the same fp32 operations as
@@ -170,8 +270,8 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
 #endif
 void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = (K + 63) / 64 * 64, nb = K / 32;
-    std::memcpy(dst, x, size_t(K) * 2);  // bf16 copy for calls of several tokens
-    std::memset(dst + K * 2, 0, size_t(qbytes - K) * 2);
+    int16_t *x16 = reinterpret_cast<int16_t *>(dst);  // 256 q1 + q2, for calls of several tokens
+    std::memset(x16 + K, 0, size_t(qbytes - K) * 2);
     dst += 2 * qbytes;
     int8_t *q1 = reinterpret_cast<int8_t *>(dst), *q2 = q1 + qbytes;
     const __m512 lim = _mm512_set1_ps(127.0f);
@@ -189,6 +289,8 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
             const __m512i ai = _mm512_cvtps_epi32(a), ci = _mm512_cvtps_epi32(c);
             _mm_storeu_si128(reinterpret_cast<__m128i *>(q1 + 32 * b + 16 * h), _mm512_cvtepi32_epi8(ai));
             _mm_storeu_si128(reinterpret_cast<__m128i *>(q2 + 32 * b + 16 * h), _mm512_cvtepi32_epi8(ci));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(x16 + 32 * b + 16 * h),
+                                _mm512_cvtepi32_epi16(_mm512_add_epi32(_mm512_slli_epi32(ai, 8), ci)));
             s1 = _mm512_add_epi32(s1, ai);
             s2 = _mm512_add_epi32(s2, ci);
         }
@@ -206,23 +308,38 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
 
 // One token: tiles of 128 columns (both lines of a pair per step, as the W4A16 VBMI kernel),
 // the last one of 64 where fewer are left; prefetch into L2 FT_CPU_PREFETCH / 8 K rows ahead, as
-// there. Several tokens: the W4A16 VBMI kernel on the bf16 copy at the start of the activation
-// (two int8 terms per token double the `vpdpbusd` per decoded weight, which made tiles of 2
-// tokens slower than W4A16: 13.7 vs 17.1 GB/s hot on the dev box).
-
+// there. Several tokens: tile_x16 per 64 columns, tokens in groups of up to 8.
 void mxfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                            float *out, size_t ldo) {
-    if (ntok != 1) {
-        mxfp4_avx512vbmi(m, first, count, act, ntok, out, ldo);
-        return;
-    }
     const int pf_rows = g_prefetch_bytes / 8;
     const int64_t qbytes = (m.K + 63) / 64 * 64;
-    const uint8_t *a = act[0] + 2 * qbytes;  // past the bf16 copy
+    if (ntok != 1) {
+        for (int c = 0; c < count; c += 64) {
+            const int n = count - c < 64 ? count - c : 64;
+            for (int t = 0; t < ntok;) {
+                const int r = ntok - t < 8 ? ntok - t : 8;
+                const uint8_t *const *a = act + t;
+                float *o = out + size_t(t) * ldo + c;
+                switch (r) {
+                    case 1: tile_x16_passes<1>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    case 2: tile_x16_passes<2>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    case 3: tile_x16_passes<3>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    case 4: tile_x16_passes<4>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    case 5: tile_x16_passes<5>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    case 6: tile_x16_passes<6>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    case 7: tile_x16_passes<7>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                    default: tile_x16_passes<8>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
+                }
+                t += r;
+            }
+        }
+        return;
+    }
+    const uint8_t *a = act[0] + 2 * qbytes;  // past the x16 form
     for (int c = 0; c < count; c += 128) {
         const int n = count - c < 128 ? count - c : 128;
-        if (n > 64) tile<1, 2>(m, first + c, n, &a, qbytes, out + c, ldo, pf_rows, n);
-        else tile<1, 1>(m, first + c, n, &a, qbytes, out + c, ldo, pf_rows, n);
+        if (n > 64) tile<2>(m, first + c, n, &a, qbytes, out + c, ldo, pf_rows, n);
+        else tile<1>(m, first + c, n, &a, qbytes, out + c, ldo, pf_rows, n);
     }
 }
 

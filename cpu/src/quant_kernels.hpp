@@ -41,6 +41,9 @@ extern uint16_t g_e4m3_sub_bf16x32[32];
 // u = 2 * e2m1 + 12 as unsigned bytes (0 .. 24, exact), the 16 codes four times (a `vpermb`
 // index reads the low 6 bits): the W4A8 mxfp4/nvfp4 kernels' weights.
 extern uint8_t g_e2m1_u8x64[64];
+// 2 * e2m1 as int16 (-12 .. 12, exact), the 16 codes twice (a `vpermw` index reads the low 5
+// bits): the weights of the mxfp4 W4A8 x2 kernel's calls of several tokens.
+extern int16_t g_e2m1_i16x32[32];
 
 // Bytes of a prepared q4_0 activation of length K: int8 q[K] (Q8_0), then float d[K/32].
 size_t q8_0_act_bytes(int64_t K);
@@ -59,8 +62,8 @@ size_t nvfp4_q8_act_bytes(int64_t K);
 // so |x - d (q1 + q2 / 256)| <= d / 512 (d / 256 where q2 clamps): about 15 bits per block,
 // finer than bf16 for all but the block's smallest values. Layout: int8 q1[Kp], int8 q2[Kp]
 // (Kp = K rounded up to 64, zero-padded), float d[K/32] / 512, int32 {-12 sum(q1), -12 sum(q2)}
-// per block; all of it after a bf16[Kp] copy of x (the layout of mxfp4_avx512vbmi, which the
-// kernel runs for calls of several tokens).
+// per block; all of it after int16 x16[Kp] = 256 q1 + q2 (zero-padded), the same values as one
+// int16 per element (|x16| <= 32639), which the kernel's calls of several tokens read.
 void mxfp4_residual_q8(const float *x, const int8_t *q, float d, int8_t *q2);
 size_t mxfp4_q8_act_bytes(int64_t K);
 // That layout by its definition (ft::quantize_q8_0, mxfp4_residual_q8): the AVX2 tier's preparation.
