@@ -35,9 +35,6 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc
 
 #include "tier_avx512.inc"
 
-// Column of lane l in group g.
-constexpr int column_of(int g, int l) { return 8 * (l >> 1) + 2 * g + (l & 1); }
-
 // Groups G0 .. G0 + NG - 1 of the tile (NG = 4: all 64 columns; NG = 2 with G0 = 0 or 2: the
 // columns with n % 8 < 4 or >= 4, so four tokens' block sums fit the registers). Every column's
 // lane sees the same operations whatever NT, NG and G0, so the results do not depend on them.
@@ -55,13 +52,7 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
     }
     __m512i ctrl[NG], sidx[NG];
     #pragma GCC unroll 4
-    for (int g = 0; g < NG; ++g) {
-        const int64_t o = 16 * (G0 + g);
-        ctrl[g] = _mm512_set1_epi64(o | (o + 4) << 16 | (o + 8) << 32 | (o + 12) << 48);
-        alignas(64) uint8_t si[64] = {};
-        for (int l = 0; l < 16; ++l) si[4 * l] = uint8_t(column_of(G0 + g, l));
-        sidx[g] = _mm512_load_si512(si);
-    }
+    for (int g = 0; g < NG; ++g) mxfp4_vbmi_group(G0 + g, ctrl[g], sidx[g]);
     __m512 acc[NT][NL * NG];
     #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
@@ -122,7 +113,7 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
             #pragma GCC unroll 4
             for (int g = 0; g < NG; ++g)
                 for (int l = 0; l < 16; ++l) {
-                    const int c = 64 * li + column_of(G0 + g, l);
+                    const int c = 64 * li + mxfp4_vbmi_column(G0 + g, l);
                     if (c < count) out[t * ldo + c] = lanes[16 * (li * NG + g) + l];
                 }
     }

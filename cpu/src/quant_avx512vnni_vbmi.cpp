@@ -160,12 +160,10 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
 // Calls of several tokens: the x16 form of the same activation (256 q1 + q2 per element) times
 // the weights as int16 2 * e2m1 (`vpermw` from g_e2m1_i16x32), `vpdpwssd` into exact int32 block
 // sums, so each column's sum, and all fp32 operations on it, are those of the one-token tile
-// above: the results are bitwise the same whatever the token count. Lane 2q + r of group g is
-// column 8q + 2g + r and holds its words at k = 2kb, 2kb + 1 (`vpmultishiftqb` as in the W4A16
-// VBMI kernel); a 32-bit broadcast of the token's x16 pair multiplies it. 64 columns per tile,
+// above: the results are bitwise the same whatever the token count. A lane (mxfp4_vbmi_column)
+// holds its column's words at k = 2kb, 2kb + 1, as in the W4A16 VBMI kernel; a 32-bit broadcast
+// of the token's x16 pair multiplies it. 64 columns per tile,
 // groups G0 .. G0 + NG - 1 per pass (tile_x16_passes).
-constexpr int x16_column_of(int g, int l) { return 8 * (l >> 1) + 2 * g + (l & 1); }
-
 template <int NT, int NG, int G0>
 void tile_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes, float *out,
               size_t ldo, int pf_rows) {
@@ -174,13 +172,7 @@ void tile_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *con
     const __mmask64 mask = count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
     __m512i ctrl[NG], sidx[NG];
 #pragma GCC unroll 4
-    for (int g = 0; g < NG; ++g) {
-        const int64_t o = 16 * (G0 + g);
-        ctrl[g] = _mm512_set1_epi64(o | (o + 4) << 16 | (o + 8) << 32 | (o + 12) << 48);
-        alignas(64) uint8_t si[64] = {};
-        for (int l = 0; l < 16; ++l) si[4 * l] = uint8_t(x16_column_of(G0 + g, l));
-        sidx[g] = _mm512_load_si512(si);
-    }
+    for (int g = 0; g < NG; ++g) mxfp4_vbmi_group(G0 + g, ctrl[g], sidx[g]);
     __m512 acc[NT][NG];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t)
@@ -236,7 +228,7 @@ void tile_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *con
         for (int g = 0; g < NG; ++g) _mm512_store_ps(lanes + 16 * g, acc[t][g]);
         for (int g = 0; g < NG; ++g)
             for (int l = 0; l < 16; ++l) {
-                const int c = x16_column_of(G0 + g, l);
+                const int c = mxfp4_vbmi_column(G0 + g, l);
                 if (c < count) out[t * ldo + c] = lanes[16 * g + l];
             }
     }
