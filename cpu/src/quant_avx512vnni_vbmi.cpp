@@ -162,8 +162,8 @@ void tile(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *
 // sums, so each column's sum, and all fp32 operations on it, are those of the one-token tile
 // above: the results are bitwise the same whatever the token count. A lane (mxfp4_vbmi_column)
 // holds its column's words at k = 2kb, 2kb + 1, as in the W4A16 VBMI kernel; a 32-bit broadcast
-// of the token's x16 pair multiplies it. 64 columns per tile,
-// groups G0 .. G0 + NG - 1 per pass (tile_x16_passes).
+// of the token's x16 pair multiplies it. One pass over a tile of up to 64 columns computes its
+// groups G0 .. G0 + NG - 1 (tile_x16_passes chooses them).
 template <int NT, int NG, int G0>
 void tile_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int64_t qbytes, float *out,
               size_t ldo, int pf_rows) {
