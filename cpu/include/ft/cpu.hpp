@@ -200,7 +200,7 @@ struct MoeStats {
 // Which kernel serves a quantised format where a knob chooses (docs/knobs.md).
 struct QuantChoice {
     bool vnni = true;         // FT_CPU_VNNI: q4_0, GGUF block formats through AVX-512-VNNI where cpuid has it
-    bool mxfp4_w4a8 = true;   // FT_CPU_MXFP4_W4A8: one-token mxfp4 through W4A8 x2 (VNNI + VBMI)
+    bool mxfp4_w4a8 = true;   // FT_CPU_MXFP4_W4A8: mxfp4 through W4A8 x2 (VNNI + VBMI)
     bool nvfp4_w4a8 = false;  // FT_CPU_NVFP4_W4A8: nvfp4 through W4A8 (other numerics, bound 3e-2)
 };
 

@@ -24,7 +24,7 @@ enum class KnobType { integer, boolean, text };
     X(cpu_spin_us, "FT_CPU_SPIN_US", Int, 100, "microseconds an idle CPU worker polls before it sleeps")             \
     X(cpu_vnni, "FT_CPU_VNNI", Bool, 1, "q4_0 and the GGUF block formats through their AVX-512-VNNI kernels where cpuid has avx512vnni (0 = AVX-512F/BW)") \
     X(cpu_mxfp4_w4a8, "FT_CPU_MXFP4_W4A8", Bool, 1,                                                                   \
-      "one-token mxfp4 calls through the W4A8 x2 kernel where cpuid has avx512vnni and avx512vbmi (same error bound); the AVX2 tier's mxfp4 kernel is W4A8 x2 whatever this says") \
+      "mxfp4 through the W4A8 x2 kernel where cpuid has avx512vnni and avx512vbmi (same error bound; 0 = the W4A16 VBMI kernel); the AVX2 tier's mxfp4 kernel is W4A8 x2 whatever this says") \
     X(cpu_nvfp4_w4a8, "FT_CPU_NVFP4_W4A8", Bool, 0,                                                                   \
       "nvfp4 through the W4A8 kernel (needs avx512vnni); faster, but layer error ~1.3e-2, over nvfp4's 1e-2 bound")   \
     X(cpu_quant_batched_min_tokens, "FT_CPU_QUANT_BATCHED_MIN_TOKENS", Int, 32,                                       \
