@@ -74,23 +74,6 @@ inline __m256 e8m0_full8(__m256i s, bool biased) {
 template <int NT>
 constexpr int acc_sets() { return NT == 1 ? 4 : NT <= 4 ? 2 : 1; }
 
-// body(TokenTile<NT>{}, t) for tiles of up to Max tokens: full tiles, then one of the rest.
-template <int Max, typename Body>
-inline void for_tiles(int ntok, Body &&body) {
-    int t = 0;
-    for (; t + Max <= ntok; t += Max) body(TokenTile<Max>{}, t);
-    switch (ntok - t) {
-        case 7: if constexpr (Max > 7) body(TokenTile<7>{}, t); break;
-        case 6: if constexpr (Max > 6) body(TokenTile<6>{}, t); break;
-        case 5: if constexpr (Max > 5) body(TokenTile<5>{}, t); break;
-        case 4: if constexpr (Max > 4) body(TokenTile<4>{}, t); break;
-        case 3: body(TokenTile<3>{}, t); break;
-        case 2: body(TokenTile<2>{}, t); break;
-        case 1: body(TokenTile<1>{}, t); break;
-        default: break;
-    }
-}
-
 template <template <int> class Row, class... A>
 void per_tokens(int ntok, const uint8_t *const *act, float *out, size_t ldo, A... a) {
     for_tiles<8>(ntok, [&](auto tile_n, int t) {

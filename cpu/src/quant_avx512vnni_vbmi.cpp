@@ -29,6 +29,8 @@
 namespace ft::cpu::detail {
 namespace {
 
+#include "tier_tiles.inc"
+
 #include "tier_avx512.inc"
 
 // Column (within a line) of lane l of group g: groups 0, 1 come from the low unpack (columns
@@ -207,18 +209,20 @@ void tile_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *con
                 for (int t = 0; t < NT; ++t) sum[t][g] = _mm512_dpwssd_epi32(sum[t][g], w, xp[t]);
             }
         }
+        __m512 dt[NT];  // each token's d / 512 of block b
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+            float d;
+            std::memcpy(&d, act[t] + 4 * qbytes + 4 * b, 4);
+            dt[t] = _mm512_set1_ps(d);
+        }
         const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + b * N + first);
 #pragma GCC unroll 4
         for (int g = 0; g < NG; ++g) {
             const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; ++t) {
-                float d;
-                std::memcpy(&d, act[t] + 4 * qbytes + 4 * b, 4);
-                // As the one-token tile: (sum * d) * e8m0, the power-of-two scale last.
-                acc[t][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[t][g]), _mm512_set1_ps(d)), s,
-                                            acc[t][g]);
-            }
+            for (int t = 0; t < NT; ++t)  // as the one-token tile: (sum * d) * e8m0, the power of two last
+                acc[t][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[t][g]), dt[t]), s, acc[t][g]);
         }
     }
 #pragma GCC unroll 8
@@ -300,7 +304,7 @@ void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst) {
 
 // One token: tiles of 128 columns (both lines of a pair per step, as the W4A16 VBMI kernel),
 // the last one of 64 where fewer are left; prefetch into L2 FT_CPU_PREFETCH / 8 K rows ahead, as
-// there. Several tokens: tile_x16 per 64 columns, tokens in groups of up to 8.
+// there. Several tokens: tile_x16 per 64 columns, tokens in tiles of up to 8.
 void mxfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                            float *out, size_t ldo) {
     const int pf_rows = g_prefetch_bytes / 8;
@@ -308,22 +312,10 @@ void mxfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const
     if (ntok != 1) {
         for (int c = 0; c < count; c += 64) {
             const int n = count - c < 64 ? count - c : 64;
-            for (int t = 0; t < ntok;) {
-                const int r = ntok - t < 8 ? ntok - t : 8;
-                const uint8_t *const *a = act + t;
-                float *o = out + size_t(t) * ldo + c;
-                switch (r) {
-                    case 1: tile_x16_passes<1>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    case 2: tile_x16_passes<2>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    case 3: tile_x16_passes<3>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    case 4: tile_x16_passes<4>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    case 5: tile_x16_passes<5>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    case 6: tile_x16_passes<6>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    case 7: tile_x16_passes<7>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                    default: tile_x16_passes<8>(m, first + c, n, a, qbytes, o, ldo, pf_rows); break;
-                }
-                t += r;
-            }
+            for_tiles<8>(ntok, [&](auto tile_n, int t) {
+                tile_x16_passes<decltype(tile_n)::value>(m, first + c, n, act + t, qbytes, out + size_t(t) * ldo + c,
+                                                         ldo, pf_rows);
+            });
         }
         return;
     }

@@ -29,25 +29,6 @@ namespace {
 
 #include "tier_avx2.inc"
 
-
-
-// body(TokenTile<NT>{}, t) for tiles of up to 8 tokens: full tiles, then one of the rest.
-template <typename Body>
-inline void tiles8(int ntok, Body &&body) {
-    int t = 0;
-    for (; t + 8 <= ntok; t += 8) body(TokenTile<8>{}, t);
-    switch (ntok - t) {
-        case 7: body(TokenTile<7>{}, t); break;
-        case 6: body(TokenTile<6>{}, t); break;
-        case 5: body(TokenTile<5>{}, t); break;
-        case 4: body(TokenTile<4>{}, t); break;
-        case 3: body(TokenTile<3>{}, t); break;
-        case 2: body(TokenTile<2>{}, t); break;
-        case 1: body(TokenTile<1>{}, t); break;
-        default: break;
-    }
-}
-
 // Accumulator sets per token: one FMA chain per token would be latency-bound for 1-2 tokens.
 template <int NT>
 constexpr int sets() { return NT <= 2 ? 2 : 1; }
@@ -347,7 +328,7 @@ void kquant_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *
     const int64_t K = m.K, nsb = K / 256, qbytes = (K + 63) / 64 * 64;
     const size_t rb = size_t(nsb) * F::kBytes;
     alignas(32) float sums[kSumsFloats];
-    tiles8(ntok, [&](auto tile_n, int t0) {
+    for_tiles<8>(ntok, [&](auto tile_n, int t0) {
         constexpr int NT = decltype(tile_n)::value;
         const int64_t chunk = kSumsFloats / (16 * NT);
         const int8_t *q[NT];
@@ -398,7 +379,7 @@ void q8_0_avx2(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
     const int pf = g_prefetch_bytes;
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
     for (int j = 0; j < count; ++j)
-        tiles8(ntok, [&](auto tile_n, int t) {
+        for_tiles<8>(ntok, [&](auto tile_n, int t) {
             Q8Row<decltype(tile_n)::value>::run(act + t, out + size_t(t) * ldo + j, ldo,
                                                 m.data + size_t(first + j) * size_t(nb) * 34, nb, qbytes, pf);
         });
