@@ -157,12 +157,8 @@ std::vector<MixedLayerRef> fill_model(std::mt19937 &rng, ft::Model &m) {
 
 // Every format of kMix quantises both passes' inputs to Q8_0 on the CPU (the block formats'
 // rule); the reference does the same, so what is left is fp32 summation, bf16 rounding and the
-// intermediate's Q8_0 steps where the two sides round it differently: under 5e-3 over 17,000 draws.
-ft::test::FormatNumerics q8_numerics() {
-    ft::test::FormatNumerics n;
-    n.in_round_trip = n.mid_round_trip = ft::test::q8_0_round_trip;
-    return n;
-}
+// intermediate's Q8_0 steps where the two sides round it differently (ft::test::q8_0_numerics):
+// under 5e-3 over 17,000 draws.
 constexpr double kBound = 1.5e-2;
 
 TEST(MixedFormats, CpuBackendComputesEachLayerInItsFormats) {
@@ -194,7 +190,7 @@ TEST(MixedFormats, CpuBackendComputesEachLayerInItsFormats) {
                 const QLayer &gu = *refs[l].gu, &dn = *refs[l].dn;
                 const std::vector<double> ref = ft::test::moe_reference_f32(
                     [&](int32_t e) { return ft::test::ExpertF32{gu.gate[e].data(), gu.up[e].data(), dn.down[e].data()}; },
-                    kE, ft::test::ActivationRef{FT_ACT_SILU, 1.702f, 7.0f}, q8_numerics(), kH, kI, T, kK, b.x.data(),
+                    kE, ft::test::ActivationRef{FT_ACT_SILU, 1.702f, 7.0f}, ft::test::q8_0_numerics(), kH, kI, T, kK, b.x.data(),
                     b.ids.data(), b.w.data());
                 const double err = ft::test::relative_error_bf16(y, ref);
                 EXPECT_LT(err, kBound) << "layer " << l << " (" << ft::format_name(kMix[l].gate_up) << "/"

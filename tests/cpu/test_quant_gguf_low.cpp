@@ -214,9 +214,8 @@ TEST_P(QuantGgufLowMoe, MatchesDequantisedReference) {
                 auto src = L.cpu_source();
                 ex.run(src, nullptr, T, b.x.data(), b.ids.data(), b.w.data(), y.data());
                 ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
-                ft::test::FormatNumerics q8;
-                q8.in_round_trip = q8.mid_round_trip = ft::test::q8_0_round_trip;
-                const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, q8, L.H, L.I,
+                const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a,
+                                                             ft::test::q8_0_numerics(), L.H, L.I,
                                                              T, K, b.x.data(), b.ids.data(), b.w.data());
                 const double err = ft::test::relative_error_bf16(y, ref);
                 EXPECT_LT(err, 1.5e-2) << ft::format_name(f) << " " << kernel << " act " << act.kind << " T=" << T;

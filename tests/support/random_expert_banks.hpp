@@ -93,4 +93,11 @@ inline void q8_0_round_trip(const float *x, int64_t K, float *y) {
     for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 32)];
 }
 
+// The numerics of kernels that quantise both passes' inputs to Q8_0 (the block formats' CPU rule).
+inline FormatNumerics q8_0_numerics() {
+    FormatNumerics n;
+    n.in_round_trip = n.mid_round_trip = q8_0_round_trip;
+    return n;
+}
+
 }  // namespace ft::test
