@@ -568,14 +568,35 @@ const TierKernels kKernels[] = {
 };
 #undef X86
 
-// AVX-512-VNNI is orthogonal to the tiers (Cascade Lake has it without BF16): used at tiers >=
-// avx512 where cpuid has it, unless the choice turns it off (FT_CPU_VNNI=0).
-bool use_vnni(bool wanted) {
+// The AVX-VNNI flavour of a format's AVX2 kernel (vpdpbusd / vpdpwssd, same activation and
+// results), where it has one.
+detail::QuantGemv avx2_vnni_gemv(Format f) {
 #if defined(FT_CPU_X86_KERNELS)
-    static const bool has = __builtin_cpu_supports("avx512vnni");
-    return wanted && has && int(cpu_best_isa()) >= int(Isa::avx512);
+    switch (f) {
+        case Format::nvfp4: return detail::nvfp4_avxvnni;
+        case Format::ds_fp4: return detail::ds_fp4_avxvnni;
+        case Format::mxfp4: return detail::mxfp4_avxvnni;
+        case Format::q4_0: return detail::q4_0_avxvnni;
+        default: return nullptr;
+    }
+#else
+    (void)f;
+    return nullptr;
+#endif
+}
+
+// VNNI is orthogonal to the tiers: AVX-512-VNNI at tiers >= avx512 (Cascade Lake has it without
+// BF16), AVX-VNNI at the avx2 tier (Alder Lake and later, Zen 5), each where cpuid has it, unless
+// the choice turns it off (FT_CPU_VNNI=0).
+bool use_vnni(bool wanted, Isa isa) {
+#if defined(FT_CPU_X86_KERNELS)
+    static const bool has512 = __builtin_cpu_supports("avx512vnni"), has256 = __builtin_cpu_supports("avxvnni");
+    if (!wanted) return false;
+    if (int(isa) >= int(Isa::avx512)) return has512 && int(cpu_best_isa()) >= int(Isa::avx512);
+    return isa == Isa::avx2 && has256 && int(cpu_best_isa()) >= int(Isa::avx2);
 #else
     (void)wanted;
+    (void)isa;
     return false;
 #endif
 }
@@ -617,6 +638,10 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     Kernel use = k.tier[0];
                     for (int i = 1; i <= tier; ++i)
                         if (k.tier[i].gemv) use = k.tier[i];
+                    if (v && tier == int(Isa::avx2) && use.gemv == k.tier[1].gemv && avx2_vnni_gemv(k.format)) {
+                        use.gemv = avx2_vnni_gemv(k.format);
+                        use.suffix = "-avx2vnni";
+                    }
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
@@ -633,7 +658,7 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
 }
 
 const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice) {
-    return quant_ops_variant(f, isa, use_vnni(choice.vnni), cpu_has_vbmi(), fast_kernel(f, choice));
+    return quant_ops_variant(f, isa, use_vnni(choice.vnni, isa), cpu_has_vbmi(), fast_kernel(f, choice));
 }
 
 }  // namespace ft::cpu

@@ -22,10 +22,11 @@ struct QuantOps {
     detail::QuantDequant dequant;
 };
 
-// The kernels of `f` at tier `isa` (the best the format has at or below it; q4_0 uses VNNI at
-// tiers >= avx512 when the CPU has AVX-512-VNNI and choice.vnni); nullptr for bf16.
+// The kernels of `f` at tier `isa` (the best the format has at or below it; with choice.vnni the
+// VNNI ones where the CPU has AVX-512-VNNI (tiers >= avx512) or AVX-VNNI (avx2)); nullptr for bf16.
 const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice);
-// The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it). VBMI
+// The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it: VNNI
+// means AVX-512-VNNI at tiers >= avx512 and AVX-VNNI at the avx2 tier). VBMI
 // selects mxfp4's avx512bf16vbmi kernel at the avx512bf16 tier (quant_avx512vbmi.cpp), which
 // quant_ops uses whenever the CPU has avx512vbmi.
 // fast: the format's W4A8 kernel where it has one (nvfp4: W4A8; mxfp4: W4A8 x2, also needing

@@ -90,13 +90,18 @@ void q4_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int,
 void q5_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q6_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
-// AVX2 + FMA + F16C (quant_avx2.cpp): fp8_block fp32 activations, q4_0 Q8_0, nvfp4 / ds_fp4
+// AVX2 + FMA + F16C (quant_avx2.cpp, quant_avx2_unit.inc): fp8_block fp32 activations, q4_0 Q8_0, nvfp4 / ds_fp4
 // e2m1_x16_act_bytes, mxfp4 mxfp4_q8_act_bytes.
 void fp8_block_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void ds_fp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// The same with AVX-VNNI (quant_avxvnni.cpp; same activations, same results).
+void nvfp4_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_0_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void mxfp4_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // GGUF block formats (quant_gguf_avx2.cpp), the scalar kernels' layouts.
 void q8_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);

@@ -14,11 +14,14 @@ namespace quant_test {
 std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     std::vector<const ft::cpu::QuantOps *> v;
     std::set<std::string> seen;
-    const bool vnni = __builtin_cpu_supports("avx512vnni"), vbmi = ft::cpu::cpu_has_vbmi();
+    // VNNI: AVX-512-VNNI at tiers >= avx512, AVX-VNNI at the avx2 tier.
+    const bool vnni512 = __builtin_cpu_supports("avx512vnni"), vnni256 = __builtin_cpu_supports("avxvnni");
+    const bool vbmi = ft::cpu::cpu_has_vbmi();
     for (Isa isa : tiers_here())
         for (bool vn : {false, true})
             for (bool vb : {false, true})
                 for (bool fast : {false, true}) {
+                    const bool vnni = int(isa) >= int(Isa::avx512) ? vnni512 : vnni256;
                     if ((vn && !vnni) || (vb && !vbmi)) continue;
                     const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb, fast);
                     if (seen.insert(ops->kernel).second) v.push_back(ops);

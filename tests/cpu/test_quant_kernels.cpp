@@ -208,10 +208,9 @@ TEST(QuantKernels, Mxfp4W4A8x2PrepareMatchesDefinition) {
     }
 }
 
-// The mxfp4 W4A8 x2 kernel with VNNI computes each column's int32 block sums and their fp32
-// scaling the same way for one token and for several (quant_avx512vnni_vbmi.cpp): every token
-// of a call of 2..17 tokens equals, bit for bit, that token alone; columns with a tail, K of 3
-// blocks.
+// The mxfp4 W4A8 x2 kernels (VNNI + VBMI and AVX2) compute each column's int32 block sums and
+// their fp32 scaling the same way for one token and for several: every token of a call of 2..17
+// tokens equals, bit for bit, that token alone; columns with a tail, K of 3 blocks.
 TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4W4A8x2TokenCounts")));
     const Case c = make_case(rng, Format::mxfp4, 96, 200);
@@ -219,7 +218,7 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     const int count = 190;
     int checked = 0;
     for (const ft::cpu::QuantOps *ops : variants_here(Format::mxfp4)) {
-        if (std::string(ops->kernel).find("w4a8x2-avx512") == std::string::npos) continue;
+        if (std::string(ops->kernel).find("w4a8x2-avx") == std::string::npos) continue;
         ++checked;
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         const int ntok = 17;
@@ -239,9 +238,53 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
             ASSERT_EQ(std::memcmp(many.data(), one.data(), many.size() * sizeof(float)), 0) << ops->kernel << " tokens " << n;
         }
     }
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
-        int(ft::cpu::cpu_best_isa()) >= int(Isa::avx512bf16)) {
-        EXPECT_GT(checked, 0) << "the VNNI W4A8 x2 kernel did not run here";
+    const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+                      int(ft::cpu::cpu_best_isa()) >= int(Isa::avx512bf16);
+    if (int(ft::cpu::cpu_best_isa()) >= int(Isa::avx2)) {
+        EXPECT_GE(checked, vnni ? 2 : 1) << "a W4A8 x2 kernel did not run here";
+    }
+}
+
+// The AVX-VNNI kernels of the AVX2 tier (quant_avxvnni.cpp) form the same int32 sums as the AVX2
+// ones, so their outputs are equal bit for bit: fresh random weights and activations, every token
+// count 1..17, counts with tails, K with partial 64s / 128s; quant_ops picks them where cpuid has
+// avx_vnni and FT_CPU_VNNI allows.
+TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
+    if (!__builtin_cpu_supports("avxvnni") || int(ft::cpu::cpu_best_isa()) < int(Isa::avx2))
+        GTEST_SKIP() << "no avx_vnni here";
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.AvxVnniEqualsAvx2Bitwise")));
+    struct G { Format f; int64_t K, N, first; int count; };
+    const G geos[] = {{Format::nvfp4, 272, 40, 1, 37}, {Format::ds_fp4, 640, 11, 0, 11},
+                      {Format::mxfp4, 96, 200, 3, 190}, {Format::q4_0, 547 * 32, 9, 1, 7},
+                      {Format::q4_0, 224, 20, 0, 20}};
+    for (const G &g : geos) {
+        const ft::cpu::QuantOps *plain = ft::cpu::quant_ops_variant(g.f, Isa::avx2, false, false);
+        const ft::cpu::QuantOps *vnni = ft::cpu::quant_ops_variant(g.f, Isa::avx2, true, false);
+        ASSERT_NE(plain->gemv, vnni->gemv) << plain->kernel;
+        ASSERT_EQ(plain->prepare, vnni->prepare) << vnni->kernel;
+        const std::string name = vnni->kernel;
+        EXPECT_EQ(name.substr(name.size() - 9), "-avx2vnni");
+        ft::cpu::QuantChoice choice;
+        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx2, choice)->gemv, vnni->gemv);
+        choice.vnni = false;
+        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx2, choice)->gemv, plain->gemv);
+        const Case c = make_case(rng, g.f, g.K, g.N);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        const int ntok = 17;
+        std::vector<std::vector<uint8_t>> act(ntok, std::vector<uint8_t>(plain->act_bytes(c.K)));
+        std::vector<const uint8_t *> ap;
+        for (auto &a : act) {
+            std::vector<uint16_t> x(size_t(c.K));
+            for (auto &v : x) v = ft::f32_to_bf16(u(rng));
+            plain->prepare(x.data(), c.K, a.data());
+            ap.push_back(a.data());
+        }
+        for (int n = 1; n <= ntok; ++n) {
+            std::vector<float> a(size_t(n) * g.count, 1.0f), b(size_t(n) * g.count, 2.0f);
+            plain->gemv(c.m(), g.first, g.count, ap.data(), n, a.data(), size_t(g.count));
+            vnni->gemv(c.m(), g.first, g.count, ap.data(), n, b.data(), size_t(g.count));
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << vnni->kernel << " tokens " << n;
+        }
     }
 }
 

@@ -199,7 +199,7 @@ struct MoeStats {
 
 // Which kernel serves a quantised format where a knob chooses (docs/knobs.md).
 struct QuantChoice {
-    bool vnni = true;         // FT_CPU_VNNI: q4_0, GGUF block formats through AVX-512-VNNI where cpuid has it
+    bool vnni = true;         // FT_CPU_VNNI: AVX-512-VNNI kernels (tiers >= avx512), AVX-VNNI ones (avx2) where cpuid has them
     bool mxfp4_w4a8 = true;   // FT_CPU_MXFP4_W4A8: mxfp4 through W4A8 x2 (VNNI + VBMI)
     bool nvfp4_w4a8 = false;  // FT_CPU_NVFP4_W4A8: nvfp4 through W4A8 (other numerics, bound 3e-2)
 };
