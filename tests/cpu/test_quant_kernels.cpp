@@ -208,6 +208,22 @@ TEST(QuantKernels, Mxfp4W4A8x2PrepareMatchesDefinition) {
     }
 }
 
+// ntok tokens of K fresh random bf16 values in [-1, 1), prepared by ops; ptr: one per token.
+struct PreparedTokens {
+    std::vector<std::vector<uint8_t>> act;
+    std::vector<const uint8_t *> ptr;
+    PreparedTokens(std::mt19937 &rng, const ft::cpu::QuantOps *ops, int64_t K, int ntok)
+        : act(size_t(ntok), std::vector<uint8_t>(ops->act_bytes(K))) {
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<uint16_t> x(static_cast<size_t>(K));
+        for (auto &a : act) {
+            for (auto &v : x) v = ft::f32_to_bf16(u(rng));
+            ops->prepare(x.data(), K, a.data());
+            ptr.push_back(a.data());
+        }
+    }
+};
+
 // The mxfp4 W4A8 x2 kernels (VNNI + VBMI and AVX2) compute each column's int32 block sums and
 // their fp32 scaling the same way for one token and for several: every token of a call of 2..17
 // tokens equals, bit for bit, that token alone; columns with a tail, K of 3 blocks.
@@ -220,16 +236,9 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     for (const ft::cpu::QuantOps *ops : variants_here(Format::mxfp4)) {
         if (std::string(ops->kernel).find("w4a8x2-avx") == std::string::npos) continue;
         ++checked;
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         const int ntok = 17;
-        std::vector<std::vector<uint8_t>> act(ntok, std::vector<uint8_t>(ops->act_bytes(c.K)));
-        std::vector<const uint8_t *> ap;
-        for (auto &a : act) {
-            std::vector<uint16_t> x(size_t(c.K));
-            for (auto &v : x) v = ft::f32_to_bf16(u(rng));
-            ops->prepare(x.data(), c.K, a.data());
-            ap.push_back(a.data());
-        }
+        const PreparedTokens p(rng, ops, c.K, ntok);
+        const std::vector<const uint8_t *> &ap = p.ptr;
         std::vector<float> one(size_t(ntok) * count);
         for (int t = 0; t < ntok; ++t) ops->gemv(c.m(), first, count, &ap[size_t(t)], 1, one.data() + size_t(t) * count, count);
         for (int n = 2; n <= ntok; ++n) {
@@ -269,16 +278,9 @@ TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
         choice.vnni = false;
         EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx2, choice)->gemv, plain->gemv);
         const Case c = make_case(rng, g.f, g.K, g.N);
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         const int ntok = 17;
-        std::vector<std::vector<uint8_t>> act(ntok, std::vector<uint8_t>(plain->act_bytes(c.K)));
-        std::vector<const uint8_t *> ap;
-        for (auto &a : act) {
-            std::vector<uint16_t> x(size_t(c.K));
-            for (auto &v : x) v = ft::f32_to_bf16(u(rng));
-            plain->prepare(x.data(), c.K, a.data());
-            ap.push_back(a.data());
-        }
+        const PreparedTokens p(rng, plain, c.K, ntok);
+        const std::vector<const uint8_t *> &ap = p.ptr;
         for (int n = 1; n <= ntok; ++n) {
             std::vector<float> a(size_t(n) * g.count, 1.0f), b(size_t(n) * g.count, 2.0f);
             plain->gemv(c.m(), g.first, g.count, ap.data(), n, a.data(), size_t(g.count));
