@@ -349,7 +349,7 @@ TEST(QuantKernels, DsFp4RowExponent) {
     }
 }
 
-// mxfp4 e8m0 codes at both ends (the AVX2 kernel's 2^32-biased factors, quant_avx2.cpp): every
+// mxfp4 e8m0 codes at both ends (the AVX2 kernel's 2^32-biased factors, quant_avx2_unit.inc): every
 // kernel against the reference with codes that make subnormal factors or products in the absolute
 // arithmetic (codes 0 .. 119), with codes above 190 in two columns (computed again with the
 // absolute factors: finite), with sums past 2^96 (the same), and with 255 (NaN: its column NaN,
