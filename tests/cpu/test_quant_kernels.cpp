@@ -78,6 +78,8 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         {Format::nvfp4, 512, 8, 0, 8, 1e-5},         {Format::ds_fp4, 384, 24, 2, 21, 1e-5},
         {Format::mxfp4, 96, 160, 5, 150, 1e-5},       {Format::mxfp4, 64, 64, 0, 64, 1e-5},
         {Format::mxfp4, 64, 200, 7, 100, 1e-5},  // one token: a two-line pass ending mid-line
+        {Format::mxfp4, 64, 72, 2, 45, 1e-5},    // AVX2: a partial tile of 64 columns
+        {Format::mxfp4, 64, 40, 0, 32, 1e-5},    // AVX2: one whole group of 32 columns
         {Format::q4_0, 224, 20, 1, 18, 1e-5},         {Format::q4_0, 256, 9, 0, 9, 1e-5},
         // nvfp4 W4A8: one block only, 3 chunks + one block.
         {Format::nvfp4, 16, 5, 1, 3, 1e-5},           {Format::nvfp4, 400, 9, 0, 9, 1e-5},
@@ -264,7 +266,8 @@ TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.AvxVnniEqualsAvx2Bitwise")));
     struct G { Format f; int64_t K, N, first; int count; };
     const G geos[] = {{Format::nvfp4, 272, 40, 1, 37}, {Format::ds_fp4, 640, 11, 0, 11},
-                      {Format::mxfp4, 96, 200, 3, 190}, {Format::q4_0, 547 * 32, 9, 1, 7},
+                      {Format::mxfp4, 96, 200, 3, 190}, {Format::mxfp4, 64, 72, 2, 45},
+                      {Format::q4_0, 547 * 32, 9, 1, 7},
                       {Format::q4_0, 224, 20, 0, 20}};
     for (const G &g : geos) {
         const ft::cpu::QuantOps *plain = ft::cpu::quant_ops_variant(g.f, Isa::avx2, false, false);
