@@ -26,6 +26,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(FT_CPU_X86_KERNELS)
+#include <cpuid.h>
+#endif
+
 #include "ft/common.hpp"
 #include "ft/dequant.hpp"
 
@@ -590,7 +594,7 @@ detail::QuantGemv avx2_vnni_gemv(Format f) {
 // the choice turns it off (FT_CPU_VNNI=0).
 bool use_vnni(bool wanted, Isa isa) {
 #if defined(FT_CPU_X86_KERNELS)
-    static const bool has512 = __builtin_cpu_supports("avx512vnni"), has256 = __builtin_cpu_supports("avxvnni");
+    static const bool has512 = __builtin_cpu_supports("avx512vnni"), has256 = cpu_has_avx_vnni();
     if (!wanted) return false;
     if (int(isa) >= int(Isa::avx512)) return has512 && int(cpu_best_isa()) >= int(Isa::avx512);
     return isa == Isa::avx2 && has256 && int(cpu_best_isa()) >= int(Isa::avx2);
@@ -611,6 +615,17 @@ bool fast_kernel(Format f, const QuantChoice &c) {
 }
 
 }  // namespace
+
+bool cpu_has_avx_vnni() {
+#if defined(FT_CPU_X86_KERNELS)
+    // CPUID leaf 7, sub-leaf 1, EAX bit 4 (clang's __builtin_cpu_supports does not know "avxvnni").
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    static const bool v = __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u);
+    return v;
+#else
+    return false;
+#endif
+}
 
 bool cpu_has_vbmi() {
 #if defined(FT_CPU_X86_KERNELS)

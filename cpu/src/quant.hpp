@@ -33,6 +33,8 @@ const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice);
 // vbmi and the avx512bf16 tier), only with vnni.
 const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast = false);
 bool cpu_has_vbmi();
+// AVX-VNNI (VEX vpdpbusd / vpdpwssd) in cpuid: the avx2 tier's VNNI kernels.
+bool cpu_has_avx_vnni();
 
 // DeepSeek-V4 FP8 round trip per 128 (ft::fp8_round_trip_per128, bit-identical), input bf16.
 void fp8_round_trip_bf16(const uint16_t *x, int64_t K, float *y);

@@ -15,7 +15,7 @@ std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     std::vector<const ft::cpu::QuantOps *> v;
     std::set<std::string> seen;
     // VNNI: AVX-512-VNNI at tiers >= avx512, AVX-VNNI at the avx2 tier.
-    const bool vnni512 = __builtin_cpu_supports("avx512vnni"), vnni256 = __builtin_cpu_supports("avxvnni");
+    const bool vnni512 = __builtin_cpu_supports("avx512vnni"), vnni256 = ft::cpu::cpu_has_avx_vnni();
     const bool vbmi = ft::cpu::cpu_has_vbmi();
     for (Isa isa : tiers_here())
         for (bool vn : {false, true})

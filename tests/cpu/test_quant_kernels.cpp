@@ -261,7 +261,7 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
 // count 1..17, counts with tails, K with partial 64s / 128s; quant_ops picks them where cpuid has
 // avx_vnni and FT_CPU_VNNI allows.
 TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
-    if (!__builtin_cpu_supports("avxvnni") || int(ft::cpu::cpu_best_isa()) < int(Isa::avx2))
+    if (!ft::cpu::cpu_has_avx_vnni() || int(ft::cpu::cpu_best_isa()) < int(Isa::avx2))
         GTEST_SKIP() << "no avx_vnni here";
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.AvxVnniEqualsAvx2Bitwise")));
     struct G { Format f; int64_t K, N, first; int count; };
