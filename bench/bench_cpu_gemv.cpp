@@ -369,8 +369,8 @@ double thread_cpu_seconds() {
 }
 
 // The compute ceiling of a quantised format's kernel (the default tier's, as the layers run it): 64
-// rows of K = 2048 that stay in L2 (mxfp4: 64 columns, one whole tile of its kernels; with 32 half
-// of each tile's lanes were idle), all tokens per call, on this thread, timed in thread CPU time
+// rows of K = 2048 that stay in L2 (mxfp4: 64 columns, a tile of 64 of its kernels, which do per
+// column what their tiles of 128 do), all tokens per call, on this thread, timed in thread CPU time
 // (so other processes on a shared machine do not count). GBps_core: weight bytes per CPU second;
 // ceiling_to_read = GBps_core x pool threads / read_GBps, the bound of the layer benchmarks: below
 // 1 the kernel, not memory, limits the layer at that token count. Args: format id, tokens.
