@@ -61,7 +61,7 @@ void tile(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, flo
 template <int R>
 void row_group(const uint16_t *w, size_t ldw, int cols, const uint16_t *const *x, int ntok,
                float *out, size_t ldo, int pf) {
-    for_tiles<4>(ntok, [&](auto tile_n, int t) {
+    for_token_tiles(ntok, [&](auto tile_n, int t) {
         using NT = decltype(tile_n);
         tile<R, NT::value>(w, ldw, cols, x + t, out + t * ldo, ldo, pf);
     });

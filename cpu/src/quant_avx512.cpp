@@ -73,7 +73,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         const uint8_t *p = m.data + r * (K / 2), *sc = m.scale + r * (K / Block);
         for (bool biased : {Block == 32, false}) {
             const float g = Block == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
-            for_tiles<4>(ntok, [&](auto tile_n, int t) {
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
                 using NT = decltype(tile_n);
                 e2m1_row<Block, NT::value>(p, sc, K, act + t, out + t * ldo + j, ldo, g, biased, pf);
             });
@@ -236,7 +236,7 @@ void fp8_block_avx512(const QuantMatrix &m, int64_t first, int count, const uint
     for (int j = 0; j < count; ++j) {
         const int64_t r = first + j;
         const uint8_t *w = m.data + r * K, *band = m.scale + (r / 128) * (K / 128) * 2;
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             fp8_row<NT::value>(w, band, K, act + t, out + t * ldo + j, ldo, pf);
         });
@@ -249,7 +249,7 @@ void q4_0_avx512(const QuantMatrix &m, int64_t first, int count, const uint8_t *
     const int64_t nb = m.K / 32, qbytes = (m.K + 63) / 64 * 64;
     for (int j = 0; j < count; ++j) {
         const uint8_t *row = m.data + (first + j) * nb * 18;
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             q4_0_row<NT::value>(row, nb, act + t, qbytes, out + t * ldo + j, ldo, pf);
         });

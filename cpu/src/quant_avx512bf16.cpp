@@ -252,7 +252,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
             sp[r] = m.scale + row * (K / B);
             g[r] = B == 16 ? f16(m.global + row * 2) : RowExp ? kUnbias : 1.0f;
         }
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             if (R == 2) e2m1_rows_x<B, 2, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
             else e2m1_rows_x<B, 1, NT::value, RowExp>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
@@ -266,7 +266,7 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
             const uint8_t *p1[1] = {m.data + row * (K / 2)}, *s1[1] = {m.scale + row * (K / B)};
             const int c1[1] = {j};
             const float g1[1] = {1.0f};
-            for_tiles<4>(ntok, [&](auto tile_n, int t) {
+            for_token_tiles(ntok, [&](auto tile_n, int t) {
                 using NT = decltype(tile_n);
                 e2m1_rows_x<B, 1, NT::value, false>(p1, s1, K, act + t, out + t * ldo, ldo, c1, g1, pf);
             });
@@ -487,7 +487,7 @@ void fp8_block_avx512bf16(const QuantMatrix &m, int64_t first, int count, const 
             wp[r] = m.data + row * K;
             bp[r] = m.scale + (row / 128) * (K / 128) * 2;
         }
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             if (R == 2) fp8_rows_x<2, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);
             else fp8_rows_x<1, NT::value>(wp, bp, K, act + t, out + t * ldo, ldo, cols, pf);

@@ -150,7 +150,7 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
     for_row_pairs(count, [&](const int R, const int *cols) {
         const uint8_t *rp[2];
         for (int i = 0; i < R; ++i) rp[i] = m.data + (first + cols[i]) * nb * 18;
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             if (R == 2) rows_x4<2, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
             else rows_x4<1, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
@@ -241,7 +241,7 @@ void nvfp4_avx512vnni_w4a8(const QuantMatrix &m, int64_t first, int count, const
             sp[r] = m.scale + row * (K / 16);
             g[r] = f16(m.global + row * 2);
         }
-        for_tiles<4>(ntok, [&](auto tile_n, int t) {
+        for_token_tiles(ntok, [&](auto tile_n, int t) {
             using NT = decltype(tile_n);
             if (R == 2) nvfp4_w4a8_rows<2, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
             else nvfp4_w4a8_rows<1, NT::value>(pp, sp, K, act + t, out + t * ldo, ldo, cols, g, pf);
