@@ -459,9 +459,6 @@ struct Kernel {
     void (*prepare)(const uint16_t *, int64_t, uint8_t *) = nullptr;
     detail::QuantDequant dequant = nullptr;
     const char *name = nullptr;  // replaces TierKernels::name (a kernel of other numerics)
-    // The avx2 tier's AVX-VNNI build of gemv (quant_avxvnni.cpp: same activation, same results),
-    // used where cpuid has avx_vnni and the choice allows VNNI; nullptr where there is none.
-    detail::QuantGemv avx2_vnni = nullptr;
 };
 
 struct TierKernels {
@@ -506,8 +503,7 @@ const TierKernels kKernels[] = {
     {Format::nvfp4, "nvfp4-w4a16",
      {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::nvfp4_avx2, "-avx2", detail::e2m1_x16_act_bytes, detail::prepare_nvfp4_x16, nullptr, "nvfp4-w4a8x2",
-         detail::nvfp4_avxvnni},
+      , {detail::nvfp4_avx2, "-avx2", detail::e2m1_x16_act_bytes, detail::prepare_nvfp4_x16, nullptr, "nvfp4-w4a8x2"},
       {detail::nvfp4_avx512, "-avx512", f32_act_bytes, prepare_split_even_odd},
       {detail::nvfp4_avx512bf16, "-avx512bf16", bf16_act128_bytes, prepare_split_bf16,
        detail::nvfp4_dequant_avx512bf16}
@@ -523,7 +519,7 @@ const TierKernels kKernels[] = {
      {{detail::ds_fp4_scalar, "-scalar", f32_act_bytes, prepare_ds_fp4_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
       , {detail::ds_fp4_avx2, "-avx2", detail::e2m1_x16_act_bytes, detail::prepare_ds_fp4_x16, nullptr,
-         "ds_fp4-w4a8x2(fp8 act)", detail::ds_fp4_avxvnni},
+         "ds_fp4-w4a8x2(fp8 act)"},
       {detail::ds_fp4_avx512, "-avx512", f32_act_bytes, prepare_ds_fp4_even_odd},
       {detail::ds_fp4_avx512bf16_rowexp, "-avx512bf16-rowexp", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
        detail::ds_fp4_dequant_avx512bf16_rowexp}
@@ -533,7 +529,7 @@ const TierKernels kKernels[] = {
      {{detail::mxfp4_scalar, "-scalar", f32_act_bytes, prepare_f32}
 #if defined(FT_CPU_X86_KERNELS)
       , {detail::mxfp4_avx2, "-avx2", detail::mxfp4_q8_act_bytes, detail::prepare_mxfp4_q8x2_scalar, nullptr,
-         "mxfp4-w4a8x2", detail::mxfp4_avxvnni},
+         "mxfp4-w4a8x2"},
       {detail::mxfp4_avx512, "-avx512", f32_act_bytes, prepare_f32},
       {detail::mxfp4_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif
@@ -549,7 +545,7 @@ const TierKernels kKernels[] = {
     {Format::q4_0, "q4_0-w4a8",
      {{detail::q4_0_scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0}
 #if defined(FT_CPU_X86_KERNELS)
-      , {detail::q4_0_avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0, nullptr, nullptr, detail::q4_0_avxvnni},
+      , {detail::q4_0_avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0},
       {detail::q4_0_avx512, "-avx512", detail::q8_0_act_bytes, prepare_q8_0}, {}
 #endif
      },
@@ -575,6 +571,23 @@ const TierKernels kKernels[] = {
                  X86(detail::iq4_xs_avx512vnni)),
 };
 #undef X86
+
+// The AVX-VNNI flavour of a format's AVX2 kernel (vpdpbusd / vpdpwssd, same activation and
+// results), where it has one.
+detail::QuantGemv avx2_vnni_gemv(Format f) {
+#if defined(FT_CPU_X86_KERNELS)
+    switch (f) {
+        case Format::nvfp4: return detail::nvfp4_avxvnni;
+        case Format::ds_fp4: return detail::ds_fp4_avxvnni;
+        case Format::mxfp4: return detail::mxfp4_avxvnni;
+        case Format::q4_0: return detail::q4_0_avxvnni;
+        default: return nullptr;
+    }
+#else
+    (void)f;
+    return nullptr;
+#endif
+}
 
 // VNNI is orthogonal to the tiers: AVX-512-VNNI at tiers >= avx512 (Cascade Lake has it without
 // BF16), AVX-VNNI at the avx2 tier (Alder Lake and later, Zen 5), each where cpuid has it, unless
@@ -640,8 +653,8 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     Kernel use = k.tier[0];
                     for (int i = 1; i <= tier; ++i)
                         if (k.tier[i].gemv) use = k.tier[i];
-                    if (v && tier == int(Isa::avx2) && use.avx2_vnni) {
-                        use.gemv = use.avx2_vnni;
+                    if (v && tier == int(Isa::avx2) && use.gemv == k.tier[1].gemv && avx2_vnni_gemv(k.format)) {
+                        use.gemv = avx2_vnni_gemv(k.format);
                         use.suffix = "-avx2vnni";
                     }
                     if (v && tier >= int(Isa::avx512) && k.vnni.gemv) use = k.vnni;
