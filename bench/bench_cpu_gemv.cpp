@@ -538,7 +538,7 @@ void register_all() {
     for (ft::Format f : {ft::Format::fp8_block, ft::Format::nvfp4, ft::Format::ds_fp4, ft::Format::mxfp4,
                          ft::Format::q4_0, ft::Format::q8_0, ft::Format::q2_k, ft::Format::q3_k, ft::Format::q4_k,
                          ft::Format::q5_k, ft::Format::q6_k, ft::Format::iq4_xs})
-        for (int64_t t : {1, 4, 8})
+        for (int64_t t : {1, 4, 8, 16})
             benchmark::RegisterBenchmark((std::string("kernel_") + ft::format_name(f)).c_str(), BM_kernel_format)
                 ->Args({int64_t(f), t})
                 ->ArgNames({"fmt", "tokens"})

@@ -144,6 +144,13 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         act_in_cap = std::max(act_in_cap, e.ops->act_bytes(hidden));
         act_mid_cap = std::max(act_mid_cap, e.ops->act_bytes(intermediate));
     }
+    // The batched path's dequantised rows: as long as the activation part it reads.
+    size_t deq_cols = 0;
+    for (const FormatEntry &e : formats_) {
+        if (!e.ops || !e.ops->dequant) continue;
+        auto bytes = e.ops->dequant_act_bytes ? e.ops->dequant_act_bytes : e.ops->act_bytes;
+        deq_cols = std::max({deq_cols, bytes(hidden) / 2, bytes(intermediate) / 2});
+    }
     try {
         s_->keys.resize(routes);
         s_->route_slot.resize(routes);
@@ -161,7 +168,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         s_->aptr16.resize(slots);
         s_->mptr16.resize(slots);
         if (batched_min > 0 && batched_min <= max_group) {
-            s_->deq_ld = std::max(act_in_cap, act_mid_cap) / 2;
+            s_->deq_ld = deq_cols;
             s_->deq.resize(size_t(pool.size()) * 2 * kRowBlock * s_->deq_ld);
             s_->deq_scale.resize(size_t(pool.size()) * 2 * kRowBlock);
         }
@@ -236,6 +243,10 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     s.act_mid_bytes = dn.ops ? dn.ops->act_bytes(inter_) : 0;
     // The batched path dequantises both passes' rows to bf16: both formats need it at this tier.
     s.batched_ok = s.batched_min > 0 && gu.ops && gu.ops->dequant && dn.ops && dn.ops->dequant;
+    if (s.batched_ok) {
+        s.batched_in_cols = int((gu.ops->dequant_act_bytes ? gu.ops->dequant_act_bytes(hidden_) : s.act_in_bytes) / 2);
+        s.batched_mid_cols = int((dn.ops->dequant_act_bytes ? dn.ops->dequant_act_bytes(inter_) : s.act_mid_bytes) / 2);
+    }
     if (src.num_experts <= 0 || src.num_banks != nbanks)
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source with ", src.num_banks, " banks and ", src.num_experts,
              " experts (", format_name(gu.format), " has ", nbanks, " banks)");
@@ -516,7 +527,7 @@ void MoeExecutor::run_block_pass1(int worker, const Group &g, int64_t i0, int un
             gemv_(g.up + i0 * H, H, ni, int(H), xs, n, up_tile, ld);
         } else if (g.batched) {
             const uint16_t *const *xs = &s.aptr16[g.first_slot + c0];
-            const int cols = int(s.act_in_bytes / 2);
+            const int cols = s.batched_in_cols;
             gemv_(deq, s.deq_ld, ni, cols, xs, n, gate_tile, ld);
             gemv_(deq + kRowBlock * s.deq_ld, s.deq_ld, ni, cols, xs, n, up_tile, ld);
             for (int j = 0; j < n; ++j)
@@ -589,7 +600,7 @@ void MoeExecutor::run_item_pass2(int worker, int64_t it) {
             continue;
         }
         if (g.batched) {
-            gemv_(deq, s.deq_ld, nh, int(s.act_mid_bytes / 2), &s.mptr16[g.first_slot + c0], n, out, H);
+            gemv_(deq, s.deq_ld, nh, s.batched_mid_cols, &s.mptr16[g.first_slot + c0], n, out, H);
             for (int j = 0; j < n; ++j)
                 for (int h = 0; h < nh; ++h) out[j * H + h] *= deq_scale[h];
         } else {

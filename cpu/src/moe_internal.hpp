@@ -83,6 +83,7 @@ struct MoeExecutor::Scratch {
     const QuantOps *dn_ops = nullptr;        // pass 2 and the intermediate preparation
     bool batched_ok = false;                 // both formats have the batched path at this tier
     size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate (this call)
+    int batched_in_cols = 0, batched_mid_cols = 0;  // bf16 columns of them the batched path reads
     int32_t batched_min = 0;                 // quant_batched_min_tokens over every accepted format
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
     int q1_blocks = 1, q2_blocks = 1;        // this call: blocks per item of SIMD quantised groups

@@ -20,6 +20,12 @@ struct QuantOps {
     // Batched path (quant_kernels.hpp): dequantise rows to bf16 for the tier's bf16 GEMV over the
     // prepared activations; nullptr where the format has none at this tier.
     detail::QuantDequant dequant;
+    // Bytes of the leading part of the prepared activation that the batched path reads (bf16 in
+    // dequant's column order); nullptr: all act_bytes.
+    size_t (*dequant_act_bytes)(int64_t K);
+    // > 0: calls of more tokens than this run the tier's W4A16 kernel on that leading bf16 part,
+    // fewer the W4A8 x2 kernel on the rest (nvfp4, ds_fp4 with AVX-512-VNNI at avx512bf16).
+    int x2_max_tokens;
 };
 
 // The kernels of `f` at tier `isa` (the best the format has at or below it; with choice.vnni the

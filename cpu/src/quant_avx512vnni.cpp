@@ -1,8 +1,8 @@
-// AVX-512-VNNI kernels: q4_0 x Q8_0 (W4A8, four blocks per step) and nvfp4 W4A8. The nibbles u
-// are unsigned bytes, the int8 activation q signed ones; vpdpbusd adds sum(u * q) per 4 bytes to
-// an accumulator preloaded with the offset correction (-8 * sum(q) for q4_0, the "sign trick",
-// precomputed in the activation), so each int32 lane is exact. Then per lane: float(lane) *
-// d_act * d_weight, in fp32.
+// AVX-512-VNNI kernels: q4_0 x Q8_0 (W4A8, four blocks per step), nvfp4 / ds_fp4 W4A8 x2 (int16
+// activations, below) and nvfp4 W4A8. In the W4A8 ones the nibbles u are unsigned bytes, the int8
+// activation q signed ones; vpdpbusd adds sum(u * q) per 4 bytes to an accumulator preloaded with
+// the offset correction (-8 * sum(q) for q4_0, the "sign trick", precomputed in the activation),
+// so each int32 lane is exact. Then per lane: float(lane) * d_act * d_weight, in fp32.
 // GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
 // (GCC bug 105593); the warning says nothing about this file.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -156,6 +156,148 @@ void q4_0_avx512vnni_x4(const QuantMatrix &m, int64_t first, int count, const ui
             else rows_x4<1, NT::value>(rp, nb, act + t, out + t * ldo, ldo, cols, pf);
         });
     });
+}
+
+namespace {
+
+// ---- nvfp4 / ds_fp4 W4A8 x2 (e2m1_x16z_act_bytes) -------------------------------------------
+//
+// The AVX2 tier's x16 kernel (quant_avx2_unit.inc) on 512-bit vectors: per 128 elements (64
+// packed bytes) of a row, two `vpshufb` of the int8 table of 2 * value give the even and the odd
+// elements, four byte unpacks above a zero byte make int16 256 x (2 * value), and per token one
+// `vpmaddwd` + one `vpdpwssd` per pair of vectors sum exactly in int32 (128-bit lane L: elements
+// 32L .. 32L + 31; its int32 lanes of the first pair are nvfp4 block 2L, of the second 2L + 1;
+// ds_fp4 adds the two, block L). Then per lane (sum * block scale * d / 512) in fp32, g / 256 per
+// row. The activation holds vector g of both 64s of each 128 in one 64-byte line (x16z order).
+template <int B, int NT, int R>
+void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const float g[R], int64_t K,
+                    const uint8_t *const *act, float *const out[R], size_t ldo, int pf, bool biased) {
+    const int64_t kp = (K + 127) / 128 * 128;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    const __m512i m15 = _mm512_set1_epi8(15), z = _mm512_setzero_si512();
+    const __m512 sub = _mm512_loadu_ps(g_e4m3);
+    // Lane -> scale of the 128 elements: nvfp4 block 2L (first pair) and 2L + 1 (second) of 16,
+    // ds_fp4 block L of 32.
+    const __m512i idx01 = B == 16 ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
+                                  : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i idx23 = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+    constexpr int A = B == 16 && NT <= 4 ? 2 : 1;  // accumulators per row and token
+    const int16_t *xa[NT];
+    const float *dv[NT];
+    __m512 acc[R][NT][A];
+    for (int t = 0; t < NT; ++t) {
+        xa[t] = reinterpret_cast<const int16_t *>(act[t]);
+        dv[t] = reinterpret_cast<const float *>(act[t] + 2 * kp);
+        for (int r = 0; r < R; ++r)
+            for (int i = 0; i < A; ++i) acc[r][t][i] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < K; c += 128) {
+        const bool whole = c + 128 <= K;
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *wp = p[r] + c / 2;
+            if (pf) _mm_prefetch(reinterpret_cast<const char *>(wp) + pf, _MM_HINT_T0);
+            const __m512i v =
+                whole ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, wp);
+            // The block scales of the 128 elements in lanes 0 .. 128 / B - 1.
+            __m512 s;
+            if constexpr (B == 16) {
+                const __mmask16 ms = whole ? __mmask16(0xff) : __mmask16((1u << ((K - c) / 16)) - 1);
+                s = e4m3x16(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(ms, sc[r] + c / 16)), sub);
+            } else {
+                const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(__mmask16(0xf), sc[r] + c / 32));
+                if (biased) {  // 2^(code - 95) = (code + 32) << 23, NaN above 190 (e8m0_biased)
+                    s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(32)), 23));
+                    s = _mm512_mask_mov_ps(s, _mm512_cmpgt_epi32_mask(codes, _mm512_set1_epi32(190)),
+                                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+                } else {
+                    s = e8m0x16(codes);
+                }
+            }
+            const __m512 s01 = _mm512_permutexvar_ps(idx01, s), s23 = _mm512_permutexvar_ps(idx23, s);
+            const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m15));
+            const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m15));
+            const __m512i w0 = _mm512_unpacklo_epi8(z, lo), w1 = _mm512_unpacklo_epi8(z, hi);
+            const __m512i w2 = _mm512_unpackhi_epi8(z, lo), w3 = _mm512_unpackhi_epi8(z, hi);
+            for (int t = 0; t < NT; ++t) {
+                const int16_t *x = xa[t] + c;  // 4 x 32 int16 per 128 elements
+                const __m512i r01 =
+                    _mm512_dpwssd_epi32(_mm512_madd_epi16(w0, _mm512_loadu_si512(x)), w1, _mm512_loadu_si512(x + 32));
+                const __m512i r23 =
+                    _mm512_dpwssd_epi32(_mm512_madd_epi16(w2, _mm512_loadu_si512(x + 64)), w3, _mm512_loadu_si512(x + 96));
+                const __m512 d = _mm512_loadu_ps(dv[t] + c / 8);
+                __m512 *ac = acc[r][t];
+                if constexpr (B == 32) {
+                    ac[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(r01, r23)), _mm512_mul_ps(s01, d), ac[0]);
+                } else {
+                    ac[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r01), _mm512_mul_ps(s01, d), ac[0]);
+                    ac[A - 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r23), _mm512_mul_ps(s23, d), ac[A - 1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        const float gr = g[r] * 0x1p-8f;  // the weights came x 256
+        for (int t = 0; t < NT; ++t)
+            out[r][t * ldo] =
+                _mm512_reduce_add_ps(A == 2 ? _mm512_add_ps(acc[r][t][0], acc[r][t][A - 1]) : acc[r][t][0]) * gr;
+    }
+}
+
+// Rows [first, first + count) for all tokens: one token in row pairs (j, j + count / 2), more in
+// tiles of up to 8 tokens per row. ds_fp4 with the biased factors first, then its rows with an
+// output that is not finite again with the absolute ones.
+template <int B>
+void e2m1_x16z_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+                    size_t ldo) {
+    const int pf = g_prefetch_bytes;
+    const int64_t K = m.K;
+    auto row_of = [&](int j, bool biased, const uint8_t *&p, const uint8_t *&sc, float &g) {
+        const int64_t r = first + j;
+        p = m.data + r * (K / 2), sc = m.scale + r * (K / B);
+        g = B == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
+    };
+    auto rows = [&](int j0, int n, bool biased) {
+        if (ntok == 1) {
+            for_row_pairs(n, [&](int R, const int *cols) {
+                const uint8_t *p[2], *sc[2];
+                float g[2];
+                float *o[2];
+                for (int i = 0; i < R; ++i) {
+                    row_of(j0 + cols[i], biased, p[i], sc[i], g[i]);
+                    o[i] = out + j0 + cols[i];
+                }
+                if (R == 1) e2m1_x16z_rows<B, 1, 1>(p, sc, g, K, act, o, ldo, pf, biased);
+                else e2m1_x16z_rows<B, 1, 2>(p, sc, g, K, act, o, ldo, pf, biased);
+            });
+            return;
+        }
+        for (int j = j0; j < j0 + n; ++j) {
+            const uint8_t *p[1], *sc[1];
+            float g[1];
+            row_of(j, biased, p[0], sc[0], g[0]);
+            for_tiles<8>(ntok, [&](auto tile_n, int t) {
+                float *const o[1] = {out + t * ldo + j};
+                e2m1_x16z_rows<B, decltype(tile_n)::value, 1>(p, sc, g, K, act + t, o, ldo, pf, biased);
+            });
+        }
+    };
+    constexpr bool kBiased = B == 32;
+    rows(0, count, kBiased);
+    if constexpr (kBiased)
+        for (int j = 0; j < count; ++j)
+            if (!outputs_finite(out + j, ldo, 1, ntok)) rows(j, 1, false);
+}
+
+}  // namespace
+
+void nvfp4_avx512vnni_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                          float *out, size_t ldo) {
+    e2m1_x16z_gemv<16>(m, first, count, act, ntok, out, ldo);
+}
+
+void ds_fp4_avx512vnni_x16(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
+                           float *out, size_t ldo) {
+    e2m1_x16z_gemv<32>(m, first, count, act, ntok, out, ldo);
 }
 
 namespace {

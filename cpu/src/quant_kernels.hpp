@@ -77,6 +77,12 @@ void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
 size_t e2m1_x16_act_bytes(int64_t K);
 void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
+// The same values for the AVX-512 kernels (x16z): zero-padded to a multiple of 128, and per 128
+// elements vector g of its first 64 then vector g of its second (g = 0..3), so that one 64-byte
+// load holds both; then the floats as above (per 128: 16, in element order).
+size_t e2m1_x16z_act_bytes(int64_t K);
+void prepare_nvfp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst);
+void prepare_ds_fp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst);
 
 void fp8_block_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -150,6 +156,9 @@ void mxfp4_avx512vnni_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *con
 // Its activation preparation (mxfp4_q8_act_bytes), bit-identical to quantize_q8_0 +
 // mxfp4_residual_q8 (tested), ~40x faster than those in scalar code.
 void prepare_mxfp4_q8x2_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
+// nvfp4 / ds_fp4 W4A8 x2 on AVX-512-VNNI (quant_avx512vnni.cpp), activations e2m1_x16z.
+void nvfp4_avx512vnni_x16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void ds_fp4_avx512vnni_x16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // nvfp4 W4A8 (quant_avx512vnni.cpp), activations nvfp4_q8 layout.
 void nvfp4_avx512vnni_w4a8(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);

@@ -171,11 +171,13 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
     ASSERT_FALSE(ops_list.empty());
     expect_every_gguf_tier(c.f, ops_list);
     for (const ft::cpu::QuantOps *ops : ops_list) {
-        // W4A8 x2 kernels (mxfp4 with VNNI, the AVX2 tier's e2m1 formats): the two-term
-        // activation for every token count. nvfp4 "-w4a8" (VNNI): int8 per 16.
+        // W4A8 x2 kernels (mxfp4 with VNNI, the e2m1 formats on AVX2 and with AVX-512-VNNI): the
+        // two-term activation, up to x2_max_tokens where the kernel has that limit (more: W4A16).
+        // nvfp4 "-w4a8" (VNNI): int8 per 16.
         const std::string kname = ops->kernel;
-        const bool x2 = kname.find("w4a8x2") != std::string::npos;
-        const bool w4a8 = !x2 && c.f == Format::nvfp4 && kname.find("w4a8") != std::string::npos;
+        const bool named_x2 = kname.find("w4a8x2") != std::string::npos;
+        const bool x2 = named_x2 && (ops->x2_max_tokens == 0 || ntok <= ops->x2_max_tokens);
+        const bool w4a8 = !named_x2 && c.f == Format::nvfp4 && kname.find("w4a8") != std::string::npos;
         const auto &want = x2 ? refq2 : w4a8 ? refq : ref;
         const auto &want_mag = x2 ? magq2 : w4a8 ? magq : mag;
         std::vector<std::vector<uint8_t>> act;
@@ -191,21 +193,23 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
         for (int t = 0; t < ntok; ++t) {
             for (int j = 0; j < count; ++j)
                 ASSERT_NEAR(out[t * ldo + j], want[t][j], bound * want_mag[t][j] + 1e-30)
-                    << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t;
+                    << ops->kernel << " K=" << c.K << " j=" << j << " t=" << t << " of " << ntok;
             for (size_t j = size_t(count); j < ldo && t + 1 < ntok; ++j) ASSERT_TRUE(std::isnan(out[t * ldo + j])) << "wrote past count";
         }
         if (!ops->dequant) continue;
         // Batched path: dequantise the rows to bf16 (buffer NaN-poisoned, so every element of the
         // padded rows must be written), then the tier's bf16 GEMV over the same prepared
         // activations, then the per-row factor.
-        const size_t ld = ops->act_bytes(c.K) / 2 + 8;
+        // The path reads the activation's leading bf16 part (all of it where dequant_act_bytes is unset).
+        const size_t cols = (ops->dequant_act_bytes ? ops->dequant_act_bytes : ops->act_bytes)(c.K) / 2;
+        const size_t ld = cols + 8;
         std::vector<uint16_t> deq(ld * size_t(count), 0x7fc0);
         std::vector<float> rs(size_t(count), std::numeric_limits<float>::quiet_NaN());
         ops->dequant(c.m(), first, count, deq.data(), ld, rs.data());
         std::vector<const uint16_t *> ap16;
         for (auto &a : act) ap16.push_back(reinterpret_cast<const uint16_t *>(a.data()));
         std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
-        ft::cpu::gemv_kernel(Isa::avx512bf16)(deq.data(), ld, count, int(ops->act_bytes(c.K) / 2), ap16.data(), ntok,
+        ft::cpu::gemv_kernel(Isa::avx512bf16)(deq.data(), ld, count, int(cols), ap16.data(), ntok,
                                               out.data(), ldo);
         for (int t = 0; t < ntok; ++t)
             for (int j = 0; j < count; ++j)

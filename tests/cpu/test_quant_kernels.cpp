@@ -293,6 +293,55 @@ TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
     }
 }
 
+// nvfp4 / ds_fp4 with AVX-512-VNNI at the avx512bf16 tier: the default kernel runs calls of up to
+// x2_max_tokens tokens through the W4A8 x2 kernel (the avx512 tier's VNNI kernel) on the second
+// part of its activation and larger ones through the avx512bf16 kernel on the first, so each
+// token count equals one of those two bit for bit; FT_CPU_VNNI=0 selects the avx512bf16 kernel.
+TEST(QuantKernels, E2m1VnniSplitsByTokenCount) {
+    if (!__builtin_cpu_supports("avx512vnni") || int(ft::cpu::cpu_best_isa()) < int(Isa::avx512bf16))
+        GTEST_SKIP() << "no avx512bf16 + vnni here";
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.E2m1VnniSplitsByTokenCount")));
+    struct G { Format f; int64_t K, N, first; int count; };
+    for (const G &g : {G{Format::nvfp4, 272, 40, 1, 37}, G{Format::ds_fp4, 640, 11, 0, 11}}) {
+        const ft::cpu::QuantOps *both = ft::cpu::quant_ops_variant(g.f, Isa::avx512bf16, true, false);
+        const ft::cpu::QuantOps *x2 = ft::cpu::quant_ops_variant(g.f, Isa::avx512, true, false);
+        const ft::cpu::QuantOps *w4a16 = ft::cpu::quant_ops_variant(g.f, Isa::avx512bf16, false, false);
+        ASSERT_GT(both->x2_max_tokens, 0) << both->kernel;
+        ASSERT_NE(both->dequant_act_bytes, nullptr);
+        EXPECT_EQ(both->dequant, w4a16->dequant);
+        ft::cpu::QuantChoice choice;
+        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx512bf16, choice)->gemv, both->gemv);
+        choice.vnni = false;
+        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx512bf16, choice)->gemv, w4a16->gemv);
+        const Case c = make_case(rng, g.f, g.K, g.N);
+        const int ntok = 19;
+        const PreparedTokens p(rng, both, c.K, ntok);
+        // The same tokens as each part of the prepared activation.
+        const size_t head = both->dequant_act_bytes(c.K);
+        ASSERT_EQ(head + x2->act_bytes(c.K), both->act_bytes(c.K));
+        std::vector<const uint8_t *> tail;
+        for (const uint8_t *a : p.ptr) tail.push_back(a + head);
+        for (int n = 1; n <= ntok; ++n) {
+            std::vector<float> got(size_t(n) * g.count, 1.0f), want(size_t(n) * g.count, 2.0f);
+            both->gemv(c.m(), g.first, g.count, p.ptr.data(), n, got.data(), size_t(g.count));
+            if (n <= both->x2_max_tokens) x2->gemv(c.m(), g.first, g.count, tail.data(), n, want.data(), size_t(g.count));
+            else w4a16->gemv(c.m(), g.first, g.count, p.ptr.data(), n, want.data(), size_t(g.count));
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << both->kernel << " tokens " << n;
+        }
+        // Each part is the layout its own preparation writes.
+        std::vector<uint16_t> x(size_t(c.K));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (auto &v : x) v = ft::f32_to_bf16(u(rng));
+        std::vector<uint8_t> a(both->act_bytes(c.K)), h(w4a16->act_bytes(c.K)), t(x2->act_bytes(c.K));
+        both->prepare(x.data(), c.K, a.data());
+        w4a16->prepare(x.data(), c.K, h.data());
+        x2->prepare(x.data(), c.K, t.data());
+        ASSERT_EQ(h.size(), head);
+        EXPECT_EQ(std::memcmp(a.data(), h.data(), head), 0);
+        EXPECT_EQ(std::memcmp(a.data() + head, t.data(), t.size()), 0);
+    }
+}
+
 // The SIMD preparation of the q4_0 four-block activation against the scalar definition, byte for
 // byte, with K of a group + 1 block (padding), a zero block and .5 ties (block amax 127: d = 1).
 TEST(QuantKernels, Q4_0X4PrepareMatchesDefinition) {
