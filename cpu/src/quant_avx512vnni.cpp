@@ -243,8 +243,9 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
     }
 }
 
-// Rows [first, first + count) for all tokens: one token in row pairs (j, j + count / 2), more in
-// tiles of up to 8 tokens per row. ds_fp4 with the biased factors first, then its rows with an
+// Rows [first, first + count) in pairs (j, j + count / 2), each pair for all tokens in tiles of up
+// to 8: the pair shares each activation load, so a tile's activations, which outgrow L1 at large
+// K, cross from L2 once per two rows. ds_fp4 with the biased factors first, then its rows with an
 // output that is not finite again with the absolute ones.
 template <int B>
 void e2m1_x16z_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
@@ -257,29 +258,17 @@ void e2m1_x16z_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_
         g = B == 16 ? f16(m.global + r * 2) : biased ? kUnbias : 1.0f;
     };
     auto rows = [&](int j0, int n, bool biased) {
-        if (ntok == 1) {
-            for_row_pairs(n, [&](int R, const int *cols) {
-                const uint8_t *p[2], *sc[2];
-                float g[2];
-                float *o[2];
-                for (int i = 0; i < R; ++i) {
-                    row_of(j0 + cols[i], biased, p[i], sc[i], g[i]);
-                    o[i] = out + j0 + cols[i];
-                }
-                if (R == 1) e2m1_x16z_rows<B, 1, 1>(p, sc, g, K, act, o, ldo, pf, biased);
-                else e2m1_x16z_rows<B, 1, 2>(p, sc, g, K, act, o, ldo, pf, biased);
-            });
-            return;
-        }
-        for (int j = j0; j < j0 + n; ++j) {
-            const uint8_t *p[1], *sc[1];
-            float g[1];
-            row_of(j, biased, p[0], sc[0], g[0]);
+        for_row_pairs(n, [&](int R, const int *cols) {
+            const uint8_t *p[2], *sc[2];
+            float g[2];
+            for (int i = 0; i < R; ++i) row_of(j0 + cols[i], biased, p[i], sc[i], g[i]);
             for_tiles<8>(ntok, [&](auto tile_n, int t) {
-                float *const o[1] = {out + t * ldo + j};
-                e2m1_x16z_rows<B, decltype(tile_n)::value, 1>(p, sc, g, K, act + t, o, ldo, pf, biased);
+                constexpr int NT = decltype(tile_n)::value;
+                float *const o[2] = {out + t * ldo + j0 + cols[0], out + t * ldo + j0 + cols[R - 1]};
+                if (R == 1) e2m1_x16z_rows<B, NT, 1>(p, sc, g, K, act + t, o, ldo, pf, biased);
+                else e2m1_x16z_rows<B, NT, 2>(p, sc, g, K, act + t, o, ldo, pf, biased);
             });
-        }
+        });
     };
     constexpr bool kBiased = B == 32;
     rows(0, count, kBiased);
