@@ -191,18 +191,26 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
         for (int r = 0; r < R; ++r)
             for (int i = 0; i < A; ++i) acc[r][t][i] = _mm512_setzero_ps();
     }
+    // nvfp4 decodes the 16 block scales of 256 elements at once; the second 128 take lanes 8..15.
+    const __m512i eight = _mm512_set1_epi32(B == 16 ? 8 : 0);
+    __m512 s16[R];
     for (int64_t c = 0; c < K; c += 128) {
         const bool whole = c + 128 <= K;
+        const bool second = B == 16 && (c & 128) != 0;
         for (int r = 0; r < R; ++r) {
             const uint8_t *wp = p[r] + c / 2;
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(wp) + pf, _MM_HINT_T0);
             const __m512i v =
                 whole ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, wp);
-            // The block scales of the 128 elements in lanes 0 .. 128 / B - 1.
+            // The block scales of the 128 elements in lanes 0 .. 128 / B - 1 (nvfp4: of its 256 in 0 .. 15).
             __m512 s;
             if constexpr (B == 16) {
-                const __mmask16 ms = whole ? __mmask16(0xff) : __mmask16((1u << ((K - c) / 16)) - 1);
-                s = e4m3x16(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(ms, sc[r] + c / 16)), sub);
+                if (!second) {
+                    const int64_t left = (K - c) / 16;
+                    const __mmask16 ms = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+                    s16[r] = e4m3x16(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(ms, sc[r] + c / 16)), sub);
+                }
+                s = s16[r];
             } else {
                 const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(__mmask16(0xf), sc[r] + c / 32));
                 if (biased) {  // 2^(code - 95) = (code + 32) << 23, NaN above 190 (e8m0_biased)
@@ -213,7 +221,9 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
                     s = e8m0x16(codes);
                 }
             }
-            const __m512 s01 = _mm512_permutexvar_ps(idx01, s), s23 = _mm512_permutexvar_ps(idx23, s);
+            const __m512i i01 = second ? _mm512_add_epi32(idx01, eight) : idx01;
+            const __m512i i23 = second ? _mm512_add_epi32(idx23, eight) : idx23;
+            const __m512 s01 = _mm512_permutexvar_ps(i01, s), s23 = _mm512_permutexvar_ps(i23, s);
             const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m15));
             const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m15));
             const __m512i w0 = _mm512_unpacklo_epi8(z, lo), w1 = _mm512_unpacklo_epi8(z, hi);
