@@ -226,6 +226,14 @@ struct PreparedTokens {
     }
 };
 
+// quant_ops at tier isa picks vnni by default and plain with QuantChoice::vnni off.
+void expect_vnni_choice(Format f, Isa isa, const ft::cpu::QuantOps *vnni, const ft::cpu::QuantOps *plain) {
+    ft::cpu::QuantChoice choice;
+    EXPECT_EQ(ft::cpu::quant_ops(f, isa, choice)->gemv, vnni->gemv) << vnni->kernel;
+    choice.vnni = false;
+    EXPECT_EQ(ft::cpu::quant_ops(f, isa, choice)->gemv, plain->gemv) << plain->kernel;
+}
+
 // The mxfp4 W4A8 x2 kernels (VNNI + VBMI and AVX2) compute each column's int32 block sums and
 // their fp32 scaling the same way for one token and for several: every token of a call of 2..17
 // tokens equals, bit for bit, that token alone; columns with a tail, K of 3 blocks.
@@ -276,10 +284,7 @@ TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
         ASSERT_EQ(plain->prepare, vnni->prepare) << vnni->kernel;
         const std::string name = vnni->kernel;
         EXPECT_EQ(name.substr(name.size() - 9), "-avx2vnni");
-        ft::cpu::QuantChoice choice;
-        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx2, choice)->gemv, vnni->gemv);
-        choice.vnni = false;
-        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx2, choice)->gemv, plain->gemv);
+        expect_vnni_choice(g.f, Isa::avx2, vnni, plain);
         const Case c = make_case(rng, g.f, g.K, g.N);
         const int ntok = 17;
         const PreparedTokens p(rng, plain, c.K, ntok);
@@ -309,10 +314,7 @@ TEST(QuantKernels, E2m1VnniSplitsByTokenCount) {
         ASSERT_GT(both->x2_max_tokens, 0) << both->kernel;
         ASSERT_NE(both->dequant_act_bytes, nullptr);
         EXPECT_EQ(both->dequant, w4a16->dequant);
-        ft::cpu::QuantChoice choice;
-        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx512bf16, choice)->gemv, both->gemv);
-        choice.vnni = false;
-        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx512bf16, choice)->gemv, w4a16->gemv);
+        expect_vnni_choice(g.f, Isa::avx512bf16, both, w4a16);
         const Case c = make_case(rng, g.f, g.K, g.N);
         const int ntok = 19;
         const PreparedTokens p(rng, both, c.K, ntok);
