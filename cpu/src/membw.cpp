@@ -55,7 +55,12 @@ double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe 
     return static_cast<double>(chunk * n) / s;
 }
 
-double best_read_bandwidth(ThreadPool &pool, const uint8_t *buf, size_t bytes, int passes, ReadProbe *best_probe) {
+double best_read_bandwidth(ThreadPool &pool, const uint8_t *buf, size_t bytes, int passes, ReadProbe *best_probe,
+                           double max_seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out_of_time = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= max_seconds;
+    };
     // The bound is the best read these cores reach: one or several streams per core, far apart
     // or close together (as the rows of a weight matrix are), with and without software prefetch;
     // which shape wins depends on the CPU.
@@ -71,6 +76,10 @@ double best_read_bandwidth(ThreadPool &pool, const uint8_t *buf, size_t bytes, i
                     if (r > best) {
                         best = r;
                         winner = probe;
+                    }
+                    if (out_of_time()) {
+                        if (best_probe) *best_probe = winner;
+                        return best;
                     }
                 }
             }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -153,9 +154,10 @@ double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe 
 
 // The best read_pass over [data, data + bytes) across stream counts, stream spacings and
 // prefetch distances, `passes` times each: the read bandwidth these cores reach on that memory.
-// `best`, if given, receives the probe of that pass.
+// `best`, if given, receives the probe of that pass. Past `max_seconds` it stops after the pass
+// it is in (at least one pass runs) and returns the best so far.
 double best_read_bandwidth(ThreadPool &pool, const uint8_t *data, size_t bytes, int passes = 2,
-                           ReadProbe *best = nullptr);
+                           ReadProbe *best = nullptr, double max_seconds = std::numeric_limits<double>::infinity());
 
 // best_read_bandwidth over a fresh buffer of `bytes` (choose it well above the last-level
 // cache), filled by the same workers first so its pages sit near them.

@@ -274,8 +274,9 @@ struct ReadResult {
 };
 
 // CPU read bandwidth: best_read_bandwidth over max(2 GiB, 8 x LLC), capped at
-// `mem_cap` and shrunk to fit `budget_s`. A pilot over the first part (at least 4 x LLC, so it
-// already comes from DRAM) gives the fill and read rates the size is chosen from.
+// `mem_cap` and shrunk to fit `budget_s`, but not below a pilot over the first part (at least
+// 4 x LLC, so it already comes from DRAM), which gives the fill and read rates the size is chosen
+// from; the probe shapes stop where `budget_s` ends.
 ReadResult measure_read(cpu::ThreadPool &pool, double budget_s, size_t mem_cap, size_t llc, const Progress &progress) {
     progress("read", 0, 2);
     const auto t0 = Clock::now();
@@ -305,7 +306,7 @@ ReadResult measure_read(cpu::ThreadPool &pool, double budget_s, size_t mem_cap, 
     }
     bytes = std::max(bytes, pilot) / 4096 * 4096;
     if (bytes > pilot) fill_random(pool, data + pilot, bytes - pilot, 1 + pilot, ~uint64_t{0}, 0);
-    r.bytes_per_s = cpu::best_read_bandwidth(pool, data, bytes, passes);
+    r.bytes_per_s = cpu::best_read_bandwidth(pool, data, bytes, passes, nullptr, std::max(budget_s - seconds_since(t0), 0.0));
     log(FT_LOG_INFO, "profile: read ", r.bytes_per_s / 1e9, " GB/s over ", bytes / kMiB, " MiB (", pool.size(), " threads, ",
         passes, " pass(es), ", seconds_since(t0), " s)");
     progress("read", 2, 2);
