@@ -483,9 +483,9 @@ void prepare_nvfp4_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
 // nvfp4 / ds_fp4 at the avx512bf16 tier with AVX-512-VNNI. The activation is the avx512bf16
 // kernel's (bf16; the batched path reads it too) followed by the W4A8 x2 one (x16z). Calls of up
 // to kX2MaxTokens tokens run the VNNI kernel on the second part (its decode is cheaper: 1.1-1.7x
-// per core at 1-8 tokens on Zen 5), more tokens the avx512bf16 kernel on the first (fewer
-// activation bytes per element, and more tokens' activations stay in cache: even at 16 tokens on
-// Zen 5, and the ds_fp4 layer with 16 tokens per expert 1.4x on the H100 host's Xeon).
+// per core at 1-8 tokens on the dev box's Xeon), more tokens the avx512bf16 kernel on the first
+// (fewer activation bytes per element, and more tokens' activations stay in cache: even at 16
+// tokens there, and the ds_fp4 layer with 16 tokens per expert 1.4x on the H100 host's Xeon).
 constexpr int kX2MaxTokens = 8;
 
 size_t bf16_x16z_act_bytes(int64_t K) { return bf16_act128_bytes(K) + detail::e2m1_x16z_act_bytes(K); }
