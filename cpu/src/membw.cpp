@@ -58,33 +58,26 @@ double read_pass(ThreadPool &pool, const uint8_t *data, size_t bytes, ReadProbe 
 double best_read_bandwidth(ThreadPool &pool, const uint8_t *buf, size_t bytes, int passes, ReadProbe *best_probe,
                            double max_seconds) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto out_of_time = [&] {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= max_seconds;
-    };
     // The bound is the best read these cores reach: one or several streams per core, far apart
     // or close together (as the rows of a weight matrix are), with and without software prefetch;
     // which shape wins depends on the CPU.
     double best = 0.0;
     ReadProbe winner;
-    for (int streams : {1, 4, 8}) {
-        for (size_t stride : {size_t{0}, size_t{4096}, size_t{16384}}) {
-            if (streams == 1 && stride) continue;
-            for (int prefetch : {0, 512, 1024}) {
-                const ReadProbe probe{streams, stride, prefetch};
-                for (int i = 0; i < std::max(passes, 1); ++i) {
-                    const double r = read_pass(pool, buf, bytes, probe);
-                    if (r > best) {
-                        best = r;
-                        winner = probe;
+    auto search = [&] {
+        for (int streams : {1, 4, 8})
+            for (size_t stride : {size_t{0}, size_t{4096}, size_t{16384}}) {
+                if (streams == 1 && stride) continue;
+                for (int prefetch : {0, 512, 1024})
+                    for (int i = 0; i < std::max(passes, 1); ++i) {
+                        const ReadProbe probe{streams, stride, prefetch};
+                        const double r = read_pass(pool, buf, bytes, probe);
+                        if (r > best) best = r, winner = probe;
+                        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= max_seconds)
+                            return;
                     }
-                    if (out_of_time()) {
-                        if (best_probe) *best_probe = winner;
-                        return best;
-                    }
-                }
             }
-        }
-    }
+    };
+    search();
     if (best_probe) *best_probe = winner;
     return best;
 }

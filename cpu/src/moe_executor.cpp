@@ -148,8 +148,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     size_t deq_cols = 0;
     for (const FormatEntry &e : formats_) {
         if (!e.ops || !e.ops->dequant) continue;
-        auto bytes = e.ops->dequant_act_bytes ? e.ops->dequant_act_bytes : e.ops->act_bytes;
-        deq_cols = std::max({deq_cols, bytes(hidden) / 2, bytes(intermediate) / 2});
+        deq_cols = std::max({deq_cols, e.ops->dequant_act_bytes(hidden) / 2, e.ops->dequant_act_bytes(intermediate) / 2});
     }
     try {
         s_->keys.resize(routes);
@@ -244,8 +243,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     // The batched path dequantises both passes' rows to bf16: both formats need it at this tier.
     s.batched_ok = s.batched_min > 0 && gu.ops && gu.ops->dequant && dn.ops && dn.ops->dequant;
     if (s.batched_ok) {
-        s.batched_in_cols = int((gu.ops->dequant_act_bytes ? gu.ops->dequant_act_bytes(hidden_) : s.act_in_bytes) / 2);
-        s.batched_mid_cols = int((dn.ops->dequant_act_bytes ? dn.ops->dequant_act_bytes(inter_) : s.act_mid_bytes) / 2);
+        s.batched_in_cols = int(gu.ops->dequant_act_bytes(hidden_) / 2);
+        s.batched_mid_cols = int(dn.ops->dequant_act_bytes(inter_) / 2);
     }
     if (src.num_experts <= 0 || src.num_banks != nbanks)
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: expert source with ", src.num_banks, " banks and ", src.num_experts,

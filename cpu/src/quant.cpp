@@ -737,8 +737,9 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
+                    const auto dequant_bytes = !use.dequant ? nullptr : use.dequant_act_bytes ? use.dequant_act_bytes : use.act_bytes;
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant,
-                                 use.dequant_act_bytes, use.x2_max_tokens});
+                                 dequant_bytes, use.x2_max_tokens});
                 }
         return t;
     }();

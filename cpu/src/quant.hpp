@@ -21,7 +21,7 @@ struct QuantOps {
     // prepared activations; nullptr where the format has none at this tier.
     detail::QuantDequant dequant;
     // Bytes of the leading part of the prepared activation that the batched path reads (bf16 in
-    // dequant's column order); nullptr: all act_bytes.
+    // dequant's column order): act_bytes unless the kernel's own layout follows; set with dequant.
     size_t (*dequant_act_bytes)(int64_t K);
     // > 0: calls of more tokens than this run the tier's W4A16 kernel on that leading bf16 part,
     // fewer the W4A8 x2 kernel on the rest (nvfp4, ds_fp4 with AVX-512-VNNI at avx512bf16).

@@ -200,8 +200,8 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
         // Batched path: dequantise the rows to bf16 (buffer NaN-poisoned, so every element of the
         // padded rows must be written), then the tier's bf16 GEMV over the same prepared
         // activations, then the per-row factor.
-        // The path reads the activation's leading bf16 part (all of it where dequant_act_bytes is unset).
-        const size_t cols = (ops->dequant_act_bytes ? ops->dequant_act_bytes : ops->act_bytes)(c.K) / 2;
+        // The path reads the activation's leading bf16 part.
+        const size_t cols = ops->dequant_act_bytes(c.K) / 2;
         const size_t ld = cols + 8;
         std::vector<uint16_t> deq(ld * size_t(count), 0x7fc0);
         std::vector<float> rs(size_t(count), std::numeric_limits<float>::quiet_NaN());
