@@ -14,7 +14,9 @@
 //   nvfp4, ds_fp4     bf16, per 128 elements 4 phases of 32 (phase r, word m = x[4m + r]),
 //                     zero-padded to a multiple of 128 (ds_fp4 after the FP8 round trip, whose
 //                     results are bf16 values).
-//   q8_0, q2_k .. q6_k, iq4_xs  the q4_0 layout (Q8_0) on every tier.
+//   q8_0              the q4_0 layout (Q8_0) on every tier.
+//   q2_k .. q6_k, iq4_xs  Q8_K (ft::quantize_q8_k, one scale per 256) in the q4_0 layout, each
+//                     super-block's d repeated in its 8 entries, on every tier.
 // q4_0 with AVX-512-VNNI: the same Q8_0 values grouped per 4 blocks, with per-lane d and the
 // -8 * sum(q) correction (q8_0_x4_act_bytes in quant_kernels.hpp). The AVX2 kernels of nvfp4,
 // ds_fp4 and mxfp4, and mxfp4's one-token VNNI kernel, take W4A8 x2 activations (two int8 terms
@@ -435,6 +437,23 @@ void prepare_q8_0(const uint16_t *x, int64_t K, uint8_t *dst) {
     d[K / 32] = 0.0f;
 }
 
+// Q8_K (quantize_q8_k, one scale per 256; K a multiple of 256 for the K-quants) in the Q8_0 layout:
+// d[b] per 32 holds its super-block's scale, so per-32 kernels read it as they read Q8_0.
+void prepare_q8_k(const uint16_t *x, int64_t K, uint8_t *dst) {
+    const int64_t qbytes = round_up(K, 64);
+    int8_t *q = reinterpret_cast<int8_t *>(dst);
+    float *d = reinterpret_cast<float *>(dst + qbytes);
+    float v[256];
+    for (int64_t s = 0; s < K / 256; ++s) {
+        for (int i = 0; i < 256; ++i) v[i] = bf16_to_f32(x[s * 256 + i]);
+        float ds;
+        quantize_q8_k(v, 256, q + s * 256, &ds);
+        for (int b = 0; b < 8; ++b) d[8 * s + b] = ds;
+    }
+    std::memset(q + K, 0, size_t(qbytes - K));
+    d[K / 32] = 0.0f;
+}
+
 size_t bf16_act_bytes(int64_t K) { return size_t(round_up(K, 64) * 2); }
 
 void prepare_bf16(const uint16_t *x, int64_t K, uint8_t *dst) {
@@ -533,14 +552,15 @@ struct TierKernels {
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
-// all over the Q8_0 activation (prepare_q8_0). The SIMD ones are nullptr where the build has no
-// x86 kernels.
+// all over one activation in the Q8_0 layout: Q8_0 for q8_0, Q8_K (prepare_q8_k) for the super-block
+// formats. The SIMD ones are nullptr where the build has no x86 kernels.
 TierKernels gguf_kernels(Format f, const char *name, detail::QuantGemv scalar, detail::QuantGemv avx2,
                          detail::QuantGemv avx512, detail::QuantGemv avx512vnni) {
-    TierKernels k{f, name, {{scalar, "-scalar", detail::q8_0_act_bytes, prepare_q8_0}}, {}, {}};
-    if (avx2) k.tier[1] = {avx2, "-avx2", detail::q8_0_act_bytes, prepare_q8_0};
-    if (avx512) k.tier[2] = {avx512, "-avx512", detail::q8_0_act_bytes, prepare_q8_0};
-    if (avx512vnni) k.vnni = {avx512vnni, "-avx512vnni", detail::q8_0_act_bytes, prepare_q8_0};
+    const auto prep = f == Format::q8_0 ? prepare_q8_0 : prepare_q8_k;
+    TierKernels k{f, name, {{scalar, "-scalar", detail::q8_0_act_bytes, prep}}, {}, {}};
+    if (avx2) k.tier[1] = {avx2, "-avx2", detail::q8_0_act_bytes, prep};
+    if (avx512) k.tier[2] = {avx512, "-avx512", detail::q8_0_act_bytes, prep};
+    if (avx512vnni) k.vnni = {avx512vnni, "-avx512vnni", detail::q8_0_act_bytes, prep};
     return k;
 }
 
@@ -628,7 +648,7 @@ const TierKernels kKernels[] = {
 #else
      {}, {}},
 #endif
-    // GGUF block formats beyond q4_0: Q8_0 activations like q4_0. One line per format.
+    // GGUF block formats beyond q4_0 (q8_0: Q8_0 activations like q4_0; the others Q8_K). One line per format.
     gguf_kernels(Format::q8_0, "q8_0-w8a8", detail::q8_0_scalar, X86(detail::q8_0_avx2), X86(detail::q8_0_avx512),
                  X86(detail::q8_0_avx512vnni)),
     gguf_kernels(Format::q4_k, "q4_k-w4a8", detail::q4_k_scalar, X86(detail::q4_k_avx2), X86(detail::q4_k_avx512),

@@ -103,8 +103,8 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
            bool dup) {
     std::uniform_real_distribution<float> xd(-xscale, xscale);
     std::vector<std::vector<uint16_t>> x(ntok, std::vector<uint16_t>(c.K));
-    // xr: the activation of the format's numerics; xq: Q8_0 of bf16 x (per 32) for the W4A8
-    // kernels of mxfp4 (kernel name "...-w4a8..."; the block formats are W*A8 by definition, xr already).
+    // xr: the activation of the format's numerics (the block formats: Q8_0 or Q8_K, exact q * d);
+    // xq: int8 per 16 of bf16 x for nvfp4's W4A8 kernel.
     // xq2: the W4A8 x2 activation (two int8 terms per 32) of the "...-w4a8x2..." kernels.
     std::vector<std::vector<double>> xr(ntok, std::vector<double>(c.K)), xq = xr, xq2 = xr;
     for (int t = 0; t < ntok; ++t) {
@@ -115,12 +115,9 @@ void check(const Case &c, int64_t first, int count, int ntok, std::mt19937 &rng,
             xf[k] = ft::bf16_to_f32(x[t][k]);
         }
         if (c.f == Format::ds_fp4) ft::fp8_round_trip_per128(xf.data(), c.K, y.data()), xf = y;
-        if (ft::format_is_block(c.f)) {
-            std::vector<int8_t> q(c.K);
-            std::vector<float> d(c.K / 32);
-            ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());
-            for (int64_t k = 0; k < c.K; ++k) xf[k] = float(q[k]) * d[k / 32];  // exact q*d in double below
-            for (int64_t k = 0; k < c.K; ++k) xr[t][k] = double(q[k]) * double(d[k / 32]);
+        if (ft::format_is_block(c.f)) {  // Q8_0, or Q8_K for the super-block formats
+            xr[t] = ft::test::cpu_block_activation(c.f, xf.data(), c.K);
+            for (int64_t k = 0; k < c.K; ++k) xf[k] = float(xr[t][k]);
         } else {
             for (int64_t k = 0; k < c.K; ++k) xr[t][k] = xf[k];
         }

@@ -2,7 +2,7 @@
 // (cpu/src/quant_gguf_avx512*.cpp) are compiled a second time against SIMDe's portable intrinsics
 // (simde_avx512/immintrin.h) with namespace ft renamed ft_simde, and checked here like the native
 // kernels are in test_quant_kernels / test_quant_gguf_low: the fp64 sum of the reference
-// dequantisation times the Q8_0 activation, fresh random blocks, K with partial groups and several
+// dequantisation times the Q8_0 (q8_0) or Q8_K activation, fresh random blocks, K with partial groups and several
 // chunks, 1..32 tokens, duplicate tokens, small activations, and non-finite activations. So the
 // kernels' data flow (decoding, lane order, scales, offsets, tails) is tested on CPUs without
 // AVX-512 too; the native build of the same source runs in test_cpu where the CPU has AVX-512.
@@ -84,13 +84,9 @@ void check_emulated(const Kernels &k, const Case &c, int64_t first, int count, i
             continue;
         }
         std::vector<uint16_t> x(size_t(c.K));
-        std::vector<float> xf(size_t(c.K)), d(size_t(c.K / 32));
-        std::vector<int8_t> q(size_t(c.K));
+        std::vector<float> xf(size_t(c.K));
         for (int64_t i = 0; i < c.K; ++i) x[i] = ft::f32_to_bf16(xd(rng)), xf[i] = ft::bf16_to_f32(x[i]);
-        ft::quantize_q8_0(xf.data(), c.K, q.data(), d.data());
-        std::vector<double> v(size_t(c.K));
-        for (int64_t i = 0; i < c.K; ++i) v[i] = double(q[i]) * double(d[i / 32]);
-        xq.push_back(std::move(v));
+        xq.push_back(ft::test::cpu_block_activation(c.f, xf.data(), c.K));
         act.emplace_back(scalar->act_bytes(c.K), 0);
         scalar->prepare(x.data(), c.K, act.back().data());
     }

@@ -190,7 +190,7 @@ TEST(MixedFormats, CpuBackendComputesEachLayerInItsFormats) {
                 const QLayer &gu = *refs[l].gu, &dn = *refs[l].dn;
                 const std::vector<double> ref = ft::test::moe_reference_f32(
                     [&](int32_t e) { return ft::test::ExpertF32{gu.gate[e].data(), gu.up[e].data(), dn.down[e].data()}; },
-                    kE, ft::test::ActivationRef{FT_ACT_SILU, 1.702f, 7.0f}, ft::test::q8_0_numerics(), kH, kI, T, kK, b.x.data(),
+                    kE, ft::test::ActivationRef{FT_ACT_SILU, 1.702f, 7.0f}, ft::test::cpu_block_numerics(kMix[l].gate_up, kMix[l].down), kH, kI, T, kK, b.x.data(),
                     b.ids.data(), b.w.data());
                 const double err = ft::test::relative_error_bf16(y, ref);
                 EXPECT_LT(err, kBound) << "layer " << l << " (" << ft::format_name(kMix[l].gate_up) << "/"

@@ -51,10 +51,10 @@ std::vector<uint8_t> random_rows(std::mt19937 &rng, Format f, int64_t K, int64_t
 
 struct Tokens {
     std::vector<std::vector<uint16_t>> x;  // bf16
-    std::vector<std::vector<double>> xq;   // q * d of the Q8_0 activation
+    std::vector<std::vector<double>> xq;   // q * d of f's activation (Q8_K)
 };
 
-Tokens random_tokens(std::mt19937 &rng, int64_t K, int ntok, bool dup) {
+Tokens random_tokens(std::mt19937 &rng, Format f, int64_t K, int ntok, bool dup) {
     Tokens tk;
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     for (int t = 0; t < ntok; ++t) {
@@ -64,14 +64,10 @@ Tokens random_tokens(std::mt19937 &rng, int64_t K, int ntok, bool dup) {
         } else {
             for (auto &v : x) v = ft::f32_to_bf16(xd(rng));
         }
-        std::vector<float> xf(static_cast<size_t>(K)), d(static_cast<size_t>(K / 32));
-        std::vector<int8_t> q(static_cast<size_t>(K));
+        std::vector<float> xf(static_cast<size_t>(K));
         for (int64_t k = 0; k < K; ++k) xf[size_t(k)] = ft::bf16_to_f32(x[size_t(k)]);
-        ft::quantize_q8_0(xf.data(), K, q.data(), d.data());
-        std::vector<double> xq(static_cast<size_t>(K));
-        for (int64_t k = 0; k < K; ++k) xq[size_t(k)] = double(q[size_t(k)]) * double(d[size_t(k / 32)]);
         tk.x.push_back(std::move(x));
-        tk.xq.push_back(std::move(xq));
+        tk.xq.push_back(ft::test::cpu_block_activation(f, xf.data(), K));
     }
     return tk;
 }
@@ -85,7 +81,7 @@ void check_kernels(std::mt19937 &rng, Format f, int64_t K, int64_t N, int64_t fi
                  " count=" + std::to_string(count) + " ntok=" + std::to_string(ntok));
     const std::vector<uint8_t> rows = random_rows(rng, f, K, N);
     const size_t row_bytes = ft::block_row_bytes(f, K);
-    const Tokens tk = random_tokens(rng, K, ntok, dup);
+    const Tokens tk = random_tokens(rng, f, K, ntok, dup);
     std::vector<double> ref(size_t(ntok) * count), mag(ref.size());
     std::vector<float> w(static_cast<size_t>(K));
     for (int j = 0; j < count; ++j) {
@@ -167,7 +163,7 @@ TEST(QuantGgufLow, NonFiniteActivationGivesNaN) {
     const int64_t K = 512;
     for (Format f : kFormats) {
         const std::vector<uint8_t> rows = random_rows(rng, f, K, 4);
-        Tokens tk = random_tokens(rng, K, 2, false);
+        Tokens tk = random_tokens(rng, f, K, 2, false);
         tk.x[0][300] = 0x7f80;  // +Inf
         for (const ft::cpu::QuantOps *ops : variants_here(f)) {
             std::vector<std::vector<uint8_t>> act;
@@ -215,7 +211,7 @@ TEST_P(QuantGgufLowMoe, MatchesDequantisedReference) {
                 ex.run(src, nullptr, T, b.x.data(), b.ids.data(), b.w.data(), y.data());
                 ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
                 const auto ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a,
-                                                             ft::test::q8_0_numerics(), L.H, L.I,
+                                                             ft::test::cpu_block_numerics(f), L.H, L.I,
                                                              T, K, b.x.data(), b.ids.data(), b.w.data());
                 const double err = ft::test::relative_error_bf16(y, ref);
                 EXPECT_LT(err, 1.5e-2) << ft::format_name(f) << " " << kernel << " act " << act.kind << " T=" << T;

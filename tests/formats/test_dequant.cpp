@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -319,6 +320,35 @@ TEST(Quantize, Q8_0Bounds) {
             const int k = b * 32 + i;
             qmax = std::max(qmax, std::abs(static_cast<int>(q[k])));
             EXPECT_LE(std::fabs(x[k] - q[k] * d[b]), d[b] * 0.5f * 1.001f) << k;
+        }
+        EXPECT_EQ(qmax, 127);
+    }
+}
+
+// Q8_K: the Q8_0 rule per 256 (one NaN block does not touch its neighbours).
+TEST(Quantize, Q8_KBoundsAndNonFinite) {
+    const int K = 256 * 6;
+    std::vector<float> x(K);
+    for (float &v : x) v = uniform(-3.0f, 3.0f);
+    for (int i = 0; i < 256; ++i) x[2 * 256 + i] *= 1e-6f;  // tiny values still get full scale
+    x[4 * 256 + 17] = std::numeric_limits<float>::infinity();
+    std::vector<int8_t> q(K);
+    std::vector<float> d(K / 256);
+    quantize_q8_k(x.data(), K, q.data(), d.data());
+    for (int b = 0; b < K / 256; ++b) {
+        if (b == 4) {
+            EXPECT_TRUE(std::isnan(d[b]));
+            for (int i = 0; i < 256; ++i) EXPECT_EQ(q[b * 256 + i], 0);
+            continue;
+        }
+        float amax = 0;
+        for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[b * 256 + i]));
+        EXPECT_EQ(d[b], amax / 127.0f);
+        int qmax = 0;
+        for (int i = 0; i < 256; ++i) {
+            const int k = b * 256 + i;
+            qmax = std::max(qmax, std::abs(static_cast<int>(q[k])));
+            EXPECT_EQ(q[k], static_cast<int8_t>(std::clamp(round_half_away(x[k] * (1.0f / d[b])), -127.0f, 127.0f))) << k;
         }
         EXPECT_EQ(qmax, 127);
     }

@@ -93,11 +93,41 @@ inline void q8_0_round_trip(const float *x, int64_t K, float *y) {
     for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 32)];
 }
 
-// The numerics of kernels that quantise both passes' inputs to Q8_0 (the block formats' CPU rule).
-inline FormatNumerics q8_0_numerics() {
+// x through Q8_K and back (ft::quantize_q8_k per 256; K a multiple of 256).
+inline void q8_k_round_trip(const float *x, int64_t K, float *y) {
+    std::vector<int8_t> q(static_cast<size_t>(K));
+    std::vector<float> d(static_cast<size_t>(K / 256));
+    ft::quantize_q8_k(x, K, q.data(), d.data());
+    for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 256)];
+}
+
+// The CPU kernels' activation of a block format: Q8_0 for q4_0 and q8_0, Q8_K for the super-block
+// formats (q2_k .. q6_k, iq4_xs).
+inline bool cpu_uses_q8_k(Format f) { return format_is_block(f) && f != Format::q4_0 && f != Format::q8_0; }
+inline void (*cpu_block_round_trip(Format f))(const float *, int64_t, float *) {
+    return cpu_uses_q8_k(f) ? q8_k_round_trip : q8_0_round_trip;
+}
+
+// Exact q * d (in double) of that activation of x[0..K).
+inline std::vector<double> cpu_block_activation(Format f, const float *x, int64_t K) {
+    const int64_t block = cpu_uses_q8_k(f) ? 256 : 32;
+    std::vector<int8_t> q(static_cast<size_t>(K));
+    std::vector<float> d(static_cast<size_t>(K / block));
+    if (block == 256) ft::quantize_q8_k(x, K, q.data(), d.data());
+    else ft::quantize_q8_0(x, K, q.data(), d.data());
+    std::vector<double> v(static_cast<size_t>(K));
+    for (int64_t i = 0; i < K; ++i) v[size_t(i)] = double(q[size_t(i)]) * double(d[size_t(i / block)]);
+    return v;
+}
+
+// The numerics of kernels that quantise both passes' inputs (the block formats' CPU rule): the
+// expert input in the gate/up format's activation, the intermediate in the down format's.
+inline FormatNumerics cpu_block_numerics(Format gate_up, Format down) {
     FormatNumerics n;
-    n.in_round_trip = n.mid_round_trip = q8_0_round_trip;
+    n.in_round_trip = cpu_block_round_trip(gate_up);
+    n.mid_round_trip = cpu_block_round_trip(down);
     return n;
 }
+inline FormatNumerics cpu_block_numerics(Format f) { return cpu_block_numerics(f, f); }
 
 }  // namespace ft::test

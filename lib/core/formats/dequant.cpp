@@ -179,6 +179,12 @@ void quantize_q8_0(const float *x, int64_t K, int8_t *q, float *d) {
     for (int64_t b = 0; b < K / 32; ++b) quantize_block_int8(x + b * 32, order, 32, q + b * 32, d + b);
 }
 
+void quantize_q8_k(const float *x, int64_t K, int8_t *q, float *d) {
+    int order[256];
+    for (int i = 0; i < 256; ++i) order[i] = i;
+    for (int64_t b = 0; b < K / 256; ++b) quantize_block_int8(x + b * 256, order, 256, q + b * 256, d + b);
+}
+
 void quantize_int8_per16(const float *x, int64_t K, int8_t *q, float *d) {
     int order[16];
     for (int i = 0; i < 8; ++i) {

@@ -128,6 +128,11 @@ constexpr float kQ8MinAmax = 0x1p-100f;
 // docs/limits.md, non-finite values). No input makes a float -> int conversion undefined.
 void quantize_q8_0(const float *x, int64_t K, int8_t *q, float *d);
 
+// Q8_K (the K-quants' and iq4_xs' CPU activations): the same rule per block of 256 (K a multiple
+// of 256), d[b] the scale of elements 256b .. 256b + 255. One scale per super-block lets a kernel
+// keep a super-block's integer sums in int32 and convert once.
+void quantize_q8_k(const float *x, int64_t K, int8_t *q, float *d);
+
 // nvfp4 W4A8: the same rule per block of 16, stored per block as [8 even elements, 8 odd
 // elements] (q[16b + i] = x[16b + 2i], q[16b + 8 + i] = x[16b + 2i + 1]) so a kernel can pair them
 // with the low / high nibbles of 8 packed bytes. d[b] is the block's scale.
