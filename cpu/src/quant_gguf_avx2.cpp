@@ -1,11 +1,12 @@
-// AVX2 + FMA + F16C kernels of the GGUF block formats q8_0, q4_k, q5_k, q6_k over Q8_0 activations
-// (the q4_0 layout, q8_0_act_bytes). Each 32-element block of weights is decoded once per tile of
+// AVX2 + FMA + F16C kernels of the GGUF block formats q8_0, q4_k, q5_k, q6_k over activations in the
+// q4_0 layout (q8_0_act_bytes): Q8_0 for q8_0, Q8_K (one d per 256) for the K-quants. Each
+// 32-element block of weights is decoded once per tile of
 // up to 8 tokens into unsigned (K-quants) or signed (q8_0) bytes and multiplied exactly in integers:
 //   q8_0   `vpmaddubsw(|w|, sign(a, w))`, `vpmaddwd` by ones, x fp16 d x activation d;
 //   q4_k, q5_k, q6_k   codes u (0..15, 0..31, 0..63) by `vpmaddubsw(u, a)` (pairs fit int16),
 //          then `vpmaddwd` by the integer sub-block scale (q6_k: one per 16 elements, the two
-//          halves of the register), x activation d per block, x the super-block's d once per
-//          super-block; one token: two rows per pass (j, j + count / 2). The offsets (q4_k / q5_k:
+//          halves of the register), summed in int32 over the super-block, then x super-block d x
+//          activation d once; one token: two rows per pass (j, j + count / 2). The offsets (q4_k / q5_k:
 //          -dmin * m per 32, q6_k: -32 * d * sc per 16) multiply the activation's sums per 16
 //          elements, which are computed once per call and token (d_act * sum q) and paired with a
 //          vector of the 16 offsets of a super-block: two FMAs per super-block and token.
@@ -257,12 +258,12 @@ struct RowBlocks<F, 2> {
 
 // R rows (2 only for one token: two weight streams, shared activation loads), NT tokens,
 // super-blocks [sb0, sb0 + nsb): sums[t] holds the token's act_sums from super-block sb0 on.
-// Per super-block, the sub-block sums x activation d go to acc, which is then scaled by the
-// super-block's d into tot, and the offsets are subtracted there. Adds to out when `add`.
+// Per super-block the scaled integer dots of its 8 blocks add up in int32 (the Q8_K activation has
+// one d per super-block), converted once, times super-block d x activation d into tot, and the
+// offsets are subtracted there. Adds to out when `add`.
 template <class F, int NT, int R>
 void kquant_rows(const int8_t *const *q, const float *const *d, const float *const *sums, const uint8_t *const row[R],
                  int64_t sb0, int64_t nsb, float *const out[R], size_t ldo, bool add, int pf) {
-    constexpr int S = sets<NT>();
     __m256 tot[R][NT];
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) tot[r][t] = _mm256_setzero_ps();
@@ -275,23 +276,18 @@ void kquant_rows(const int8_t *const *q, const float *const *d, const float *con
             _mm_prefetch(p + 64, _MM_HINT_T0);
             _mm_prefetch(p + 128, _MM_HINT_T0);
         }
-        __m256 acc[R][NT][S];
+        __m256i acc[R][NT];
         for (int r = 0; r < R; ++r)
-            for (int t = 0; t < NT; ++t)
-                for (int i = 0; i < S; ++i) acc[r][t][i] = _mm256_setzero_ps();
+            for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_si256();
         unroll([&](auto ic) {
             constexpr int I = decltype(ic)::value;
             __m256i u[R], s16[R];
             for (int r = 0; r < R; ++r) u[r] = w[r].template codes<I>(), s16[r] = w[r].template scales<I>();
-            const int64_t b = sb * 8 + I;  // Q8_0 block
+            const int64_t b = sb * 8 + I;  // block of 32 of the activation
             for (int t = 0; t < NT; ++t) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + b * 32));
-                const __m256 da = _mm256_broadcast_ss(d[t] + b);
-                for (int r = 0; r < R; ++r) {
-                    const __m256i x = _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], a), s16[r]);
-                    __m256 &ac = acc[r][t][I % S];
-                    ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x), da, ac);
-                }
+                for (int r = 0; r < R; ++r)
+                    acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], a), s16[r]));
             }
         }, std::make_integer_sequence<int, 8>{});
         for (int r = 0; r < R; ++r) {
@@ -300,9 +296,8 @@ void kquant_rows(const int8_t *const *q, const float *const *d, const float *con
             const __m256 dv = _mm256_set1_ps(w[r].d);
             for (int t = 0; t < NT; ++t) {
                 const float *s = sums[t] + (sb - sb0) * 16;
-                __m256 a = acc[r][t][0];
-                if (S > 1) a = _mm256_add_ps(a, acc[r][t][S - 1]);
-                tot[r][t] = _mm256_fmadd_ps(a, dv, tot[r][t]);
+                const __m256 f = _mm256_mul_ps(dv, _mm256_broadcast_ss(d[t] + sb * 8));  // Q8_K: one d per 256
+                tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), f, tot[r][t]);
                 tot[r][t] = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(s), tot[r][t]);
                 tot[r][t] = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(s + 8), tot[r][t]);
             }

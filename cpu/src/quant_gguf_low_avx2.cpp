@@ -1,13 +1,13 @@
-// AVX2 + FMA + F16C kernels of the low-bit GGUF super-block formats q2_k, q3_k and iq4_xs over Q8_0
-// activations (int8 q[K], float d[K/32]: the q8_0_act_bytes layout). Per super-block of 256 and
+// AVX2 + FMA + F16C kernels of the low-bit GGUF super-block formats q2_k, q3_k and iq4_xs over Q8_K
+// activations (int8 q[K], one d per 256 repeated in float d[K/32]: the q8_0_act_bytes layout). Per super-block of 256 and
 // block g (0..7) of 32 elements, which is also the activation's block, the 32 weights are decoded
 // once per row into bytes and used for a tile of up to 8 tokens:
 //   q2_k    u = (qs >> 2p) & 3 (0..3); w = d * sc * u - dmin * m per sub-block of 16;
 //   q3_k    u = ((qs >> 2p) & 3) + 4 * hbit (0..7); w = d * sc * (u - 4), sc signed;
 //   iq4_xs  w8 = kIq4nlValues[nibble] by `vpshufb`; w = d * (ls - 32) * w8 per sub-block of 32.
 // Per token: `vpmaddubsw(u, q_act)` (iq4_xs: `vpmaddubsw(|w8|, sign(q_act, w8))`, pairs <= 32258),
-// then `vpmaddwd` by the sub-block scales (int16, one per 16-lane half), exact int32, converted and
-// multiplied by the activation's d (fp32 per block of 32) and the super-block's d.
+// then `vpmaddwd` by the sub-block scales (int16, one per 16-lane half), summed in int32 over the
+// super-block (exact), converted once and multiplied by the activation's d and the super-block's d.
 // The offset terms of q2_k (-dmin * m) and q3_k (-4 * d * sc) need only the activation's sums per
 // sub-block of 16: those (times the activation's d) are computed once per token for a chunk of K
 // and dotted with the 16 offsets of each super-block (two FMAs per super-block and token).
@@ -160,18 +160,6 @@ inline void unroll_seq(Fn &&fn, std::integer_sequence<int, I...>) {
 template <class Fn>
 inline void unroll8(Fn &&fn) { unroll_seq(fn, std::make_integer_sequence<int, 8>{}); }
 
-// Two blocks' int32 lane sums in one vector: lanes alternate x0, x1 ([x0_0 + x0_2, x1_0 + x1_2,
-// x0_1 + x0_3, x1_1 + x1_3] per 128-bit lane), so one conversion and one FMA by pair_bcast serve both.
-inline __m256i fold_pair(__m256i x0, __m256i x1) {
-    return _mm256_add_epi32(_mm256_unpacklo_epi32(x0, x1), _mm256_unpackhi_epi32(x0, x1));
-}
-// Floats p[0], p[1] alternating over the 8 lanes.
-inline __m256 pair_bcast(const float *p) {
-    int64_t v;
-    std::memcpy(&v, p, 8);
-    return _mm256_castsi256_ps(_mm256_set1_epi64x(v));
-}
-
 constexpr int kChunkSuper = 32;  // super-blocks of K per chunk of offset sums (8192 elements)
 
 // The activation's sums per sub-block of 16 times its d, super-blocks [s0, s0 + n), 16 floats per
@@ -194,22 +182,17 @@ void offset_sums(const int8_t *q, const float *d, int64_t s0, int64_t n, float *
 }
 
 // R rows x NT tokens over super-blocks [s0, s0 + n); fs[t]: offset_sums of token t for them.
-// Tiles of up to 4 tokens sum the 8 blocks of a super-block in their own register and multiply by
-// its d once (one token: pairs of blocks folded into one vector first, fold_pair); larger tiles
-// multiply d into each block's factor (16 ymm registers leave no room for a second set of 8
-// accumulators).
+// The scaled integer dots of a super-block's 8 blocks add up in int32 (the Q8_K activation has one
+// d per super-block), converted once and multiplied by super-block d x activation d.
 template <class F, int NT, int R>
 void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, const int8_t *const q[NT],
                 const float *const d[NT], const float *const fs[NT], int64_t s0, int64_t n, bool add, int pf) {
-    constexpr bool kSplit = NT <= 4;
-    constexpr bool kFold = NT == 1;  // one token: each pair of blocks shares a conversion and an FMA
     __m256 acc[R][NT];
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
     for (int64_t s = s0; s < s0 + n; ++s) {
         const uint8_t *blk[R];
         __m256i sc[R];
-        __m256 vd[R];
         for (int r = 0; r < R; ++r) {
             blk[r] = row[r] + s * F::kBytes;
             if (pf) {
@@ -217,10 +200,10 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
                 _mm_prefetch(reinterpret_cast<const char *>(blk[r]) + pf + 64, _MM_HINT_T0);
             }
             sc[r] = F::scales16(blk[r]);
-            if constexpr (!kSplit) vd[r] = _mm256_set1_ps(F::d(blk[r]));
         }
-        __m256 part[R][NT];
-        __m256i x0[R][NT];  // kFold: the even block's integer dot, until the odd one folds it in
+        __m256i sum[R][NT];
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < NT; ++t) sum[r][t] = _mm256_setzero_si256();
         unroll8([&](auto gc) {
             constexpr int g = decltype(gc)::value;
             __m256i u[R], w[R], s16[R];
@@ -230,37 +213,14 @@ void super_rows(const uint8_t *const row[R], float *const out[R], size_t ldo, co
             }
             for (int t = 0; t < NT; ++t) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[t] + s * 256 + g * 32));
-                for (int r = 0; r < R; ++r) {
-                    const __m256i x = F::dot(u[r], w[r], s16[r], a);
-                    if constexpr (kFold) {
-                        if constexpr (g % 2 == 0) {
-                            x0[r][t] = x;
-                        } else {
-                            const __m256 v = _mm256_cvtepi32_ps(fold_pair(x0[r][t], x));
-                            const __m256 da2 = pair_bcast(d[t] + s * 8 + g - 1);
-                            if constexpr (g == 1) part[r][t] = _mm256_mul_ps(v, da2);
-                            else part[r][t] = _mm256_fmadd_ps(v, da2, part[r][t]);
-                        }
-                    } else {
-                        const __m256 v = _mm256_cvtepi32_ps(x);
-                        const __m256 da = _mm256_broadcast_ss(d[t] + s * 8 + g);
-                        if constexpr (kSplit) {
-                            if constexpr (g == 0) part[r][t] = _mm256_mul_ps(v, da);
-                            else part[r][t] = _mm256_fmadd_ps(v, da, part[r][t]);
-                        } else {
-                            acc[r][t] = _mm256_fmadd_ps(v, _mm256_mul_ps(vd[r], da), acc[r][t]);
-                        }
-                    }
-                }
+                for (int r = 0; r < R; ++r) sum[r][t] = _mm256_add_epi32(sum[r][t], F::dot(u[r], w[r], s16[r], a));
             }
         });
         for (int r = 0; r < R; ++r) {
-            if constexpr (kSplit) {
-                const __m256 dv = _mm256_set1_ps(F::d(blk[r]));
-                for (int t = 0; t < NT; ++t) {
-                    acc[r][t] = _mm256_fmadd_ps(part[r][t], dv, acc[r][t]);
-                }
-            }
+            const __m256 dv = _mm256_set1_ps(F::d(blk[r]));
+            for (int t = 0; t < NT; ++t)
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][t]), _mm256_mul_ps(dv, _mm256_broadcast_ss(d[t] + s * 8)),
+                                            acc[r][t]);
             if constexpr (F::kOffsets) {
                 __m256 o0, o1;
                 F::offsets(blk[r], o0, o1);
