@@ -1,7 +1,7 @@
 // Scalar kernels of the GGUF block formats beyond q4_0 (q8_0, q2_k .. q6_k, iq4_xs): the definition the
 // SIMD kernels are tested against. Weights are the reference dequantisation (ft::dequant_row_block,
-// fp32), activations the Q8_0 layout of q4_0 (q8_0_act_bytes: int8 q[K] padded to 64, float
-// d[K/32]); the output is the sum over 32-blocks b of d[b] * (sum over k in b of w[k] * q[k]), each
+// fp32), activations in the Q8_0 layout of q4_0 (q8_0_act_bytes: int8 q[K] padded to 64, float
+// d[K/32]; Q8_0 values for q8_0, Q8_K for the others); the output is the sum over 32-blocks b of d[b] * (sum over k in b of w[k] * q[k]), each
 // block's inner sum in fp32 in element order.
 #include <algorithm>
 

@@ -155,10 +155,10 @@ std::vector<MixedLayerRef> fill_model(std::mt19937 &rng, ft::Model &m) {
     return refs;
 }
 
-// Every format of kMix quantises both passes' inputs to Q8_0 on the CPU (the block formats'
-// rule); the reference does the same, so what is left is fp32 summation, bf16 rounding and the
-// intermediate's Q8_0 steps where the two sides round it differently (ft::test::q8_0_numerics):
-// under 5e-3 over 17,000 draws.
+// Every format of kMix quantises each pass's input on the CPU, to Q8_0 (q4_0, q8_0) or Q8_K (the
+// K-quants) by the format of that pass's matrix; the reference does the same
+// (ft::test::cpu_block_numerics), so what is left is fp32 summation, bf16 rounding and the
+// intermediate's steps where the two sides round it differently.
 constexpr double kBound = 1.5e-2;
 
 TEST(MixedFormats, CpuBackendComputesEachLayerInItsFormats) {

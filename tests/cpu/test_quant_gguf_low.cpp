@@ -185,10 +185,9 @@ TEST(QuantGgufLow, NonFiniteActivationGivesNaN) {
 
 // The whole layer through the MoE executor (cpu backend) per tier, SiLU / GELU, against the fp64
 // reference of the dequantised weights. Up to 16 tokens every expert takes the direct kernels
-// (the batched path starts at 32 tokens), which quantise both passes' inputs to Q8_0; the
+// (the batched path starts at 32 tokens), which quantise both passes' inputs to Q8_K; the
 // reference does the same, so what is left is fp32 summation, bf16 rounding and the
-// intermediate's Q8_0 steps where the two sides round it differently: at most 4.1e-3 over 9,000
-// draws on every tier, against 3.4e-2 for the unquantised reference.
+// intermediate's Q8_K steps where the two sides round it differently.
 class QuantGgufLowMoe : public ::testing::TestWithParam<Isa> {};
 
 TEST_P(QuantGgufLowMoe, MatchesDequantisedReference) {
