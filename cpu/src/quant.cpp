@@ -675,6 +675,13 @@ detail::QuantGemv avx2_vnni_gemv(Format f) {
         case Format::ds_fp4: return detail::ds_fp4_avxvnni;
         case Format::mxfp4: return detail::mxfp4_avxvnni;
         case Format::q4_0: return detail::q4_0_avxvnni;
+        case Format::q8_0: return detail::q8_0_avxvnni;
+        case Format::q4_k: return detail::q4_k_avxvnni;
+        case Format::q5_k: return detail::q5_k_avxvnni;
+        case Format::q6_k: return detail::q6_k_avxvnni;
+        case Format::q2_k: return detail::q2_k_avxvnni;
+        case Format::q3_k: return detail::q3_k_avxvnni;
+        case Format::iq4_xs: return detail::iq4_xs_avxvnni;
         default: return nullptr;
     }
 #else

@@ -108,11 +108,16 @@ void nvfp4_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, in
 void ds_fp4_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_0_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
-// GGUF block formats (quant_gguf_avx2.cpp), the scalar kernels' layouts.
+// GGUF block formats (quant_gguf_avx2.cpp; with AVX-VNNI quant_gguf_avxvnni.cpp, same results),
+// the scalar kernels' layouts.
 void q8_0_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q4_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q5_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q6_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q8_0_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q4_k_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q5_k_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q6_k_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 void fp8_block_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
@@ -165,15 +170,19 @@ void q4_0_avx512vnni_x4(const QuantMatrix &, int64_t, int, const uint8_t *const 
 // Its activation preparation, byte-identical to prepare_q8_0_x4_scalar (quant.cpp, tested).
 void prepare_q8_0_x4_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 
-// Low-bit GGUF super-block formats (256 elements per block), Q8_0 activations (q8_0_act_bytes):
+// Low-bit GGUF super-block formats (256 elements per block), Q8_K activations (q8_0_act_bytes):
 // q2_k, q3_k, iq4_xs. Scalar (quant_gguf_scalar.cpp): the reference row dequantisation dotted
-// per block of 32; AVX2 + FMA + F16C (quant_gguf_low_avx2.cpp): integer dots per block of 32.
+// per block of 32; AVX2 + FMA + F16C (quant_gguf_low_avx2.cpp; with AVX-VNNI
+// quant_gguf_low_avxvnni.cpp): integer dots summed per super-block.
 void q2_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q3_k_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void iq4_xs_scalar(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q2_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q3_k_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void iq4_xs_avx2(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q2_k_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void q3_k_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+void iq4_xs_avxvnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 // AVX-512F/BW/VL (quant_gguf_avx512.cpp) and AVX-512-VNNI (quant_gguf_avx512vnni.cpp) kernels of
 // every GGUF block format beyond q4_0: two blocks of 32 per register, the q8_0_act_bytes layout.
 void q8_0_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);

@@ -136,8 +136,10 @@ TEST(QuantKernels, GgufBlockKernelTable) {
         ASSERT_EQ(sname.substr(sname.size() - 7), "-scalar");
         const std::string base = sname.substr(0, sname.size() - 7);
         struct Want { Isa isa; bool vnni; const char *suffix; };
+        // The AVX-VNNI flavour at the avx2 tier where cpuid has avx_vnni.
+        const char *avx2_vnni = ft::cpu::cpu_has_avx_vnni() ? "-avx2vnni" : "-avx2";
         const Want wants[] = {{Isa::scalar, true, "-scalar"},        {Isa::avx2, false, "-avx2"},
-                              {Isa::avx2, true, "-avx2"},            {Isa::avx512, false, "-avx512"},
+                              {Isa::avx2, true, avx2_vnni},          {Isa::avx512, false, "-avx512"},
                               {Isa::avx512, true, "-avx512vnni"},    {Isa::avx512bf16, false, "-avx512"},
                               {Isa::avx512bf16, true, "-avx512vnni"}};
         for (const Want &w : wants) {
@@ -264,7 +266,7 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     }
 }
 
-// The AVX-VNNI kernels of the AVX2 tier (quant_avxvnni.cpp) form the same int32 sums as the AVX2
+// The AVX-VNNI kernels of the AVX2 tier (quant_avxvnni.cpp, quant_gguf_*avxvnni.cpp) form the same int32 sums as the AVX2
 // ones, so their outputs are equal bit for bit: fresh random weights and activations, every token
 // count 1..17, counts with tails, K with partial 64s / 128s; quant_ops picks them where cpuid has
 // avx_vnni and FT_CPU_VNNI allows.
@@ -276,7 +278,14 @@ TEST(QuantKernels, AvxVnniEqualsAvx2Bitwise) {
     const G geos[] = {{Format::nvfp4, 272, 40, 1, 37}, {Format::ds_fp4, 640, 11, 0, 11},
                       {Format::mxfp4, 96, 200, 3, 190}, {Format::mxfp4, 64, 72, 2, 45},
                       {Format::q4_0, 547 * 32, 9, 1, 7},
-                      {Format::q4_0, 224, 20, 0, 20}};
+                      {Format::q4_0, 224, 20, 0, 20},
+                      {Format::q8_0, 544, 13, 2, 9},
+                      {Format::q4_k, 768, 12, 1, 11},
+                      {Format::q5_k, 512, 9, 0, 9},
+                      {Format::q6_k, 33 * 256, 5, 1, 3},
+                      {Format::q2_k, 768, 10, 3, 7},
+                      {Format::q3_k, 512, 9, 0, 9},
+                      {Format::iq4_xs, 1280, 7, 1, 5}};
     for (const G &g : geos) {
         const ft::cpu::QuantOps *plain = ft::cpu::quant_ops_variant(g.f, Isa::avx2, false, false);
         const ft::cpu::QuantOps *vnni = ft::cpu::quant_ops_variant(g.f, Isa::avx2, true, false);

@@ -1,0 +1,5 @@
+// AVX2 kernels of q8_0, q4_k, q5_k, q6_k (quant_gguf_avx2_unit.inc) with AVX-VNNI (`vpdpbusd` /
+// `vpdpwssd`), entry points *_avxvnni; chosen at the avx2 tier where cpuid has avx_vnni.
+#define FT_AVX2_VNNI 1
+#define FT_AVX2_NAME(f) f##_avxvnni
+#include "quant_gguf_avx2_unit.inc"
