@@ -10,6 +10,9 @@ namespace ft::cpu::detail {
 // Software prefetch distance in bytes ahead of each weight row (0 = none). Set by
 // set_prefetch_bytes() (the engine, from FT_CPU_PREFETCH); read by the kernels.
 extern int g_prefetch_bytes;
+// The GGUF block formats' kernels (not q4_0's) prefetch 4 x that ahead: 2048 bytes beat 512 for
+// them on Intel Xeons (cpu/README.md, "Prefetch of the GGUF block formats").
+inline int gguf_prefetch_bytes() { return 4 * g_prefetch_bytes; }
 
 // Same contract as ft::cpu::GemvFn.
 void gemv_scalar(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,

@@ -20,7 +20,7 @@ enum class KnobType { integer, boolean, text };
     X(log, "FT_LOG", Text, "warn", "log level: off, error, warn, info, debug (process-wide, read at the first log line)") \
     X(cpu_isa, "FT_CPU_ISA", Text, "", "cap the CPU kernel tier: scalar, avx2, avx512, avx512bf16 (only lowers it)")  \
     X(cpu_prefetch, "FT_CPU_PREFETCH", Int, 512,                                                                      \
-      "CPU kernels' software prefetch distance in bytes ahead of each weight row (0 = off; mxfp4: this / 8 K rows)")   \
+      "CPU kernels' software prefetch distance in bytes ahead of each weight row (0 = off; mxfp4: this / 8 K rows; GGUF block formats other than q4_0: 4 x this)")   \
     X(cpu_spin_us, "FT_CPU_SPIN_US", Int, 100, "microseconds an idle CPU worker polls before it sleeps")             \
     X(cpu_vnni, "FT_CPU_VNNI", Bool, 1, "q4_0, nvfp4, ds_fp4 and the GGUF block formats through their AVX-512-VNNI kernels where cpuid has avx512vnni (0 = the tier's AVX-512F/BW or AVX-512-BF16 kernels); at the avx2 tier nvfp4, ds_fp4, mxfp4, q4_0 and the GGUF block formats through their AVX-VNNI builds where cpuid has avx_vnni (same results; 0 = plain AVX2)") \
     X(cpu_mxfp4_w4a8, "FT_CPU_MXFP4_W4A8", Bool, 1,                                                                   \
