@@ -424,35 +424,26 @@ void prepare_ds_fp4(const uint16_t *x, int64_t K, uint8_t *dst) {
 constexpr auto prepare_split_even_odd = prepare_split<detail::split_index>;
 constexpr auto prepare_ds_fp4_even_odd = prepare_ds_fp4<detail::split_index>;
 
-void prepare_q8_0(const uint16_t *x, int64_t K, uint8_t *dst) {
+// Q8_0 (Block 32) or Q8_K (Block 256: quantize_q8_k; K a multiple of 256 for the K-quants), both in
+// the Q8_0 layout: int8 q[K] zero-padded to 64, then float d[K/32] (+1 zero entry), a Q8_K scale
+// repeated in its super-block's 8 entries, so per-32 kernels read either.
+template <int Block>
+void prepare_q8(const uint16_t *x, int64_t K, uint8_t *dst) {
     const int64_t qbytes = round_up(K, 64);
     int8_t *q = reinterpret_cast<int8_t *>(dst);
     float *d = reinterpret_cast<float *>(dst + qbytes);
-    float v[32];
-    for (int64_t b = 0; b < K / 32; ++b) {
-        for (int i = 0; i < 32; ++i) v[i] = bf16_to_f32(x[b * 32 + i]);
-        quantize_q8_0(v, 32, q + b * 32, d + b);
+    float v[Block], scale;
+    for (int64_t b = 0; b < K / Block; ++b) {
+        for (int i = 0; i < Block; ++i) v[i] = bf16_to_f32(x[b * Block + i]);
+        if constexpr (Block == 32) quantize_q8_0(v, 32, q + b * 32, &scale);
+        else quantize_q8_k(v, Block, q + b * Block, &scale);
+        for (int i = 0; i < Block / 32; ++i) d[b * (Block / 32) + i] = scale;
     }
     std::memset(q + K, 0, size_t(qbytes - K));
     d[K / 32] = 0.0f;
 }
-
-// Q8_K (quantize_q8_k, one scale per 256; K a multiple of 256 for the K-quants) in the Q8_0 layout:
-// d[b] per 32 holds its super-block's scale, so per-32 kernels read it as they read Q8_0.
-void prepare_q8_k(const uint16_t *x, int64_t K, uint8_t *dst) {
-    const int64_t qbytes = round_up(K, 64);
-    int8_t *q = reinterpret_cast<int8_t *>(dst);
-    float *d = reinterpret_cast<float *>(dst + qbytes);
-    float v[256];
-    for (int64_t s = 0; s < K / 256; ++s) {
-        for (int i = 0; i < 256; ++i) v[i] = bf16_to_f32(x[s * 256 + i]);
-        float ds;
-        quantize_q8_k(v, 256, q + s * 256, &ds);
-        for (int b = 0; b < 8; ++b) d[8 * s + b] = ds;
-    }
-    std::memset(q + K, 0, size_t(qbytes - K));
-    d[K / 32] = 0.0f;
-}
+constexpr auto prepare_q8_0 = prepare_q8<32>;
+constexpr auto prepare_q8_k = prepare_q8<256>;
 
 size_t bf16_act_bytes(int64_t K) { return size_t(round_up(K, 64) * 2); }
 

@@ -303,56 +303,41 @@ TEST(Dequant, Mxfp4ColumnOrientation) {
     }
 }
 
-TEST(Quantize, Q8_0Bounds) {
-    const int K = 32 * 64;
+// The Q8 rule per block (quantize_q8_0: 32, quantize_q8_k: 256) on random blocks, one block of tiny
+// values (still full scale) and, where inf_block >= 0, one holding +Inf (zero codes, scale NaN,
+// its neighbours untouched): d = amax / 127, each code the rounded, clamped x * (1 / d).
+void check_q8_blocks(int block, void (*quantize)(const float *, int64_t, int8_t *, float *), int inf_block) {
+    const int nb = 6, K = block * nb;
     std::vector<float> x(K);
     for (float &v : x) v = uniform(-3.0f, 3.0f);
-    for (int i = 0; i < 32; ++i) x[5 * 32 + i] *= 1e-6f;  // a block of tiny values still gets full scale
+    for (int i = 0; i < block; ++i) x[2 * block + i] *= 1e-6f;
+    if (inf_block >= 0) x[inf_block * block + 17] = std::numeric_limits<float>::infinity();
     std::vector<int8_t> q(K);
-    std::vector<float> d(K / 32);
-    quantize_q8_0(x.data(), K, q.data(), d.data());
-    for (int b = 0; b < K / 32; ++b) {
-        float amax = 0;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-        EXPECT_EQ(d[b], amax / 127.0f);
-        int qmax = 0;
-        for (int i = 0; i < 32; ++i) {
-            const int k = b * 32 + i;
-            qmax = std::max(qmax, std::abs(static_cast<int>(q[k])));
-            EXPECT_LE(std::fabs(x[k] - q[k] * d[b]), d[b] * 0.5f * 1.001f) << k;
-        }
-        EXPECT_EQ(qmax, 127);
-    }
-}
-
-// Q8_K: the Q8_0 rule per 256 (one NaN block does not touch its neighbours).
-TEST(Quantize, Q8_KBoundsAndNonFinite) {
-    const int K = 256 * 6;
-    std::vector<float> x(K);
-    for (float &v : x) v = uniform(-3.0f, 3.0f);
-    for (int i = 0; i < 256; ++i) x[2 * 256 + i] *= 1e-6f;  // tiny values still get full scale
-    x[4 * 256 + 17] = std::numeric_limits<float>::infinity();
-    std::vector<int8_t> q(K);
-    std::vector<float> d(K / 256);
-    quantize_q8_k(x.data(), K, q.data(), d.data());
-    for (int b = 0; b < K / 256; ++b) {
-        if (b == 4) {
+    std::vector<float> d(nb);
+    quantize(x.data(), K, q.data(), d.data());
+    for (int b = 0; b < nb; ++b) {
+        if (b == inf_block) {
             EXPECT_TRUE(std::isnan(d[b]));
-            for (int i = 0; i < 256; ++i) EXPECT_EQ(q[b * 256 + i], 0);
+            for (int i = 0; i < block; ++i) EXPECT_EQ(q[b * block + i], 0);
             continue;
         }
         float amax = 0;
-        for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[b * 256 + i]));
+        for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b * block + i]));
         EXPECT_EQ(d[b], amax / 127.0f);
         int qmax = 0;
-        for (int i = 0; i < 256; ++i) {
-            const int k = b * 256 + i;
+        for (int i = 0; i < block; ++i) {
+            const int k = b * block + i;
             qmax = std::max(qmax, std::abs(static_cast<int>(q[k])));
+            EXPECT_LE(std::fabs(x[k] - q[k] * d[b]), d[b] * 0.5f * 1.001f) << k;
             EXPECT_EQ(q[k], static_cast<int8_t>(std::clamp(round_half_away(x[k] * (1.0f / d[b])), -127.0f, 127.0f))) << k;
         }
         EXPECT_EQ(qmax, 127);
     }
 }
+
+TEST(Quantize, Q8_0Bounds) { check_q8_blocks(32, quantize_q8_0, 4); }
+
+TEST(Quantize, Q8_KBoundsAndNonFinite) { check_q8_blocks(256, quantize_q8_k, 4); }
 
 TEST(Quantize, Q8_0RoundingAndZeros) {
     float x[64] = {};
