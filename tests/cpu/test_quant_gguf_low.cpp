@@ -184,8 +184,8 @@ TEST(QuantGgufLow, NonFiniteActivationGivesNaN) {
 }
 
 // The whole layer through the MoE executor (cpu backend) per tier, SiLU / GELU, against the fp64
-// reference of the dequantised weights. Up to 16 tokens every expert takes the direct kernels
-// (the batched path starts at 32 tokens), which quantise both passes' inputs to Q8_K; the
+// reference of the dequantised weights. Every expert takes the direct kernels (the GGUF formats
+// have no batched path), which quantise both passes' inputs to Q8_K; the
 // reference does the same, so what is left is fp32 summation, bf16 rounding and the
 // intermediate's Q8_K steps where the two sides round it differently.
 class QuantGgufLowMoe : public ::testing::TestWithParam<Isa> {};

@@ -213,7 +213,7 @@ struct MoeTuning {
     // Quantised experts with at least this many routes in a call are dequantised to bf16 tile by
     // tile (per-worker scratch) and run through the bf16 multi-token kernel (0 = never; only
     // formats/tiers with a dequantiser, see cpu/README.md).
-    int32_t quant_batched_min_tokens = 32;
+    int32_t quant_batched_min_tokens = 16;
     QuantChoice quant;
 };
 

@@ -27,7 +27,7 @@ enum class KnobType { integer, boolean, text };
       "mxfp4 through the W4A8 x2 kernel where cpuid has avx512vnni and avx512vbmi (same error bound; 0 = the W4A16 VBMI kernel); the AVX2 tier's mxfp4 kernel is W4A8 x2 whatever this says") \
     X(cpu_nvfp4_w4a8, "FT_CPU_NVFP4_W4A8", Bool, 0,                                                                   \
       "nvfp4 through the W4A8 kernel (needs avx512vnni); faster, but layer error ~1.3e-2, over nvfp4's 1e-2 bound")   \
-    X(cpu_quant_batched_min_tokens, "FT_CPU_QUANT_BATCHED_MIN_TOKENS", Int, 32,                                       \
+    X(cpu_quant_batched_min_tokens, "FT_CPU_QUANT_BATCHED_MIN_TOKENS", Int, 16,                                       \
       "quantised experts with at least this many routes in a call are dequantised to bf16 tiles (0 = never)")        \
     X(cpu_onednn_min_tokens, "FT_CPU_ONEDNN_MIN_TOKENS", Int, -1,                                                     \
       "bf16 experts with at least this many routes go through oneDNN (0 = never; -1: 16 with AMX-BF16, else never)") \
