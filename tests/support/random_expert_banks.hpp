@@ -84,29 +84,9 @@ struct RandomExpertLayer {
     }
 };
 
-// x through Q8_0 and back (ft::quantize_q8_0 per 32; K a multiple of 32): the activation rounding
-// of the block formats' integer-dot kernels, for FormatNumerics' in / mid round trips.
-inline void q8_0_round_trip(const float *x, int64_t K, float *y) {
-    std::vector<int8_t> q(static_cast<size_t>(K));
-    std::vector<float> d(static_cast<size_t>(K / 32));
-    ft::quantize_q8_0(x, K, q.data(), d.data());
-    for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 32)];
-}
-
-// x through Q8_K and back (ft::quantize_q8_k per 256; K a multiple of 256).
-inline void q8_k_round_trip(const float *x, int64_t K, float *y) {
-    std::vector<int8_t> q(static_cast<size_t>(K));
-    std::vector<float> d(static_cast<size_t>(K / 256));
-    ft::quantize_q8_k(x, K, q.data(), d.data());
-    for (int64_t i = 0; i < K; ++i) y[i] = float(q[size_t(i)]) * d[size_t(i / 256)];
-}
-
-// The CPU kernels' activation of a block format: Q8_0 for q4_0 and q8_0, Q8_K for the super-block
-// formats (q2_k .. q6_k, iq4_xs).
+// The CPU kernels' activation of a block format: Q8_0 (ft::quantize_q8_0, per 32) for q4_0 and
+// q8_0, Q8_K (ft::quantize_q8_k, per 256) for the super-block formats (q2_k .. q6_k, iq4_xs).
 inline bool cpu_uses_q8_k(Format f) { return format_is_block(f) && f != Format::q4_0 && f != Format::q8_0; }
-inline void (*cpu_block_round_trip(Format f))(const float *, int64_t, float *) {
-    return cpu_uses_q8_k(f) ? q8_k_round_trip : q8_0_round_trip;
-}
 
 // Exact q * d (in double) of that activation of x[0..K).
 inline std::vector<double> cpu_block_activation(Format f, const float *x, int64_t K) {
@@ -120,12 +100,21 @@ inline std::vector<double> cpu_block_activation(Format f, const float *x, int64_
     return v;
 }
 
+// x through that activation and back, q * d rounded to float: the activation rounding of the
+// block formats' integer-dot kernels, for FormatNumerics' in / mid round trips.
+inline void cpu_block_round_trip(Format f, const float *x, int64_t K, float *y) {
+    const std::vector<double> v = cpu_block_activation(f, x, K);
+    for (int64_t i = 0; i < K; ++i) y[i] = float(v[size_t(i)]);
+}
+// Q8_0's (K a multiple of 32).
+inline void q8_0_round_trip(const float *x, int64_t K, float *y) { cpu_block_round_trip(Format::q8_0, x, K, y); }
+
 // The numerics of kernels that quantise both passes' inputs (the block formats' CPU rule): the
 // expert input in the gate/up format's activation, the intermediate in the down format's.
 inline FormatNumerics cpu_block_numerics(Format gate_up, Format down) {
     FormatNumerics n;
-    n.in_round_trip = cpu_block_round_trip(gate_up);
-    n.mid_round_trip = cpu_block_round_trip(down);
+    n.in_round_trip = [gate_up](const float *x, int64_t K, float *y) { cpu_block_round_trip(gate_up, x, K, y); };
+    n.mid_round_trip = [down](const float *x, int64_t K, float *y) { cpu_block_round_trip(down, x, K, y); };
     return n;
 }
 inline FormatNumerics cpu_block_numerics(Format f) { return cpu_block_numerics(f, f); }
