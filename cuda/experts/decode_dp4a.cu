@@ -1,7 +1,7 @@
 // The integer-dot decode kernel of the GGUF block formats q4_0, q8_0, q2_k .. q6_k, iq4_xs
 // (launch_simt_projection, decode_simt.cu, picks it). Each CTA quantises the activations of the
-// routes it serves to int8 per 32 elements in shared memory (the Q8_0 rule of the CPU kernels'
-// activations, ft::quantize_q8_0) while its weight rows are copied into shared memory where they
+// routes it serves to int8 in shared memory (per 32 elements for q4_0 and q8_0, per 256 for the
+// others: the CPU kernels' Q8_0 and Q8_K activations, ft::quantize_q8_0 / quantize_q8_k) while its weight rows are copied into shared memory where they
 // fit (in multi-route calls prefetched into L2 otherwise); each warp serves pairs of weight rows,
 // 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls a group at
 // once, kGroup: the chunks that share code bytes, or two neighbours), unpacked to int8 codes 4 to
@@ -318,7 +318,16 @@ __device__ __forceinline__ void lane_dots(const uint8_t *r0, const uint8_t *r1, 
     }
 }
 
-// Thread t of the CTA quantises activation chunks t, t + kThreads, ... of the nr routes' rows.
+// Activation chunks of 32 that share one int8 scale: the K-quants and iq4_xs take Q8_K (one scale
+// per 256 elements, ft::quantize_q8_k), q4_0 and q8_0 Q8_0 (per 32), as the CPU kernels do.
+template <Format F>
+constexpr int kActChunks = F == Format::q4_0 || F == Format::q8_0 ? 1 : 8;
+
+// Thread t of the CTA quantises activation chunks t, t + kThreads, ... of the nr routes' rows. With
+// SB = 8, the 8 chunks of a super-block are 8 neighbouring lanes (K / 32 and kThreads are
+// multiples of 8), which share their largest magnitude and finiteness by shuffles; d then holds
+// the super-block's scale once per chunk.
+template <int SB>
 __device__ __forceinline__ void quantize_routes(const uint16_t *const *arow, int nr, int K, int8_t *q, float *d,
                                                 int2 *sum) {
     const int nc = K / 32;
@@ -336,6 +345,14 @@ __device__ __forceinline__ void quantize_routes(const uint16_t *const *arow, int
         for (int i = 0; i < 32; ++i) {
             finite &= isfinite(x[i]);
             amax = fmaxf(amax, fabsf(x[i]));
+        }
+        if constexpr (SB > 1) {
+            const unsigned lanes = __activemask();  // whole groups of SB: nr * nc is a multiple of SB
+#pragma unroll
+            for (int o = 1; o < SB; o <<= 1) {
+                amax = fmaxf(amax, __shfl_xor_sync(lanes, amax, o));
+                finite = __shfl_xor_sync(lanes, int(finite), o) != 0 && finite;
+            }
         }
         const float scale = !finite ? __int_as_float(0x7fc00000) : amax >= kQ8MinAmax ? amax / 127.0f : 1.0f;
         const float inv = finite ? 1.0f / scale : 0.0f;
@@ -511,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, RC>) dp4a_kernel(ProjArg
             int route[RC];
             route_rows<RC>(p, first + r0, nr, route, arow);
             __syncthreads();  // the previous chunk's activations are no longer read
-            quantize_routes(arow, nr, K, aq, ad, as);
+            quantize_routes<kActChunks<F>>(arow, nr, K, aq, ad, as);
             if (p.stage_rows && r0 == 0) cp_async_wait();
             __syncthreads();
             for (int u = 0; u < p.units_per_warp; ++u) {
@@ -625,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<F, 1>) dp4a_stream_kernel(P
             route_rows<1>(p, first + r0, 1, route, arow);
             for (int s = 0; s < kStreamStages - 1; ++s) issue(s);
             __syncthreads();  // the previous route's activations are no longer read
-            quantize_routes(arow, 1, K, aq, ad, as);
+            quantize_routes<kActChunks<F>>(arow, 1, K, aq, ad, as);
             __syncthreads();
             float acc0[1] = {0.0f}, acc1[1] = {0.0f};
             for (int s = 0; s < items; ++s) {

@@ -49,10 +49,13 @@ std::vector<FormatCase> cases() {
     ft::synth::Spec q = base("qwen3_moe", "q4_0", 128, 64);
     q.gguf = true;
     c.push_back({"q4_0", q, 3e-2});
+    // The K-quants and iq4_xs quantise activations per 256 (Q8_K, as ggml does) on the CPU and in
+    // the GPU's integer-dot kernel: their error against the unquantised fp64 reference reaches
+    // ~3.6e-2 on these layers, against ~2e-2 for Q8_0's per 32.
     for (const char *f : {"q8_0", "q4_k", "q6_k", "iq4_xs"}) {
         ft::synth::Spec g = base("qwen3_moe", f, 256, 256);
         g.gguf = true;
-        c.push_back({f, g, 3e-2});
+        c.push_back({f, g, std::string(f) == "q8_0" ? 3e-2 : 5e-2});
     }
     return c;
 }

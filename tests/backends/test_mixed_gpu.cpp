@@ -84,7 +84,7 @@ TEST_P(MixedGpu, EveryBackendMatchesCpuAndReference) {
     EXPECT_EQ(ft_session_backend(b.offload.get()), FT_BACKEND_OFFLOAD);
     EXPECT_EQ(ft_session_backend(b.hybrid.get()), FT_BACKEND_HYBRID);
 
-    const double bound = 3e-2;
+    const double bound = 5e-2;  // the K-quants' bound in AllFormats (Q8_K activations)
     ft::test::ActivationRef act{info.activation, info.swiglu_alpha, info.swiglu_limit};
     const ft::test::FormatNumerics fmt;
     std::vector<SynthLayerRef> layer_ref;
@@ -171,7 +171,7 @@ TEST_P(MixedGpu, GraphReplayEqualsResident) {
                 if (backend == FT_BACKEND_OFFLOAD) {
                     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 2)) << "step " << step << " layer " << l;
                 } else {  // the CPU's share is summed apart and rounded once more
-                    EXPECT_LT(ft::test::relative_error_bf16(got, as_f64(want)), 3e-2) << "step " << step << " layer " << l;
+                    EXPECT_LT(ft::test::relative_error_bf16(got, as_f64(want)), 5e-2) << "step " << step << " layer " << l;
                 }
             }));
         EXPECT_EQ(ft_session_status(graphed.get()), FT_OK);

@@ -133,7 +133,11 @@ std::vector<double> reference(const Layer &L, const Batch &b, const ft::cuda::De
         fmt.ds_limit = act.kind == FT_ACT_SILU && std::isfinite(act.limit) ? act.limit : 0.0;
         fmt.fp8_round_trip = [](const float *x, int64_t K, float *y) { ft::fp8_round_trip_per128(x, K, y); };
     }
-    if (format_is_block(L.f)) fmt.in_round_trip = fmt.mid_round_trip = ft::test::q8_0_round_trip;
+    if (format_is_block(L.f)) {  // the integer-dot kernel's activations: Q8_0 or Q8_K, as the CPU's
+        const ft::test::FormatNumerics n = ft::test::cpu_block_numerics(L.f);
+        fmt.in_round_trip = n.in_round_trip;
+        fmt.mid_round_trip = n.mid_round_trip;
+    }
     std::vector<double> ref = ft::test::moe_reference_f32([&](int32_t e) { return L.expert(e); }, L.E, a, fmt, L.H,
                                                              L.I, b.T, b.K, b.x.data(), b.ids.data(), b.w.data());
     if (!b.addend.empty())
@@ -393,9 +397,9 @@ TEST(ExpertDecoderGpu, LongBlockRowsTakeTheFloatKernel) {
     const int32_t H = 9216, I = 256, E = 3, K = 2;
     const ft::cuda::DeviceActivation act{FT_ACT_SILU, 1.702f, 7.0f};
     const ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
-    ft::test::FormatNumerics fmt;  // gate_up: bf16 activations; down: Q8_0
-    fmt.mid_round_trip = ft::test::q8_0_round_trip;
+    ft::test::FormatNumerics fmt;  // gate_up: bf16 activations; down: the format's Q8_0 or Q8_K
     for (Format f : {Format::q4_0, Format::q4_k, Format::q6_k}) {
+        fmt.mid_round_trip = ft::test::cpu_block_numerics(f).mid_round_trip;
         std::mt19937 rng(60 + int(f));
         const Layer L(rng, f, H, I, E);
         const DeviceLayer D(L);
@@ -497,8 +501,8 @@ TEST(ExpertDecoderGpu, MixedBlockFormatsPerMatrix) {
         }
         ft::cuda::ExpertDecoder dec(m.decoder, H, I, K, 8, act);
         const ft::test::ActivationRef a{act.kind, act.alpha, act.limit};
-        ft::test::FormatNumerics fmt;  // the integer-dot kernel's Q8_0 activations, both projections
-        fmt.in_round_trip = fmt.mid_round_trip = ft::test::q8_0_round_trip;
+        // The integer-dot kernel's activations, each projection in its own format's (Q8_0 or Q8_K).
+        const ft::test::FormatNumerics fmt = ft::test::cpu_block_numerics(m.gu, m.dn);
         for (int32_t T : {1, 3, 8}) {
             const Batch b = random_batch(rng, E, H, T, K, false);
             DevBuf x(b.x.size() * 2), ids(b.ids.size() * 4), w(b.w.size() * 4), y(size_t(T) * H * 2);

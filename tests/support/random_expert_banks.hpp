@@ -106,8 +106,6 @@ inline void cpu_block_round_trip(Format f, const float *x, int64_t K, float *y) 
     const std::vector<double> v = cpu_block_activation(f, x, K);
     for (int64_t i = 0; i < K; ++i) y[i] = float(v[size_t(i)]);
 }
-// Q8_0's (K a multiple of 32).
-inline void q8_0_round_trip(const float *x, int64_t K, float *y) { cpu_block_round_trip(Format::q8_0, x, K, y); }
 
 // The numerics of kernels that quantise both passes' inputs (the block formats' CPU rule): the
 // expert input in the gate/up format's activation, the intermediate in the down format's.

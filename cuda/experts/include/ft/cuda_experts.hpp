@@ -13,7 +13,8 @@
 //   intermediate, per 128), gate/up rounded to bf16 then clamped (silu with finite limit > 0),
 //   each weighted route rounded to bf16 before the sum; the GGUF block formats (q4_0, q8_0, the
 //   K-quants, iq4_xs) W*A8 where the integer-dot kernel runs (rows 2-byte aligned, K <= 8928):
-//   input and intermediate quantised to Q8_0 per 32 as the CPU does (ft::quantize_q8_0); W*A16
+//   input and intermediate quantised as the CPU does: Q8_0 per 32 for q4_0 and q8_0
+//   (ft::quantize_q8_0), Q8_K per 256 for the others (ft::quantize_q8_k); W*A16
 //   with bf16 activations on the float kernel otherwise.
 //   bf16 gpt-oss: f32 biases per expert (DeviceExperts bias tables) added as mxfp4 adds its own.
 #pragma once
