@@ -42,4 +42,11 @@ GemvFn gemv_kernel(Isa isa) {
     fail(FT_ERR_UNSUPPORTED, "CPU kernel tier ", isa_name(isa), " is not built into this library");
 }
 
+GemvFn gemv_kernel_amx() {
+#if defined(FT_CPU_X86_KERNELS)
+    if (cpu_best_isa() == Isa::avx512bf16 && amx_bf16_available()) return detail::gemv_amx_bf16;
+#endif
+    return nullptr;
+}
+
 }  // namespace ft::cpu

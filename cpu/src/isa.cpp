@@ -3,6 +3,10 @@
 #if defined(FT_CPU_X86_KERNELS)
 #include <cpuid.h>
 #endif
+#if defined(FT_CPU_X86_KERNELS) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -43,6 +47,27 @@ Isa cpu_best_isa() {
     return best;
 #else
     return Isa::scalar;
+#endif
+}
+
+bool amx_bf16_available() {
+#if defined(FT_CPU_X86_KERNELS) && defined(__linux__)
+    static const bool ok = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        // CPUID.7.0:EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return false;
+        if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+        unsigned lo = 0, hi = 0;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if ((lo & (3u << 17)) != (3u << 17)) return false;  // XCR0: XTILECFG and XTILEDATA
+        // Linux hands out the 8 KiB tile data state per process on request (ARCH_REQ_XCOMP_PERM,
+        // XFEATURE_XTILEDATA); granted once, it holds for every thread.
+        constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    }();
+    return ok;
+#else
+    return false;
 #endif
 }
 

@@ -23,6 +23,10 @@ void gemv_avx512(const uint16_t *w, size_t ldw, int rows, int cols, const uint16
                  int ntok, float *out, size_t ldo);
 void gemv_avx512bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,
                      int ntok, float *out, size_t ldo);
+// AMX-BF16 tiles for calls of 2 or more tokens (gemv_amx.cpp); the rest through gemv_avx512bf16.
+// Only where amx_bf16_available() (ft/cpu.hpp).
+void gemv_amx_bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x,
+                   int ntok, float *out, size_t ldo);
 
 // Memory read probes: sum the 64-bit words of [p, p + bytes), reading `streams` parts in
 // lockstep (more misses in flight per core): parts `stride` bytes apart, or equal contiguous

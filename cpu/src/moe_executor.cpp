@@ -9,7 +9,6 @@
 #include <limits>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define FT_CPU_RELAX() _mm_pause()
 #else
@@ -22,17 +21,17 @@
 namespace ft::cpu {
 namespace {
 
-// When oneDNN takes over an expert's routes (see cpu/README.md for the measurements). Without AMX
-// oneDNN's bf16 matmul was never faster than the SIMD kernels, at any token count up to 128, so
-// it stays off. With AMX (16-core Xeon of the GPU machine) it was 2.2x slower at 16 tokens per
-// expert, even at 32 and 14 % faster at 64, on weights in their checkpoint layout.
-int32_t default_onednn_min_tokens() {
-#if defined(__x86_64__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22))) return 64;  // AMX-BF16
-#endif
-    return 0;
-}
+// When oneDNN takes over an expert's routes (see cpu/README.md for the measurements). Against the
+// SIMD kernels without AMX oneDNN's bf16 matmul was never faster, at any token count up to 128;
+// against the AMX GEMV it was slower at 8, 16 and 32 tokens per expert: off in both cases. With
+// AMX but FT_CPU_AMX=0 (16-core Xeon of the GPU machine) it was 2.2x slower than the AVX-512-BF16
+// GEMV at 16 tokens per expert, even at 32 and 14 % faster at 64.
+int32_t default_onednn_min_tokens(bool amx_gemv) { return !amx_gemv && amx_bf16_available() ? 64 : 0; }
+
+// Routes per expert from which quantised experts are dequantised to bf16 for the multi-token GEMV:
+// 8 on the AMX GEMV (its tiles cost the same for any token count; the direct kernels still win
+// at 4), 16 on the AVX-512-BF16 one.
+int32_t default_batched_min_tokens(bool amx_gemv) { return amx_gemv ? 8 : 16; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -65,6 +64,7 @@ MoeTuning moe_tuning(const Tuning &t) {
     MoeTuning m;
     m.onednn_min_tokens = t.cpu_onednn_min_tokens;
     m.quant_batched_min_tokens = t.cpu_quant_batched_min_tokens;
+    m.amx = t.cpu_amx;
     m.quant.vnni = t.cpu_vnni;
     m.quant.mxfp4_w4a8 = t.cpu_mxfp4_w4a8;
     m.quant.nvfp4_w4a8 = t.cpu_nvfp4_w4a8;
@@ -96,6 +96,8 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     if (const std::string err = format_geometry_error(format, hidden, intermediate); !err.empty())
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: ", err);
     gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
+    const bool amx_gemv = isa == Isa::avx512bf16 && tuning.amx && gemv_kernel_amx();
+    if (amx_gemv) gemv_ = gemv_kernel_amx();
     quant_ = quant_ops(format, isa, tuning.quant);
     for (const Format f : mixed_formats) {
         if (!format_known(int32_t(f)) || !format_is_block(f) || !format_is_block(format))
@@ -115,11 +117,14 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         formats_.push_back(std::move(e));
     }
 
-    if (quant_ && quant_->dequant) quant_batched_min_tokens_ = std::max(0, tuning.quant_batched_min_tokens);
+    const int32_t bmin = tuning.quant_batched_min_tokens < 0 ? default_batched_min_tokens(amx_gemv)
+                                                              : tuning.quant_batched_min_tokens;
+    if (quant_ && quant_->dequant) quant_batched_min_tokens_ = bmin;
     bool any_dequant = false;
     for (const FormatEntry &e : formats_) any_dequant |= e.ops && e.ops->dequant;
-    const int32_t batched_min = any_dequant ? std::max(0, tuning.quant_batched_min_tokens) : 0;
-    onednn_min_tokens_ = tuning.onednn_min_tokens < 0 ? default_onednn_min_tokens() : tuning.onednn_min_tokens;
+    const int32_t batched_min = any_dequant ? bmin : 0;
+    onednn_min_tokens_ =
+        tuning.onednn_min_tokens < 0 ? default_onednn_min_tokens(amx_gemv) : tuning.onednn_min_tokens;
     if (onednn_min_tokens_ > 0 && !onednn_bf16_available()) onednn_min_tokens_ = 0;
 
     const int64_t routes = int64_t(max_tokens) * top_k;

@@ -44,20 +44,15 @@ std::vector<Isa> supported_tiers() {
 
 // ---- GEMV kernels ----------------------------------------------------------------------------
 
-class GemvTier : public ::testing::TestWithParam<Isa> {};
+struct GemvShape {
+    int rows, cols, ntok, pad_w, pad_o;
+};
 
-TEST_P(GemvTier, MatchesFp64Reference) {
-    const Isa isa = GetParam();
-    if (int(isa) > int(ft::cpu::cpu_best_isa())) GTEST_SKIP() << ft::cpu::isa_name(isa) << " not supported here";
-    ft::cpu::GemvFn gemv = ft::cpu::gemv_kernel(isa);
-    struct Shape { int rows, cols, ntok, pad_w, pad_o; };
-    // Column counts cover exact multiples of 16/32 and every kind of tail; token counts cover
-    // the 1..4 register tiles and their combinations.
-    const Shape shapes[] = {{1, 1, 1, 0, 0},    {3, 7, 2, 1, 0},     {4, 16, 4, 0, 0},   {5, 31, 5, 3, 2},
-                            {8, 32, 1, 0, 0},   {9, 33, 3, 0, 1},    {17, 100, 7, 5, 0}, {32, 2048, 1, 0, 0},
-                            {37, 777, 8, 11, 3}, {64, 4113, 6, 0, 0}, {6, 7168, 9, 32, 0}};
-    std::mt19937 rng(1234 + int(isa));
-    for (const Shape &s : shapes) {
+// gemv on fresh random data against an fp64 reference, shape by shape; padding between output
+// rows must stay untouched.
+void check_gemv(ft::cpu::GemvFn gemv, const std::string &label, unsigned seed, const std::vector<GemvShape> &shapes) {
+    std::mt19937 rng(seed);
+    for (const GemvShape &s : shapes) {
         const size_t ldw = s.cols + s.pad_w, ldo = s.rows + s.pad_o;
         auto w = random_bf16(rng, s.rows * ldw, 1.0f);
         std::vector<std::vector<uint16_t>> xs;
@@ -72,18 +67,42 @@ TEST_P(GemvTier, MatchesFp64Reference) {
                 double ref = 0;
                 for (int c = 0; c < s.cols; ++c) ref += bf16_to_f64(w[r * ldw + c]) * bf16_to_f64(xs[t][c]);
                 const double got = out[t * ldo + r];
-                ASSERT_FALSE(std::isnan(got)) << "row " << r << " token " << t << " not written";
+                ASSERT_FALSE(std::isnan(got)) << label << " row " << r << " token " << t << " not written";
                 max_diff = std::max(max_diff, std::fabs(got - ref));
                 max_ref = std::max(max_ref, std::fabs(ref));
             }
         // fp32 accumulation of products that are exact in fp32: the error grows with the
         // number of terms; 1e-5 * sqrt(cols) relative to the largest output is ample.
         EXPECT_LT(max_diff / (max_ref + 1e-6), 1e-5 * std::sqrt(double(s.cols)) + 1e-6)
-            << ft::cpu::isa_name(isa) << " rows=" << s.rows << " cols=" << s.cols << " ntok=" << s.ntok;
-        // Padding between output rows stays untouched.
+            << label << " rows=" << s.rows << " cols=" << s.cols << " ntok=" << s.ntok;
         for (int t = 0; t < s.ntok; ++t)
             for (size_t r = s.rows; r < ldo; ++r) EXPECT_TRUE(std::isnan(out[t * ldo + r]));
     }
+}
+
+class GemvTier : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(GemvTier, MatchesFp64Reference) {
+    const Isa isa = GetParam();
+    if (int(isa) > int(ft::cpu::cpu_best_isa())) GTEST_SKIP() << ft::cpu::isa_name(isa) << " not supported here";
+    // Column counts cover exact multiples of 16/32 and every kind of tail; token counts cover
+    // the 1..4 register tiles and their combinations.
+    check_gemv(ft::cpu::gemv_kernel(isa), ft::cpu::isa_name(isa), 1234 + int(isa),
+               {{1, 1, 1, 0, 0}, {3, 7, 2, 1, 0}, {4, 16, 4, 0, 0}, {5, 31, 5, 3, 2}, {8, 32, 1, 0, 0},
+                {9, 33, 3, 0, 1}, {17, 100, 7, 5, 0}, {32, 2048, 1, 0, 0}, {37, 777, 8, 11, 3},
+                {64, 4113, 6, 0, 0}, {6, 7168, 9, 32, 0}});
+}
+
+// The AMX-BF16 kernel: whole 16-row tiles (one, two, an odd count, more than the 128 rows that
+// share a packed B chunk), rows past them, K of one step, of several 512-element chunks and not
+// a multiple of 32 (the AVX-512-BF16 kernel's), 1..33 tokens (B tiles of up to 16 tokens).
+TEST(GemvAmx, MatchesFp64Reference) {
+    const ft::cpu::GemvFn gemv = ft::cpu::gemv_kernel_amx();
+    if (!gemv) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS does not grant the tile state)";
+    check_gemv(gemv, "amx", 4321,
+               {{16, 32, 2, 0, 0},    {32, 64, 3, 0, 1},    {48, 544, 4, 2, 0},  {17, 2048, 5, 0, 0},
+                {131, 1056, 8, 32, 3}, {272, 768, 16, 0, 0}, {40, 7168, 17, 0, 0}, {64, 2880, 33, 8, 0},
+                {16, 96, 1, 0, 0},    {33, 100, 6, 0, 0},   {12, 512, 9, 0, 0},  {160, 4096, 12, 0, 2}});
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTiers, GemvTier, ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16),

@@ -37,6 +37,9 @@ Isa cpu_best_isa();
 Isa capped_isa(const std::string &cap);
 // capped_isa() of the FT_CPU_ISA knob as the environment has it now (engines use their Tuning).
 Isa default_isa();
+// Whether the CPU has AMX-BF16 and the OS grants this process the tile state (asked once, on
+// the first call). Above the avx512bf16 tier, not a tier of its own: see gemv_kernel_amx().
+bool amx_bf16_available();
 // "scalar", "avx2", "avx512", "avx512bf16".
 const char *isa_name(Isa isa);
 // Parses a name as above; false if unknown.
@@ -118,6 +121,9 @@ using GemvFn = void (*)(const uint16_t *w, size_t ldw, int rows, int cols, const
                         int ntok, float *out, size_t ldo);
 // The kernel of a tier. FT_ERR_UNSUPPORTED if the CPU lacks the tier.
 GemvFn gemv_kernel(Isa isa);
+// The AMX-BF16 kernel (tiles for calls of 2 or more tokens, the avx512bf16 kernel otherwise), or
+// nullptr where amx_bf16_available() is false. Same contract and error bound as the tier kernels.
+GemvFn gemv_kernel_amx();
 // Software prefetch distance of every CPU kernel, in bytes ahead of each weight row (0 = off;
 // default 512). Process-wide: the kernels read one value, set by each engine at its creation
 // from FT_CPU_PREFETCH, so the engine created last decides.
@@ -209,11 +215,13 @@ struct QuantChoice {
 // Tuning with measured defaults (cpu/README.md); the engine fills it from its knobs.
 struct MoeTuning {
     // Experts with at least this many routes in a call go through oneDNN matmul (0 = never).
-    int32_t onednn_min_tokens = -1;  // -1: 16 with AMX-BF16, else 0
+    int32_t onednn_min_tokens = -1;  // -1: 64 with AMX-BF16 and amx off, else 0
     // Quantised experts with at least this many routes in a call are dequantised to bf16 tile by
     // tile (per-worker scratch) and run through the bf16 multi-token kernel (0 = never; only
     // formats/tiers with a dequantiser, see cpu/README.md).
-    int32_t quant_batched_min_tokens = 16;
+    int32_t quant_batched_min_tokens = -1;  // -1: 8 on the AMX GEMV (amx below), else 16
+    // FT_CPU_AMX: the bf16 GEMV on AMX-BF16 tiles (gemv_kernel_amx) where the tier is avx512bf16.
+    bool amx = true;
     QuantChoice quant;
 };
 

@@ -23,14 +23,16 @@ enum class KnobType { integer, boolean, text };
       "CPU kernels' software prefetch distance in bytes ahead of each weight row (0 = off; mxfp4: this / 8 K rows; GGUF block formats other than q4_0: 4 x this)")   \
     X(cpu_spin_us, "FT_CPU_SPIN_US", Int, 100, "microseconds an idle CPU worker polls before it sleeps")             \
     X(cpu_vnni, "FT_CPU_VNNI", Bool, 1, "q4_0, nvfp4, ds_fp4 and the GGUF block formats through their AVX-512-VNNI kernels where cpuid has avx512vnni (0 = the tier's AVX-512F/BW or AVX-512-BF16 kernels); at the avx2 tier nvfp4, ds_fp4, mxfp4, q4_0 and the GGUF block formats through their AVX-VNNI builds where cpuid has avx_vnni (same results; 0 = plain AVX2)") \
+    X(cpu_amx, "FT_CPU_AMX", Bool, 1,                                                                                 \
+      "bf16 GEMV calls of 2 or more tokens (bf16 experts, the quantised batched path) on AMX-BF16 tiles at the avx512bf16 tier where cpuid has amx_bf16 and the OS grants the tile state (0 = the AVX-512-BF16 kernel)") \
     X(cpu_mxfp4_w4a8, "FT_CPU_MXFP4_W4A8", Bool, 1,                                                                   \
       "mxfp4 through the W4A8 x2 kernel where cpuid has avx512vnni and avx512vbmi (same error bound; 0 = the W4A16 VBMI kernel); the AVX2 tier's mxfp4 kernel is W4A8 x2 whatever this says") \
     X(cpu_nvfp4_w4a8, "FT_CPU_NVFP4_W4A8", Bool, 0,                                                                   \
       "nvfp4 through the W4A8 kernel (needs avx512vnni); faster, but layer error ~1.3e-2, over nvfp4's 1e-2 bound")   \
-    X(cpu_quant_batched_min_tokens, "FT_CPU_QUANT_BATCHED_MIN_TOKENS", Int, 16,                                       \
-      "quantised experts with at least this many routes in a call are dequantised to bf16 tiles (0 = never)")        \
+    X(cpu_quant_batched_min_tokens, "FT_CPU_QUANT_BATCHED_MIN_TOKENS", Int, -1,                                       \
+      "quantised experts with at least this many routes in a call are dequantised to bf16 tiles (0 = never; -1: 8 on the AMX GEMV, FT_CPU_AMX, else 16)") \
     X(cpu_onednn_min_tokens, "FT_CPU_ONEDNN_MIN_TOKENS", Int, -1,                                                     \
-      "bf16 experts with at least this many routes go through oneDNN (0 = never; -1: 16 with AMX-BF16, else never)") \
+      "bf16 experts with at least this many routes go through oneDNN (0 = never; -1: 64 with AMX-BF16 and FT_CPU_AMX=0, else never)") \
     X(handoff, "FT_HANDOFF", Text, "", "hybrid CPU handoff: memops (stream memory operations) or hostfn; unset = probe") \
     X(cuda_pdl, "FT_CUDA_PDL", Bool, 1, "programmatic dependent launch of the GPU kernel chains (sm_90+; 0 = plain launches)") \
     X(prefill_gemm, "FT_PREFILL_GEMM", Text, "", "GPU prefill GEMMs: grouped = one cuBLAS grouped call per chunk; unset = one GEMM per expert") \

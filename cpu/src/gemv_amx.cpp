@@ -1,0 +1,149 @@
+// AMX-BF16 bf16 GEMV for calls of several tokens (bf16 experts and the quantised formats' batched
+// path). Weight rows are the A tiles, read in place (16 rows x 32 bf16, the row stride as tile
+// stride); the tokens' activations are packed once per call into B tiles (16 K pairs x up to 16
+// tokens); C tiles hold 16 rows x tokens in fp32. TDPBF16PS multiplies bf16 pairs exactly and adds
+// in fp32, as vdpbf16ps does, so only the summation order differs from the AVX-512-BF16 kernel.
+// One TDPBF16PS covers 16 x 32 weights for all the tokens at once, so the cost per weight does not
+// grow with the token count. Calls of one token, rows past the last 16 and K not a multiple of 32
+// go to gemv_avx512bf16.
+// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
+// (GCC bug 105593); the warning says nothing about this file.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include "kernels.hpp"
+
+namespace ft::cpu::detail {
+namespace {
+
+constexpr int kTileRows = 16;      // weight rows per A / C tile
+constexpr int kStep = 32;          // K elements per tile step (64 bytes of an A row, 16 B rows)
+constexpr int kChunkSteps = 16;    // K steps whose B tiles are packed at once (512 elements)
+constexpr int kSuperRows = 128;    // rows sharing one packed B chunk (their C tiles kept in memory)
+constexpr int kMaxTokens = 16;     // tokens per B tile (64 bytes per B row)
+
+// The LDTILECFG operand (palette 1).
+struct alignas(64) TileConfig {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// Tiles 0, 1: C of two 16-row blocks (16 x n4 fp32); 2, 3: their A (16 rows x 32 bf16); 4: B
+// (16 K pairs x n4 tokens, one pair of bf16 per token).
+void configure(int n4) {
+    TileConfig c{};
+    c.palette = 1;
+    for (int t = 0; t < 5; ++t) {
+        c.rows[t] = kTileRows;
+        c.colsb[t] = uint16_t(t == 2 || t == 3 ? 64 : 4 * n4);
+    }
+    _tile_loadconfig(&c);
+}
+
+// The B tiles of K steps [s0, s0 + steps): step s, row p (K pair 32 s + 2 p, + 1), column j = the
+// pair of token j as one 32-bit word; tokens n .. n4 are zeros. Four tokens at a time: two rounds
+// of unpacks turn their four 16-pair vectors into vectors whose 128-bit lane L holds pair 4 L + a
+// of the four tokens.
+void pack_b(const uint16_t *const *x, int n, int n4, int s0, int steps, uint32_t *b) {
+    const size_t row = size_t(n4);
+    for (int g = 0; g < n4; g += 4)
+        for (int s = 0; s < steps; ++s) {
+            __m512i v[4];
+            for (int j = 0; j < 4; ++j)
+                v[j] = g + j < n ? _mm512_loadu_si512(x[g + j] + int64_t(s0 + s) * kStep) : _mm512_setzero_si512();
+            const __m512i a0 = _mm512_unpacklo_epi32(v[0], v[1]), a1 = _mm512_unpackhi_epi32(v[0], v[1]);
+            const __m512i a2 = _mm512_unpacklo_epi32(v[2], v[3]), a3 = _mm512_unpackhi_epi32(v[2], v[3]);
+            const __m512i t[4] = {_mm512_unpacklo_epi64(a0, a2), _mm512_unpackhi_epi64(a0, a2),
+                                  _mm512_unpacklo_epi64(a1, a3), _mm512_unpackhi_epi64(a1, a3)};
+            uint32_t *d = b + size_t(s) * kTileRows * row + g;
+            for (int a = 0; a < 4; ++a) {
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + a * row), _mm512_castsi512_si128(t[a]));
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + (4 + a) * row), _mm512_extracti32x4_epi32(t[a], 1));
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + (8 + a) * row), _mm512_extracti32x4_epi32(t[a], 2));
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + (12 + a) * row), _mm512_extracti32x4_epi32(t[a], 3));
+            }
+        }
+}
+
+void prefetch_rows(const uint16_t *w, size_t ldw, int64_t k, int pf) {
+    for (int r = 0; r < kTileRows; ++r)
+        _mm_prefetch(reinterpret_cast<const char *>(w + r * ldw + k) + pf, _MM_HINT_T0);
+}
+
+// Rows [0, rows) (a multiple of 16, at most kSuperRows) of w times tokens x[0 .. n), n <= 16,
+// cols a multiple of 32: C tiles accumulate over the chunks in c (16 x n4 floats per row block).
+void super_block(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x, int n, float *out,
+                 size_t ldo, int pf) {
+    const int n4 = (n + 3) & ~3;
+    const int blocks = rows / kTileRows;
+    const int steps = cols / kStep;
+    alignas(64) uint32_t b[kChunkSteps * kTileRows * kMaxTokens];
+    alignas(64) float c[kSuperRows / kTileRows][kTileRows * kMaxTokens];
+    const size_t ldb = ldw * 2;  // A tile stride in bytes
+    const int ldc = 4 * n4;
+    for (int s0 = 0; s0 < steps; s0 += kChunkSteps) {
+        const int ns = steps - s0 < kChunkSteps ? steps - s0 : kChunkSteps;
+        pack_b(x, n, n4, s0, ns, b);
+        for (int blk = 0; blk < blocks; blk += 2) {
+            const bool two = blk + 1 < blocks;
+            const uint16_t *w0 = w + int64_t(blk) * kTileRows * ldw;
+            const uint16_t *w1 = w0 + int64_t(kTileRows) * ldw;
+            if (s0 == 0) {
+                _tile_zero(0);
+                _tile_zero(1);
+            } else {
+                _tile_loadd(0, c[blk], ldc);
+                if (two) _tile_loadd(1, c[blk + 1], ldc);
+            }
+            for (int s = 0; s < ns; ++s) {
+                const int64_t k = int64_t(s0 + s) * kStep;
+                if (pf) {
+                    prefetch_rows(w0, ldw, k, pf);
+                    if (two) prefetch_rows(w1, ldw, k, pf);
+                }
+                _tile_loadd(4, b + size_t(s) * kTileRows * n4, ldc);
+                _tile_loadd(2, w0 + k, ldb);
+                _tile_dpbf16ps(0, 2, 4);
+                if (two) {
+                    _tile_loadd(3, w1 + k, ldb);
+                    _tile_dpbf16ps(1, 3, 4);
+                }
+            }
+            _tile_stored(0, c[blk], ldc);
+            if (two) _tile_stored(1, c[blk + 1], ldc);
+        }
+    }
+    for (int blk = 0; blk < blocks; ++blk)
+        for (int j = 0; j < n; ++j)
+            for (int i = 0; i < kTileRows; ++i) out[j * ldo + blk * kTileRows + i] = c[blk][i * n4 + j];
+}
+
+}  // namespace
+
+void gemv_amx_bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint16_t *const *x, int ntok,
+                   float *out, size_t ldo) {
+    const int tiled = rows - rows % kTileRows;
+    if (ntok < 2 || cols % kStep != 0 || tiled == 0) {
+        gemv_avx512bf16(w, ldw, rows, cols, x, ntok, out, ldo);
+        return;
+    }
+    const int pf = g_prefetch_bytes;
+    for (int t0 = 0; t0 < ntok; t0 += kMaxTokens) {
+        const int n = ntok - t0 < kMaxTokens ? ntok - t0 : kMaxTokens;
+        configure((n + 3) & ~3);
+        for (int r0 = 0; r0 < tiled; r0 += kSuperRows) {
+            const int nr = tiled - r0 < kSuperRows ? tiled - r0 : kSuperRows;
+            super_block(w + int64_t(r0) * ldw, ldw, nr, cols, x + t0, n, out + t0 * ldo + r0, ldo, pf);
+        }
+    }
+    _tile_release();
+    if (tiled < rows) gemv_avx512bf16(w + int64_t(tiled) * ldw, ldw, rows - tiled, cols, x, ntok, out + tiled, ldo);
+}
+
+}  // namespace ft::cpu::detail
