@@ -243,7 +243,8 @@ void BM_moe_layer(benchmark::State &state) {
     tuning.onednn_min_tokens = onednn ? 16 : 0;
     ft::cpu::MoeExecutor ex(pool(), ft::Format::bf16, H, I, K, T, {}, 0, ft::cpu::default_isa(), tuning);
     time_rotating_layers(state, ex, src, H, T, gate_up.data, gate_up.elems * 2, wb);
-    const std::string label = std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (onednn ? "+onednn" : "");
+    const std::string label =
+        std::string(ft::cpu::isa_name(ft::cpu::default_isa())) + (ex.amx_gemv() ? "+amx" : "") + (onednn ? "+onednn" : "");
     state.SetLabel(label);
     if (!onednn)
         add_summary({"bf16", std::to_string(H) + "x" + std::to_string(I), label, T, state.counters["GBps"],
@@ -355,7 +356,9 @@ void BM_moe_layer_format(benchmark::State &state) {
     ft::cpu::MoeExecutor ex(pool(), f, H, I, K, T, act, 0, ft::cpu::default_isa(), tuning);
     time_rotating_layers(state, ex, src, H, T, src.base[0], src.row_bytes[0] * E, win.bound);
     const std::string label = std::string(ex.kernel_name()) +
-        (ex.quant_batched_min_tokens() > 0 ? "+batched>=" + std::to_string(ex.quant_batched_min_tokens()) : "");
+        (ex.quant_batched_min_tokens() > 0
+             ? "+batched>=" + std::to_string(ex.quant_batched_min_tokens()) + (ex.amx_gemv() ? "(amx)" : "")
+             : "");
     state.SetLabel(label);
     if (state.range(4) < 0)
         add_summary({ft::format_name(f), std::to_string(H) + "x" + std::to_string(I), label, T,

@@ -269,6 +269,8 @@ public:
     // The kernel of the routed experts, e.g. "bf16" or "q4_0-w4a8-avx512".
     const char *kernel_name() const;
     int32_t onednn_min_tokens() const { return onednn_min_tokens_; }
+    // Whether the bf16 GEMV (bf16 experts, the batched path) is the AMX one (gemv_kernel_amx).
+    bool amx_gemv() const { return gemv_ == gemv_kernel_amx() && gemv_ != nullptr; }
     // 0 when the format/tier has no batched (dequantise-then-bf16-GEMV) path.
     int32_t quant_batched_min_tokens() const { return quant_batched_min_tokens_; }
 
