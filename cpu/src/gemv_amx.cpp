@@ -6,13 +6,7 @@
 // One TDPBF16PS covers 16 x 32 weights for all the tokens at once, so the cost per weight does not
 // grow with the token count. Calls of one token, rows past the last 16 and K not a multiple of 32
 // go to gemv_avx512bf16.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include "kernels.hpp"
 

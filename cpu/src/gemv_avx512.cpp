@@ -1,13 +1,7 @@
 // AVX-512F tier (with BW/VL for masked 16-bit tail loads). A 32-bit lane holds a bf16 pair; the
 // low element becomes fp32 by a left shift, the high one by masking off the low half. Both
 // products go into the same accumulator, as vdpbf16ps does.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include "kernels.hpp"
 

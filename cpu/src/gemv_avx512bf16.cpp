@@ -1,12 +1,6 @@
 // AVX-512-BF16 tier: vdpbf16ps multiplies 32 bf16 pairs and accumulates into 16 fp32 lanes, so
 // weights and activations are used as stored, without widening.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include "kernels.hpp"
 

@@ -1,11 +1,5 @@
 // AVX-512 memory read probe (see kernels.hpp and membw_probe.inc).
-// GCC 12 warns about deliberately undefined lanes inside its own AVX-512 headers (GCC bug
-// 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include "kernels.hpp"
 #include "membw_probe.inc"

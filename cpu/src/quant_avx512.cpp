@@ -1,13 +1,7 @@
 // AVX-512F (+BW/VL, F16C) kernels of the quantised formats; the AVX-512-BF16 tier uses them too.
 // Weights are decoded in registers and never stored: e2m1 nibbles through a 16-entry vpermps
 // table, e4m3 bytes through fp16 (vcvtph2ps), Q4_0 with integer multiply-adds.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include <cstring>
 #include <initializer_list>

@@ -12,13 +12,7 @@
 //   e4m3   (em << 4) + (120 << 7) is the bf16 of every normal code; subnormals/zero (E == 0) come
 //          from a masked `vpermw`, NaN codes 0x7F/0xFF become bf16 NaN (so NaN reaches the output,
 //          as the reference says), the sign is or-ed in last.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include <cstring>
 

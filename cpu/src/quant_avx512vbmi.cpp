@@ -15,13 +15,7 @@
 // `vpermb` and applied to the block sums; the lanes are put back in column order at the end.
 // One token and more than 64 columns: two lines (128 columns) per K row step, so both halves of
 // a 128-byte pair are requested together (the adjacent-line prefetchers fetch them as a pair).
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include <cstring>
 

@@ -3,13 +3,7 @@
 // activation q signed ones; vpdpbusd adds sum(u * q) per 4 bytes to an accumulator preloaded with
 // the offset correction (-8 * sum(q) for q4_0, the "sign trick", precomputed in the activation),
 // so each int32 lane is exact. Then per lane: float(lane) * d_act * d_weight, in fp32.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include <cstring>
 

@@ -13,13 +13,7 @@
 // per 32), plus one unpack per 32 columns and 2 rows. The int32 block sums start at
 // -12 * sum(q) of the block (the offset of u), so after 8 steps each lane is exactly
 // sum(2 * e2m1 * q) over the block's 32 k; then fp32: (sum * d / 2) * e8m0, one FMA per block.
-// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers
-// (GCC bug 105593); the warning says nothing about this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "immintrin_avx512.hpp"
 
 #include <cstring>
 
