@@ -96,8 +96,10 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     if (const std::string err = format_geometry_error(format, hidden, intermediate); !err.empty())
         fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: ", err);
     gemv_ = gemv_kernel(isa);  // FT_ERR_UNSUPPORTED when the CPU lacks the tier
-    const bool amx_gemv = isa == Isa::avx512bf16 && tuning.amx && gemv_kernel_amx();
-    if (amx_gemv) gemv_ = gemv_kernel_amx();
+    if (const GemvFn amx = isa == Isa::avx512bf16 && tuning.amx ? gemv_kernel_amx() : nullptr) {
+        gemv_ = amx;
+        amx_gemv_ = true;
+    }
     quant_ = quant_ops(format, isa, tuning.quant);
     for (const Format f : mixed_formats) {
         if (!format_known(int32_t(f)) || !format_is_block(f) || !format_is_block(format))
@@ -117,14 +119,14 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         formats_.push_back(std::move(e));
     }
 
-    const int32_t bmin = tuning.quant_batched_min_tokens < 0 ? default_batched_min_tokens(amx_gemv)
+    const int32_t bmin = tuning.quant_batched_min_tokens < 0 ? default_batched_min_tokens(amx_gemv_)
                                                               : tuning.quant_batched_min_tokens;
     if (quant_ && quant_->dequant) quant_batched_min_tokens_ = bmin;
     bool any_dequant = false;
     for (const FormatEntry &e : formats_) any_dequant |= e.ops && e.ops->dequant;
     const int32_t batched_min = any_dequant ? bmin : 0;
     onednn_min_tokens_ =
-        tuning.onednn_min_tokens < 0 ? default_onednn_min_tokens(amx_gemv) : tuning.onednn_min_tokens;
+        tuning.onednn_min_tokens < 0 ? default_onednn_min_tokens(amx_gemv_) : tuning.onednn_min_tokens;
     if (onednn_min_tokens_ > 0 && !onednn_bf16_available()) onednn_min_tokens_ = 0;
 
     const int64_t routes = int64_t(max_tokens) * top_k;

@@ -544,10 +544,10 @@ struct TierKernels {
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
 // all over one activation in the Q8_0 layout: Q8_0 for q8_0, Q8_K (prepare_q8_k) for the super-block
-// formats. The SIMD ones are nullptr where the build has no x86 kernels.
+// formats (format_act_block). The SIMD ones are nullptr where the build has no x86 kernels.
 TierKernels gguf_kernels(Format f, const char *name, detail::QuantGemv scalar, detail::QuantGemv avx2,
                          detail::QuantGemv avx512, detail::QuantGemv avx512vnni) {
-    const auto prep = f == Format::q8_0 ? prepare_q8_0 : prepare_q8_k;
+    const auto prep = format_act_block(f) == 256 ? prepare_q8_k : prepare_q8_0;
     TierKernels k{f, name, {{scalar, "-scalar", detail::q8_0_act_bytes, prep}}, {}, {}};
     if (avx2) k.tier[1] = {avx2, "-avx2", detail::q8_0_act_bytes, prep};
     if (avx512) k.tier[2] = {avx512, "-avx512", detail::q8_0_act_bytes, prep};

@@ -1,11 +1,12 @@
 // The integer-dot decode kernel of the GGUF block formats q4_0, q8_0, q2_k .. q6_k, iq4_xs
 // (launch_simt_projection, decode_simt.cu, picks it). Each CTA quantises the activations of the
-// routes it serves to int8 in shared memory (per 32 elements for q4_0 and q8_0, per 256 for the
-// others: the CPU kernels' Q8_0 and Q8_K activations, ft::quantize_q8_0 / quantize_q8_k) while its weight rows are copied into shared memory where they
-// fit (in multi-route calls prefetched into L2 otherwise); each warp serves pairs of weight rows,
-// 8, 16 or 32 lanes to a pair, and its lanes take 32-weight chunks (in one-route calls a group at
-// once, kGroup: the chunks that share code bytes, or two neighbours), unpacked to int8 codes 4 to
-// a word and dotted with __dp4a, the block scales applied once per 16 weights. One-route calls of
+// routes it serves to int8 in shared memory as the CPU kernels do (ft::format_act_block: Q8_0 per
+// 32 elements for q4_0 and q8_0, Q8_K per 256 for the others) while its weight rows are copied
+// into shared memory where they fit (in multi-route calls prefetched into L2 otherwise); each
+// warp serves pairs of weight rows, 8, 16 or 32 lanes to a pair, and its lanes take 32-weight
+// chunks (in one-route calls a group at once, kGroup: the chunks that share code bytes, or two
+// neighbours), unpacked to int8 codes 4 to a word and dotted with __dp4a, the block scales applied
+// once per 16 weights. One-route calls of
 // long rows take dp4a_stream_kernel: the same dots on rows each warp streams through its own
 // shared-memory ring.
 #include <cuda_runtime.h>
@@ -318,10 +319,9 @@ __device__ __forceinline__ void lane_dots(const uint8_t *r0, const uint8_t *r1, 
     }
 }
 
-// Activation chunks of 32 that share one int8 scale: the K-quants and iq4_xs take Q8_K (one scale
-// per 256 elements, ft::quantize_q8_k), q4_0 and q8_0 Q8_0 (per 32), as the CPU kernels do.
+// Activation chunks of 32 that share one int8 scale (format_act_block: Q8_0 or Q8_K, the CPU's).
 template <Format F>
-constexpr int kActChunks = F == Format::q4_0 || F == Format::q8_0 ? 1 : 8;
+constexpr int kActChunks = format_act_block(F) / 32;
 
 // Thread t of the CTA quantises activation chunks t, t + kThreads, ... of the nr routes' rows. With
 // SB = 8, the 8 chunks of a super-block are 8 neighbouring lanes (K / 32 and kThreads are
@@ -330,6 +330,7 @@ constexpr int kActChunks = F == Format::q4_0 || F == Format::q8_0 ? 1 : 8;
 template <int SB>
 __device__ __forceinline__ void quantize_routes(const uint16_t *const *arow, int nr, int K, int8_t *q, float *d,
                                                 int2 *sum) {
+    static_assert(SB == 1 || SB == 8, "Q8_0 or Q8_K");
     const int nc = K / 32;
     for (int task = threadIdx.x; task < nr * nc; task += kThreads) {
         const int j = task / nc, c = task % nc;

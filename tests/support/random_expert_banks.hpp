@@ -84,13 +84,11 @@ struct RandomExpertLayer {
     }
 };
 
-// The CPU kernels' activation of a block format: Q8_0 (ft::quantize_q8_0, per 32) for q4_0 and
-// q8_0, Q8_K (ft::quantize_q8_k, per 256) for the super-block formats (q2_k .. q6_k, iq4_xs).
-inline bool cpu_uses_q8_k(Format f) { return format_is_block(f) && f != Format::q4_0 && f != Format::q8_0; }
-
-// Exact q * d (in double) of that activation of x[0..K).
+// Exact q * d (in double) of x[0..K) in the integer-dot kernels' activation of a block format
+// (ft::format_act_block): Q8_0 (ft::quantize_q8_0, per 32) for q4_0 and q8_0, Q8_K
+// (ft::quantize_q8_k, per 256) for the super-block formats (q2_k .. q6_k, iq4_xs).
 inline std::vector<double> cpu_block_activation(Format f, const float *x, int64_t K) {
-    const int64_t block = cpu_uses_q8_k(f) ? 256 : 32;
+    const int64_t block = ft::format_act_block(f);
     std::vector<int8_t> q(static_cast<size_t>(K));
     std::vector<float> d(static_cast<size_t>(K / block));
     if (block == 256) ft::quantize_q8_k(x, K, q.data(), d.data());

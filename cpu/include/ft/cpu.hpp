@@ -270,7 +270,7 @@ public:
     const char *kernel_name() const;
     int32_t onednn_min_tokens() const { return onednn_min_tokens_; }
     // Whether the bf16 GEMV (bf16 experts, the batched path) is the AMX one (gemv_kernel_amx).
-    bool amx_gemv() const { return gemv_ == gemv_kernel_amx() && gemv_ != nullptr; }
+    bool amx_gemv() const { return amx_gemv_; }
     // 0 when the format/tier has no batched (dequantise-then-bf16-GEMV) path.
     int32_t quant_batched_min_tokens() const { return quant_batched_min_tokens_; }
 
@@ -293,6 +293,7 @@ private:
     ActivationSpec act_;
     Isa isa_;
     GemvFn gemv_;
+    bool amx_gemv_ = false;  // gemv_ is gemv_kernel_amx()
     const QuantOps *quant_ = nullptr;  // nullptr for bf16
     struct FormatEntry;
     std::vector<FormatEntry> formats_;  // `format`, then the mixed formats

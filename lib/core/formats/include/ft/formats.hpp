@@ -44,6 +44,22 @@ bool format_known(int32_t value);
 // run of the format's blocks along K. Only these formats mix inside one model (ModelSpec's
 // layer_formats).
 bool format_is_block(Format f);
+// Elements per int8 scale of the activation that the block formats' integer-dot kernels (CPU and
+// GPU) multiply with, as ggml does: 32 (Q8_0, ft::quantize_q8_0) for q4_0 and q8_0, 256 (Q8_K,
+// ft::quantize_q8_k) for the super-block formats; 0 for the other formats.
+constexpr int format_act_block(Format f) {
+    switch (f) {
+        case Format::q4_0:
+        case Format::q8_0: return 32;
+        case Format::q2_k:
+        case Format::q3_k:
+        case Format::q4_k:
+        case Format::q5_k:
+        case Format::q6_k:
+        case Format::iq4_xs: return 256;
+        default: return 0;
+    }
+}
 // Bytes of one block of a block format (q4_0: 18 per 32 elements, q4_k: 144 per 256, ...); 0 for
 // the others.
 int block_bytes(Format f);
