@@ -100,7 +100,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         gemv_ = amx;
         amx_gemv_ = true;
     }
-    quant_ = quant_ops(format, isa, tuning.quant);
+    quant_ = quant_ops(format, isa, tuning.quant, amx_gemv_);
     for (const Format f : mixed_formats) {
         if (!format_known(int32_t(f)) || !format_is_block(f) || !format_is_block(format))
             fail(FT_ERR_INVALID_ARGUMENT, "MoE executor: only GGUF block formats mix per layer or matrix, not ",
@@ -114,7 +114,7 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
         bool seen = false;
         for (const FormatEntry &e : formats_) seen |= e.format == f;
         if (seen) continue;
-        FormatEntry e{f, i == 0 ? quant_ : quant_ops(f, isa, tuning.quant), {}};
+        FormatEntry e{f, i == 0 ? quant_ : quant_ops(f, isa, tuning.quant, amx_gemv_), {}};
         for (const BankSpec &b : bank_schema(f, hidden, intermediate)) e.bank_bytes.push_back(b.row_bytes);
         formats_.push_back(std::move(e));
     }

@@ -540,6 +540,7 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block)
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
@@ -568,7 +569,12 @@ const TierKernels kKernels[] = {
       , {detail::fp8_block_avx2, "-avx2", f32_act_bytes, prepare_f32}, {detail::fp8_block_avx512, "-avx512", f32_act_bytes, prepare_f32},
       {detail::fp8_block_avx512bf16, "-avx512bf16", bf16_act_bytes, prepare_bf16}
 #endif
-     }, {}, {}},
+     }, {}, {}, {}, false, Isa::avx512, {},
+#if defined(FT_CPU_X86_KERNELS)
+     {detail::fp8_block_amx, "-amx", bf16_act_bytes, prepare_bf16}},
+#else
+     {}},
+#endif
     {Format::nvfp4, "nvfp4-w4a16",
      {{detail::nvfp4_scalar, "-scalar", f32_act_bytes, prepare_split_even_odd}
 #if defined(FT_CPU_X86_KERNELS)
@@ -728,7 +734,7 @@ bool cpu_has_vbmi() {
 #endif
 }
 
-const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast) {
+const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast, bool amx) {
     if (f == Format::bf16) return nullptr;
     // One table of every (format, tier, vnni, vbmi, fast) combination, built once; tiers without
     // their own kernel use the next lower one.
@@ -736,8 +742,9 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
         std::vector<QuantOps> t;
         // Reserved in full so that push_back never moves the strings whose c_str() t keeps.
         static std::vector<std::string> names;
-        names.reserve(std::size(kKernels) * 32);
+        names.reserve(std::size(kKernels) * 64);
         for (const TierKernels &k : kKernels)
+            for (int am = 0; am < 2; ++am)
             for (int fa = 0; fa < 2; ++fa)
             for (int vb = 0; vb < 2; ++vb)
             for (int v = 0; v < 2; ++v)
@@ -754,6 +761,7 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
+                    if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) use = k.amx;
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
                     const auto dequant_bytes = !use.dequant ? nullptr : use.dequant_act_bytes ? use.dequant_act_bytes : use.act_bytes;
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant,
@@ -763,12 +771,13 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
     }();
     for (size_t i = 0; i < std::size(kKernels); ++i)
         if (kKernels[i].format == f)
-            return &table[i * 32 + (fast ? 16 : 0) + (vbmi ? 8 : 0) + (vnni ? 4 : 0) + size_t(isa)];
+            return &table[i * 64 + (amx ? 32 : 0) + (fast ? 16 : 0) + (vbmi ? 8 : 0) + (vnni ? 4 : 0) + size_t(isa)];
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
 
-const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice) {
-    return quant_ops_variant(f, isa, use_vnni(choice.vnni, isa), cpu_has_vbmi(), fast_kernel(f, choice));
+const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice, bool amx) {
+    return quant_ops_variant(f, isa, use_vnni(choice.vnni, isa), cpu_has_vbmi(), fast_kernel(f, choice),
+                             amx && isa == Isa::avx512bf16 && amx_bf16_available());
 }
 
 }  // namespace ft::cpu

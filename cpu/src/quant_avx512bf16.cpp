@@ -9,9 +9,8 @@
 //   e2m1   `vpermw` with a 32-entry table (the 16 codes twice) reads only the low 5 bits of each
 //          word, so a nibble needs no mask: nvfp4/ds_fp4 permute the 64-byte chunk shifted by
 //          0/4/8/12 bits (see e2m1_rows_x), mxfp4 the words b | b << 12 of zero-extended bytes.
-//   e4m3   (em << 4) + (120 << 7) is the bf16 of every normal code; subnormals/zero (E == 0) come
-//          from a masked `vpermw`, NaN codes 0x7F/0xFF become bf16 NaN (so NaN reaches the output,
-//          as the reference says), the sign is or-ed in last.
+//   e4m3   e4m3x32_bf16 (e4m3_avx512.inc): NaN codes become bf16 NaN, so NaN reaches the output
+//          as the reference says.
 #include "immintrin_avx512.hpp"
 
 #include <cstring>
@@ -29,6 +28,8 @@ namespace {
 inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
 
 #include "tier_avx512.inc"
+
+#include "e4m3_avx512.inc"
 
 // ---- nvfp4 / ds_fp4: row-major e2m1, activations bf16 in 4 phases per 128 ---------------
 //
@@ -269,17 +270,6 @@ void e2m1_rows(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
 }
 
 // ---- fp8_block: e4m3 -> bf16 in registers, block sums * bf16 scale_inv per 128 -------------
-
-inline __m512i e4m3x32_bf16(__m256i bytes, __m512i sub_lut) {
-    const __m512i w = _mm512_cvtepu8_epi16(bytes);
-    const __m512i t = _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x7f0));
-    __m512i n = _mm512_add_epi16(t, _mm512_set1_epi16(0x3c00));
-    // E == 0 (zero and subnormals): the table, indexed by the code's low 5 bits (m = 0..7).
-    n = _mm512_mask_permutexvar_epi16(n, _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78)), w, sub_lut);
-    n = _mm512_mask_mov_epi16(n, _mm512_cmpeq_epi16_mask(t, _mm512_set1_epi16(0x7f0)), _mm512_set1_epi16(0x7fc0));
-    // n | (w << 8 & 0x8000): the sign.
-    return _mm512_ternarylogic_epi32(n, _mm512_slli_epi16(w, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xf8);
-}
 
 // Two rows (R = 2) or one at a time, as e2m1_rows_x: activations loaded once for both rows, two
 // memory streams, one accumulator per row and token (same sums whichever R).

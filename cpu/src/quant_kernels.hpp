@@ -129,6 +129,9 @@ void mxfp4_avx512(const QuantMatrix &, int64_t, int, const uint8_t *const *, int
 // nvfp4, ds_fp4: bf16 per 128 elements in 4 phases (word m of phase r = x[4m + r]), zero-padded
 // to a multiple of 128.
 void fp8_block_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// AMX-BF16 tiles for calls of 2 or more tokens (gemv_amx.cpp), the rest through
+// fp8_block_avx512bf16; same activation. Only where amx_bf16_available() (ft/cpu.hpp).
+void fp8_block_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void nvfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void mxfp4_avx512bf16(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 

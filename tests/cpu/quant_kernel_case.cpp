@@ -16,14 +16,15 @@ std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     std::set<std::string> seen;
     // VNNI: AVX-512-VNNI at tiers >= avx512, AVX-VNNI at the avx2 tier.
     const bool vnni512 = __builtin_cpu_supports("avx512vnni"), vnni256 = ft::cpu::cpu_has_avx_vnni();
-    const bool vbmi = ft::cpu::cpu_has_vbmi();
+    const bool vbmi = ft::cpu::cpu_has_vbmi(), amx = ft::cpu::amx_bf16_available();
     for (Isa isa : tiers_here())
         for (bool vn : {false, true})
             for (bool vb : {false, true})
-                for (bool fast : {false, true}) {
+                for (bool fast : {false, true})
+                for (bool am : {false, true}) {
                     const bool vnni = int(isa) >= int(Isa::avx512) ? vnni512 : vnni256;
-                    if ((vn && !vnni) || (vb && !vbmi)) continue;
-                    const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb, fast);
+                    if ((vn && !vnni) || (vb && !vbmi) || (am && !amx)) continue;
+                    const ft::cpu::QuantOps *ops = ft::cpu::quant_ops_variant(f, isa, vn, vb, fast, am);
                     if (seen.insert(ops->kernel).second) v.push_back(ops);
                 }
     return v;

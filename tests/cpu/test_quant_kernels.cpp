@@ -87,6 +87,9 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         {Format::q4_0, 96, 7, 2, 5, 1e-5},            {Format::q4_0, 160, 12, 0, 11, 1e-5},
         // ds_fp4: one chunk of 128, and 5 chunks (a group of 16 scales + a partial one), odd counts.
         {Format::ds_fp4, 128, 6, 1, 5, 1e-5},         {Format::ds_fp4, 640, 11, 0, 11, 1e-5},
+        // fp8_block on AMX tiles (first row a multiple of 16): rows across 128-row scale bands and
+        // past 128 (two super-blocks), 6 tail rows; K of one chunk of 1024 plus a 128 block.
+        {Format::fp8_block, 640, 300, 16, 262, 1e-5}, {Format::fp8_block, 1152, 144, 0, 144, 1e-5},
     };
     for (const G &g : geos) {
         const Case c = make_case(rng, g.f, g.K, g.N);
@@ -486,10 +489,10 @@ TEST(QuantKernels, DsFp4PrepareMatchesDefinition) {
 }
 
 // e4m3 NaN codes in fp8_block weights reach the output of their row only (the reference says
-// NaN); every kernel.
+// NaN); every kernel, for one token and for three (a 16-row tile: the AMX kernel's path).
 TEST(QuantKernels, Fp8NanCodesPropagate) {
     std::mt19937 rng(77);
-    Case c = make_case(rng, Format::fp8_block, 256, 8);
+    Case c = make_case(rng, Format::fp8_block, 256, 16);
     c.data[2 * 256 + 17] = 0x7f;
     c.data[5 * 256 + 200] = 0xff;
     std::vector<uint16_t> x(256);
@@ -497,10 +500,14 @@ TEST(QuantKernels, Fp8NanCodesPropagate) {
     for (const ft::cpu::QuantOps *ops : variants_here(Format::fp8_block)) {
         std::vector<uint8_t> act(ops->act_bytes(256));
         ops->prepare(x.data(), 256, act.data());
-        const uint8_t *ap = act.data();
-        std::vector<float> out(8, 0.0f);
-        ops->gemv(c.m(), 0, 8, &ap, 1, out.data(), 8);
-        for (int r = 0; r < 8; ++r) EXPECT_EQ(std::isnan(out[r]), r == 2 || r == 5) << ops->kernel << " row " << r;
+        const uint8_t *ap[3] = {act.data(), act.data(), act.data()};
+        for (int ntok : {1, 3}) {
+            std::vector<float> out(size_t(ntok) * 16, 0.0f);
+            ops->gemv(c.m(), 0, 16, ap, ntok, out.data(), 16);
+            for (int t = 0; t < ntok; ++t)
+                for (int r = 0; r < 16; ++r)
+                    EXPECT_EQ(std::isnan(out[t * 16 + r]), r == 2 || r == 5) << ops->kernel << " token " << t << " row " << r;
+        }
     }
 }
 
