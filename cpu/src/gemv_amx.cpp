@@ -28,49 +28,25 @@ constexpr int kFp8Block = 128;     // fp8_block's scale block: 128 rows x 128 K
 constexpr int kFp8Steps = kFp8Block / kStep;  // tile steps per scale block
 constexpr int kFp8ChunkSteps = 32;            // fp8_block: K steps packed at once (1024 K, 1 KB of a row)
 
-// The LDTILECFG operand (palette 1).
-struct alignas(64) TileConfig {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
+#include "amx_tiles.inc"
 
 // Tiles 0, 1: C of two 16-row blocks (16 x n4 fp32); 2, 3: their A (16 rows x 32 bf16); 4: B
 // (16 K pairs x n4 tokens, one pair of bf16 per token).
 void configure(int n4) {
-    TileConfig c{};
-    c.palette = 1;
-    for (int t = 0; t < 5; ++t) {
-        c.rows[t] = kTileRows;
-        c.colsb[t] = uint16_t(t == 2 || t == 3 ? 64 : 4 * n4);
-    }
-    _tile_loadconfig(&c);
+    const int rows[5] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
+    const int colsb[5] = {4 * n4, 4 * n4, 64, 64, 4 * n4};
+    configure_tiles(5, rows, colsb);
 }
 
 // The B tiles of K steps [s0, s0 + steps): step s, row p (K pair 32 s + 2 p, + 1), column j = the
-// pair of token j as one 32-bit word; tokens n .. n4 are zeros. Four tokens at a time: two rounds
-// of unpacks turn their four 16-pair vectors into vectors whose 128-bit lane L holds pair 4 L + a
-// of the four tokens.
+// pair of token j as one 32-bit word; tokens n .. n4 are zeros.
 void pack_b(const uint16_t *const *x, int n, int n4, int s0, int steps, uint32_t *b) {
-    const size_t row = size_t(n4);
     for (int g = 0; g < n4; g += 4)
         for (int s = 0; s < steps; ++s) {
             __m512i v[4];
             for (int j = 0; j < 4; ++j)
                 v[j] = g + j < n ? _mm512_loadu_si512(x[g + j] + int64_t(s0 + s) * kStep) : _mm512_setzero_si512();
-            const __m512i a0 = _mm512_unpacklo_epi32(v[0], v[1]), a1 = _mm512_unpackhi_epi32(v[0], v[1]);
-            const __m512i a2 = _mm512_unpacklo_epi32(v[2], v[3]), a3 = _mm512_unpackhi_epi32(v[2], v[3]);
-            const __m512i t[4] = {_mm512_unpacklo_epi64(a0, a2), _mm512_unpackhi_epi64(a0, a2),
-                                  _mm512_unpacklo_epi64(a1, a3), _mm512_unpackhi_epi64(a1, a3)};
-            uint32_t *d = b + size_t(s) * kTileRows * row + g;
-            for (int a = 0; a < 4; ++a) {
-                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + a * row), _mm512_castsi512_si128(t[a]));
-                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + (4 + a) * row), _mm512_extracti32x4_epi32(t[a], 1));
-                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + (8 + a) * row), _mm512_extracti32x4_epi32(t[a], 2));
-                _mm_storeu_si128(reinterpret_cast<__m128i *>(d + (12 + a) * row), _mm512_extracti32x4_epi32(t[a], 3));
-            }
+            store_b4(v, b + size_t(s) * kTileRows * n4 + g, size_t(n4));
         }
 }
 

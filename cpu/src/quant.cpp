@@ -540,7 +540,7 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
-    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block)
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, q2_k)
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
@@ -553,6 +553,12 @@ TierKernels gguf_kernels(Format f, const char *name, detail::QuantGemv scalar, d
     if (avx2) k.tier[1] = {avx2, "-avx2", detail::q8_0_act_bytes, prep};
     if (avx512) k.tier[2] = {avx512, "-avx512", detail::q8_0_act_bytes, prep};
     if (avx512vnni) k.vnni = {avx512vnni, "-avx512vnni", detail::q8_0_act_bytes, prep};
+    return k;
+}
+
+// k with its AMX kernel (nullptr: none), over the same activation as its other tiers.
+TierKernels with_amx(TierKernels k, detail::QuantGemv amx) {
+    if (amx) k.amx = {amx, "-amx", k.tier[0].act_bytes, k.tier[0].prepare};
     return k;
 }
 
@@ -654,8 +660,9 @@ const TierKernels kKernels[] = {
                  X86(detail::q5_k_avx512vnni)),
     gguf_kernels(Format::q6_k, "q6_k-w6a8", detail::q6_k_scalar, X86(detail::q6_k_avx2), X86(detail::q6_k_avx512),
                  X86(detail::q6_k_avx512vnni)),
-    gguf_kernels(Format::q2_k, "q2_k-w2a8", detail::q2_k_scalar, X86(detail::q2_k_avx2), X86(detail::q2_k_avx512),
-                 X86(detail::q2_k_avx512vnni)),
+    with_amx(gguf_kernels(Format::q2_k, "q2_k-w2a8", detail::q2_k_scalar, X86(detail::q2_k_avx2),
+                          X86(detail::q2_k_avx512), X86(detail::q2_k_avx512vnni)),
+             X86(detail::q2_k_amx)),
     gguf_kernels(Format::q3_k, "q3_k-w3a8", detail::q3_k_scalar, X86(detail::q3_k_avx2), X86(detail::q3_k_avx512),
                  X86(detail::q3_k_avx512vnni)),
     gguf_kernels(Format::iq4_xs, "iq4_xs-w4a8", detail::iq4_xs_scalar, X86(detail::iq4_xs_avx2), X86(detail::iq4_xs_avx512),
@@ -775,9 +782,27 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
     fail(FT_ERR_UNSUPPORTED, "no CPU kernel for format ", format_name(f));
 }
 
+bool quant_amx_available(Format f) {
+#if defined(FT_CPU_X86_KERNELS)
+    switch (f) {
+        case Format::fp8_block: return amx_bf16_available();
+        case Format::q2_k: {
+            // CPUID.7.0:EDX bit 25: AMX-INT8 (the tile state itself: amx_bf16_available).
+            unsigned a = 0, b = 0, c = 0, d = 0;
+            static const bool int8 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1u);
+            return int8 && cpu_has_vbmi() && amx_bf16_available();
+        }
+        default: return false;
+    }
+#else
+    (void)f;
+    return false;
+#endif
+}
+
 const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice, bool amx) {
     return quant_ops_variant(f, isa, use_vnni(choice.vnni, isa), cpu_has_vbmi(), fast_kernel(f, choice),
-                             amx && isa == Isa::avx512bf16 && amx_bf16_available());
+                             amx && isa == Isa::avx512bf16 && quant_amx_available(f));
 }
 
 }  // namespace ft::cpu

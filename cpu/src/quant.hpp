@@ -30,18 +30,21 @@ struct QuantOps {
 
 // The kernels of `f` at tier `isa` (the best the format has at or below it; with choice.vnni the
 // VNNI ones where the CPU has AVX-512-VNNI (tiers >= avx512) or AVX-VNNI (avx2)); nullptr for bf16.
-// amx: the format's AMX-BF16 kernel at the avx512bf16 tier where amx_bf16_available() (fp8_block;
-// the executor passes whether its GEMV is the AMX one).
+// amx: the format's AMX kernel at the avx512bf16 tier where quant_amx_available(f) (the executor
+// passes whether its GEMV is the AMX one).
 const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice, bool amx = false);
 // The same with VNNI and VBMI forced on or off (tests; each only true on a CPU that has it: VNNI
 // means AVX-512-VNNI at tiers >= avx512 and AVX-VNNI at the avx2 tier). VBMI
 // selects mxfp4's avx512bf16vbmi kernel at the avx512bf16 tier (quant_avx512vbmi.cpp), which
 // quant_ops uses whenever the CPU has avx512vbmi.
 // fast: the format's W4A8 kernel where it has one (nvfp4: W4A8; mxfp4: W4A8 x2, also needing
-// vbmi and the avx512bf16 tier), only with vnni. amx: the AMX-BF16 kernel at the avx512bf16 tier
-// (fp8_block; only true on a CPU where amx_bf16_available()).
+// vbmi and the avx512bf16 tier), only with vnni. amx: the format's AMX kernel at the avx512bf16
+// tier (only true where quant_amx_available(f)).
 const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast = false, bool amx = false);
 bool cpu_has_vbmi();
+// Whether the format has an AMX kernel this CPU runs: fp8_block (AMX-BF16, amx_bf16_available)
+// and q2_k (AMX-INT8 and VBMI as well); false for the others.
+bool quant_amx_available(Format f);
 // AVX-VNNI (VEX vpdpbusd / vpdpwssd) in cpuid: the avx2 tier's VNNI kernels.
 bool cpu_has_avx_vnni();
 

@@ -16,7 +16,7 @@ std::vector<const ft::cpu::QuantOps *> variants_here(Format f) {
     std::set<std::string> seen;
     // VNNI: AVX-512-VNNI at tiers >= avx512, AVX-VNNI at the avx2 tier.
     const bool vnni512 = __builtin_cpu_supports("avx512vnni"), vnni256 = ft::cpu::cpu_has_avx_vnni();
-    const bool vbmi = ft::cpu::cpu_has_vbmi(), amx = ft::cpu::amx_bf16_available();
+    const bool vbmi = ft::cpu::cpu_has_vbmi(), amx = ft::cpu::quant_amx_available(f);
     for (Isa isa : tiers_here())
         for (bool vn : {false, true})
             for (bool vb : {false, true})

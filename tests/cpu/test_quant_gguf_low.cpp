@@ -146,6 +146,17 @@ TEST(QuantGgufLow, EveryTokenCount) {
         }
 }
 
+// Row counts past 128 in 16-row tiles with a tail, K of 5 super-blocks (the AMX kernel's chunks of
+// 4 and one more), 2 .. 32 tokens (one and two passes of 16), duplicates.
+TEST(QuantGgufLow, TiledRows) {
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantGgufLow.TiledRows")));
+    for (Format f : kFormats)
+        for (int ntok : {2, 5, 16, 17, 32}) {
+            check_kernels(rng, f, 1280, 300, 5, 290, ntok, ntok == 17);
+            if (HasFatalFailure()) return;
+        }
+}
+
 // K beyond one chunk of the offset sums (32 super-blocks): the second chunk adds to the first.
 TEST(QuantGgufLow, LongRows) {
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantGgufLow.LongRows")));
