@@ -540,7 +540,7 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
-    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, q2_k)
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, q2_k, q3_k)
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
@@ -663,8 +663,9 @@ const TierKernels kKernels[] = {
     with_amx(gguf_kernels(Format::q2_k, "q2_k-w2a8", detail::q2_k_scalar, X86(detail::q2_k_avx2),
                           X86(detail::q2_k_avx512), X86(detail::q2_k_avx512vnni)),
              X86(detail::q2_k_amx)),
-    gguf_kernels(Format::q3_k, "q3_k-w3a8", detail::q3_k_scalar, X86(detail::q3_k_avx2), X86(detail::q3_k_avx512),
-                 X86(detail::q3_k_avx512vnni)),
+    with_amx(gguf_kernels(Format::q3_k, "q3_k-w3a8", detail::q3_k_scalar, X86(detail::q3_k_avx2),
+                          X86(detail::q3_k_avx512), X86(detail::q3_k_avx512vnni)),
+             X86(detail::q3_k_amx)),
     gguf_kernels(Format::iq4_xs, "iq4_xs-w4a8", detail::iq4_xs_scalar, X86(detail::iq4_xs_avx2), X86(detail::iq4_xs_avx512),
                  X86(detail::iq4_xs_avx512vnni)),
 };
@@ -786,7 +787,8 @@ bool quant_amx_available(Format f) {
 #if defined(FT_CPU_X86_KERNELS)
     switch (f) {
         case Format::fp8_block: return amx_bf16_available();
-        case Format::q2_k: {
+        case Format::q2_k:
+        case Format::q3_k: {
             // CPUID.7.0:EDX bit 25: AMX-INT8 (the tile state itself: amx_bf16_available).
             unsigned a = 0, b = 0, c = 0, d = 0;
             static const bool int8 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1u);

@@ -1,18 +1,22 @@
-// AMX-INT8 kernel of q2_k for calls of 2 or more tokens (quant_ops' AMX variant where
-// quant_amx_available(q2_k): AMX-INT8 tiles and VBMI), over the Q8_K activation of the other q2_k
-// kernels (q8_0_act_bytes layout). The weights of a q2_k super-block are w = d * sc * u - dmin * m
-// per 16 elements, u in 0..3 and sc, m in 0..15, so sc * u (<= 45) is an exact unsigned byte:
-//   A    16 rows x 64 bytes per tile step: sc * u of one 2-bit plane (byte b of the 64 code
-//        bytes, plane p: element 128 (b / 32) + 32 p + b % 32), looked up with `vpermb` in a
-//        64-byte table of the row's 16 scales times 0..3;
+// AMX-INT8 kernels of q2_k and q3_k for calls of 2 or more tokens (quant_ops' AMX variants where
+// quant_amx_available: AMX-INT8 tiles and VBMI), over the Q8_K activation of their other kernels
+// (q8_0_act_bytes layout). Both formats' per-element scaled codes are exact bytes:
+//   q2_k  w = d * sc * u - dmin * m per 16 elements, u in 0..3, sc and m in 0..15: sc * u <= 45
+//         (unsigned);
+//   q3_k  w = d * sc * (u - 4), u in 0..7, sc in -32..31: sc * (4 - u) in -128..124 (signed; the
+//         sign flipped so that -32 * -4 cannot occur), w = -d * that.
+// Per super-block and 16-row tile:
+//   A    16 rows x 64 bytes per tile step: the scaled codes of one 2-bit plane (byte b of the 64
+//        code bytes, plane p: element 128 (b / 32) + 32 p + b % 32), looked up with `vpermb`
+//        (q3_k: `vpermi2b`) in a table of the row's 16 scales times each code;
 //   B    the tokens' int8 activations in the same element order, 4 per dword, one column a token;
-//   C0   TDPBUSD over the 4 planes: the exact int32 sum of sc * u * q per row and token;
-//   C1   the mins' sum, sum over sub-blocks of m * S (S: the activation's sum over the 16
-//        elements, in -2032..2032), as one more TDPBUSD: A' = 16 m (<= 240) and m, B' = S >> 4
-//        and S & 15 (both int8);
-// then per super-block, row and token: out += d_act * (d * C0 - dmin * C1) in fp32. Integer sums
-// are exact, so results differ from the scalar definition only by fp32 rounding and order, as the
-// AVX-512 kernels. Calls of one token, rows past the last 16 go to q2_k_avx512vnni.
+//   C0   TDPBUSD (q3_k: TDPBSSD) over the 4 planes: the exact int32 sum per row and token;
+//   C1   q2_k's mins, sum over sub-blocks of m * S (S: the activation's sum over the 16 elements,
+//        in -2032..2032), as one more TDPBUSD: A' = 16 m (<= 240) and m, B' = S >> 4 and S & 15;
+// then per row and token: out += d_act * (d * C0 - dmin * C1) (q3_k: -d * C0) in fp32. Integer
+// sums are exact, so results differ from the scalar definition only by fp32 rounding and order,
+// as the AVX-512 kernels. Calls of one token and rows past the last 16 go to the AVX-512-VNNI
+// kernel.
 #include "immintrin_avx512.hpp"
 
 #include <cstring>
@@ -25,6 +29,8 @@ namespace ft::cpu::detail {
 namespace {
 
 #include "amx_tiles.inc"
+
+#include "gguf_q3_k_scales.inc"
 
 constexpr int kTileRows = 16;   // weight rows per A / C tile
 constexpr int kPlanes = 4;      // tile steps per super-block (64 elements each)
@@ -43,8 +49,9 @@ void configure(int n4) {
 }
 
 // Per token of the call and super-block of the chunk: the B rows of the 4 planes (b, kBRows x n4
-// dwords per super-block), the B' rows of the mins (b1, kMinRows x n4), and the activation's d.
-void pack_chunk(const uint8_t *const *act, int n, int n4, int64_t K, int64_t sb0, int nsb, uint32_t *b,
+// dwords per super-block), with `mins` the B' rows of the mins (b1, kMinRows x n4), and the
+// activation's d.
+void pack_chunk(const uint8_t *const *act, int n, int n4, int64_t K, int64_t sb0, int nsb, bool mins, uint32_t *b,
                 uint32_t *b1, float *da) {
     const int64_t qbytes = (K + 63) / 64 * 64;
     for (int g = 0; g < n4; g += 4)
@@ -72,6 +79,10 @@ void pack_chunk(const uint8_t *const *act, int n, int n4, int64_t K, int64_t sb0
                 da[s * kMaxTokens + j] = 0.0f;
                 continue;
             }
+            float dv;
+            std::memcpy(&dv, act[j] + qbytes + (sb0 + s) * kQK / 32 * 4, 4);
+            da[s * kMaxTokens + j] = dv;
+            if (!mins) continue;
             const uint8_t *q = act[j] + (sb0 + s) * kQK;
             // Sums of 8 bytes of q + 128 (`vpsadbw`), two per sub-block of 16.
             alignas(64) uint64_t t[32];
@@ -88,37 +99,97 @@ void pack_chunk(const uint8_t *const *act, int n, int n4, int64_t K, int64_t sb0
                 std::memcpy(&d1[k * n4], hi + 4 * k, 4);
                 std::memcpy(&d1[(4 + k) * n4], lo + 4 * k, 4);
             }
-            float dv;
-            std::memcpy(&dv, act[j] + qbytes + (sb0 + s) * kQK / 32 * 4, 4);
-            da[s * kMaxTokens + j] = dv;
         }
 }
 
-// The A rows of one row's super-block at blk: 4 planes of sc * u (a, 256 bytes) and 16 m, m (a1).
-inline void decode_row(const uint8_t *blk, uint8_t *a, uint8_t *a1, __m512i rep4, __m512i lane_sub) {
-    const __m128i sc16 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk));
-    // Byte 4 s + v of the table: (sc[s] & 15) * v.
-    const __m512i scx = _mm512_and_si512(_mm512_permutexvar_epi8(rep4, _mm512_castsi128_si512(sc16)),
-                                         _mm512_set1_epi8(15));
-    const __m512i table = _mm512_add_epi8(_mm512_maskz_mov_epi8(__mmask64(0xAAAAAAAAAAAAAAAAull), scx),
-                                          _mm512_maskz_mov_epi8(__mmask64(0xCCCCCCCCCCCCCCCCull), _mm512_add_epi8(scx, scx)));
-    const __m512i qv = _mm512_loadu_si512(blk + 16);
-    const __m512i three = _mm512_set1_epi8(3);
-    for (int p = 0; p < kPlanes; ++p) {
-        // Lane L of plane p is sub-block 8 (L / 2) + L % 2 + 2 p: index 4 * sub + u.
-        const __m512i u = _mm512_and_si512(_mm512_srli_epi16(qv, 2 * p), three);
-        const __m512i idx = _mm512_or_si512(u, _mm512_add_epi8(lane_sub, _mm512_set1_epi8(char(8 * p))));
-        _mm512_store_si512(a + 64 * p, _mm512_permutexvar_epi8(idx, table));
+// Byte i of lane_sub: 4 * the sub-block of lane i / 16 in plane 0 (8 (L / 2) + L % 2), times
+// kCodes / 4 for the formats with 8 codes.
+inline __m512i lane_subs(int codes) {
+    alignas(64) int8_t v[64];
+    for (int i = 0; i < 64; ++i) {
+        const int lane = i / 16;
+        v[i] = int8_t(codes * (8 * (lane / 2) + lane % 2));
     }
-    _mm_store_si128(reinterpret_cast<__m128i *>(a1), _mm_and_si128(sc16, _mm_set1_epi8(char(0xf0))));
-    _mm_store_si128(reinterpret_cast<__m128i *>(a1 + 16), _mm_and_si128(_mm_srli_epi16(sc16, 4), _mm_set1_epi8(15)));
+    return _mm512_load_si512(v);
 }
 
-// Rows [first, first + 16 * blocks) of m times tokens act[0 .. n), n <= 16.
-void q2_k_super_block(const QuantMatrix &m, int64_t first, int blocks, const uint8_t *const *act, int n, float *out,
-                      size_t ldo, int pf) {
+// Byte i: i / r (the scale of table entry i when each scale has r entries), + first.
+inline __m512i repeat_idx(int r, int first) {
+    alignas(64) int8_t v[64];
+    for (int i = 0; i < 64; ++i) v[i] = int8_t(first + i / r);
+    return _mm512_load_si512(v);
+}
+
+// q2_k (84 bytes): scales[16] (low nibble sc, high nibble m), qs[64], fp16 d, dmin.
+struct Q2K {
+    static constexpr int kBytes = kQ2_KBlockBytes, kDOffset = 80;
+    static constexpr bool kMins = true;
+    __m512i rep4 = repeat_idx(4, 0), lane_sub = lane_subs(4);
+    // The A rows of the super-block at blk: 4 planes of sc * u (a, 256 bytes) and 16 m, m (a1).
+    void decode(const uint8_t *blk, uint8_t *a, uint8_t *a1) const {
+        const __m128i sc16 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk));
+        // Byte 4 s + v of the table: (sc[s] & 15) * v.
+        const __m512i scx = _mm512_and_si512(_mm512_permutexvar_epi8(rep4, _mm512_castsi128_si512(sc16)),
+                                             _mm512_set1_epi8(15));
+        const __m512i table = _mm512_add_epi8(_mm512_maskz_mov_epi8(__mmask64(0xAAAAAAAAAAAAAAAAull), scx),
+                                              _mm512_maskz_mov_epi8(__mmask64(0xCCCCCCCCCCCCCCCCull), _mm512_add_epi8(scx, scx)));
+        const __m512i qv = _mm512_loadu_si512(blk + 16);
+        for (int p = 0; p < kPlanes; ++p) {
+            // Lane L of plane p is sub-block 8 (L / 2) + L % 2 + 2 p: index 4 * sub + u.
+            const __m512i u = _mm512_and_si512(_mm512_srli_epi16(qv, 2 * p), _mm512_set1_epi8(3));
+            const __m512i idx = _mm512_or_si512(u, _mm512_add_epi8(lane_sub, _mm512_set1_epi8(char(8 * p))));
+            _mm512_store_si512(a + 64 * p, _mm512_permutexvar_epi8(idx, table));
+        }
+        _mm_store_si128(reinterpret_cast<__m128i *>(a1), _mm_and_si128(sc16, _mm_set1_epi8(char(0xf0))));
+        _mm_store_si128(reinterpret_cast<__m128i *>(a1 + 16), _mm_and_si128(_mm_srli_epi16(sc16, 4), _mm_set1_epi8(15)));
+    }
+    static void dot(int c, int a, int b) { _tile_dpbusd(c, a, b); }
+    // The factor of C0 from the row's d (C1's is -dmin).
+    static __m512 c0_factor(__m512 d) { return d; }
+};
+
+// q3_k (110 bytes): hmask[32], qs[64], scales[12], fp16 d; element 128 h + 32 p + i has its high
+// bit in bit 4 h + p of hmask[i].
+struct Q3K {
+    static constexpr int kBytes = kQ3_KBlockBytes, kDOffset = 108;
+    static constexpr bool kMins = false;
+    __m512i rep_lo = repeat_idx(8, 0), rep_hi = repeat_idx(8, 8), lane_sub = lane_subs(8);
+    void decode(const uint8_t *blk, uint8_t *a, uint8_t *) const {
+        const __m512i sc = _mm512_castsi128_si512(q3_k_scales(blk));
+        // Byte 8 s + u of the 128-entry table (two vectors): sc[s] * (4 - u), as 4 sc - u sc with
+        // wrapping byte sums (the result fits a byte).
+        __m512i t[2];
+        for (int h = 0; h < 2; ++h) {
+            const __m512i s1 = _mm512_permutexvar_epi8(h ? rep_hi : rep_lo, sc);
+            const __m512i s2 = _mm512_add_epi8(s1, s1), s4 = _mm512_add_epi8(s2, s2);
+            __m512i v = _mm512_mask_sub_epi8(s4, __mmask64(0xAAAAAAAAAAAAAAAAull), s4, s1);  // u & 1
+            v = _mm512_mask_sub_epi8(v, __mmask64(0xCCCCCCCCCCCCCCCCull), v, s2);             // u & 2
+            t[h] = _mm512_mask_sub_epi8(v, __mmask64(0xF0F0F0F0F0F0F0F0ull), v, s4);          // u & 4
+        }
+        const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk));
+        // Byte b of hv: hmask[b % 32] >> 4 (b / 32), so bit p is the high bit of plane p.
+        const __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(hm),
+                                              _mm256_and_si256(_mm256_srli_epi16(hm, 4), _mm256_set1_epi8(15)), 1);
+        const __m512i qv = _mm512_loadu_si512(blk + 32);
+        for (int p = 0; p < kPlanes; ++p) {
+            __m512i u = _mm512_and_si512(_mm512_srli_epi16(qv, 2 * p), _mm512_set1_epi8(3));
+            const __mmask64 hb = _mm512_test_epi8_mask(hv, _mm512_set1_epi8(char(1 << p)));
+            u = _mm512_mask_add_epi8(u, hb, u, _mm512_set1_epi8(4));
+            const __m512i idx = _mm512_or_si512(u, _mm512_add_epi8(lane_sub, _mm512_set1_epi8(char(16 * p))));
+            _mm512_store_si512(a + 64 * p, _mm512_permutex2var_epi8(t[0], idx, t[1]));
+        }
+    }
+    static void dot(int c, int a, int b) { _tile_dpbssd(c, a, b); }
+    static __m512 c0_factor(__m512 d) { return _mm512_sub_ps(_mm512_setzero_ps(), d); }
+};
+
+// Rows [first, first + 16 * blocks) of m (format F) times tokens act[0 .. n), n <= 16.
+template <class F>
+void super_block(const QuantMatrix &m, int64_t first, int blocks, const uint8_t *const *act, int n, float *out,
+                 size_t ldo, int pf) {
+    const F fmt;
     const int64_t K = m.K, nsb_all = K / kQK;
-    const size_t rb = size_t(nsb_all) * kQ2_KBlockBytes;
+    const size_t rb = size_t(nsb_all) * F::kBytes;
     const int n4 = (n + 3) & ~3, ldc = 4 * n4, nv = n4;  // nv: 16-lane vectors of a 16 x n4 C tile
     alignas(64) uint32_t b[kChunkSb * kBRows * kMaxTokens];
     alignas(64) uint32_t b1[kChunkSb * kMinRows * kMaxTokens];
@@ -135,54 +206,50 @@ void q2_k_super_block(const QuantMatrix &m, int64_t first, int blocks, const uin
         ridx[v] = _mm512_load_si512(r);
         tidx[v] = _mm512_load_si512(t);
     }
-    alignas(64) int8_t rep[64], lsub[64];
-    for (int i = 0; i < 64; ++i) {
-        rep[i] = int8_t(i / 4);
-        const int lane = i / 16;
-        lsub[i] = int8_t(4 * (8 * (lane / 2) + lane % 2));
-    }
-    const __m512i rep4 = _mm512_load_si512(rep), lane_sub = _mm512_load_si512(lsub);
     const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32(int(rb)));
     for (int blk = 0; blk < blocks; ++blk) std::memset(acc[blk], 0, sizeof(float) * kTileRows * n4);
     std::memset(da, 0, sizeof da);
     for (int64_t sb0 = 0; sb0 < nsb_all; sb0 += kChunkSb) {
         const int nsb = int(nsb_all - sb0 < kChunkSb ? nsb_all - sb0 : kChunkSb);
-        pack_chunk(act, n, n4, K, sb0, nsb, b, b1, da);
+        pack_chunk(act, n, n4, K, sb0, nsb, F::kMins, b, b1, da);
         for (int blk = 0; blk < blocks; ++blk) {
             const uint8_t *rows = m.data + size_t(first + int64_t(blk) * kTileRows) * rb;
             for (int s = 0; s < nsb; ++s) {
-                const size_t off = size_t(sb0 + s) * kQ2_KBlockBytes;
+                const size_t off = size_t(sb0 + s) * F::kBytes;
                 for (int r = 0; r < kTileRows; ++r) {
                     const uint8_t *p = rows + r * rb + off;
                     if (pf) {
                         _mm_prefetch(reinterpret_cast<const char *>(p) + pf, _MM_HINT_T0);
                         _mm_prefetch(reinterpret_cast<const char *>(p) + 64 + pf, _MM_HINT_T0);
                     }
-                    decode_row(p, a + r * kPlanes * 64, a1 + r * 32, rep4, lane_sub);
+                    fmt.decode(p, a + r * kPlanes * 64, a1 + r * 32);
                 }
                 _tile_zero(0);
-                _tile_zero(1);
                 for (int p = 0; p < kPlanes; ++p) {
                     _tile_loadd(2, a + 64 * p, kPlanes * 64);
                     _tile_loadd(4, b + (size_t(s) * kBRows + size_t(p) * kTileRows) * n4, ldc);
-                    _tile_dpbusd(0, 2, 4);
+                    F::dot(0, 2, 4);
                 }
-                _tile_loadd(3, a1, 32);
-                _tile_loadd(5, b1 + size_t(s) * kMinRows * n4, ldc);
-                _tile_dpbusd(1, 3, 5);
                 _tile_stored(0, c0, ldc);
-                _tile_stored(1, c1, ldc);
-                // d and dmin (fp16, bytes 80 .. 83 of each row's super-block).
-                const __m512i dd = _mm512_i32gather_epi32(row_off, rows + off + 80, 1);
-                const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+                if constexpr (F::kMins) {
+                    _tile_zero(1);
+                    _tile_loadd(3, a1, 32);
+                    _tile_loadd(5, b1 + size_t(s) * kMinRows * n4, ldc);
+                    _tile_dpbusd(1, 3, 5);
+                    _tile_stored(1, c1, ldc);
+                }
+                // d (and dmin): fp16 at kDOffset (+ 2) of each row's super-block.
+                const __m512i dd = _mm512_i32gather_epi32(row_off, rows + off + F::kDOffset, 1);
+                const __m512 dw = F::c0_factor(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
                 const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
                 const __m512 dav = _mm512_load_ps(da + s * kMaxTokens);
                 for (int v = 0; v < nv; ++v) {
-                    const __m512 x0 = _mm512_cvtepi32_ps(_mm512_load_si512(c0 + 16 * v));
-                    const __m512 x1 = _mm512_cvtepi32_ps(_mm512_load_si512(c1 + 16 * v));
-                    const __m512 w = _mm512_fmsub_ps(_mm512_permutexvar_ps(ridx[v], dw), x0,
-                                                     _mm512_mul_ps(_mm512_permutexvar_ps(ridx[v], dm), x1));
+                    __m512 w = _mm512_mul_ps(_mm512_permutexvar_ps(ridx[v], dw),
+                                             _mm512_cvtepi32_ps(_mm512_load_si512(c0 + 16 * v)));
+                    if constexpr (F::kMins)
+                        w = _mm512_fnmadd_ps(_mm512_permutexvar_ps(ridx[v], dm),
+                                             _mm512_cvtepi32_ps(_mm512_load_si512(c1 + 16 * v)), w);
                     float *o = acc[blk] + 16 * v;
                     _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_permutexvar_ps(tidx[v], dav), w, _mm512_load_ps(o)));
                 }
@@ -194,13 +261,13 @@ void q2_k_super_block(const QuantMatrix &m, int64_t first, int blocks, const uin
             for (int i = 0; i < kTileRows; ++i) out[j * ldo + blk * kTileRows + i] = acc[blk][i * n4 + j];
 }
 
-}  // namespace
-
-void q2_k_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
-              size_t ldo) {
+// Whole 16-row tiles of tokens in passes of 16; one-token calls and the rows left to `rest`.
+template <class F>
+void amx_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+              size_t ldo, QuantGemv rest) {
     const int tiled = count - count % kTileRows;
     if (ntok < 2 || tiled == 0) {
-        q2_k_avx512vnni(m, first, count, act, ntok, out, ldo);
+        rest(m, first, count, act, ntok, out, ldo);
         return;
     }
     const int pf = gguf_prefetch_bytes();
@@ -209,11 +276,23 @@ void q2_k_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *con
         configure((n + 3) & ~3);
         for (int r0 = 0; r0 < tiled; r0 += kSuperRows) {
             const int nr = tiled - r0 < kSuperRows ? tiled - r0 : kSuperRows;
-            q2_k_super_block(m, first + r0, nr / kTileRows, act + t0, n, out + t0 * ldo + r0, ldo, pf);
+            super_block<F>(m, first + r0, nr / kTileRows, act + t0, n, out + t0 * ldo + r0, ldo, pf);
         }
     }
     _tile_release();
-    if (tiled < count) q2_k_avx512vnni(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
+    if (tiled < count) rest(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
+}
+
+}  // namespace
+
+void q2_k_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+              size_t ldo) {
+    amx_gemv<Q2K>(m, first, count, act, ntok, out, ldo, q2_k_avx512vnni);
+}
+
+void q3_k_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+              size_t ldo) {
+    amx_gemv<Q3K>(m, first, count, act, ntok, out, ldo, q3_k_avx512vnni);
 }
 
 }  // namespace ft::cpu::detail
