@@ -143,7 +143,8 @@ struct Q2K {
         _mm_store_si128(reinterpret_cast<__m128i *>(a1), _mm_and_si128(sc16, _mm_set1_epi8(char(0xf0))));
         _mm_store_si128(reinterpret_cast<__m128i *>(a1 + 16), _mm_and_si128(_mm_srli_epi16(sc16, 4), _mm_set1_epi8(15)));
     }
-    static void dot(int c, int a, int b) { _tile_dpbusd(c, a, b); }
+    // C0 += A . B (tiles 0, 2, 4; the tile numbers must be literals for the intrinsic).
+    static void dot() { _tile_dpbusd(0, 2, 4); }
     // The factor of C0 from the row's d (C1's is -dmin).
     static __m512 c0_factor(__m512 d) { return d; }
 };
@@ -179,7 +180,7 @@ struct Q3K {
             _mm512_store_si512(a + 64 * p, _mm512_permutex2var_epi8(t[0], idx, t[1]));
         }
     }
-    static void dot(int c, int a, int b) { _tile_dpbssd(c, a, b); }
+    static void dot() { _tile_dpbssd(0, 2, 4); }
     static __m512 c0_factor(__m512 d) { return _mm512_sub_ps(_mm512_setzero_ps(), d); }
 };
 
@@ -229,7 +230,7 @@ void super_block(const QuantMatrix &m, int64_t first, int blocks, const uint8_t 
                 for (int p = 0; p < kPlanes; ++p) {
                     _tile_loadd(2, a + 64 * p, kPlanes * 64);
                     _tile_loadd(4, b + (size_t(s) * kBRows + size_t(p) * kTileRows) * n4, ldc);
-                    F::dot(0, 2, 4);
+                    F::dot();
                 }
                 _tile_stored(0, c0, ldc);
                 if constexpr (F::kMins) {

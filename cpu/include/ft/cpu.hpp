@@ -220,7 +220,8 @@ struct MoeTuning {
     // tile (per-worker scratch) and run through the bf16 multi-token kernel (0 = never; only
     // formats/tiers with a dequantiser, see cpu/README.md).
     int32_t quant_batched_min_tokens = -1;  // -1: 8 on the AMX GEMV (amx below), else 16
-    // FT_CPU_AMX: the bf16 GEMV on AMX-BF16 tiles (gemv_kernel_amx) where the tier is avx512bf16.
+    // FT_CPU_AMX: the bf16 GEMV on AMX-BF16 tiles (gemv_kernel_amx) where the tier is avx512bf16, and
+    // the quantised formats' AMX kernels (fp8_block, q2_k, q3_k; quant_amx_available).
     bool amx = true;
     QuantChoice quant;
 };
