@@ -1,4 +1,4 @@
-// AMX-INT8 kernels of q2_k and q3_k for calls of 2 or more tokens (quant_ops' AMX variants where
+// AMX-INT8 kernels of q2_k and q3_k for calls of 5 or more tokens (quant_ops' AMX variants where
 // quant_amx_available: AMX-INT8 tiles and VBMI), over the Q8_K activation of their other kernels
 // (q8_0_act_bytes layout). Both formats' per-element scaled codes are exact bytes:
 //   q2_k  w = d * sc * u - dmin * m per 16 elements, u in 0..3, sc and m in 0..15: sc * u <= 45
@@ -15,8 +15,8 @@
 //        in -2032..2032), as one more TDPBUSD: A' = 16 m (<= 240) and m, B' = S >> 4 and S & 15;
 // then per row and token: out += d_act * (d * C0 - dmin * C1) (q3_k: -d * C0) in fp32. Integer
 // sums are exact, so results differ from the scalar definition only by fp32 rounding and order,
-// as the AVX-512 kernels. Calls of one token and rows past the last 16 go to the AVX-512-VNNI
-// kernel.
+// as the AVX-512 kernels. Calls of fewer than 5 tokens (kMinTokens) and rows past the last 16 go to
+// the AVX-512-VNNI kernel.
 #include "immintrin_avx512.hpp"
 
 #include <cstring>
@@ -39,6 +39,11 @@ constexpr int kSuperRows = 128;  // rows sharing one packed B chunk
 constexpr int kMaxTokens = 16;   // tokens per B tile
 constexpr int kBRows = kTileRows * kPlanes;  // B rows (dword rows) of one super-block's codes
 constexpr int kMinRows = 8;                  // B' rows: 4 of S >> 4, 4 of S & 15
+// Calls of fewer tokens run the AVX-512-VNNI kernel: its cost grows by about 0.9 x its fixed part
+// per token, the tiles' by about 0.06, and at 4 tokens the tiles were 8-10 % slower (H100 host,
+// `moe_layer_q2_k` / `q3_k` bs 8 and 32, FT_CPU_AMX 0 / 1, cpu/README "AMX kernels of the
+// quantised formats"), so they cross between 4 and 5.
+constexpr int kMinTokens = 5;
 
 // Tiles: 0 C0 (16 rows x n4 int32), 1 C1, 2 A (16 x 64 bytes), 3 A' (16 x 32 bytes),
 // 4 B (16 dword rows x n4), 5 B' (8 x n4).
@@ -262,12 +267,13 @@ void super_block(const QuantMatrix &m, int64_t first, int blocks, const uint8_t 
             for (int i = 0; i < kTileRows; ++i) out[j * ldo + blk * kTileRows + i] = acc[blk][i * n4 + j];
 }
 
-// Whole 16-row tiles of tokens in passes of 16; one-token calls and the rows left to `rest`.
+// Whole 16-row tiles of tokens in passes of 16; calls of fewer than kMinTokens and the rows left
+// to `rest`.
 template <class F>
 void amx_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
               size_t ldo, QuantGemv rest) {
     const int tiled = count - count % kTileRows;
-    if (ntok < 2 || tiled == 0) {
+    if (ntok < kMinTokens || tiled == 0) {
         rest(m, first, count, act, ntok, out, ldo);
         return;
     }

@@ -200,7 +200,7 @@ void q4_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, 
 void q5_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q6_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q2_k_avx512vnni(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
-// AMX-INT8 tiles for calls of 2 or more tokens (quant_gguf_amx.cpp), the rest through the
+// AMX-INT8 tiles for calls of 5 or more tokens (quant_gguf_amx.cpp), the rest through the
 // AVX-512-VNNI kernel; same activation. Only where quant_amx_available(f) (quant.hpp).
 void q2_k_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 void q3_k_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
