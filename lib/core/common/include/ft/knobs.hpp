@@ -24,7 +24,7 @@ enum class KnobType { integer, boolean, text };
     X(cpu_spin_us, "FT_CPU_SPIN_US", Int, 100, "microseconds an idle CPU worker polls before it sleeps")             \
     X(cpu_vnni, "FT_CPU_VNNI", Bool, 1, "q4_0, nvfp4, ds_fp4 and the GGUF block formats through their AVX-512-VNNI kernels where cpuid has avx512vnni (0 = the tier's AVX-512F/BW or AVX-512-BF16 kernels); at the avx2 tier nvfp4, ds_fp4, mxfp4, q4_0 and the GGUF block formats through their AVX-VNNI builds where cpuid has avx_vnni (same results; 0 = plain AVX2)") \
     X(cpu_amx, "FT_CPU_AMX", Bool, 1,                                                                                 \
-      "calls of 2 or more tokens on AMX tiles at the avx512bf16 tier where cpuid has them and the OS grants the tile state: the bf16 GEMV (bf16 experts, the quantised batched path) and fp8_block on AMX-BF16, q2_k and q3_k on AMX-INT8 (with VBMI) (0 = the AVX-512 kernels)") \
+      "calls of 2 or more tokens on AMX tiles at the avx512bf16 tier where cpuid has them and the OS grants the tile state: the bf16 GEMV (bf16 experts, the quantised batched path) and fp8_block on AMX-BF16, q2_k and q3_k on AMX-INT8 with VBMI (their calls of 5 or more tokens) (0 = the AVX-512 kernels)") \
     X(cpu_mxfp4_w4a8, "FT_CPU_MXFP4_W4A8", Bool, 1,                                                                   \
       "mxfp4 through the W4A8 x2 kernel where cpuid has avx512vnni and avx512vbmi (same error bound; 0 = the W4A16 VBMI kernel); the AVX2 tier's mxfp4 kernel is W4A8 x2 whatever this says") \
     X(cpu_nvfp4_w4a8, "FT_CPU_NVFP4_W4A8", Bool, 0,                                                                   \
