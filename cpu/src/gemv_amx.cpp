@@ -19,16 +19,13 @@
 namespace ft::cpu::detail {
 namespace {
 
-constexpr int kTileRows = 16;      // weight rows per A / C tile
+#include "amx_tiles.inc"
+
 constexpr int kStep = 32;          // K elements per tile step (64 bytes of an A row, 16 B rows)
 constexpr int kChunkSteps = 16;    // K steps whose B tiles are packed at once (512 elements)
-constexpr int kSuperRows = 128;    // rows sharing one packed B chunk (their C tiles kept in memory)
-constexpr int kMaxTokens = 16;     // tokens per B tile (64 bytes per B row)
 constexpr int kFp8Block = 128;     // fp8_block's scale block: 128 rows x 128 K
 constexpr int kFp8Steps = kFp8Block / kStep;  // tile steps per scale block
 constexpr int kFp8ChunkSteps = 32;            // fp8_block: K steps packed at once (1024 K, 1 KB of a row)
-
-#include "amx_tiles.inc"
 
 // Tiles 0, 1: C of two 16-row blocks (16 x n4 fp32); 2, 3: their A (16 rows x 32 bf16); 4: B
 // (16 K pairs x n4 tokens, one pair of bf16 per token).
@@ -171,15 +168,9 @@ void gemv_amx_bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint
         return;
     }
     const int pf = g_prefetch_bytes;
-    for (int t0 = 0; t0 < ntok; t0 += kMaxTokens) {
-        const int n = ntok - t0 < kMaxTokens ? ntok - t0 : kMaxTokens;
-        configure((n + 3) & ~3);
-        for (int r0 = 0; r0 < tiled; r0 += kSuperRows) {
-            const int nr = tiled - r0 < kSuperRows ? tiled - r0 : kSuperRows;
-            super_block(w + int64_t(r0) * ldw, ldw, nr, cols, x + t0, n, out + t0 * ldo + r0, ldo, pf);
-        }
-    }
-    _tile_release();
+    for_tile_passes(ntok, tiled, configure, [&](int t0, int n, int r0, int nr) {
+        super_block(w + int64_t(r0) * ldw, ldw, nr, cols, x + t0, n, out + t0 * ldo + r0, ldo, pf);
+    });
     if (tiled < rows) gemv_avx512bf16(w + int64_t(tiled) * ldw, ldw, rows - tiled, cols, x, ntok, out + tiled, ldo);
 }
 
@@ -191,17 +182,11 @@ void fp8_block_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t
         return;
     }
     const int pf = g_prefetch_bytes;
-    for (int t0 = 0; t0 < ntok; t0 += kMaxTokens) {
-        const int n = ntok - t0 < kMaxTokens ? ntok - t0 : kMaxTokens;
+    for_tile_passes(ntok, tiled, configure, [&](int t0, int n, int r0, int nr) {
         const uint16_t *x[kMaxTokens];
         for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
-        configure((n + 3) & ~3);
-        for (int r0 = 0; r0 < tiled; r0 += kSuperRows) {
-            const int nr = tiled - r0 < kSuperRows ? tiled - r0 : kSuperRows;
-            fp8_super_block(m, first + r0, nr / kTileRows, x, n, out + t0 * ldo + r0, ldo, pf);
-        }
-    }
-    _tile_release();
+        fp8_super_block(m, first + r0, nr / kTileRows, x, n, out + t0 * ldo + r0, ldo, pf);
+    });
     if (tiled < count) fp8_block_avx512bf16(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
 }
 

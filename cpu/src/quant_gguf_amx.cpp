@@ -32,11 +32,8 @@ namespace {
 
 #include "gguf_q3_k_scales.inc"
 
-constexpr int kTileRows = 16;   // weight rows per A / C tile
 constexpr int kPlanes = 4;      // tile steps per super-block (64 elements each)
 constexpr int kChunkSb = 4;     // super-blocks whose B tiles are packed at once
-constexpr int kSuperRows = 128;  // rows sharing one packed B chunk
-constexpr int kMaxTokens = 16;   // tokens per B tile
 constexpr int kBRows = kTileRows * kPlanes;  // B rows (dword rows) of one super-block's codes
 constexpr int kMinRows = 8;                  // B' rows: 4 of S >> 4, 4 of S & 15
 // Calls of fewer tokens run the AVX-512-VNNI kernel: its cost grows by about 0.9 x its fixed part
@@ -278,15 +275,9 @@ void amx_gemv(const QuantMatrix &m, int64_t first, int count, const uint8_t *con
         return;
     }
     const int pf = gguf_prefetch_bytes();
-    for (int t0 = 0; t0 < ntok; t0 += kMaxTokens) {
-        const int n = ntok - t0 < kMaxTokens ? ntok - t0 : kMaxTokens;
-        configure((n + 3) & ~3);
-        for (int r0 = 0; r0 < tiled; r0 += kSuperRows) {
-            const int nr = tiled - r0 < kSuperRows ? tiled - r0 : kSuperRows;
-            super_block<F>(m, first + r0, nr / kTileRows, act + t0, n, out + t0 * ldo + r0, ldo, pf);
-        }
-    }
-    _tile_release();
+    for_tile_passes(ntok, tiled, configure, [&](int t0, int n, int r0, int nr) {
+        super_block<F>(m, first + r0, nr / kTileRows, act + t0, n, out + t0 * ldo + r0, ldo, pf);
+    });
     if (tiled < count) rest(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
 }
 
