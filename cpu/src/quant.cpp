@@ -540,7 +540,7 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
-    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, q2_k, q3_k)
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, mxfp4, q2_k, q3_k)
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
@@ -635,7 +635,8 @@ const TierKernels kKernels[] = {
      {detail::mxfp4_avx512vbmi, "-avx512bf16vbmi", bf16_act_bytes, prepare_bf16},
      {detail::mxfp4_avx512vnni_w4a8, "-avx512vnnivbmi", detail::mxfp4_q8_act_bytes,
       detail::prepare_mxfp4_q8x2_avx512, nullptr,
-      "mxfp4-w4a8x2"}, true, Isa::avx512bf16},
+      "mxfp4-w4a8x2"}, true, Isa::avx512bf16, {},
+     {detail::mxfp4_amx, "-amx", bf16_act_bytes, prepare_bf16}},
 #else
      {}},
 #endif
@@ -787,6 +788,7 @@ bool quant_amx_available(Format f) {
 #if defined(FT_CPU_X86_KERNELS)
     switch (f) {
         case Format::fp8_block: return amx_bf16_available();
+        case Format::mxfp4: return amx_bf16_available() && cpu_has_vbmi();
         case Format::q2_k:
         case Format::q3_k: {
             // CPUID.7.0:EDX bit 25: AMX-INT8 (the tile state itself: amx_bf16_available).

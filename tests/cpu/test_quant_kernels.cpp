@@ -90,6 +90,9 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         // fp8_block on AMX tiles (first row a multiple of 16): rows across 128-row scale bands and
         // past 128 (two super-blocks), 6 tail rows; K of one chunk of 1024 plus a 128 block.
         {Format::fp8_block, 640, 300, 16, 262, 1e-5}, {Format::fp8_block, 1152, 144, 0, 144, 1e-5},
+        // mxfp4 on AMX tiles: K of two chunks of 512 plus 64, columns past one super-block of 256
+        // (4 lines + 1 whole + 1 partial), first not on a line.
+        {Format::mxfp4, 1088, 400, 7, 330, 1e-5},
     };
     for (const G &g : geos) {
         const Case c = make_case(rng, g.f, g.K, g.N);

@@ -1,0 +1,139 @@
+// AMX-BF16 kernel of mxfp4 (gpt-oss transposed layout [K/2][N], bf16 activations) for calls of 2
+// or more tokens; quant_ops' AMX variant where quant_amx_available (AMX-BF16 and VBMI). The
+// weights are the B tiles, in their own layout: row kb of the matrix holds, per column, the pair
+// (W[n, 2kb], W[n, 2kb + 1]), and a B tile row is 16 columns of one K pair. Per 32-K block (one
+// e8m0 scale per column) and 64-column line:
+//   B    16 K-pair rows x 16 columns per group of the line, decoded to bf16 (exact) by the VBMI
+//        kernel's two shuffles per row and group (vpmultishiftqb, vpermw), so the tile's columns
+//        are in that kernel's lane order (mxfp4_vbmi_column);
+//   A    the tokens' 32 bf16 activations, one row a token, packed per chunk of K;
+//   C    TDPBF16PS into a zeroed tile per group: the block sums, exact products added in fp32;
+// then the block sums times the column's e8m0 scale are added to the fp32 sums, as the AVX-512-BF16
+// kernels scale theirs. Only the summation order differs from mxfp4_avx512vbmi, which takes calls of
+// one token.
+#include "immintrin_avx512.hpp"
+
+#include <cstring>
+
+#include "kernels.hpp"
+#include "quant_kernels.hpp"
+
+namespace ft::cpu::detail {
+namespace {
+
+#include "amx_tiles.inc"
+
+#include "tier_avx512.inc"
+
+constexpr int kLine = 64;         // columns per line (one cache line of a K row)
+constexpr int kGroups = 4;        // 16-column groups per line (one B / C tile each)
+constexpr int kBlockRows = 16;    // K-pair rows per 32-K block
+constexpr int kChunk = 512;       // K elements of the tokens' activations packed at once
+constexpr int kSuperLines = 4;    // lines sharing one packed chunk (their sums kept in memory)
+
+// Tiles 0-3: C of the four groups (n rows x 16 fp32); 4: A (n rows x 32 bf16); 5, 6: B (16 K pairs
+// x 16 columns).
+void configure(int n) {
+    const int rows[7] = {n, n, n, n, n, kBlockRows, kBlockRows};
+    const int colsb[7] = {64, 64, 64, 64, 64, 64, 64};
+    configure_tiles(7, rows, colsb);
+}
+
+// One line's block sums of the A tile in tile 4 and the decoded groups in b, into c (kGroups x
+// 16 rows x 16 floats). Literal tile numbers: GCC pastes them into the instructions.
+void block_tiles(const uint16_t *b, float *c) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(5, b + 0 * kBlockRows * 32, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, b + 1 * kBlockRows * 32, 64);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(5, b + 2 * kBlockRows * 32, 64);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(6, b + 3 * kBlockRows * 32, 64);
+    _tile_dpbf16ps(3, 4, 6);
+    _tile_stored(0, c + 0 * 256, 64);
+    _tile_stored(1, c + 1 * 256, 64);
+    _tile_stored(2, c + 2 * 256, 64);
+    _tile_stored(3, c + 3 * 256, 64);
+}
+
+// Columns [first, first + count) (count <= kSuperLines * kLine) times tokens x[0 .. n), n <= 16:
+// per chunk of K the activations are packed into A rows, then each line runs its blocks.
+void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t *const *x, int n, float *out,
+                 size_t ldo, int pf_rows) {
+    const int64_t K = m.K, N = m.N;
+    const int lines = (count + kLine - 1) / kLine;
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
+    __m512i ctrl[kGroups], sidx[kGroups];
+    for (int g = 0; g < kGroups; ++g) mxfp4_vbmi_group(g, ctrl[g], sidx[g]);
+    alignas(64) uint16_t a[kMaxTokens * kChunk];
+    alignas(64) uint16_t b[kGroups * kBlockRows * 32];
+    alignas(64) float c[kGroups * 256];
+    alignas(64) float acc[kSuperLines][kGroups][kMaxTokens][16];
+    std::memset(acc, 0, sizeof(acc));
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int kc = K - k0 < kChunk ? int(K - k0) : kChunk;  // a multiple of 32
+        for (int t = 0; t < n; ++t) std::memcpy(a + t * kChunk, x[t] + k0, size_t(kc) * 2);
+        for (int l = 0; l < lines; ++l) {
+            const int cl = count - l * kLine;
+            const __mmask64 mask = cl >= kLine ? ~__mmask64(0) : (__mmask64(1) << cl) - 1;
+            const int64_t col = first + l * kLine;
+            for (int kk = 0; kk < kc; kk += 32) {
+                const int64_t kb0 = (k0 + kk) / 2;
+                const uint8_t *row = m.data + kb0 * N + col;
+                for (int p = 0; p < kBlockRows; ++p, row += N) {
+                    if (pf_rows && kb0 + p + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
+                    const __m512i v = _mm512_maskz_loadu_epi8(mask, row);
+                    #pragma GCC unroll 4
+                    for (int g = 0; g < kGroups; ++g)
+                        _mm512_store_si512(b + (g * kBlockRows + p) * 32,
+                                           _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut));
+                }
+                _tile_loadd(4, a + kk, kChunk * 2);
+                block_tiles(b, c);
+                const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + ((k0 + kk) / 32) * N + col);
+                #pragma GCC unroll 4
+                for (int g = 0; g < kGroups; ++g) {
+                    const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
+                    for (int t = 0; t < n; ++t)
+                        _mm512_store_ps(acc[l][g][t], _mm512_fmadd_ps(_mm512_load_ps(c + g * 256 + t * 16), s,
+                                                                       _mm512_load_ps(acc[l][g][t])));
+                }
+            }
+        }
+    }
+    for (int l = 0; l < lines; ++l)
+        for (int g = 0; g < kGroups; ++g)
+            for (int j = 0; j < 16; ++j) {
+                const int cc = l * kLine + mxfp4_vbmi_column(g, j);
+                if (cc < count)
+                    for (int t = 0; t < n; ++t) out[t * ldo + cc] = acc[l][g][t][j];
+            }
+}
+
+}  // namespace
+
+void mxfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+               size_t ldo) {
+    if (ntok < 2) {
+        mxfp4_avx512vbmi(m, first, count, act, ntok, out, ldo);
+        return;
+    }
+    const int pf_rows = g_prefetch_bytes / 8;
+    constexpr int kSuper = kSuperLines * kLine;
+    for (int t0 = 0; t0 < ntok; t0 += kMaxTokens) {
+        const int n = ntok - t0 < kMaxTokens ? ntok - t0 : kMaxTokens;
+        configure(n);
+        const uint16_t *x[kMaxTokens];
+        for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
+        for (int c0 = 0; c0 < count; c0 += kSuper)
+            super_block(m, first + c0, count - c0 < kSuper ? count - c0 : kSuper, x, n, out + t0 * ldo + c0, ldo,
+                        pf_rows);
+    }
+    _tile_release();
+}
+
+}  // namespace ft::cpu::detail
