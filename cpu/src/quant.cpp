@@ -500,21 +500,34 @@ constexpr int kX2MaxTokens = 8;
 
 size_t bf16_x16z_act_bytes(int64_t K) { return bf16_act128_bytes(K) + detail::e2m1_x16z_act_bytes(K); }
 
-template <void (*Head)(const uint16_t *, int64_t, uint8_t *), void (*Tail)(const uint16_t *, int64_t, uint8_t *)>
-void prepare_bf16_x16z(const uint16_t *x, int64_t K, uint8_t *dst) {
+// A two-part activation: Head's layout (HeadBytes(K) bytes), then Tail's.
+template <size_t (*HeadBytes)(int64_t), void (*Head)(const uint16_t *, int64_t, uint8_t *),
+          void (*Tail)(const uint16_t *, int64_t, uint8_t *)>
+void prepare_two_part(const uint16_t *x, int64_t K, uint8_t *dst) {
     Head(x, K, dst);
-    Tail(x, K, dst + bf16_act128_bytes(K));
+    Tail(x, K, dst + HeadBytes(K));
 }
 
-template <detail::QuantGemv X2, detail::QuantGemv W4A16>
+template <void (*Head)(const uint16_t *, int64_t, uint8_t *), void (*Tail)(const uint16_t *, int64_t, uint8_t *)>
+constexpr auto prepare_bf16_x16z = prepare_two_part<bf16_act128_bytes, Head, Tail>;
+
+// Calls of up to MaxX2 tokens through X2 on the second part of a two-part activation, more through
+// W4A16 on the first (HeadBytes(K) bytes).
+template <detail::QuantGemv X2, detail::QuantGemv W4A16, size_t (*HeadBytes)(int64_t) = bf16_act128_bytes,
+          int MaxX2 = kX2MaxTokens>
 void x2_or_w4a16(const detail::QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok,
                  float *out, size_t ldo) {
-    if (ntok > kX2MaxTokens) return W4A16(m, first, count, act, ntok, out, ldo);
-    const size_t head = bf16_act128_bytes(m.K);
-    const uint8_t *tail[kX2MaxTokens];
+    if (ntok > MaxX2) return W4A16(m, first, count, act, ntok, out, ldo);
+    const size_t head = HeadBytes(m.K);
+    const uint8_t *tail[MaxX2];
     for (int t = 0; t < ntok; ++t) tail[t] = act[t] + head;
     X2(m, first, count, tail, ntok, out, ldo);
 }
+
+// mxfp4 on AMX with the W4A8 x2 kernel chosen (FT_CPU_MXFP4_W4A8): one-token calls through that
+// kernel on the second part (bf16 activation, then the x2 one), calls of 2 or more tokens on the
+// tiles on the first.
+size_t mxfp4_bf16_q8_act_bytes(int64_t K) { return bf16_act_bytes(K) + detail::mxfp4_q8_act_bytes(K); }
 #endif
 
 struct Kernel {
@@ -541,6 +554,7 @@ struct TierKernels {
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
     Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, mxfp4, q2_k, q3_k)
+    Kernel amx_fast = {};         // amx where `fast` is chosen (mxfp4: one-token calls through the W4A8 x2 kernel)
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
@@ -636,7 +650,10 @@ const TierKernels kKernels[] = {
      {detail::mxfp4_avx512vnni_w4a8, "-avx512vnnivbmi", detail::mxfp4_q8_act_bytes,
       detail::prepare_mxfp4_q8x2_avx512, nullptr,
       "mxfp4-w4a8x2"}, true, Isa::avx512bf16, {},
-     {detail::mxfp4_amx, "-amx", bf16_act_bytes, prepare_bf16}},
+     {detail::mxfp4_amx, "-amx", bf16_act_bytes, prepare_bf16},
+     {x2_or_w4a16<detail::mxfp4_avx512vnni_w4a8, detail::mxfp4_amx, bf16_act_bytes, 1>, "-avx512vnnivbmi+amx",
+      mxfp4_bf16_q8_act_bytes, prepare_two_part<bf16_act_bytes, prepare_bf16, detail::prepare_mxfp4_q8x2_avx512>,
+      nullptr, "mxfp4-w4a8x2", nullptr, 1}},
 #else
      {}},
 #endif
@@ -770,7 +787,7 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
-                    if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) use = k.amx;
+                    if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) use = use.gemv == k.fast.gemv && k.amx_fast.gemv ? k.amx_fast : k.amx;
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
                     const auto dequant_bytes = !use.dequant ? nullptr : use.dequant_act_bytes ? use.dequant_act_bytes : use.act_bytes;
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant,
