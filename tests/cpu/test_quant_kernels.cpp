@@ -164,7 +164,8 @@ TEST(QuantKernels, GgufBlockKernelTable) {
 // the AVX2 tier's) against its definition (ft::quantize_q8_0 for q1 and d, mxfp4_residual_q8 for
 // q2), byte for byte: random blocks of several magnitudes,
 // an all-zero block, and exact .5 ties of x / d (block amax 127 makes d = 1), which must round
-// away from zero as std::round.
+// away from zero as std::round. Kernels that split by token count (x2_max_tokens > 0) keep the
+// x2 layout as the last part of their activation.
 void check_mxfp4_w4a8x2_prepare(const ft::cpu::QuantOps *ops) {
     std::mt19937 rng(99);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -176,17 +177,19 @@ void check_mxfp4_w4a8x2_prepare(const ft::cpu::QuantOps *ops) {
     for (int i = 0; i < 32; ++i) xf[160 + i] = i < 8 ? ties[i] : u(rng);
     std::vector<uint16_t> x(K);
     for (int64_t k = 0; k < K; ++k) x[k] = ft::f32_to_bf16(xf[k]), xf[k] = ft::bf16_to_f32(x[k]);
-    std::vector<uint8_t> act(ops->act_bytes(K) + 64, 0xcd);
-    ops->prepare(x.data(), K, act.data());
+    std::vector<uint8_t> all(ops->act_bytes(K) + 64, 0xcd);
+    ops->prepare(x.data(), K, all.data());
+    const size_t head = ops->x2_max_tokens > 0 ? ops->act_bytes(K) - ft::cpu::detail::mxfp4_q8_act_bytes(K) : 0;
+    const uint8_t *const act = all.data() + head;
     std::vector<int8_t> q(K), q2(K);
     std::vector<float> d(nb);
     ft::quantize_q8_0(xf.data(), K, q.data(), d.data());
     for (int64_t b = 0; b < nb; ++b)
         ft::cpu::detail::mxfp4_residual_q8(xf.data() + 32 * b, q.data() + 32 * b, d[b], q2.data() + 32 * b);
-    const uint8_t *a = act.data() + 2 * qbytes;
+    const uint8_t *a = act + 2 * qbytes;
     for (int64_t k = 0; k < qbytes; ++k) {
         int16_t x16;
-        std::memcpy(&x16, act.data() + 2 * k, 2);
+        std::memcpy(&x16, act + 2 * k, 2);
         ASSERT_EQ(x16, k < K ? 256 * q[k] + q2[k] : 0) << "x16 k=" << k;
         ASSERT_EQ(int8_t(a[k]), k < K ? q[k] : 0) << "q1 k=" << k;
         ASSERT_EQ(int8_t(a[qbytes + k]), k < K ? q2[k] : 0) << "q2 k=" << k;
@@ -244,7 +247,8 @@ void expect_vnni_choice(Format f, Isa isa, const ft::cpu::QuantOps *vnni, const 
 
 // The mxfp4 W4A8 x2 kernels (VNNI + VBMI and AVX2) compute each column's int32 block sums and
 // their fp32 scaling the same way for one token and for several: every token of a call of 2..17
-// tokens equals, bit for bit, that token alone; columns with a tail, K of 3 blocks.
+// tokens equals, bit for bit, that token alone; columns with a tail, K of 3 blocks. (The AMX
+// variant runs only one-token calls through the x2 kernel: Mxfp4AmxSplitsByTokenCount.)
 TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4W4A8x2TokenCounts")));
     const Case c = make_case(rng, Format::mxfp4, 96, 200);
@@ -252,7 +256,7 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     const int count = 190;
     int checked = 0;
     for (const ft::cpu::QuantOps *ops : variants_here(Format::mxfp4)) {
-        if (std::string(ops->kernel).find("w4a8x2-avx") == std::string::npos) continue;
+        if (std::string(ops->kernel).find("w4a8x2-avx") == std::string::npos || ops->x2_max_tokens > 0) continue;
         ++checked;
         const int ntok = 17;
         const PreparedTokens p(rng, ops, c.K, ntok);
@@ -270,6 +274,43 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     if (int(ft::cpu::cpu_best_isa()) >= int(Isa::avx2)) {
         EXPECT_GE(checked, vnni ? 2 : 1) << "a W4A8 x2 kernel did not run here";
     }
+}
+
+// mxfp4 on AMX with the W4A8 x2 kernel chosen: one-token calls equal that kernel on the second
+// part of the activation bit for bit, calls of 2..19 tokens the AMX kernel alone (the W4A16
+// variant) on the first part; the first part is the bf16 activation.
+TEST(QuantKernels, Mxfp4AmxSplitsByTokenCount) {
+    if (!ft::cpu::quant_amx_available(Format::mxfp4) || !__builtin_cpu_supports("avx512vnni"))
+        GTEST_SKIP() << "no AMX-BF16 + VBMI + VNNI here";
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4AmxSplitsByTokenCount")));
+    const ft::cpu::QuantOps *both = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, true, true);
+    const ft::cpu::QuantOps *x2 = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, true, false);
+    const ft::cpu::QuantOps *amx = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, false, true);
+    ASSERT_EQ(both->x2_max_tokens, 1) << both->kernel;
+    ASSERT_NE(both->gemv, amx->gemv);
+    EXPECT_EQ(ft::cpu::quant_ops(Format::mxfp4, Isa::avx512bf16, {}, true)->gemv, both->gemv);
+    const Case c = make_case(rng, Format::mxfp4, 1088, 400);
+    const int64_t first = 7;
+    const int count = 330, ntok = 19;
+    const PreparedTokens p(rng, both, c.K, ntok);
+    const size_t head = amx->act_bytes(c.K);
+    ASSERT_EQ(head + x2->act_bytes(c.K), both->act_bytes(c.K));
+    std::vector<const uint8_t *> tail;
+    for (const uint8_t *a : p.ptr) tail.push_back(a + head);
+    for (int n = 1; n <= ntok; ++n) {
+        std::vector<float> got(size_t(n) * count, 1.0f), want(size_t(n) * count, 2.0f);
+        both->gemv(c.m(), first, count, p.ptr.data(), n, got.data(), size_t(count));
+        if (n == 1) x2->gemv(c.m(), first, count, tail.data(), n, want.data(), size_t(count));
+        else amx->gemv(c.m(), first, count, p.ptr.data(), n, want.data(), size_t(count));
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << both->kernel << " tokens " << n;
+    }
+    std::vector<uint16_t> x(size_t(c.K));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto &v : x) v = ft::f32_to_bf16(u(rng));
+    std::vector<uint8_t> a(both->act_bytes(c.K)), b(amx->act_bytes(c.K));
+    both->prepare(x.data(), c.K, a.data());
+    amx->prepare(x.data(), c.K, b.data());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), head), 0);
 }
 
 // The AVX-VNNI kernels of the AVX2 tier (quant_avxvnni.cpp, quant_gguf_*avxvnni.cpp) form the same int32 sums as the AVX2
