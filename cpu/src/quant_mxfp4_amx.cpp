@@ -30,6 +30,10 @@ constexpr int kGroups = 4;        // 16-column groups per line (one B / C tile e
 constexpr int kBlockRows = 16;    // K-pair rows per 32-K block
 constexpr int kChunk = 512;       // K elements of the tokens' activations packed at once
 constexpr int kSuperLines = 4;    // lines sharing one packed chunk (their sums kept in memory)
+// The e8m0 codes folded into the weights' bf16 exponents: 2^-63 .. 2^63, so every weight stays a
+// normal bf16 and products and sums far from fp32's limits. Lines holding other codes (none in
+// real checkpoints; 0 and 255 = NaN among them) run mxfp4_avx512vbmi.
+constexpr int kMinCode = 64, kMaxCode = 190;
 
 // Tiles 0-3: C of the four groups (n rows x 16 fp32); 4: A (n rows x 32 bf16); 5, 6: B (16 K pairs
 // x 16 columns).
@@ -39,13 +43,9 @@ void configure(int n) {
     configure_tiles(7, rows, colsb);
 }
 
-// One line's block sums of the A tile in tile 4 and the decoded groups in b, into c (kGroups x
-// 16 rows x 16 floats). Literal tile numbers: GCC pastes them into the instructions.
-void block_tiles(const uint16_t *b, float *c) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+// One block's products of the A tile (tile 4) and the decoded groups in b, added to C tiles 0-3.
+// Literal tile numbers: GCC pastes them into the instructions.
+void block_tiles(const uint16_t *b) {
     _tile_loadd(5, b + 0 * kBlockRows * 32, 64);
     _tile_dpbf16ps(0, 4, 5);
     _tile_loadd(6, b + 1 * kBlockRows * 32, 64);
@@ -54,64 +54,114 @@ void block_tiles(const uint16_t *b, float *c) {
     _tile_dpbf16ps(2, 4, 5);
     _tile_loadd(6, b + 3 * kBlockRows * 32, 64);
     _tile_dpbf16ps(3, 4, 6);
+}
+
+void load_c(const float *c) {
+    _tile_loadd(0, c + 0 * 256, 64);
+    _tile_loadd(1, c + 1 * 256, 64);
+    _tile_loadd(2, c + 2 * 256, 64);
+    _tile_loadd(3, c + 3 * 256, 64);
+}
+
+void store_c(float *c) {
     _tile_stored(0, c + 0 * 256, 64);
     _tile_stored(1, c + 1 * 256, 64);
     _tile_stored(2, c + 2 * 256, 64);
     _tile_stored(3, c + 3 * 256, 64);
 }
 
-// Columns [first, first + count) (count <= kSuperLines * kLine) times tokens x[0 .. n), n <= 16:
-// per chunk of K the activations are packed into A rows, then each line runs its blocks.
+// Whether every e8m0 code of the line's valid columns (mask) lies in [kMinCode, kMaxCode].
+bool codes_in_range(const QuantMatrix &m, int64_t col, __mmask64 mask) {
+    __m512i mn = _mm512_set1_epi8(-1), mx = _mm512_setzero_si512();
+    for (int64_t r = 0; r < m.K / 32; ++r) {
+        const __m512i v = _mm512_maskz_loadu_epi8(mask, m.scale + r * m.N + col);
+        mn = _mm512_mask_min_epu8(mn, mask, mn, v);
+        mx = _mm512_max_epu8(mx, v);
+    }
+    return !_mm512_cmplt_epu8_mask(mn, _mm512_set1_epi8(char(kMinCode))) &&
+           !_mm512_cmpgt_epu8_mask(mx, _mm512_set1_epi8(char(kMaxCode)));
+}
+
+// Columns [first, first + count) (count <= kSuperLines * kLine) times tokens x[0 .. n), n <= 16;
+// lines with a code outside the window are left to mxfp4_avx512vbmi (their `fallback` bit set).
+// Per chunk of K the activations are packed into A rows; per line the C tiles are reloaded, and
+// per block its 16 K-pair rows decoded with the scale folded into the exponent, then multiplied.
 void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t *const *x, int n, float *out,
-                 size_t ldo, int pf_rows) {
+                 size_t ldo, int pf_rows, unsigned &fallback) {
     const int64_t K = m.K, N = m.N;
     const int lines = (count + kLine - 1) / kLine;
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
-    __m512i ctrl[kGroups], sidx[kGroups];
-    for (int g = 0; g < kGroups; ++g) mxfp4_vbmi_group(g, ctrl[g], sidx[g]);
+    const __m512i mag = _mm512_set1_epi16(0x7fff), bias = _mm512_set1_epi16(127);
+    __m512i ctrl[kGroups], eidx[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+        __m512i sidx;
+        mxfp4_vbmi_group(g, ctrl[g], sidx);
+        // The scale byte of lane l's column into bytes 4l and 4l + 2 (both words of the lane).
+        eidx[g] = _mm512_or_si512(sidx, _mm512_slli_epi32(sidx, 16));
+    }
+    __mmask64 mask[kSuperLines];
+    fallback = 0;
+    for (int l = 0; l < lines; ++l) {
+        const int cl = count - l * kLine;
+        mask[l] = cl >= kLine ? ~__mmask64(0) : (__mmask64(1) << cl) - 1;
+        if (!codes_in_range(m, first + l * kLine, mask[l])) fallback |= 1u << l;
+    }
+    if (fallback == (1u << lines) - 1) return;
     alignas(64) uint16_t a[kMaxTokens * kChunk];
     alignas(64) uint16_t b[kGroups * kBlockRows * 32];
-    alignas(64) float c[kGroups * 256];
-    alignas(64) float acc[kSuperLines][kGroups][kMaxTokens][16];
-    std::memset(acc, 0, sizeof(acc));
+    alignas(64) float c[kSuperLines][kGroups * 256];
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int kc = K - k0 < kChunk ? int(K - k0) : kChunk;  // a multiple of 32
         for (int t = 0; t < n; ++t) std::memcpy(a + t * kChunk, x[t] + k0, size_t(kc) * 2);
         for (int l = 0; l < lines; ++l) {
-            const int cl = count - l * kLine;
-            const __mmask64 mask = cl >= kLine ? ~__mmask64(0) : (__mmask64(1) << cl) - 1;
+            if (fallback >> l & 1) continue;
             const int64_t col = first + l * kLine;
+            if (k0 == 0) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            } else {
+                load_c(c[l]);
+            }
             for (int kk = 0; kk < kc; kk += 32) {
                 const int64_t kb0 = (k0 + kk) / 2;
+                // Per group, (code - 127) << 7 in both words of each lane: the e8m0 factor as an
+                // exponent increment of the bf16 weights (exact: codes in the window keep them normal).
+                const __m512i sv = _mm512_maskz_loadu_epi8(mask[l], m.scale + ((k0 + kk) / 32) * N + col);
+                __m512i e[kGroups];
+                #pragma GCC unroll 4
+                for (int g = 0; g < kGroups; ++g)
+                    e[g] = _mm512_slli_epi16(
+                        _mm512_sub_epi16(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, eidx[g], sv), bias), 7);
                 const uint8_t *row = m.data + kb0 * N + col;
                 for (int p = 0; p < kBlockRows; ++p, row += N) {
-                    if (pf_rows && kb0 + p + pf_rows < K / 2) _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
-                    const __m512i v = _mm512_maskz_loadu_epi8(mask, row);
+                    if (pf_rows && kb0 + p + pf_rows < K / 2)
+                        _mm_prefetch(reinterpret_cast<const char *>(row + pf_rows * N), _MM_HINT_T1);
+                    const __m512i v = _mm512_maskz_loadu_epi8(mask[l], row);
                     #pragma GCC unroll 4
-                    for (int g = 0; g < kGroups; ++g)
+                    for (int g = 0; g < kGroups; ++g) {
+                        const __m512i w = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut);
+                        // Zeros (codes 0 and 8) stay zero.
                         _mm512_store_si512(b + (g * kBlockRows + p) * 32,
-                                           _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut));
+                                           _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, mag), w, e[g]));
+                    }
                 }
                 _tile_loadd(4, a + kk, kChunk * 2);
-                block_tiles(b, c);
-                const __m512i sv = _mm512_maskz_loadu_epi8(mask, m.scale + ((k0 + kk) / 32) * N + col);
-                #pragma GCC unroll 4
-                for (int g = 0; g < kGroups; ++g) {
-                    const __m512 s = e8m0x16(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, sidx[g], sv));
-                    for (int t = 0; t < n; ++t)
-                        _mm512_store_ps(acc[l][g][t], _mm512_fmadd_ps(_mm512_load_ps(c + g * 256 + t * 16), s,
-                                                                       _mm512_load_ps(acc[l][g][t])));
-                }
+                block_tiles(b);
             }
+            store_c(c[l]);
         }
     }
-    for (int l = 0; l < lines; ++l)
+    for (int l = 0; l < lines; ++l) {
+        if (fallback >> l & 1) continue;
         for (int g = 0; g < kGroups; ++g)
             for (int j = 0; j < 16; ++j) {
                 const int cc = l * kLine + mxfp4_vbmi_column(g, j);
                 if (cc < count)
-                    for (int t = 0; t < n; ++t) out[t * ldo + cc] = acc[l][g][t][j];
+                    for (int t = 0; t < n; ++t) out[t * ldo + cc] = c[l][g * 256 + t * 16 + j];
             }
+    }
 }
 
 }  // namespace
@@ -129,9 +179,17 @@ void mxfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         configure(n);
         const uint16_t *x[kMaxTokens];
         for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
-        for (int c0 = 0; c0 < count; c0 += kSuper)
-            super_block(m, first + c0, count - c0 < kSuper ? count - c0 : kSuper, x, n, out + t0 * ldo + c0, ldo,
-                        pf_rows);
+        for (int c0 = 0; c0 < count; c0 += kSuper) {
+            const int cs = count - c0 < kSuper ? count - c0 : kSuper;
+            unsigned fallback = 0;
+            super_block(m, first + c0, cs, x, n, out + t0 * ldo + c0, ldo, pf_rows, fallback);
+            for (int l = 0; l * kLine < cs; ++l)
+                if (fallback >> l & 1) {
+                    const int c1 = c0 + l * kLine;
+                    mxfp4_avx512vbmi(m, first + c1, cs - l * kLine < kLine ? cs - l * kLine : kLine, act + t0, n,
+                                     out + t0 * ldo + c1, ldo);
+                }
+        }
     }
     _tile_release();
 }

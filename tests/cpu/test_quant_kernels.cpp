@@ -90,9 +90,6 @@ TEST(QuantKernels, EveryKernelMatchesReference) {
         // fp8_block on AMX tiles (first row a multiple of 16): rows across 128-row scale bands and
         // past 128 (two super-blocks), 6 tail rows; K of one chunk of 1024 plus a 128 block.
         {Format::fp8_block, 640, 300, 16, 262, 1e-5}, {Format::fp8_block, 1152, 144, 0, 144, 1e-5},
-        // mxfp4 on AMX tiles: K of two chunks of 512 plus 64, columns past one super-block of 256
-        // (4 lines + 1 whole + 1 partial), first not on a line.
-        {Format::mxfp4, 1088, 400, 7, 330, 1e-5},
     };
     for (const G &g : geos) {
         const Case c = make_case(rng, g.f, g.K, g.N);
@@ -495,6 +492,22 @@ TEST(QuantKernels, Mxfp4ExtremeScaleCodes) {
                 for (int64_t n = 0; n < N; ++n)
                     EXPECT_EQ(std::isnan(out[t * N + n]), n == 7) << ops->kernel << " token " << t << " column " << n;
         }
+}
+
+// mxfp4 with every e8m0 code in 100..150 (the AMX kernel folds codes 64..190 into the weights'
+// exponents), then with one code of 20 in one line (that line through the VBMI kernel, the
+// others on the tiles): K of two chunks of 512 plus 64, columns past one super-block of 256
+// (4 lines + 1 whole + 1 partial), first not on a line, every token count 1..32.
+TEST(QuantKernels, Mxfp4ScaleCodeWindow) {
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4ScaleCodeWindow")));
+    const int64_t K = 1088, N = 400, first = 7;
+    const int count = 330;
+    Case c = make_case(rng, Format::mxfp4, K, N);
+    std::uniform_int_distribution<int> code(100, 150);
+    for (auto &b : c.scale) b = uint8_t(code(rng));
+    for (int ntok = 1; ntok <= 32; ++ntok) check(c, first, count, ntok, rng, 1e-5);
+    c.scale[5 * N + 200] = 20;
+    for (int ntok : {1, 2, 5, 16, 17}) check(c, first, count, ntok, rng, 1e-5);
 }
 
 // The SIMD preparation of the ds_fp4 AVX-512-BF16 activation against its scalar definition, byte
