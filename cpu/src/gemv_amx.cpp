@@ -21,7 +21,7 @@ namespace {
 
 #include "amx_tiles.inc"
 
-constexpr int kStep = 32;          // K elements per tile step (64 bytes of an A row, 16 B rows)
+constexpr int kStep = kBf16Step;   // K elements per tile step
 constexpr int kChunkSteps = 16;    // K steps whose B tiles are packed at once (512 elements)
 constexpr int kFp8Block = 128;     // fp8_block's scale block: 128 rows x 128 K
 constexpr int kFp8Steps = kFp8Block / kStep;  // tile steps per scale block
@@ -33,18 +33,6 @@ void configure(int n4) {
     const int rows[5] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
     const int colsb[5] = {4 * n4, 4 * n4, 64, 64, 4 * n4};
     configure_tiles(5, rows, colsb);
-}
-
-// The B tiles of K steps [s0, s0 + steps): step s, row p (K pair 32 s + 2 p, + 1), column j = the
-// pair of token j as one 32-bit word; tokens n .. n4 are zeros.
-void pack_b(const uint16_t *const *x, int n, int n4, int s0, int steps, uint32_t *b) {
-    for (int g = 0; g < n4; g += 4)
-        for (int s = 0; s < steps; ++s) {
-            __m512i v[4];
-            for (int j = 0; j < 4; ++j)
-                v[j] = g + j < n ? _mm512_loadu_si512(x[g + j] + int64_t(s0 + s) * kStep) : _mm512_setzero_si512();
-            store_b4(v, b + size_t(s) * kTileRows * n4 + g, size_t(n4));
-        }
 }
 
 void prefetch_rows(const uint16_t *w, size_t ldw, int64_t k, int pf) {

@@ -553,8 +553,10 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
-    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, mxfp4, q2_k, q3_k)
-    Kernel amx_fast = {};         // amx where `fast` is chosen (mxfp4: one-token calls through the W4A8 x2 kernel)
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, mxfp4, ds_fp4, q2_k, q3_k)
+    // amx where the kernel it replaces is a W4A8 x2 one (mxfp4's fast, ds_fp4's vnni_bf16): one-token
+    // calls stay on that kernel.
+    Kernel amx_x2 = {};
 };
 
 // A GGUF block format: scalar, AVX2, AVX-512 (also the avx512bf16 tier's) and AVX-512-VNNI kernels,
@@ -632,7 +634,12 @@ const TierKernels kKernels[] = {
      {}, {}, false, Isa::avx512,
      {x2_or_w4a16<detail::ds_fp4_avx512vnni_x16, detail::ds_fp4_avx512bf16_rowexp>, "-avx512vnni+avx512bf16-rowexp",
       bf16_x16z_act_bytes, prepare_bf16_x16z<detail::prepare_ds_fp4_bf16_avx512, detail::prepare_ds_fp4_x16z>,
-      detail::ds_fp4_dequant_avx512bf16_rowexp, "ds_fp4-w4a8x2(fp8 act)", bf16_act128_bytes, kX2MaxTokens}},
+      detail::ds_fp4_dequant_avx512bf16_rowexp, "ds_fp4-w4a8x2(fp8 act)", bf16_act128_bytes, kX2MaxTokens},
+     {detail::ds_fp4_amx, "-amx", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
+      detail::ds_fp4_dequant_avx512bf16_rowexp},
+     {x2_or_w4a16<detail::ds_fp4_avx512vnni_x16, detail::ds_fp4_amx, bf16_act128_bytes, 1>, "-avx512vnni+amx",
+      bf16_x16z_act_bytes, prepare_bf16_x16z<detail::prepare_ds_fp4_bf16_avx512, detail::prepare_ds_fp4_x16z>,
+      detail::ds_fp4_dequant_avx512bf16_rowexp, "ds_fp4-w4a8x2(fp8 act)", bf16_act128_bytes, 1}},
 #else
      {}, {}},
 #endif
@@ -787,7 +794,10 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     if (vb && tier >= int(Isa::avx512bf16) && k.vbmi.gemv) use = k.vbmi;
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
-                    if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) use = use.gemv == k.fast.gemv && k.amx_fast.gemv ? k.amx_fast : k.amx;
+                    if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) {
+                        const bool x2 = k.amx_x2.gemv && (use.gemv == k.fast.gemv || use.gemv == k.vnni_bf16.gemv);
+                        use = x2 ? k.amx_x2 : k.amx;
+                    }
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
                     const auto dequant_bytes = !use.dequant ? nullptr : use.dequant_act_bytes ? use.dequant_act_bytes : use.act_bytes;
                     t.push_back({k.format, use.gemv, names.back().c_str(), use.act_bytes, use.prepare, use.dequant,
@@ -805,7 +815,8 @@ bool quant_amx_available(Format f) {
 #if defined(FT_CPU_X86_KERNELS)
     switch (f) {
         case Format::fp8_block: return amx_bf16_available();
-        case Format::mxfp4: return amx_bf16_available() && cpu_has_vbmi();
+        case Format::mxfp4:
+        case Format::ds_fp4: return amx_bf16_available() && cpu_has_vbmi();  // quant_e2m1_amx.cpp's ISA
         case Format::q2_k:
         case Format::q3_k: {
             // CPUID.7.0:EDX bit 25: AMX-INT8 (the tile state itself: amx_bf16_available).

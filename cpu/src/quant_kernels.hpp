@@ -157,9 +157,13 @@ void prepare_ds_fp4_bf16_avx512(const uint16_t *x, int64_t K, uint8_t *dst);
 
 // AVX-512-BF16 + VBMI (quant_avx512vbmi.cpp): mxfp4, activations bf16[K] as for avx512bf16.
 void mxfp4_avx512vbmi(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
-// AMX-BF16 tiles for calls of 2 or more tokens (quant_mxfp4_amx.cpp), one-token calls through
-// mxfp4_avx512vbmi; same activation. Only where quant_amx_available(Format::mxfp4) (quant.hpp).
+// AMX-BF16 tiles for calls of 2 or more tokens (quant_e2m1_amx.cpp), one-token calls and lines
+// holding e8m0 codes outside 64..190 through mxfp4_avx512vbmi; same activation. Only where
+// quant_amx_available(Format::mxfp4) (quant.hpp).
 void mxfp4_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
+// The same for ds_fp4 (quant_e2m1_amx.cpp), one-token calls, the last count % 16 rows and rows
+// holding codes outside 64..190 through ds_fp4_avx512bf16_rowexp; same activation.
+void ds_fp4_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
 // AVX-512-VNNI + VBMI (quant_avx512vnni_vbmi.cpp): mxfp4 W4A8, activations mxfp4_q8 layout.

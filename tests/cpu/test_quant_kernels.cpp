@@ -494,20 +494,23 @@ TEST(QuantKernels, Mxfp4ExtremeScaleCodes) {
         }
 }
 
-// mxfp4 with every e8m0 code in 100..150 (the AMX kernel folds codes 64..190 into the weights'
-// exponents), then with one code of 20 in one line (that line through the VBMI kernel, the
-// others on the tiles): K of two chunks of 512 plus 64, columns past one super-block of 256
-// (4 lines + 1 whole + 1 partial), first not on a line, every token count 1..32.
-TEST(QuantKernels, Mxfp4ScaleCodeWindow) {
-    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4ScaleCodeWindow")));
-    const int64_t K = 1088, N = 400, first = 7;
-    const int count = 330;
-    Case c = make_case(rng, Format::mxfp4, K, N);
-    std::uniform_int_distribution<int> code(100, 150);
-    for (auto &b : c.scale) b = uint8_t(code(rng));
-    for (int ntok = 1; ntok <= 32; ++ntok) check(c, first, count, ntok, rng, 1e-5);
-    c.scale[5 * N + 200] = 20;
-    for (int ntok : {1, 2, 5, 16, 17}) check(c, first, count, ntok, rng, 1e-5);
+// mxfp4 and ds_fp4 with every e8m0 code in 100..150 (their AMX kernels fold codes 64..190 into the
+// weights' exponents; make_case mixes in code 0 everywhere), then with one code of 20 (that
+// mxfp4 line or ds_fp4 row through the AVX-512-BF16 kernels, the rest on the tiles), every token
+// count 1..32. mxfp4: K of two chunks of 512 plus 64, columns past one super-block of 256 (4 lines
+// + 1 whole + 1 partial), first not on a line; ds_fp4: K of one B chunk of 512 plus 128, rows
+// past two super-blocks of 128 and 2 rows past the last tile.
+TEST(QuantKernels, E2m1ScaleCodeWindow) {
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.E2m1ScaleCodeWindow")));
+    struct G { Format f; int64_t K, N, first; int count; int64_t low; };
+    for (const G &g : {G{Format::mxfp4, 1088, 400, 7, 330, 5 * 400 + 200}, G{Format::ds_fp4, 640, 300, 3, 290, 53 * 20 + 2}}) {
+        Case c = make_case(rng, g.f, g.K, g.N);
+        std::uniform_int_distribution<int> code(100, 150);
+        for (auto &b : c.scale) b = uint8_t(code(rng));
+        for (int ntok = 1; ntok <= 32; ++ntok) check(c, g.first, g.count, ntok, rng, 1e-5);
+        c.scale[size_t(g.low)] = 20;
+        for (int ntok : {1, 2, 5, 16, 17}) check(c, g.first, g.count, ntok, rng, 1e-5);
+    }
 }
 
 // The SIMD preparation of the ds_fp4 AVX-512-BF16 activation against its scalar definition, byte

@@ -164,6 +164,94 @@ void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t 
     }
 }
 
+// ---- ds_fp4: row-major e2m1 with e8m0 per 32, activations bf16 in 4 phases per 128 -----------
+//
+// The weights are the A tiles, 16 rows x 32 bf16 per tile step, in the activation's order (phase
+// r of each 128: word m = element 4m + r, block m / 8), decoded as the AVX-512-BF16 kernel does
+// (the 64 bytes of 128 elements shifted by 0, 4, 8, 12 bits, one `vpermw` each) with the block's
+// code folded into the exponent as for mxfp4; the activations are packed into B tiles (pack_b).
+// Rows holding a code outside [kMinCode, kMaxCode] are computed again by the AVX-512-BF16 kernel.
+
+constexpr int kDsBlock = 32;             // elements per e8m0 code
+constexpr int kDsChunk = 128;            // elements per decoded A chunk (4 tile steps)
+constexpr int kDsPackSteps = 16;         // tile steps whose B tiles are packed at once (512 elements)
+
+// Tiles: 0 C (16 rows x n4 fp32), 2 A (16 rows x 32 bf16), 4 B (16 K pairs x n4 tokens).
+void ds_configure(int n4) {
+    const int rows[5] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
+    const int colsb[5] = {4 * n4, 4 * n4, 64, 64, 4 * n4};
+    configure_tiles(5, rows, colsb);
+}
+
+// Whether every code of row r lies in the window.
+bool ds_row_in_range(const uint8_t *sc, int64_t n) {
+    __m512i mn = _mm512_set1_epi8(-1), mx = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 64) {
+        const __mmask64 k = n - i >= 64 ? ~__mmask64(0) : (__mmask64(1) << (n - i)) - 1;
+        const __m512i v = _mm512_maskz_loadu_epi8(k, sc + i);
+        mn = _mm512_mask_min_epu8(mn, k, mn, v);
+        mx = _mm512_max_epu8(mx, v);
+    }
+    return !_mm512_cmplt_epu8_mask(mn, _mm512_set1_epi8(char(kMinCode))) &&
+           !_mm512_cmpgt_epu8_mask(mx, _mm512_set1_epi8(char(kMaxCode)));
+}
+
+// Rows [row0, row0 + 16 * blocks) (blocks <= 8) times tokens x[0 .. n), n <= 16: per chunk of
+// kDsPackSteps steps the B tiles are packed once, then each 16-row block's C tile accumulates the
+// chunk (kept in c between chunks).
+void ds_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16_t *const *x, int n, float *out,
+                    size_t ldo, int pf) {
+    const int64_t K = m.K;
+    const int n4 = (n + 3) & ~3, ldc = 4 * n4;
+    const int steps = int(K / kBf16Step);
+    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
+    const __m512i mag = _mm512_set1_epi16(0x7fff), bias = _mm512_set1_epi16(127);
+    // Word m of a phase vector (128-bit lane m / 8) takes byte m / 8 of the chunk's 4 codes.
+    const __m512i cidx = _mm512_set_epi64(0x8003800380038003ll, 0x8003800380038003ll, 0x8002800280028002ll,
+                                          0x8002800280028002ll, 0x8001800180018001ll, 0x8001800180018001ll,
+                                          0x8000800080008000ll, 0x8000800080008000ll);
+    alignas(64) uint32_t b[kDsPackSteps * kTileRows * kMaxTokens];
+    alignas(64) float c[kSuperRows / kTileRows][kTileRows * kMaxTokens];
+    alignas(64) uint16_t a[kTileRows * kDsChunk];
+    for (int s0 = 0; s0 < steps; s0 += kDsPackSteps) {
+        const int ns = steps - s0 < kDsPackSteps ? steps - s0 : kDsPackSteps;  // a multiple of 4 (K % 128 == 0)
+        pack_b(x, n, n4, s0, ns, b);
+        for (int blk = 0; blk < blocks; ++blk) {
+            const int64_t r0 = row0 + int64_t(blk) * kTileRows;
+            if (s0 == 0) _tile_zero(0);
+            else _tile_loadd(0, c[blk], ldc);
+            for (int q = 0; q < ns; q += kDsChunk / kBf16Step) {
+                const int64_t k = int64_t(s0 + q) * kBf16Step;
+                for (int r = 0; r < kTileRows; ++r) {
+                    const uint8_t *p = m.data + (r0 + r) * (K / 2) + k / 2;
+                    if (pf) _mm_prefetch(reinterpret_cast<const char *>(p) + pf, _MM_HINT_T0);
+                    uint32_t codes;
+                    std::memcpy(&codes, m.scale + (r0 + r) * (K / kDsBlock) + k / kDsBlock, 4);
+                    const __m512i e = _mm512_slli_epi16(
+                        _mm512_sub_epi16(_mm512_shuffle_epi8(_mm512_set1_epi32(int(codes)), cidx), bias), 7);
+                    const __m512i v = _mm512_loadu_si512(p);
+                    #pragma GCC unroll 4
+                    for (int ph = 0; ph < 4; ++ph) {
+                        const __m512i w = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4 * ph), lut);
+                        _mm512_store_si512(a + r * kDsChunk + 32 * ph,
+                                           _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, mag), w, e));
+                    }
+                }
+                #pragma GCC unroll 4
+                for (int v = 0; v < kDsChunk / kBf16Step; ++v) {
+                    _tile_loadd(2, a + v * kBf16Step, kDsChunk * 2);
+                    _tile_loadd(4, b + size_t(q + v) * kTileRows * n4, ldc);
+                    _tile_dpbf16ps(0, 2, 4);
+                }
+            }
+            _tile_stored(0, c[blk], ldc);
+        }
+    }
+    for (int blk = 0; blk < blocks; ++blk)
+        for (int j = 0; j < n; ++j)
+            for (int i = 0; i < kTileRows; ++i) out[j * ldo + blk * kTileRows + i] = c[blk][i * n4 + j];
+}
+
 }  // namespace
 
 void mxfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
@@ -192,6 +280,26 @@ void mxfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         }
     }
     _tile_release();
+}
+
+void ds_fp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
+                size_t ldo) {
+    const int tiled = count - count % kTileRows;
+    if (ntok < 2 || tiled == 0) {
+        ds_fp4_avx512bf16_rowexp(m, first, count, act, ntok, out, ldo);
+        return;
+    }
+    const int pf = g_prefetch_bytes;
+    for_tile_passes(ntok, tiled, ds_configure, [&](int t0, int n, int r0, int nr) {
+        const uint16_t *x[kMaxTokens];
+        for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
+        ds_super_block(m, first + r0, nr / kTileRows, x, n, out + t0 * ldo + r0, ldo, pf);
+    });
+    if (tiled < count) ds_fp4_avx512bf16_rowexp(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
+    // Rows holding a code outside the window: again by the AVX-512-BF16 kernel.
+    for (int j = 0; j < tiled; ++j)
+        if (!ds_row_in_range(m.scale + (first + j) * (m.K / kDsBlock), m.K / kDsBlock))
+            ds_fp4_avx512bf16_rowexp(m, first + j, 1, act, ntok, out + j, ldo);
 }
 
 }  // namespace ft::cpu::detail
