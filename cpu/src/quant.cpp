@@ -553,9 +553,9 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
-    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, mxfp4, ds_fp4, q2_k, q3_k)
-    // amx where the kernel it replaces is a W4A8 x2 one (mxfp4's fast, ds_fp4's vnni_bf16): one-token
-    // calls stay on that kernel.
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, the e2m1 formats, q2_k, q3_k)
+    // amx where the kernel it replaces is a W4A8 x2 one (nvfp4's and ds_fp4's vnni_bf16, mxfp4's
+    // fast): one-token calls stay on that kernel.
     Kernel amx_x2 = {};
 };
 
@@ -614,7 +614,11 @@ const TierKernels kKernels[] = {
       "nvfp4-w4a8"}, false, Isa::avx512,
      {x2_or_w4a16<detail::nvfp4_avx512vnni_x16, detail::nvfp4_avx512bf16>, "-avx512vnni+avx512bf16", bf16_x16z_act_bytes,
       prepare_bf16_x16z<prepare_split_bf16, detail::prepare_nvfp4_x16z>, detail::nvfp4_dequant_avx512bf16,
-      "nvfp4-w4a8x2", bf16_act128_bytes, kX2MaxTokens}},
+      "nvfp4-w4a8x2", bf16_act128_bytes, kX2MaxTokens},
+     {detail::nvfp4_amx, "-amx", bf16_act128_bytes, prepare_split_bf16, detail::nvfp4_dequant_avx512bf16},
+     {x2_or_w4a16<detail::nvfp4_avx512vnni_x16, detail::nvfp4_amx, bf16_act128_bytes, 1>, "-avx512vnni+amx",
+      bf16_x16z_act_bytes, prepare_bf16_x16z<prepare_split_bf16, detail::prepare_nvfp4_x16z>,
+      detail::nvfp4_dequant_avx512bf16, "nvfp4-w4a8x2", bf16_act128_bytes, 1}},
 #else
      {}, {}},
 #endif
@@ -795,7 +799,7 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
                     if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) {
-                        const bool x2 = k.amx_x2.gemv && (use.gemv == k.fast.gemv || use.gemv == k.vnni_bf16.gemv);
+                        const bool x2 = k.amx_x2.gemv && (use.gemv == k.vnni_bf16.gemv || (k.fast_vbmi && use.gemv == k.fast.gemv));
                         use = x2 ? k.amx_x2 : k.amx;
                     }
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);
@@ -815,6 +819,7 @@ bool quant_amx_available(Format f) {
 #if defined(FT_CPU_X86_KERNELS)
     switch (f) {
         case Format::fp8_block: return amx_bf16_available();
+        case Format::nvfp4:
         case Format::mxfp4:
         case Format::ds_fp4: return amx_bf16_available() && cpu_has_vbmi();  // quant_e2m1_amx.cpp's ISA
         case Format::q2_k:

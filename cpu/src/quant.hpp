@@ -43,7 +43,8 @@ const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice, bool amx
 const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast = false, bool amx = false);
 bool cpu_has_vbmi();
 // Whether the format has an AMX kernel this CPU runs: fp8_block (AMX-BF16, amx_bf16_available),
-// mxfp4 and ds_fp4 (AMX-BF16 and VBMI), q2_k and q3_k (AMX-INT8 and VBMI); false for the others.
+// nvfp4, mxfp4 and ds_fp4 (AMX-BF16 and VBMI), q2_k and q3_k (AMX-INT8 and VBMI); false for the
+// others.
 bool quant_amx_available(Format f);
 // AVX-VNNI (VEX vpdpbusd / vpdpwssd) in cpuid: the avx2 tier's VNNI kernels.
 bool cpu_has_avx_vnni();
