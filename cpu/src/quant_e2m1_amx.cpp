@@ -282,6 +282,10 @@ void nv_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16
     alignas(64) uint16_t pi[32];
     for (int j = 0; j < 16; ++j) pi[j] = uint16_t(2 * j), pi[16 + j] = uint16_t(2 * j + 1);
     const __m512i perm = _mm512_load_si512(pi);
+    // Word w of a phase vector is in lane w / 2, whose block within the 128 is w / 4.
+    alignas(64) uint16_t fi[32];
+    for (int w = 0; w < 32; ++w) fi[w] = uint16_t(w / 4);
+    const __m512i fidx = _mm512_load_si512(fi);
     alignas(64) uint32_t b[(kNvChunk / kBf16Step) * kTileRows * kMaxTokens];
     alignas(64) float c[kSuperRows / kTileRows][kTileRows * kMaxTokens];
     alignas(64) uint16_t a[kTileRows * kNvChunk];
@@ -307,9 +311,7 @@ void nv_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16
                     // Lane i of a phase vector (words 2i, 2i + 1: elements 8i + r, 8i + 4 + r) is in
                     // block 8q + i / 2: its factor in the lane's low word (even), or high (odd).
                     const __m512i ev = _mm512_maskz_permutexvar_epi16(
-                        0x55555555u, _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(
-                            31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                            15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2), _mm512_set1_epi16(short(8 * q))), sw);
+                        0x55555555u, _mm512_add_epi16(fidx, _mm512_set1_epi16(short(8 * q))), sw);
                     const __m512i od = _mm512_slli_epi32(ev, 16);
                     #pragma GCC unroll 4
                     for (int ph = 0; ph < 4; ++ph) {
