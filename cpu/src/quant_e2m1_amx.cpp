@@ -1,16 +1,18 @@
-// AMX-BF16 kernel of mxfp4 (gpt-oss transposed layout [K/2][N], bf16 activations) for calls of 2
-// or more tokens; quant_ops' AMX variant where quant_amx_available (AMX-BF16 and VBMI). The
-// weights are the B tiles, in their own layout: row kb of the matrix holds, per column, the pair
-// (W[n, 2kb], W[n, 2kb + 1]), and a B tile row is 16 columns of one K pair. Per 32-K block (one
-// e8m0 scale per column) and 64-column line:
-//   B    16 K-pair rows x 16 columns per group of the line, decoded to bf16 (exact) by the VBMI
-//        kernel's two shuffles per row and group (vpmultishiftqb, vpermw), so the tile's columns
-//        are in that kernel's lane order (mxfp4_vbmi_column);
-//   A    the tokens' 32 bf16 activations, one row a token, packed per chunk of K;
-//   C    TDPBF16PS into a zeroed tile per group: the block sums, exact products added in fp32;
-// then the block sums times the column's e8m0 scale are added to the fp32 sums, as the AVX-512-BF16
-// kernels scale theirs. Only the summation order differs from mxfp4_avx512vbmi, which takes calls of
-// one token.
+// AMX-BF16 kernels of the e2m1 formats (nvfp4, mxfp4, ds_fp4; bf16 activations as their
+// AVX-512-BF16 kernels') for calls of 2 or more tokens; quant_ops' AMX variants where
+// quant_amx_available (AMX-BF16 and VBMI). Each weight is decoded to bf16 with its block factor
+// applied exactly, so TDPBF16PS multiplies exactly, C tiles sum in fp32 over all of K and no block
+// sum is stored; only the summation order differs from the AVX-512-BF16 kernels, which take the
+// one-token calls and what the tiles leave:
+//   mxfp4   the weights are the B tiles: K row kb holds per column the pair (W[n, 2kb],
+//           W[n, 2kb + 1]), so the VBMI kernel's two shuffles per 16 columns (vpmultishiftqb,
+//           vpermw) give a B row in that kernel's lane order (mxfp4_vbmi_column); the tokens'
+//           activations, packed per chunk of K, are the A rows;
+//   ds_fp4  16-row A tiles in the activation's 4-phase order, as the AVX-512-BF16 kernel decodes
+//           them; the activations are packed into B tiles (pack_b);
+//   nvfp4   the same, with e4m3 factors (below).
+// e8m0 factors (mxfp4, ds_fp4) are exponent increments, exact for the codes in [kMinCode,
+// kMaxCode]; lines (mxfp4) or rows (ds_fp4) holding another code run the AVX-512-BF16 kernels.
 #include "immintrin_avx512.hpp"
 
 #include <cstring>
