@@ -524,9 +524,14 @@ void x2_or_w4a16(const detail::QuantMatrix &m, int64_t first, int count, const u
     X2(m, first, count, tail, ntok, out, ldo);
 }
 
-// mxfp4 on AMX with the W4A8 x2 kernel chosen (FT_CPU_MXFP4_W4A8): one-token calls through that
-// kernel on the second part (bf16 activation, then the x2 one), calls of 2 or more tokens on the
-// tiles on the first.
+// The AMX variants over a W4A8 x2 kernel: calls of few tokens stay on it, on the second part of
+// the activation (bf16, then the x2 layout), more go to the tiles on the first (H100 host,
+// `moe_layer_*` bs 2 and 8, cpu/README "AMX kernels of the quantised formats"). mxfp4: one token
+// (with the tiles from 2 tokens the layer was as fast at bs 2 and 0-9 % faster at bs 8); ds_fp4:
+// up to 2 (from 2 tokens the layer lost 8 % at bs 2, mostly 1- and 2-token calls, and won 30 % at
+// bs 8, about 4 tokens per call).
+constexpr int kMxfp4AmxX2MaxTokens = 1;
+constexpr int kDsAmxX2MaxTokens = 2;
 size_t mxfp4_bf16_q8_act_bytes(int64_t K) { return bf16_act_bytes(K) + detail::mxfp4_q8_act_bytes(K); }
 #endif
 
@@ -553,9 +558,9 @@ struct TierKernels {
     bool fast_vbmi = false;
     Isa fast_tier = Isa::avx512;  // the lowest tier that runs it
     Kernel vnni_bf16 = {};        // with AVX-512-VNNI at the avx512bf16 tier, over `vnni`
-    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, the e2m1 formats, q2_k, q3_k)
-    // amx where the kernel it replaces is a W4A8 x2 one (nvfp4's and ds_fp4's vnni_bf16, mxfp4's
-    // fast): one-token calls stay on that kernel.
+    Kernel amx = {};              // with the AMX GEMV at the avx512bf16 tier, over all the above (fp8_block, mxfp4, ds_fp4, q2_k, q3_k)
+    // amx where the kernel it replaces is a W4A8 x2 one (ds_fp4's vnni_bf16, mxfp4's fast): calls of
+    // few tokens stay on that kernel.
     Kernel amx_x2 = {};
 };
 
@@ -614,11 +619,7 @@ const TierKernels kKernels[] = {
       "nvfp4-w4a8"}, false, Isa::avx512,
      {x2_or_w4a16<detail::nvfp4_avx512vnni_x16, detail::nvfp4_avx512bf16>, "-avx512vnni+avx512bf16", bf16_x16z_act_bytes,
       prepare_bf16_x16z<prepare_split_bf16, detail::prepare_nvfp4_x16z>, detail::nvfp4_dequant_avx512bf16,
-      "nvfp4-w4a8x2", bf16_act128_bytes, kX2MaxTokens},
-     {detail::nvfp4_amx, "-amx", bf16_act128_bytes, prepare_split_bf16, detail::nvfp4_dequant_avx512bf16},
-     {x2_or_w4a16<detail::nvfp4_avx512vnni_x16, detail::nvfp4_amx, bf16_act128_bytes, 1>, "-avx512vnni+amx",
-      bf16_x16z_act_bytes, prepare_bf16_x16z<prepare_split_bf16, detail::prepare_nvfp4_x16z>,
-      detail::nvfp4_dequant_avx512bf16, "nvfp4-w4a8x2", bf16_act128_bytes, 1}},
+      "nvfp4-w4a8x2", bf16_act128_bytes, kX2MaxTokens}},
 #else
      {}, {}},
 #endif
@@ -639,11 +640,11 @@ const TierKernels kKernels[] = {
      {x2_or_w4a16<detail::ds_fp4_avx512vnni_x16, detail::ds_fp4_avx512bf16_rowexp>, "-avx512vnni+avx512bf16-rowexp",
       bf16_x16z_act_bytes, prepare_bf16_x16z<detail::prepare_ds_fp4_bf16_avx512, detail::prepare_ds_fp4_x16z>,
       detail::ds_fp4_dequant_avx512bf16_rowexp, "ds_fp4-w4a8x2(fp8 act)", bf16_act128_bytes, kX2MaxTokens},
-     {detail::ds_fp4_amx, "-amx", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512,
-      detail::ds_fp4_dequant_avx512bf16_rowexp},
-     {x2_or_w4a16<detail::ds_fp4_avx512vnni_x16, detail::ds_fp4_amx, bf16_act128_bytes, 1>, "-avx512vnni+amx",
-      bf16_x16z_act_bytes, prepare_bf16_x16z<detail::prepare_ds_fp4_bf16_avx512, detail::prepare_ds_fp4_x16z>,
-      detail::ds_fp4_dequant_avx512bf16_rowexp, "ds_fp4-w4a8x2(fp8 act)", bf16_act128_bytes, 1}},
+     {detail::ds_fp4_amx, "-amx", bf16_act128_bytes, detail::prepare_ds_fp4_bf16_avx512},
+     {x2_or_w4a16<detail::ds_fp4_avx512vnni_x16, detail::ds_fp4_amx, bf16_act128_bytes, kDsAmxX2MaxTokens>,
+      "-avx512vnni+amx", bf16_x16z_act_bytes,
+      prepare_bf16_x16z<detail::prepare_ds_fp4_bf16_avx512, detail::prepare_ds_fp4_x16z>, nullptr,
+      "ds_fp4-w4a8x2(fp8 act)", nullptr, kDsAmxX2MaxTokens}},
 #else
      {}, {}},
 #endif
@@ -662,9 +663,10 @@ const TierKernels kKernels[] = {
       detail::prepare_mxfp4_q8x2_avx512, nullptr,
       "mxfp4-w4a8x2"}, true, Isa::avx512bf16, {},
      {detail::mxfp4_amx, "-amx", bf16_act_bytes, prepare_bf16},
-     {x2_or_w4a16<detail::mxfp4_avx512vnni_w4a8, detail::mxfp4_amx, bf16_act_bytes, 1>, "-avx512vnnivbmi+amx",
+     {x2_or_w4a16<detail::mxfp4_avx512vnni_w4a8, detail::mxfp4_amx, bf16_act_bytes, kMxfp4AmxX2MaxTokens>,
+      "-avx512vnnivbmi+amx",
       mxfp4_bf16_q8_act_bytes, prepare_two_part<bf16_act_bytes, prepare_bf16, detail::prepare_mxfp4_q8x2_avx512>,
-      nullptr, "mxfp4-w4a8x2", nullptr, 1}},
+      nullptr, "mxfp4-w4a8x2", nullptr, kMxfp4AmxX2MaxTokens}},
 #else
      {}},
 #endif
@@ -819,7 +821,6 @@ bool quant_amx_available(Format f) {
 #if defined(FT_CPU_X86_KERNELS)
     switch (f) {
         case Format::fp8_block: return amx_bf16_available();
-        case Format::nvfp4:
         case Format::mxfp4:
         case Format::ds_fp4: return amx_bf16_available() && cpu_has_vbmi();  // quant_e2m1_amx.cpp's ISA
         case Format::q2_k:

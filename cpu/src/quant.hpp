@@ -23,8 +23,9 @@ struct QuantOps {
     // Bytes of the leading part of the prepared activation that the batched path reads (bf16 in
     // dequant's column order): act_bytes unless the kernel's own layout follows; set with dequant.
     size_t (*dequant_act_bytes)(int64_t K);
-    // > 0: calls of more tokens than this run the tier's W4A16 kernel on that leading bf16 part,
-    // fewer the W4A8 x2 kernel on the rest (nvfp4, ds_fp4 with AVX-512-VNNI at avx512bf16).
+    // > 0: calls of more tokens than this run the tier's W4A16 kernel (or the AMX one) on the
+    // leading bf16 part of the activation, the others the W4A8 x2 kernel on the rest (nvfp4, ds_fp4
+    // with AVX-512-VNNI at avx512bf16; the AMX variants of mxfp4 and ds_fp4).
     int x2_max_tokens;
 };
 
@@ -43,8 +44,7 @@ const QuantOps *quant_ops(Format f, Isa isa, const QuantChoice &choice, bool amx
 const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool fast = false, bool amx = false);
 bool cpu_has_vbmi();
 // Whether the format has an AMX kernel this CPU runs: fp8_block (AMX-BF16, amx_bf16_available),
-// nvfp4, mxfp4 and ds_fp4 (AMX-BF16 and VBMI), q2_k and q3_k (AMX-INT8 and VBMI); false for the
-// others.
+// mxfp4 and ds_fp4 (AMX-BF16 and VBMI), q2_k and q3_k (AMX-INT8 and VBMI); false for the others.
 bool quant_amx_available(Format f);
 // AVX-VNNI (VEX vpdpbusd / vpdpwssd) in cpuid: the avx2 tier's VNNI kernels.
 bool cpu_has_avx_vnni();

@@ -1,18 +1,16 @@
-// AMX-BF16 kernels of the e2m1 formats (nvfp4, mxfp4, ds_fp4; bf16 activations as their
-// AVX-512-BF16 kernels') for calls of 2 or more tokens; quant_ops' AMX variants where
-// quant_amx_available (AMX-BF16 and VBMI). Each weight is decoded to bf16 with its block factor
-// applied exactly, so TDPBF16PS multiplies exactly, C tiles sum in fp32 over all of K and no block
-// sum is stored; only the summation order differs from the AVX-512-BF16 kernels, which take the
-// one-token calls and what the tiles leave:
+// AMX-BF16 kernels of mxfp4 and ds_fp4 (bf16 activations as their AVX-512-BF16 kernels') for calls
+// of several tokens; quant_ops' AMX variants where quant_amx_available (AMX-BF16 and VBMI). Each
+// weight is decoded to bf16 with its e8m0 factor applied as an exponent increment (exact for the
+// codes in [kMinCode, kMaxCode]), so TDPBF16PS multiplies exactly, C tiles sum in fp32 over all of
+// K and no block sum is stored; only the summation order differs from the AVX-512-BF16 kernels,
+// which take the one-token calls and what the tiles leave (mxfp4 lines, ds_fp4 rows holding
+// another code; the last count % 16 ds_fp4 rows):
 //   mxfp4   the weights are the B tiles: K row kb holds per column the pair (W[n, 2kb],
 //           W[n, 2kb + 1]), so the VBMI kernel's two shuffles per 16 columns (vpmultishiftqb,
 //           vpermw) give a B row in that kernel's lane order (mxfp4_vbmi_column); the tokens'
 //           activations, packed per chunk of K, are the A rows;
 //   ds_fp4  16-row A tiles in the activation's 4-phase order, as the AVX-512-BF16 kernel decodes
-//           them; the activations are packed into B tiles (pack_b);
-//   nvfp4   the same, with e4m3 factors (below).
-// e8m0 factors (mxfp4, ds_fp4) are exponent increments, exact for the codes in [kMinCode,
-// kMaxCode]; lines (mxfp4) or rows (ds_fp4) holding another code run the AVX-512-BF16 kernels.
+//           them; the activations are packed into B tiles (pack_b).
 #include "immintrin_avx512.hpp"
 
 #include <cstring>
@@ -25,11 +23,7 @@ namespace {
 
 #include "amx_tiles.inc"
 
-#include "tier_scalar.inc"
-
 #include "tier_avx512.inc"
-
-#include "e4m3_avx512.inc"
 
 constexpr int kLine = 64;         // columns per line (one cache line of a K row)
 constexpr int kGroups = 4;        // 16-column groups per line (one B / C tile each)
@@ -258,87 +252,6 @@ void ds_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16
             for (int i = 0; i < kTileRows; ++i) out[j * ldo + blk * kTileRows + i] = c[blk][i * n4 + j];
 }
 
-// ---- nvfp4: row-major e2m1 with e4m3 per 16, activations bf16 in 4 phases per 128 -------------
-//
-// As ds_fp4, but e4m3 factors are no powers of two: each phase vector's weights are multiplied by
-// their block's factor with two `vdpbf16ps` against the factor in the even / odd word of each lane
-// (the other word 0), exact in fp32, and packed back to bf16 by `vcvtne2ps2bf16` (exact: e2m1 x
-// e4m3 has at most 6 significant bits and lies in 2^-10 .. 2688). That puts the even words of the
-// 32 first and the odd ones after; the B tiles take the same order (pack_b's permutation). The
-// fp16 row global multiplies each row's sums at the end.
-
-constexpr int kNvBlock = 16;   // elements per e4m3 factor
-constexpr int kNvChunk = 512;  // elements per decoded A chunk (16 tile steps, packed B at once)
-
-// Rows [row0, row0 + 16 * blocks) (blocks <= 8) times tokens x[0 .. n), n <= 16: per chunk of
-// kNvChunk elements the B tiles are packed once, then each 16-row block is decoded (16 KB) and its
-// C tile accumulates the chunk (kept in c between chunks).
-void nv_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16_t *const *x, int n, float *out,
-                    size_t ldo, int pf) {
-    const int64_t K = m.K, Kp = (K + 127) / 128 * 128;
-    const int n4 = (n + 3) & ~3, ldc = 4 * n4;
-    const int steps = int(Kp / kBf16Step);
-    const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
-    const __m512i sub_lut = _mm512_loadu_si512(g_e4m3_sub_bf16x32);
-    // B order of a step: word j < 16 = activation word 2j, word 16 + j = word 2j + 1.
-    alignas(64) uint16_t pi[32];
-    for (int j = 0; j < 16; ++j) pi[j] = uint16_t(2 * j), pi[16 + j] = uint16_t(2 * j + 1);
-    const __m512i perm = _mm512_load_si512(pi);
-    // Word w of a phase vector is in lane w / 2, whose block within the 128 is w / 4.
-    alignas(64) uint16_t fi[32];
-    for (int w = 0; w < 32; ++w) fi[w] = uint16_t(w / 4);
-    const __m512i fidx = _mm512_load_si512(fi);
-    alignas(64) uint32_t b[(kNvChunk / kBf16Step) * kTileRows * kMaxTokens];
-    alignas(64) float c[kSuperRows / kTileRows][kTileRows * kMaxTokens];
-    alignas(64) uint16_t a[kTileRows * kNvChunk];
-    for (int s0 = 0; s0 < steps; s0 += kNvChunk / kBf16Step) {
-        const int ns = steps - s0 < kNvChunk / kBf16Step ? steps - s0 : kNvChunk / kBf16Step;  // a multiple of 4
-        const int64_t k0 = int64_t(s0) * kBf16Step;
-        pack_b(x, n, n4, s0, ns, b, &perm);
-        const int ncodes = int(K - k0 >= kNvChunk ? kNvChunk / kNvBlock : (K - k0) / kNvBlock);
-        for (int blk = 0; blk < blocks; ++blk) {
-            const int64_t r0 = row0 + int64_t(blk) * kTileRows;
-            if (s0 == 0) _tile_zero(0);
-            else _tile_loadd(0, c[blk], ldc);
-            for (int r = 0; r < kTileRows; ++r) {
-                const uint8_t *p = m.data + (r0 + r) * (K / 2);
-                const __m256i codes = _mm256_maskz_loadu_epi8(ncodes >= 32 ? ~0u : (1u << ncodes) - 1,
-                                                              m.scale + (r0 + r) * (K / kNvBlock) + k0 / kNvBlock);
-                const __m512i sw = e4m3x32_bf16(codes, sub_lut);  // factor of block i in word i
-                for (int q = 0; q < ns / 4; ++q) {
-                    const int64_t cc = k0 + 128 * q;
-                    if (pf) _mm_prefetch(reinterpret_cast<const char *>(p + cc / 2) + pf, _MM_HINT_T0);
-                    const __m512i v = cc + 128 <= K ? _mm512_loadu_si512(p + cc / 2)
-                                                    : _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - cc) / 2)) - 1, p + cc / 2);
-                    // Lane i of a phase vector (words 2i, 2i + 1: elements 8i + r, 8i + 4 + r) is in
-                    // block 8q + i / 2: its factor in the lane's low word (even), or high (odd).
-                    const __m512i ev = _mm512_maskz_permutexvar_epi16(
-                        0x55555555u, _mm512_add_epi16(fidx, _mm512_set1_epi16(short(8 * q))), sw);
-                    const __m512i od = _mm512_slli_epi32(ev, 16);
-                    #pragma GCC unroll 4
-                    for (int ph = 0; ph < 4; ++ph) {
-                        const __m512i w = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4 * ph), lut);
-                        const __m512 e = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w, (__m512bh)ev);
-                        const __m512 o = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w, (__m512bh)od);
-                        _mm512_store_si512(a + r * kNvChunk + 128 * q + 32 * ph, (__m512i)_mm512_cvtne2ps_pbh(o, e));
-                    }
-                }
-            }
-            for (int v = 0; v < ns; ++v) {
-                _tile_loadd(2, a + v * kBf16Step, kNvChunk * 2);
-                _tile_loadd(4, b + size_t(v) * kTileRows * n4, ldc);
-                _tile_dpbf16ps(0, 2, 4);
-            }
-            _tile_stored(0, c[blk], ldc);
-        }
-    }
-    for (int blk = 0; blk < blocks; ++blk)
-        for (int i = 0; i < kTileRows; ++i) {
-            const float g = f16(m.global + (row0 + blk * kTileRows + i) * 2);
-            for (int j = 0; j < n; ++j) out[j * ldo + blk * kTileRows + i] = c[blk][i * n4 + j] * g;
-        }
-}
-
 }  // namespace
 
 void mxfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
@@ -387,22 +300,6 @@ void ds_fp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
     for (int j = 0; j < tiled; ++j)
         if (!ds_row_in_range(m.scale + (first + j) * (m.K / kDsBlock), m.K / kDsBlock))
             ds_fp4_avx512bf16_rowexp(m, first + j, 1, act, ntok, out + j, ldo);
-}
-
-void nvfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *const *act, int ntok, float *out,
-               size_t ldo) {
-    const int tiled = count - count % kTileRows;
-    if (ntok < 2 || tiled == 0) {
-        nvfp4_avx512bf16(m, first, count, act, ntok, out, ldo);
-        return;
-    }
-    const int pf = g_prefetch_bytes;
-    for_tile_passes(ntok, tiled, ds_configure, [&](int t0, int n, int r0, int nr) {
-        const uint16_t *x[kMaxTokens];
-        for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
-        nv_super_block(m, first + r0, nr / kTileRows, x, n, out + t0 * ldo + r0, ldo, pf);
-    });
-    if (tiled < count) nvfp4_avx512bf16(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
 }
 
 }  // namespace ft::cpu::detail

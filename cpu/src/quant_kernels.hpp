@@ -164,9 +164,6 @@ void mxfp4_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, f
 // The same for ds_fp4 (quant_e2m1_amx.cpp), one-token calls, the last count % 16 rows and rows
 // holding codes outside 64..190 through ds_fp4_avx512bf16_rowexp; same activation.
 void ds_fp4_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
-// The same for nvfp4 (quant_e2m1_amx.cpp), one-token calls and the last count % 16 rows through
-// nvfp4_avx512bf16; same activation.
-void nvfp4_amx(const QuantMatrix &, int64_t, int, const uint8_t *const *, int, float *, size_t);
 
 // AVX-512-VNNI (quant_avx512vnni.cpp): q4_0 x Q8_0 with vpdpbusd, activations q8_0_vnni layout.
 // AVX-512-VNNI + VBMI (quant_avx512vnni_vbmi.cpp): mxfp4 W4A8, activations mxfp4_q8 layout.
