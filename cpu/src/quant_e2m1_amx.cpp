@@ -70,12 +70,14 @@ void store_c(float *c) {
     _tile_stored(3, c + 3 * 256, 64);
 }
 
-// Whether every e8m0 code of the line's valid columns (mask) lies in [kMinCode, kMaxCode].
-bool codes_in_range(const QuantMatrix &m, int64_t col, __mmask64 mask) {
+// Whether every code in the masked bytes of `rows` vectors of 64 at p, `stride` apart, lies in
+// [kMinCode, kMaxCode]; the last vector's mask is `last` (the others `mask`).
+bool codes_in_window(const uint8_t *p, int64_t rows, int64_t stride, __mmask64 mask, __mmask64 last) {
     __m512i mn = _mm512_set1_epi8(-1), mx = _mm512_setzero_si512();
-    for (int64_t r = 0; r < m.K / 32; ++r) {
-        const __m512i v = _mm512_maskz_loadu_epi8(mask, m.scale + r * m.N + col);
-        mn = _mm512_mask_min_epu8(mn, mask, mn, v);
+    for (int64_t r = 0; r < rows; ++r) {
+        const __mmask64 k = r + 1 < rows ? mask : last;
+        const __m512i v = _mm512_maskz_loadu_epi8(k, p + r * stride);
+        mn = _mm512_mask_min_epu8(mn, k, mn, v);
         mx = _mm512_max_epu8(mx, v);
     }
     return !_mm512_cmplt_epu8_mask(mn, _mm512_set1_epi8(char(kMinCode))) &&
@@ -104,7 +106,7 @@ void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t 
     for (int l = 0; l < lines; ++l) {
         const int cl = count - l * kLine;
         mask[l] = cl >= kLine ? ~__mmask64(0) : (__mmask64(1) << cl) - 1;
-        if (!codes_in_range(m, first + l * kLine, mask[l])) fallback |= 1u << l;
+        if (!codes_in_window(m.scale + first + l * kLine, K / 32, N, mask[l], mask[l])) fallback |= 1u << l;
     }
     if (fallback == (1u << lines) - 1) return;
     alignas(64) uint16_t a[kMaxTokens * kChunk];
@@ -181,19 +183,6 @@ void ds_configure(int n4) {
     const int rows[5] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
     const int colsb[5] = {4 * n4, 4 * n4, 64, 64, 4 * n4};
     configure_tiles(5, rows, colsb);
-}
-
-// Whether every code of row r lies in the window.
-bool ds_row_in_range(const uint8_t *sc, int64_t n) {
-    __m512i mn = _mm512_set1_epi8(-1), mx = _mm512_setzero_si512();
-    for (int64_t i = 0; i < n; i += 64) {
-        const __mmask64 k = n - i >= 64 ? ~__mmask64(0) : (__mmask64(1) << (n - i)) - 1;
-        const __m512i v = _mm512_maskz_loadu_epi8(k, sc + i);
-        mn = _mm512_mask_min_epu8(mn, k, mn, v);
-        mx = _mm512_max_epu8(mx, v);
-    }
-    return !_mm512_cmplt_epu8_mask(mn, _mm512_set1_epi8(char(kMinCode))) &&
-           !_mm512_cmpgt_epu8_mask(mx, _mm512_set1_epi8(char(kMaxCode)));
 }
 
 // Rows [row0, row0 + 16 * blocks) (blocks <= 8) times tokens x[0 .. n), n <= 16: per chunk of
@@ -298,7 +287,9 @@ void ds_fp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
     if (tiled < count) ds_fp4_avx512bf16_rowexp(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
     // Rows holding a code outside the window: again by the AVX-512-BF16 kernel.
     for (int j = 0; j < tiled; ++j)
-        if (!ds_row_in_range(m.scale + (first + j) * (m.K / kDsBlock), m.K / kDsBlock))
+        if (const int64_t n = m.K / kDsBlock;
+            !codes_in_window(m.scale + (first + j) * n, (n + 63) / 64, 64, ~__mmask64(0),
+                             n % 64 ? (__mmask64(1) << (n % 64)) - 1 : ~__mmask64(0)))
             ds_fp4_avx512bf16_rowexp(m, first + j, 1, act, ntok, out + j, ldo);
 }
 
