@@ -27,14 +27,6 @@ constexpr int kFp8Block = 128;     // fp8_block's scale block: 128 rows x 128 K
 constexpr int kFp8Steps = kFp8Block / kStep;  // tile steps per scale block
 constexpr int kFp8ChunkSteps = 32;            // fp8_block: K steps packed at once (1024 K, 1 KB of a row)
 
-// Tiles 0, 1: C of two 16-row blocks (16 x n4 fp32); 2, 3: their A (16 rows x 32 bf16); 4: B
-// (16 K pairs x n4 tokens, one pair of bf16 per token).
-void configure(int n4) {
-    const int rows[5] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
-    const int colsb[5] = {4 * n4, 4 * n4, 64, 64, 4 * n4};
-    configure_tiles(5, rows, colsb);
-}
-
 void prefetch_rows(const uint16_t *w, size_t ldw, int64_t k, int pf) {
     for (int r = 0; r < kTileRows; ++r)
         _mm_prefetch(reinterpret_cast<const char *>(w + r * ldw + k) + pf, _MM_HINT_T0);
@@ -156,7 +148,7 @@ void gemv_amx_bf16(const uint16_t *w, size_t ldw, int rows, int cols, const uint
         return;
     }
     const int pf = g_prefetch_bytes;
-    for_tile_passes(ntok, tiled, configure, [&](int t0, int n, int r0, int nr) {
+    for_tile_passes(ntok, tiled, configure_bf16, [&](int t0, int n, int r0, int nr) {
         super_block(w + int64_t(r0) * ldw, ldw, nr, cols, x + t0, n, out + t0 * ldo + r0, ldo, pf);
     });
     if (tiled < rows) gemv_avx512bf16(w + int64_t(tiled) * ldw, ldw, rows - tiled, cols, x, ntok, out + tiled, ldo);
@@ -170,9 +162,7 @@ void fp8_block_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t
         return;
     }
     const int pf = g_prefetch_bytes;
-    for_tile_passes(ntok, tiled, configure, [&](int t0, int n, int r0, int nr) {
-        const uint16_t *x[kMaxTokens];
-        for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
+    for_bf16_tile_passes(act, ntok, tiled, [&](const uint16_t *const *x, int t0, int n, int r0, int nr) {
         fp8_super_block(m, first + r0, nr / kTileRows, x, n, out + t0 * ldo + r0, ldo, pf);
     });
     if (tiled < count) fp8_block_avx512bf16(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);

@@ -801,7 +801,7 @@ const QuantOps *quant_ops_variant(Format f, Isa isa, bool vnni, bool vbmi, bool 
                     if (fa && v && (vb || !k.fast_vbmi) && tier >= int(k.fast_tier) && k.fast.gemv)
                         use = k.fast;
                     if (am && tier >= int(Isa::avx512bf16) && k.amx.gemv) {
-                        const bool x2 = k.amx_x2.gemv && (use.gemv == k.vnni_bf16.gemv || (k.fast_vbmi && use.gemv == k.fast.gemv));
+                        const bool x2 = k.amx_x2.gemv && (use.gemv == k.vnni_bf16.gemv || use.gemv == k.fast.gemv);
                         use = x2 ? k.amx_x2 : k.amx;
                     }
                     names.push_back(std::string(use.name ? use.name : k.name) + use.suffix);

@@ -70,6 +70,18 @@ void store_c(float *c) {
     _tile_stored(3, c + 3 * 256, 64);
 }
 
+// (code - 127) << 7 in each 16-bit word holding an e8m0 code: its factor as an increment of a
+// bf16 exponent.
+inline __m512i e8m0_exponent_step(__m512i code_words) {
+    return _mm512_slli_epi16(_mm512_sub_epi16(code_words, _mm512_set1_epi16(127)), 7);
+}
+
+// The bf16 weights w times their factors (steps from e8m0_exponent_step); zeros (codes 0 and 8) stay
+// zero. Exact while every code is in the window.
+inline __m512i scale_bf16(__m512i w, __m512i step) {
+    return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, step);
+}
+
 // Whether every code in the masked bytes of `rows` vectors of 64 at p, `stride` apart, lies in
 // [kMinCode, kMaxCode]; the last vector's mask is `last` (the others `mask`).
 bool codes_in_window(const uint8_t *p, int64_t rows, int64_t stride, __mmask64 mask, __mmask64 last) {
@@ -85,15 +97,14 @@ bool codes_in_window(const uint8_t *p, int64_t rows, int64_t stride, __mmask64 m
 }
 
 // Columns [first, first + count) (count <= kSuperLines * kLine) times tokens x[0 .. n), n <= 16;
-// lines with a code outside the window are left to mxfp4_avx512vbmi (their `fallback` bit set).
+// lines with a code outside the window are left to mxfp4_avx512vbmi (returned: bit l for line l).
 // Per chunk of K the activations are packed into A rows; per line the C tiles are reloaded, and
 // per block its 16 K-pair rows decoded with the scale folded into the exponent, then multiplied.
-void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t *const *x, int n, float *out,
-                 size_t ldo, int pf_rows, unsigned &fallback) {
+unsigned super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t *const *x, int n, float *out,
+                     size_t ldo, int pf_rows) {
     const int64_t K = m.K, N = m.N;
     const int lines = (count + kLine - 1) / kLine;
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
-    const __m512i mag = _mm512_set1_epi16(0x7fff), bias = _mm512_set1_epi16(127);
     __m512i ctrl[kGroups], eidx[kGroups];
     for (int g = 0; g < kGroups; ++g) {
         __m512i sidx;
@@ -102,13 +113,13 @@ void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t 
         eidx[g] = _mm512_or_si512(sidx, _mm512_slli_epi32(sidx, 16));
     }
     __mmask64 mask[kSuperLines];
-    fallback = 0;
+    unsigned fallback = 0;
     for (int l = 0; l < lines; ++l) {
         const int cl = count - l * kLine;
         mask[l] = cl >= kLine ? ~__mmask64(0) : (__mmask64(1) << cl) - 1;
         if (!codes_in_window(m.scale + first + l * kLine, K / 32, N, mask[l], mask[l])) fallback |= 1u << l;
     }
-    if (fallback == (1u << lines) - 1) return;
+    if (fallback == (1u << lines) - 1) return fallback;
     alignas(64) uint16_t a[kMaxTokens * kChunk];
     alignas(64) uint16_t b[kGroups * kBlockRows * 32];
     alignas(64) float c[kSuperLines][kGroups * 256];
@@ -128,14 +139,12 @@ void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t 
             }
             for (int kk = 0; kk < kc; kk += 32) {
                 const int64_t kb0 = (k0 + kk) / 2;
-                // Per group, (code - 127) << 7 in both words of each lane: the e8m0 factor as an
-                // exponent increment of the bf16 weights (exact: codes in the window keep them normal).
+                // Per group, the step of each lane's code in both its words.
                 const __m512i sv = _mm512_maskz_loadu_epi8(mask[l], m.scale + ((k0 + kk) / 32) * N + col);
                 __m512i e[kGroups];
                 #pragma GCC unroll 4
                 for (int g = 0; g < kGroups; ++g)
-                    e[g] = _mm512_slli_epi16(
-                        _mm512_sub_epi16(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, eidx[g], sv), bias), 7);
+                    e[g] = e8m0_exponent_step(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, eidx[g], sv));
                 const uint8_t *row = m.data + kb0 * N + col;
                 for (int p = 0; p < kBlockRows; ++p, row += N) {
                     if (pf_rows && kb0 + p + pf_rows < K / 2)
@@ -144,9 +153,7 @@ void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t 
                     #pragma GCC unroll 4
                     for (int g = 0; g < kGroups; ++g) {
                         const __m512i w = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl[g], v), lut);
-                        // Zeros (codes 0 and 8) stay zero.
-                        _mm512_store_si512(b + (g * kBlockRows + p) * 32,
-                                           _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, mag), w, e[g]));
+                        _mm512_store_si512(b + (g * kBlockRows + p) * 32, scale_bf16(w, e[g]));
                     }
                 }
                 _tile_loadd(4, a + kk, kChunk * 2);
@@ -164,6 +171,7 @@ void super_block(const QuantMatrix &m, int64_t first, int count, const uint16_t 
                     for (int t = 0; t < n; ++t) out[t * ldo + cc] = c[l][g * 256 + t * 16 + j];
             }
     }
+    return fallback;
 }
 
 // ---- ds_fp4: row-major e2m1 with e8m0 per 32, activations bf16 in 4 phases per 128 -----------
@@ -178,13 +186,6 @@ constexpr int kDsBlock = 32;             // elements per e8m0 code
 constexpr int kDsChunk = 128;            // elements per decoded A chunk (4 tile steps)
 constexpr int kDsPackSteps = 16;         // tile steps whose B tiles are packed at once (512 elements)
 
-// Tiles: 0 C (16 rows x n4 fp32), 2 A (16 rows x 32 bf16), 4 B (16 K pairs x n4 tokens).
-void ds_configure(int n4) {
-    const int rows[5] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
-    const int colsb[5] = {4 * n4, 4 * n4, 64, 64, 4 * n4};
-    configure_tiles(5, rows, colsb);
-}
-
 // Rows [row0, row0 + 16 * blocks) (blocks <= 8) times tokens x[0 .. n), n <= 16: per chunk of
 // kDsPackSteps steps the B tiles are packed once, then each 16-row block's C tile accumulates the
 // chunk (kept in c between chunks).
@@ -194,7 +195,6 @@ void ds_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16
     const int n4 = (n + 3) & ~3, ldc = 4 * n4;
     const int steps = int(K / kBf16Step);
     const __m512i lut = _mm512_loadu_si512(g_e2m1_bf16x32);
-    const __m512i mag = _mm512_set1_epi16(0x7fff), bias = _mm512_set1_epi16(127);
     // Word m of a phase vector (128-bit lane m / 8) takes byte m / 8 of the chunk's 4 codes.
     const __m512i cidx = _mm512_set_epi64(0x8003800380038003ll, 0x8003800380038003ll, 0x8002800280028002ll,
                                           0x8002800280028002ll, 0x8001800180018001ll, 0x8001800180018001ll,
@@ -216,14 +216,12 @@ void ds_super_block(const QuantMatrix &m, int64_t row0, int blocks, const uint16
                     if (pf) _mm_prefetch(reinterpret_cast<const char *>(p) + pf, _MM_HINT_T0);
                     uint32_t codes;
                     std::memcpy(&codes, m.scale + (r0 + r) * (K / kDsBlock) + k / kDsBlock, 4);
-                    const __m512i e = _mm512_slli_epi16(
-                        _mm512_sub_epi16(_mm512_shuffle_epi8(_mm512_set1_epi32(int(codes)), cidx), bias), 7);
+                    const __m512i e = e8m0_exponent_step(_mm512_shuffle_epi8(_mm512_set1_epi32(int(codes)), cidx));
                     const __m512i v = _mm512_loadu_si512(p);
                     #pragma GCC unroll 4
                     for (int ph = 0; ph < 4; ++ph) {
                         const __m512i w = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4 * ph), lut);
-                        _mm512_store_si512(a + r * kDsChunk + 32 * ph,
-                                           _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, mag), w, e));
+                        _mm512_store_si512(a + r * kDsChunk + 32 * ph, scale_bf16(w, e));
                     }
                 }
                 #pragma GCC unroll 4
@@ -258,8 +256,7 @@ void mxfp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *co
         for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
         for (int c0 = 0; c0 < count; c0 += kSuper) {
             const int cs = count - c0 < kSuper ? count - c0 : kSuper;
-            unsigned fallback = 0;
-            super_block(m, first + c0, cs, x, n, out + t0 * ldo + c0, ldo, pf_rows, fallback);
+            const unsigned fallback = super_block(m, first + c0, cs, x, n, out + t0 * ldo + c0, ldo, pf_rows);
             for (int l = 0; l * kLine < cs; ++l)
                 if (fallback >> l & 1) {
                     const int c1 = c0 + l * kLine;
@@ -279,9 +276,8 @@ void ds_fp4_amx(const QuantMatrix &m, int64_t first, int count, const uint8_t *c
         return;
     }
     const int pf = g_prefetch_bytes;
-    for_tile_passes(ntok, tiled, ds_configure, [&](int t0, int n, int r0, int nr) {
-        const uint16_t *x[kMaxTokens];
-        for (int j = 0; j < n; ++j) x[j] = reinterpret_cast<const uint16_t *>(act[t0 + j]);
+    // The tiles of configure_bf16 (C in tile 0, A in 2, B in 4).
+    for_bf16_tile_passes(act, ntok, tiled, [&](const uint16_t *const *x, int t0, int n, int r0, int nr) {
         ds_super_block(m, first + r0, nr / kTileRows, x, n, out + t0 * ldo + r0, ldo, pf);
     });
     if (tiled < count) ds_fp4_avx512bf16_rowexp(m, first + tiled, count - tiled, act, ntok, out + tiled, ldo);
