@@ -245,7 +245,7 @@ void expect_vnni_choice(Format f, Isa isa, const ft::cpu::QuantOps *vnni, const 
 // The mxfp4 W4A8 x2 kernels (VNNI + VBMI and AVX2) compute each column's int32 block sums and
 // their fp32 scaling the same way for one token and for several: every token of a call of 2..17
 // tokens equals, bit for bit, that token alone; columns with a tail, K of 3 blocks. (The AMX
-// variant runs only one-token calls through the x2 kernel: Mxfp4AmxSplitsByTokenCount.)
+// variant runs only one-token calls through the x2 kernel: E2m1AmxSplitsByTokenCount.)
 TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4W4A8x2TokenCounts")));
     const Case c = make_case(rng, Format::mxfp4, 96, 200);
@@ -273,41 +273,58 @@ TEST(QuantKernels, Mxfp4W4A8x2TokenCountsAgreeBitwise) {
     }
 }
 
-// mxfp4 on AMX with the W4A8 x2 kernel chosen: one-token calls equal that kernel on the second
-// part of the activation bit for bit, calls of 2..19 tokens the AMX kernel alone (the W4A16
-// variant) on the first part; the first part is the bf16 activation.
-TEST(QuantKernels, Mxfp4AmxSplitsByTokenCount) {
-    if (!ft::cpu::quant_amx_available(Format::mxfp4) || !__builtin_cpu_supports("avx512vnni"))
-        GTEST_SKIP() << "no AMX-BF16 + VBMI + VNNI here";
-    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.Mxfp4AmxSplitsByTokenCount")));
-    const ft::cpu::QuantOps *both = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, true, true);
-    const ft::cpu::QuantOps *x2 = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, true, false);
-    const ft::cpu::QuantOps *amx = ft::cpu::quant_ops_variant(Format::mxfp4, Isa::avx512bf16, true, true, false, true);
-    ASSERT_EQ(both->x2_max_tokens, 1) << both->kernel;
-    ASSERT_NE(both->gemv, amx->gemv);
-    EXPECT_EQ(ft::cpu::quant_ops(Format::mxfp4, Isa::avx512bf16, {}, true)->gemv, both->gemv);
-    const Case c = make_case(rng, Format::mxfp4, 1088, 400);
-    const int64_t first = 7;
-    const int count = 330, ntok = 19;
+// A kernel that splits by token count (both: x2_max_tokens > 0) on fresh random tokens: calls of up
+// to x2_max_tokens tokens equal x2 on the second part of the activation bit for bit, calls of up
+// to 19 tokens `big` on the first part (big->act_bytes long); each part is the layout its own
+// preparation writes.
+void expect_split_by_token_count(std::mt19937 &rng, const Case &c, int64_t first, int count,
+                                 const ft::cpu::QuantOps *both, const ft::cpu::QuantOps *x2,
+                                 const ft::cpu::QuantOps *big) {
+    const int ntok = 19;
     const PreparedTokens p(rng, both, c.K, ntok);
-    const size_t head = amx->act_bytes(c.K);
-    ASSERT_EQ(head + x2->act_bytes(c.K), both->act_bytes(c.K));
+    const size_t head = big->act_bytes(c.K);
+    ASSERT_EQ(head + x2->act_bytes(c.K), both->act_bytes(c.K)) << both->kernel;
     std::vector<const uint8_t *> tail;
     for (const uint8_t *a : p.ptr) tail.push_back(a + head);
     for (int n = 1; n <= ntok; ++n) {
         std::vector<float> got(size_t(n) * count, 1.0f), want(size_t(n) * count, 2.0f);
         both->gemv(c.m(), first, count, p.ptr.data(), n, got.data(), size_t(count));
-        if (n == 1) x2->gemv(c.m(), first, count, tail.data(), n, want.data(), size_t(count));
-        else amx->gemv(c.m(), first, count, p.ptr.data(), n, want.data(), size_t(count));
+        if (n <= both->x2_max_tokens) x2->gemv(c.m(), first, count, tail.data(), n, want.data(), size_t(count));
+        else big->gemv(c.m(), first, count, p.ptr.data(), n, want.data(), size_t(count));
         ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << both->kernel << " tokens " << n;
     }
     std::vector<uint16_t> x(size_t(c.K));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (auto &v : x) v = ft::f32_to_bf16(u(rng));
-    std::vector<uint8_t> a(both->act_bytes(c.K)), b(amx->act_bytes(c.K));
+    std::vector<uint8_t> a(both->act_bytes(c.K)), h(head), t(x2->act_bytes(c.K));
     both->prepare(x.data(), c.K, a.data());
-    amx->prepare(x.data(), c.K, b.data());
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), head), 0);
+    big->prepare(x.data(), c.K, h.data());
+    x2->prepare(x.data(), c.K, t.data());
+    EXPECT_EQ(std::memcmp(a.data(), h.data(), head), 0) << both->kernel;
+    EXPECT_EQ(std::memcmp(a.data() + head, t.data(), t.size()), 0) << both->kernel;
+}
+
+// mxfp4 and ds_fp4 on AMX where their W4A8 x2 kernel is chosen (mxfp4: FT_CPU_MXFP4_W4A8; ds_fp4:
+// AVX-512-VNNI), the default: calls of up to 1 (mxfp4) / 2 (ds_fp4) tokens equal that kernel,
+// more the AMX kernel alone (the variant without it).
+TEST(QuantKernels, E2m1AmxSplitsByTokenCount) {
+    if (!ft::cpu::quant_amx_available(Format::mxfp4) || !__builtin_cpu_supports("avx512vnni"))
+        GTEST_SKIP() << "no AMX-BF16 + VBMI + VNNI here";
+    std::mt19937 rng(uint32_t(ft::test::fresh_seed("QuantKernels.E2m1AmxSplitsByTokenCount")));
+    struct G { Format f; int64_t K, N, first; int count; int x2_max; Isa x2_tier; bool fast; };
+    for (const G &g : {G{Format::mxfp4, 1088, 400, 7, 330, 1, Isa::avx512bf16, true},
+                       G{Format::ds_fp4, 640, 300, 3, 290, 2, Isa::avx512, false}}) {
+        const ft::cpu::QuantOps *both = ft::cpu::quant_ops_variant(g.f, Isa::avx512bf16, true, true, g.fast, true);
+        const ft::cpu::QuantOps *x2 = ft::cpu::quant_ops_variant(g.f, g.x2_tier, true, true, g.fast, false);
+        const ft::cpu::QuantOps *amx = ft::cpu::quant_ops_variant(g.f, Isa::avx512bf16, g.f == Format::mxfp4, true, false, true);
+        ASSERT_EQ(both->x2_max_tokens, g.x2_max) << both->kernel;
+        ASSERT_NE(both->gemv, amx->gemv);
+        EXPECT_EQ(ft::cpu::quant_ops(g.f, Isa::avx512bf16, {}, true)->gemv, both->gemv);
+        Case c = make_case(rng, g.f, g.K, g.N);
+        std::uniform_int_distribution<int> code(100, 150);  // codes in the window: the tiles run
+        for (auto &b : c.scale) b = uint8_t(code(rng));
+        expect_split_by_token_count(rng, c, g.first, g.count, both, x2, amx);
+    }
 }
 
 // The AVX-VNNI kernels of the AVX2 tier (quant_avxvnni.cpp, quant_gguf_*avxvnni.cpp) form the same int32 sums as the AVX2
@@ -369,31 +386,8 @@ TEST(QuantKernels, E2m1VnniSplitsByTokenCount) {
         EXPECT_EQ(both->dequant, w4a16->dequant);
         expect_vnni_choice(g.f, Isa::avx512bf16, both, w4a16);
         const Case c = make_case(rng, g.f, g.K, g.N);
-        const int ntok = 19;
-        const PreparedTokens p(rng, both, c.K, ntok);
-        // The same tokens as each part of the prepared activation.
-        const size_t head = both->dequant_act_bytes(c.K);
-        ASSERT_EQ(head + x2->act_bytes(c.K), both->act_bytes(c.K));
-        std::vector<const uint8_t *> tail;
-        for (const uint8_t *a : p.ptr) tail.push_back(a + head);
-        for (int n = 1; n <= ntok; ++n) {
-            std::vector<float> got(size_t(n) * g.count, 1.0f), want(size_t(n) * g.count, 2.0f);
-            both->gemv(c.m(), g.first, g.count, p.ptr.data(), n, got.data(), size_t(g.count));
-            if (n <= both->x2_max_tokens) x2->gemv(c.m(), g.first, g.count, tail.data(), n, want.data(), size_t(g.count));
-            else w4a16->gemv(c.m(), g.first, g.count, p.ptr.data(), n, want.data(), size_t(g.count));
-            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << both->kernel << " tokens " << n;
-        }
-        // Each part is the layout its own preparation writes.
-        std::vector<uint16_t> x(size_t(c.K));
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        for (auto &v : x) v = ft::f32_to_bf16(u(rng));
-        std::vector<uint8_t> a(both->act_bytes(c.K)), h(w4a16->act_bytes(c.K)), t(x2->act_bytes(c.K));
-        both->prepare(x.data(), c.K, a.data());
-        w4a16->prepare(x.data(), c.K, h.data());
-        x2->prepare(x.data(), c.K, t.data());
-        ASSERT_EQ(h.size(), head);
-        EXPECT_EQ(std::memcmp(a.data(), h.data(), head), 0);
-        EXPECT_EQ(std::memcmp(a.data() + head, t.data(), t.size()), 0);
+        ASSERT_EQ(both->dequant_act_bytes(c.K), w4a16->act_bytes(c.K));
+        expect_split_by_token_count(rng, c, g.first, g.count, both, x2, w4a16);
     }
 }
 
