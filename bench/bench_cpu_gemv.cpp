@@ -408,13 +408,15 @@ void BM_kernel_format(benchmark::State &state) {
         for (size_t i = wbytes; i < wbytes + sbytes; ++i) w[i] = uint8_t(base + (w[i] & 7));
     }
     for (size_t i = 0; i < gbytes; i += 2) w[wbytes + sbytes + i] = 0, w[wbytes + sbytes + i + 1] = 0x3c;  // 1.0
-    const size_t ab = ops->act_bytes(K);
+    // Prepared activations on cache lines, one line-rounded stride per token, as the executor keeps them.
+    const size_t ab = (ops->act_bytes(K) + 63) / 64 * 64;
     std::vector<uint8_t> act(ab * size_t(T) + 64);
+    uint8_t *const act0 = act.data() + (64 - reinterpret_cast<uintptr_t>(act.data()) % 64) % 64;
     std::vector<const uint8_t *> ap(static_cast<size_t>(T));
     std::vector<uint16_t> x(static_cast<size_t>(K));
     for (int t = 0; t < T; ++t) {
         for (uint16_t &v : x) v = uint16_t((rng() & 0x807f) | 0x3c00);  // bf16 +-[2^-7, 2^-6)
-        uint8_t *dst = act.data() + size_t(t) * ab;
+        uint8_t *dst = act0 + size_t(t) * ab;
         ops->prepare(x.data(), K, dst);
         ap[size_t(t)] = dst;
     }

@@ -148,8 +148,8 @@ MoeExecutor::MoeExecutor(ThreadPool &pool, Format format, int32_t hidden, int32_
     size_t act_in_cap = 0, act_mid_cap = 0;
     for (const FormatEntry &e : formats_) {
         if (!e.ops) continue;
-        act_in_cap = std::max(act_in_cap, e.ops->act_bytes(hidden));
-        act_mid_cap = std::max(act_mid_cap, e.ops->act_bytes(intermediate));
+        act_in_cap = std::max(act_in_cap, LineBytes::stride(e.ops->act_bytes(hidden)));
+        act_mid_cap = std::max(act_mid_cap, LineBytes::stride(e.ops->act_bytes(intermediate)));
     }
     // The batched path's dequantised rows: as long as the activation part it reads.
     size_t deq_cols = 0;
@@ -245,8 +245,8 @@ MoeStats MoeExecutor::run(const ExpertSource &src, const SharedExpertView *share
     }
     s.gu_ops = gu.ops;
     s.dn_ops = dn.ops;
-    s.act_in_bytes = gu.ops ? gu.ops->act_bytes(hidden_) : 0;
-    s.act_mid_bytes = dn.ops ? dn.ops->act_bytes(inter_) : 0;
+    s.act_in_bytes = gu.ops ? LineBytes::stride(gu.ops->act_bytes(hidden_)) : 0;
+    s.act_mid_bytes = dn.ops ? LineBytes::stride(dn.ops->act_bytes(inter_)) : 0;
     // The batched path dequantises both passes' rows to bf16: both formats need it at this tier.
     s.batched_ok = s.batched_min > 0 && gu.ops && gu.ops->dequant && dn.ops && dn.ops->dequant;
     if (s.batched_ok) {

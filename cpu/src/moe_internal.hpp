@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "ft/common.hpp"
@@ -72,6 +75,25 @@ struct MoeExecutor::FormatEntry {
     std::vector<size_t> bank_bytes;
 };
 
+// Zeroed bytes starting on a cache line: the prepared activations, whose per-token strides are
+// whole lines too, so no vector load of a kernel straddles two lines.
+class LineBytes {
+public:
+    static constexpr size_t kLine = 64;
+    static size_t stride(size_t bytes) { return (bytes + kLine - 1) / kLine * kLine; }
+    void resize(size_t n) {
+        p_.reset(n ? static_cast<uint8_t *>(::operator new(n, std::align_val_t(kLine))) : nullptr);
+        if (n) std::memset(p_.get(), 0, n);
+    }
+    uint8_t *data() const { return p_.get(); }
+
+private:
+    struct Free {
+        void operator()(uint8_t *p) const { ::operator delete(p, std::align_val_t(kLine)); }
+    };
+    std::unique_ptr<uint8_t, Free> p_;
+};
+
 struct MoeExecutor::Scratch {
     // Formats of the current call: the gate_up bank's and the down bank's (equal unless the
     // layer mixes block formats). Set by run() before the passes.
@@ -82,7 +104,7 @@ struct MoeExecutor::Scratch {
     const QuantOps *gu_ops = nullptr;        // pass 1 and the input preparation (nullptr: bf16)
     const QuantOps *dn_ops = nullptr;        // pass 2 and the intermediate preparation
     bool batched_ok = false;                 // both formats have the batched path at this tier
-    size_t act_in_bytes = 0, act_mid_bytes = 0;  // one prepared input / intermediate (this call)
+    size_t act_in_bytes = 0, act_mid_bytes = 0;  // stride of the prepared inputs / intermediates (this call)
     int batched_in_cols = 0, batched_mid_cols = 0;  // bf16 columns of them the batched path reads
     int32_t batched_min = 0;                 // quant_batched_min_tokens over every accepted format
     int p2_block = kRowBlock;                // output rows per pass-2 item (mxfp4: 64 columns)
@@ -102,8 +124,8 @@ struct MoeExecutor::Scratch {
     std::vector<float> route_out;            // [slots, H] fp32 expert outputs, unweighted
     std::vector<float> shared_gate;          // [T]
     std::vector<float> tiles;                // per worker: gate and up tiles of pass 1
-    std::vector<uint8_t> act_in;             // quantised formats: prepared input per token
-    std::vector<uint8_t> act_mid;            // quantised formats: prepared intermediate per routed slot
+    LineBytes act_in;                        // quantised formats: prepared input per token
+    LineBytes act_mid;                       // quantised formats: prepared intermediate per routed slot
     std::vector<const uint8_t *> aptr;       // [slots]: prepared input of each slot's token
     std::vector<const uint8_t *> mptr;       // [slots]: prepared intermediate of each slot
     std::vector<const uint16_t *> aptr16, mptr16;  // the same as bf16 rows (batched path)
