@@ -175,7 +175,7 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
     const __m512i idx01 = B == 16 ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
                                   : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i idx23 = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
-    constexpr int A = B == 16 && NT <= 4 ? 2 : 1;  // accumulators per row and token
+    constexpr int A = B == 16 && NT * R <= 4 ? 2 : 1;  // accumulators per row and token
     const int16_t *xa[NT];
     const float *dv[NT];
     __m512 acc[R][NT][A];
