@@ -377,6 +377,9 @@ double thread_cpu_seconds() {
 // (so other processes on a shared machine do not count). GBps_core: weight bytes per CPU second;
 // ceiling_to_read = GBps_core x pool threads / read_GBps, the bound of the layer benchmarks: below
 // 1 the kernel, not memory, limits the layer at that token count. Args: format id, tokens.
+// The first 4 KiB page boundary at or after p.
+uint8_t *page_start(uint8_t *p) { return p + (4096 - reinterpret_cast<uintptr_t>(p) % 4096) % 4096; }
+
 void BM_kernel_format(benchmark::State &state) {
     const ft::Format f = ft::Format(state.range(0));
     const int T = int(state.range(1));
@@ -399,19 +402,24 @@ void BM_kernel_format(benchmark::State &state) {
         case ft::Format::mxfp4: wbytes = size_t(N) * K / 2, sbytes = size_t(N) * K / 32; break;
         default: wbytes = ft::block_row_bytes(f, K) * N; break;
     }
-    std::vector<uint8_t> w(wbytes + sbytes + gbytes);
+    // Weights and activations each at the start of a 4 KiB page (the library's banks are
+    // page-aligned), so runs and builds compare at the same page offsets: moving the activations
+    // by 64 bytes within the page changed these ceilings by up to 20 % on the dev box.
+    const size_t total = wbytes + sbytes + gbytes;
+    std::vector<uint8_t> wbuf(total + 4096);
+    uint8_t *const w = page_start(wbuf.data());
     std::mt19937 rng(uint32_t(state.range(0) * 64 + T));
-    for (uint8_t &b : w) b = uint8_t(rng()) & 0x77;
-    if (f == ft::Format::fp8_block) fill_fp8_scales(w.data() + wbytes, sbytes, fp8_scale_base());
+    for (size_t i = 0; i < total; ++i) w[i] = uint8_t(rng()) & 0x77;
+    if (f == ft::Format::fp8_block) fill_fp8_scales(w + wbytes, sbytes, fp8_scale_base());
     if (f == ft::Format::mxfp4 || f == ft::Format::ds_fp4) {
         const uint8_t base = e8m0_scale_base(f);
         for (size_t i = wbytes; i < wbytes + sbytes; ++i) w[i] = uint8_t(base + (w[i] & 7));
     }
     for (size_t i = 0; i < gbytes; i += 2) w[wbytes + sbytes + i] = 0, w[wbytes + sbytes + i + 1] = 0x3c;  // 1.0
-    // Prepared activations on cache lines, one line-rounded stride per token, as the executor keeps them.
+    // One line-rounded stride per token, as the executor keeps them.
     const size_t ab = (ops->act_bytes(K) + 63) / 64 * 64;
-    std::vector<uint8_t> act(ab * size_t(T) + 64);
-    uint8_t *const act0 = act.data() + (64 - reinterpret_cast<uintptr_t>(act.data()) % 64) % 64;
+    std::vector<uint8_t> act(ab * size_t(T) + 4096);
+    uint8_t *const act0 = page_start(act.data());
     std::vector<const uint8_t *> ap(static_cast<size_t>(T));
     std::vector<uint16_t> x(static_cast<size_t>(K));
     for (int t = 0; t < T; ++t) {
@@ -420,8 +428,8 @@ void BM_kernel_format(benchmark::State &state) {
         ops->prepare(x.data(), K, dst);
         ap[size_t(t)] = dst;
     }
-    const ft::cpu::detail::QuantMatrix m{w.data(), sbytes ? w.data() + wbytes : nullptr,
-                                         gbytes ? w.data() + wbytes + sbytes : nullptr, K, N};
+    const ft::cpu::detail::QuantMatrix m{w, sbytes ? w + wbytes : nullptr,
+                                         gbytes ? w + wbytes + sbytes : nullptr, K, N};
     std::vector<float> out(size_t(T) * N);
     double secs = 0;
     int64_t calls = 0;
@@ -434,7 +442,7 @@ void BM_kernel_format(benchmark::State &state) {
         secs += s;
         calls += 64;
     }
-    const double gbps = double(w.size()) * double(calls) / secs / 1e9;
+    const double gbps = double(total) * double(calls) / secs / 1e9;
     state.counters["GBps_core"] = gbps;
     state.counters["ceiling_to_read"] = gbps * pool().size() / read_bandwidth();
     state.SetLabel(ops->kernel);
