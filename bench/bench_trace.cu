@@ -322,8 +322,10 @@ struct Run {
     double pcie_bytes_per_token = 0, cpu_bytes_per_token = 0, fraction = 0;
 };
 
+// A session of the method; with `skip_oom`, none (and the library's message in *why) when the
+// GPU cannot hold it: the resident method on a model larger than the GPU's memory.
 Session open_session(ft_model *m, int32_t backend, const Options &o, int32_t policy = FT_CACHE_LRU,
-                     double fraction = -1.0) {
+                     double fraction = -1.0, std::string *skip_oom = nullptr) {
     ft_session_params p;
     ft_session_params_init(&p);
     p.backend = backend;
@@ -335,7 +337,12 @@ Session open_session(ft_model *m, int32_t backend, const Options &o, int32_t pol
     p.cache_half_life = o.half_life;
     ft_session *s = nullptr;
     char err[512] = "";
-    ft_ok(ft_session_create(m, &p, &s, err, sizeof err), "ft_session_create", err);
+    const ft_status st = ft_session_create(m, &p, &s, err, sizeof err);
+    if (st == FT_ERR_OUT_OF_MEMORY && skip_oom) {
+        *skip_oom = err;
+        return Session();
+    }
+    ft_ok(st, "ft_session_create", err);
     return Session(s);
 }
 
@@ -533,8 +540,14 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
                                                                 : FT_BACKEND_CPU;
         if ((method == "hybrid" || method == "cpu") && ov.cpu_alone == 0)
             ov = measure_overlap(model, trace, g.hidden, bw.h2d, o, std::min<int64_t>(calls, 32 * layers));
-        Session s = open_session(model, backend, o, policy, resident ? 1.0 : -1.0);
+        std::string oom;
+        Session s = open_session(model, backend, o, policy, resident ? 1.0 : -1.0, resident ? &oom : nullptr);
         const char *policy_name = method == "cpu" ? "-" : policy == FT_CACHE_FREQUENCY ? "frequency" : "lru";
+        if (!s) {
+            std::printf("| %s | %s | - | - | - | - | - | - | - | skipped, every expert does not fit the GPU: %s |\n",
+                        method.c_str(), policy_name, oom.c_str());
+            continue;
+        }
         const Run r = timed(s.get(), trace, g.hidden, warm, calls, tokens);
         double bound = 0;
         char note[160] = "";
