@@ -371,15 +371,15 @@ double thread_cpu_seconds() {
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
+// The first 4 KiB page boundary at or after p.
+uint8_t *page_start(uint8_t *p) { return p + (4096 - reinterpret_cast<uintptr_t>(p) % 4096) % 4096; }
+
 // The compute ceiling of a quantised format's kernel (the default tier's, as the layers run it): 64
 // rows of K = 2048 that stay in L2 (mxfp4: 64 columns, a tile of 64 of its kernels, which do per
 // column what their tiles of 128 do), all tokens per call, on this thread, timed in thread CPU time
 // (so other processes on a shared machine do not count). GBps_core: weight bytes per CPU second;
 // ceiling_to_read = GBps_core x pool threads / read_GBps, the bound of the layer benchmarks: below
 // 1 the kernel, not memory, limits the layer at that token count. Args: format id, tokens.
-// The first 4 KiB page boundary at or after p.
-uint8_t *page_start(uint8_t *p) { return p + (4096 - reinterpret_cast<uintptr_t>(p) % 4096) % 4096; }
-
 void BM_kernel_format(benchmark::State &state) {
     const ft::Format f = ft::Format(state.range(0));
     const int T = int(state.range(1));
