@@ -322,7 +322,7 @@ struct Run {
     double pcie_bytes_per_token = 0, cpu_bytes_per_token = 0, fraction = 0;
 };
 
-// A session of the method; with `skip_oom`, none (and the library's message in *why) when the
+// A session of the method; with `skip_oom`, none (and the library's message in *skip_oom) when the
 // GPU cannot hold it: the resident method on a model larger than the GPU's memory.
 Session open_session(ft_model *m, int32_t backend, const Options &o, int32_t policy = FT_CACHE_LRU,
                      double fraction = -1.0, std::string *skip_oom = nullptr) {
