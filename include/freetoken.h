@@ -69,7 +69,7 @@ extern "C" {
  * ========================================================================================== */
 
 #define FT_VERSION_MAJOR 0
-#define FT_VERSION_MINOR 7
+#define FT_VERSION_MINOR 8
 #define FT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
@@ -474,8 +474,11 @@ typedef struct ft_session_params {
     double handoff_timeout_seconds; /* a CPU handoff not done in this time fails the session
                                        with FT_ERR_TIMEOUT instead of hanging (default 10)      */
     /* Since 0.5. Which expert the slot cache of FT_BACKEND_OFFLOAD and FT_BACKEND_HYBRID evicts
-     * on a miss: FT_CACHE_LRU (default) or FT_CACHE_FREQUENCY (the lowest decayed access count,
-     * kept per expert while evicted; docs/formulas.md, "Slot cache policies"). */
+     * on a miss: FT_CACHE_LRU or FT_CACHE_FREQUENCY (the lowest decayed access count, kept per
+     * expert while evicted; docs/formulas.md, "Slot cache policies"). Default FT_CACHE_AUTO
+     * (since 0.8): FT_CACHE_FREQUENCY for FT_BACKEND_OFFLOAD, FT_CACHE_LRU for
+     * FT_BACKEND_HYBRID, the faster of the two on the decode traces of bench/run_trace.sh;
+     * ft_session_cache_policy tells the one in use. */
     int32_t cache_policy;
     int32_t cache_half_life;  /* FT_CACHE_FREQUENCY: decode steps after which an access counts
                                  half; default 0 = 8                                            */
@@ -483,6 +486,7 @@ typedef struct ft_session_params {
 
 #define FT_CACHE_LRU       0 /* least recently used                                         */
 #define FT_CACHE_FREQUENCY 1 /* lowest decayed frequency (recency and frequency)              */
+#define FT_CACHE_AUTO      2 /* the backend's default (since 0.8)                             */
 
 FT_API void ft_session_params_init(ft_session_params *params);
 
@@ -493,6 +497,11 @@ FT_API const char *ft_session_last_error(const ft_session *session);
 
 /* The backend the session runs (FT_BACKEND_*; AUTO resolved). */
 FT_API int32_t ft_session_backend(const ft_session *session);
+
+/* Since 0.8. The slot cache policy the session runs (FT_CACHE_LRU or FT_CACHE_FREQUENCY;
+ * FT_CACHE_AUTO resolved), or -1 for a backend without a slot cache (FT_BACKEND_CPU,
+ * FT_BACKEND_GPU) and for a NULL session. */
+FT_API int32_t ft_session_cache_policy(const ft_session *session);
 
 /* Router logits [num_tokens, E] (f32) -> expert ids [num_tokens, K] and routing weights
  * [num_tokens, K] by the model's routing rule. Ties are broken towards the lower expert id.

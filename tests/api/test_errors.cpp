@@ -57,6 +57,7 @@ TEST(Errors, NullArguments) {
     EXPECT_EQ(ft_engine_get_info(engine.get(), nullptr), FT_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(ft_model_moe_layer(nullptr, 0), -1);
     EXPECT_EQ(ft_session_backend(nullptr), -1);
+    EXPECT_EQ(ft_session_cache_policy(nullptr), -1);
     EXPECT_STREQ(ft_session_last_error(nullptr), "handle is NULL");
 
     auto model = tiny_model(engine.get());
@@ -153,7 +154,7 @@ TEST(Errors, GpuSessionParametersWithoutAGpu) {
     EXPECT_EQ(p.vram_reserve_bytes, uint64_t(2) << 30);
     EXPECT_TRUE(p.hybrid_adaptive);
     EXPECT_EQ(p.handoff_timeout_seconds, 10.0);
-    EXPECT_EQ(p.cache_policy, FT_CACHE_LRU);
+    EXPECT_EQ(p.cache_policy, FT_CACHE_AUTO);
     EXPECT_EQ(p.cache_half_life, 0);
     ft_session *s = nullptr;
     for (int32_t b : {FT_BACKEND_GPU, FT_BACKEND_OFFLOAD, FT_BACKEND_HYBRID}) {
@@ -175,9 +176,11 @@ TEST(Errors, GpuSessionParametersWithoutAGpu) {
     p.prefill_min_tokens = -1;
     EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
     p.prefill_min_tokens = 0;
-    p.cache_policy = 2;
-    EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
-    EXPECT_TRUE(contains(err, "cache_policy")) << err;
+    for (const int32_t bad : {3, -1}) {
+        p.cache_policy = bad;
+        EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT) << bad;
+        EXPECT_TRUE(contains(err, "cache_policy")) << err;
+    }
     p.cache_policy = FT_CACHE_FREQUENCY;
     p.cache_half_life = -1;
     EXPECT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_ERR_INVALID_ARGUMENT);
@@ -188,6 +191,7 @@ TEST(Errors, GpuSessionParametersWithoutAGpu) {
     ASSERT_EQ(ft_session_create(model.get(), &p, &s, err, sizeof err), FT_OK) << err;
     SessionPtr session(s);
     EXPECT_EQ(ft_session_backend(s), FT_BACKEND_CPU);
+    EXPECT_EQ(ft_session_cache_policy(s), -1);  // no slot cache
     EXPECT_GT(std::strlen(ft_session_backend_reason(s)), 0u);
     EXPECT_EQ(ft_session_status(s), FT_OK);
     EXPECT_EQ(ft_session_status(nullptr), FT_ERR_INVALID_ARGUMENT);

@@ -1,7 +1,8 @@
 // The slot cache policy chosen through ft_session_params reaches the device: an offload session's
 // hit and miss counts over a Zipf trace equal the host simulation of that policy (slot for slot
-// the same admission), for LRU and for the frequency policy, whose counts differ on this trace.
-// Skips without a GPU.
+// the same admission), for LRU and for the frequency policy, whose counts differ on this trace,
+// and for FT_CACHE_AUTO, which offload resolves to the frequency policy (hybrid to LRU,
+// ft_session_cache_policy). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -56,7 +57,7 @@ TEST(CachePolicyGpu, OffloadHitsEqualTheSimulationOfEachPolicy) {
     const std::vector<uint16_t> x(64, 0x3f80);
     std::vector<uint16_t> y(64);
     const std::vector<float> w(4, 0.25f);
-    for (const int32_t policy : {FT_CACHE_LRU, FT_CACHE_FREQUENCY}) {
+    for (const int32_t policy : {FT_CACHE_LRU, FT_CACHE_FREQUENCY, FT_CACHE_AUTO}) {
         ft_session_params p;
         ft_session_params_init(&p);
         p.backend = FT_BACKEND_OFFLOAD;
@@ -68,16 +69,35 @@ TEST(CachePolicyGpu, OffloadHitsEqualTheSimulationOfEachPolicy) {
         ft_session *sraw = nullptr;
         ASSERT_EQ(ft_session_create(model.get(), &p, &sraw, err, sizeof err), FT_OK) << err;
         SessionPtr session(sraw);
+        const int32_t resolved = policy == FT_CACHE_AUTO ? FT_CACHE_FREQUENCY : policy;
+        EXPECT_EQ(ft_session_cache_policy(sraw), resolved) << "policy " << policy;
         for (const auto &c : trace.calls)
             ASSERT_EQ(ft_decode(sraw, c.layer, 1, x.data(), c.ids.data(), w.data(), y.data()), FT_OK)
                 << ft_session_last_error(sraw);
         ft_session_stats st;
         st.struct_size = sizeof st;
         ASSERT_EQ(ft_session_get_stats(sraw, &st), FT_OK);
-        const ft::CacheSim &want = policy == FT_CACHE_LRU ? lru : freq;
+        const ft::CacheSim &want = resolved == FT_CACHE_LRU ? lru : freq;
         EXPECT_EQ(int64_t(st.cache_hits), want.hits) << "policy " << policy;
         EXPECT_EQ(int64_t(st.cache_hits + st.cache_misses), want.requests) << "policy " << policy;
     }
+
+    // Hybrid resolves AUTO to LRU and keeps an explicit choice; the resident backend has no cache.
+    for (const int32_t backend : {FT_BACKEND_HYBRID, FT_BACKEND_GPU})
+        for (const int32_t policy : {FT_CACHE_AUTO, FT_CACHE_FREQUENCY}) {
+            ft_session_params p;
+            ft_session_params_init(&p);
+            p.backend = backend;
+            p.max_tokens = 1;
+            p.cache_slots = kSlots;
+            p.vram_reserve_bytes = 0;
+            p.cache_policy = policy;
+            ft_session *sraw = nullptr;
+            ASSERT_EQ(ft_session_create(model.get(), &p, &sraw, err, sizeof err), FT_OK) << err;
+            SessionPtr session(sraw);
+            const int32_t want = backend == FT_BACKEND_GPU ? -1 : policy == FT_CACHE_AUTO ? FT_CACHE_LRU : policy;
+            EXPECT_EQ(ft_session_cache_policy(sraw), want) << "backend " << backend << " policy " << policy;
+        }
 }
 
 }  // namespace

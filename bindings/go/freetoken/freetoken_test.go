@@ -163,7 +163,7 @@ func TestDefaults(t *testing.T) {
 	if d := DefaultModelDesc(); d.Format != FormatBF16 || d.Routing != RoutingSoftmaxTopKRenorm {
 		t.Errorf("model defaults %+v", d)
 	}
-	if p := DefaultSessionParams(); p.Backend != BackendAuto || p.MaxTokens != 256 || !p.CheckFinite {
+	if p := DefaultSessionParams(); p.Backend != BackendAuto || p.MaxTokens != 256 || !p.CheckFinite || p.CachePolicy != CacheAuto {
 		t.Errorf("session defaults %+v", p)
 	}
 	if p := DefaultEPParams(); p.TopK != 8 || p.Wire != EPWireFP8 || p.CombineWire != EPWireBF16 {
@@ -184,6 +184,9 @@ func TestRouteAndDecodeMatchReference(t *testing.T) {
 	defer s.Close()
 	if s.Backend() != BackendCPU || s.BackendReason() == "" {
 		t.Errorf("backend %d (%q)", s.Backend(), s.BackendReason())
+	}
+	if c := s.CachePolicy(); c != -1 { // the cpu backend has no slot cache
+		t.Errorf("cache policy %d", c)
 	}
 	const T = 3
 	r := rng(99)

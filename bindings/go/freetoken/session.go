@@ -35,6 +35,8 @@ type SessionParams struct {
 	HybridFraction        float32
 	HybridAdaptive        bool
 	HandoffTimeoutSeconds float64
+	CachePolicy           int // CacheLRU, CacheFrequency or CacheAuto (the default: the backend's faster one)
+	CacheHalfLife         int // CacheFrequency: decode steps after which an access counts half (0 = 8)
 }
 
 // DefaultSessionParams returns the library's defaults.
@@ -45,7 +47,8 @@ func DefaultSessionParams() SessionParams {
 		CheckFinite: bool(p.check_finite), CacheSlots: int64(p.cache_slots), CacheFraction: float64(p.cache_fraction),
 		VramReserveBytes: uint64(p.vram_reserve_bytes), PrefillMinTokens: int(p.prefill_min_tokens),
 		HybridFraction: float32(p.hybrid_fraction), HybridAdaptive: bool(p.hybrid_adaptive),
-		HandoffTimeoutSeconds: float64(p.handoff_timeout_seconds)}
+		HandoffTimeoutSeconds: float64(p.handoff_timeout_seconds), CachePolicy: int(p.cache_policy),
+		CacheHalfLife: int(p.cache_half_life)}
 }
 
 // SessionStats are a session's counters since creation or the last reset.
@@ -90,6 +93,15 @@ func NewSession(model *Model, params *SessionParams) (*Session, error) {
 		p.cache_fraction, p.vram_reserve_bytes = C.double(params.CacheFraction), C.uint64_t(params.VramReserveBytes)
 		p.prefill_min_tokens, p.hybrid_fraction = prefill, C.float(params.HybridFraction)
 		p.hybrid_adaptive, p.handoff_timeout_seconds = C.bool(params.HybridAdaptive), C.double(params.HandoffTimeoutSeconds)
+		policy, err := toInt32(params.CachePolicy, "CachePolicy")
+		if err != nil {
+			return nil, err
+		}
+		halfLife, err := toInt32(params.CacheHalfLife, "CacheHalfLife")
+		if err != nil {
+			return nil, err
+		}
+		p.cache_policy, p.cache_half_life = policy, halfLife
 	}
 	var s *Session
 	err := model.h.shared(func(mraw *C.ft_model) error {
@@ -130,6 +142,14 @@ func (s *Session) Backend() int {
 	b := 0
 	s.call(func(raw *C.ft_session) C.ft_status { b = int(C.ft_session_backend(raw)); return C.FT_OK })
 	return b
+}
+
+// CachePolicy is the slot cache policy the session runs (CacheAuto resolved), or -1 for a backend
+// without a slot cache (cpu, gpu).
+func (s *Session) CachePolicy() int {
+	c := -1
+	s.call(func(raw *C.ft_session) C.ft_status { c = int(C.ft_session_cache_policy(raw)); return C.FT_OK })
+	return c
 }
 
 // BackendReason says why the session runs its backend.

@@ -22,7 +22,7 @@ from ._ffi import load as load_library
 # Every FT_* constant of the headers, at package level.
 globals().update({k: v for k, v in vars(_ffi).items() if k.startswith("FT_")})
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 __all__ = ["ArrayError", "BACKEND_NAMES", "Engine", "EpGroup", "Error", "Model", "Profile", "Session", "TensorView",
            "build_info", "ep_params", "library_path", "load_library", "set_log_callback", "status_string", "version",
            "version_number"] + [k for k in vars(_ffi) if k.startswith("FT_")]

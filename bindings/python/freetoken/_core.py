@@ -29,7 +29,7 @@ def status_string(status):
 
 
 def version():
-    """The loaded library's version string ("0.7.0")."""
+    """The loaded library's version string ("0.8.0")."""
     return load().ft_version_string().decode()
 
 
@@ -252,6 +252,16 @@ def _backend_value(backend):
 
 
 BACKEND_NAMES = {0: "auto", 1: "cpu", 2: "gpu", 3: "offload", 4: "hybrid"}
+CACHE_POLICY_NAMES = {0: "lru", 1: "frequency", 2: "auto"}
+
+
+def _cache_policy_value(policy):
+    if isinstance(policy, str):
+        names = {v: k for k, v in CACHE_POLICY_NAMES.items()}
+        if policy.lower() not in names:
+            raise ValueError("cache_policy %r: expected one of %s" % (policy, ", ".join(names)))
+        return names[policy.lower()]
+    return int(policy)
 
 
 def _set_fields(st, kwargs, what):
@@ -405,7 +415,8 @@ def _cuda_stream_handle(stream, device):
 
 class Session(_Handle):
     """ft_session: one model on one engine. Session(model, backend='auto', max_tokens=256, ...);
-    other ft_session_params fields as keywords (cache_fraction, shared_experts, hybrid_fraction, ...)."""
+    other ft_session_params fields as keywords (cache_fraction, shared_experts, hybrid_fraction,
+    cache_policy: 'lru', 'frequency' or 'auto' (default) or the FT_CACHE_* value, ...)."""
     _free_name, _error_name = "ft_session_free", "ft_session_last_error"
     _exclusive = True
 
@@ -413,6 +424,8 @@ class Session(_Handle):
         lib = load()
         p = _ffi.ft_session_params()
         lib.ft_session_params_init(ctypes.byref(p))
+        if "cache_policy" in fields:
+            fields["cache_policy"] = _cache_policy_value(fields["cache_policy"])
         _set_fields(p, dict(backend=_backend_value(backend), max_tokens=max_tokens, **fields), "Session")
         out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_SIZE)
         with model._use() as m:
@@ -429,6 +442,12 @@ class Session(_Handle):
     def backend(self):
         """The backend the session runs, by name ('cpu', 'gpu', 'offload', 'hybrid')."""
         return BACKEND_NAMES.get(int(self._value("ft_session_backend")), "unknown")
+
+    @property
+    def cache_policy(self):
+        """The slot cache policy the session runs ('lru' or 'frequency'; 'auto' resolved), or None
+        for a backend without a slot cache (cpu, gpu)."""
+        return CACHE_POLICY_NAMES.get(int(self._value("ft_session_cache_policy")))
 
     @property
     def backend_reason(self):

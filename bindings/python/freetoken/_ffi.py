@@ -15,7 +15,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_d
 # ---- constants (values fixed forever by the headers) -------------------------------------------
 
 FT_VERSION_MAJOR = 0
-FT_VERSION_MINOR = 7
+FT_VERSION_MINOR = 8
 FT_VERSION_PATCH = 0
 FT_VERSION_NUMBER = FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH
 
@@ -76,6 +76,7 @@ FT_BACKEND_OFFLOAD = 3
 FT_BACKEND_HYBRID = 4
 FT_CACHE_LRU = 0
 FT_CACHE_FREQUENCY = 1
+FT_CACHE_AUTO = 2
 
 FT_LOG_OFF = 0
 FT_LOG_ERROR = 1
@@ -270,6 +271,7 @@ FUNCTIONS = {
     "ft_session_free": (None, [_H]),
     "ft_session_last_error": (c_char_p, [_H]),
     "ft_session_backend": (c_int32, [_H]),
+    "ft_session_cache_policy": (c_int32, [_H]),
     "ft_route": (c_int32, [_H, c_int32, c_int32, c_void_p, c_void_p, c_void_p]),
     "ft_route_tokens": (c_int32, [_H, c_int32, c_int32, c_void_p, c_void_p, c_void_p, c_void_p]),
     "ft_decode": (c_int32, [_H, c_int32, c_int32, c_void_p, c_void_p, c_void_p, c_void_p]),

@@ -228,12 +228,22 @@ class Arrays(Checkpoint):
 
 
 class Decode(Checkpoint):
+    def test_cache_policy_by_name(self):
+        with self.engine() as engine, ft.Model.load(engine, self.ckpt) as model:
+            with ft.Session(model, backend="cpu", cache_policy="frequency") as s:
+                self.assertIsNone(s.cache_policy)  # accepted; the cpu backend has no slot cache
+            with self.assertRaises(ValueError):
+                ft.Session(model, backend="cpu", cache_policy="fifo")
+            with self.assertRaises(ft.Error):
+                ft.Session(model, backend="cpu", cache_policy=7)
+
     def test_route_and_decode_match_the_reference(self):
         rng = np.random.default_rng(3)
         T = 5
         with self.engine() as engine, ft.Model.load(engine, self.ckpt) as model, \
                 ft.Session(model, backend="cpu") as s:
             self.assertEqual(s.backend, "cpu")
+            self.assertIsNone(s.cache_policy)  # the cpu backend has no slot cache
             self.assertEqual(s.device, ft.FT_DEVICE_NONE)
             self.assertEqual(model.moe_layer(1), 1)
             info = model.info()

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The oldest library these declarations describe (the header version they follow).
-const MIN_VERSION: &str = "0.7.0";
+const MIN_VERSION: &str = "0.8.0";
 
 fn main() {
     for var in ["FREETOKEN_LIB_DIR", "PKG_CONFIG", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR"] {

@@ -374,7 +374,7 @@ void ft_session_params_init(ft_session_params *p) {
     p->hybrid_fraction = 0.0f;
     p->hybrid_adaptive = true;
     p->handoff_timeout_seconds = 10.0;
-    p->cache_policy = FT_CACHE_LRU;
+    p->cache_policy = FT_CACHE_AUTO;
     p->cache_half_life = 0;
 }
 
@@ -397,6 +397,8 @@ void ft_session_free(ft_session *session) { delete session; }
 const char *ft_session_last_error(const ft_session *session) { return session ? session->last_error.c_str() : kNullHandle; }
 
 int32_t ft_session_backend(const ft_session *session) { return session ? session->impl->backend() : -1; }
+
+int32_t ft_session_cache_policy(const ft_session *session) { return session ? session->impl->cache_policy() : -1; }
 
 ft_status ft_route(ft_session *session, int32_t layer, int32_t num_tokens, const float *logits, int32_t *expert_ids,
                    float *expert_weights) {

@@ -57,8 +57,9 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
         fail(FT_ERR_INVALID_ARGUMENT, "cache_fraction must be in [0, 1], got ", params_.cache_fraction);
     if (params_.prefill_min_tokens < 0)
         fail(FT_ERR_INVALID_ARGUMENT, "prefill_min_tokens must not be negative, got ", params_.prefill_min_tokens);
-    if (params_.cache_policy != FT_CACHE_LRU && params_.cache_policy != FT_CACHE_FREQUENCY)
-        fail(FT_ERR_INVALID_ARGUMENT, "cache_policy must be FT_CACHE_LRU or FT_CACHE_FREQUENCY, got ",
+    if (params_.cache_policy != FT_CACHE_LRU && params_.cache_policy != FT_CACHE_FREQUENCY &&
+        params_.cache_policy != FT_CACHE_AUTO)
+        fail(FT_ERR_INVALID_ARGUMENT, "cache_policy must be FT_CACHE_LRU, FT_CACHE_FREQUENCY or FT_CACHE_AUTO, got ",
              params_.cache_policy);
     if (params_.cache_half_life < 0 || params_.cache_half_life > (1 << 20))
         fail(FT_ERR_INVALID_ARGUMENT, "cache_half_life must be in [0, 2^20] decode steps, got ", params_.cache_half_life);
@@ -87,6 +88,11 @@ Session::Session(LoadedModel &model, const ft_session_params &params) : model_(m
     ctx.tuning = model.engine().tuning();
     if (backend_ == FT_BACKEND_HYBRID && params_.hybrid_fraction == 0.0f)
         ctx.params.hybrid_fraction = static_cast<float>(profiled_fetch_fraction(model.engine(), model.model().spec()));
+    // AUTO: the policy that was faster for the backend on bench/run_trace.sh's decode traces
+    // (docs/formulas.md, "Slot cache policies").
+    if (params_.cache_policy == FT_CACHE_AUTO)
+        ctx.params.cache_policy = backend_ == FT_BACKEND_HYBRID ? FT_CACHE_LRU : FT_CACHE_FREQUENCY;
+    if (backend_ == FT_BACKEND_OFFLOAD || backend_ == FT_BACKEND_HYBRID) cache_policy_ = ctx.params.cache_policy;
     impl_ = info->make(ctx);
     reset_stats();
     if (const std::string &path = model.engine().tuning().trace_routes; !path.empty()) {

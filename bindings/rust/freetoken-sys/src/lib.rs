@@ -23,11 +23,11 @@ pub use std::os::raw::{c_char, c_void};
 /// Major version of the header these declarations follow.
 pub const FT_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations follow.
-pub const FT_VERSION_MINOR: u32 = 7;
+pub const FT_VERSION_MINOR: u32 = 8;
 /// Patch version of the header these declarations follow.
 pub const FT_VERSION_PATCH: u32 = 0;
 /// MAJOR*10000 + MINOR*100 + PATCH.
-pub const FT_VERSION_NUMBER: u32 = 700;
+pub const FT_VERSION_NUMBER: u32 = 800;
 
 /* ---------------------------------------------------------------------------------------------
  * Status codes
@@ -117,6 +117,7 @@ pub const FT_BACKEND_OFFLOAD: i32 = 3;
 pub const FT_BACKEND_HYBRID: i32 = 4;
 pub const FT_CACHE_LRU: i32 = 0;
 pub const FT_CACHE_FREQUENCY: i32 = 1;
+pub const FT_CACHE_AUTO: i32 = 2;
 
 /// Log levels.
 pub const FT_LOG_OFF: i32 = 0;
@@ -601,6 +602,8 @@ extern "C" {
     pub fn ft_session_free(session: *mut ft_session);
     pub fn ft_session_last_error(session: *const ft_session) -> *const c_char;
     pub fn ft_session_backend(session: *const ft_session) -> i32;
+    /// Since 0.8.
+    pub fn ft_session_cache_policy(session: *const ft_session) -> i32;
     pub fn ft_route(
         session: *mut ft_session,
         layer: i32,

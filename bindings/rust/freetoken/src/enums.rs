@@ -82,6 +82,14 @@ int_enum!(
     }
 );
 int_enum!(
+    /// Slot cache policies (`FT_CACHE_*`).
+    CachePolicy {
+        LRU = sys::FT_CACHE_LRU,
+        FREQUENCY = sys::FT_CACHE_FREQUENCY,
+        AUTO = sys::FT_CACHE_AUTO,
+    }
+);
+int_enum!(
     /// Log levels (`FT_LOG_*`).
     LogLevel {
         OFF = sys::FT_LOG_OFF,

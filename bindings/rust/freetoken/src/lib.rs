@@ -92,7 +92,7 @@ pub mod ep;
 
 pub use bf16::Bf16;
 pub use engine::{Engine, EngineInfo, EngineParams};
-pub use enums::{Activation, Backend, Device, Dtype, Format, LogLevel, Projection, Routing, TensorKind};
+pub use enums::{Activation, Backend, CachePolicy, Device, Dtype, Format, LogLevel, Projection, Routing, TensorKind};
 pub use error::{Error, Result, Status};
 pub use library::{build_info, reset_log_callback, set_log_callback, version, version_string, BuildInfo};
 pub use model::{LoadOptions, Model, ModelBuilder, ModelDesc, ModelInfo, TensorView};

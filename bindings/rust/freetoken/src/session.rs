@@ -9,7 +9,7 @@ use crate::sys;
 use crate::error::{Error, Result, Status};
 use crate::util::{check, defaults, expect_len, rows_of, sized, string_of, to_i32, with_err_buf};
 use crate::bf16::Bf16;
-use crate::enums::Backend;
+use crate::enums::{Backend, CachePolicy};
 use crate::model::Model;
 
 /// Session parameters; `default()` holds the library's defaults.
@@ -27,6 +27,10 @@ pub struct SessionParams {
     pub hybrid_fraction: f32,
     pub hybrid_adaptive: bool,
     pub handoff_timeout_seconds: f64,
+    /// The slot cache's eviction policy (default `AUTO`: the backend's faster one).
+    pub cache_policy: CachePolicy,
+    /// `FREQUENCY`: decode steps after which an access counts half (default 0 = 8).
+    pub cache_half_life: i32,
 }
 
 impl Default for SessionParams {
@@ -44,6 +48,8 @@ impl Default for SessionParams {
             hybrid_fraction: p.hybrid_fraction,
             hybrid_adaptive: p.hybrid_adaptive,
             handoff_timeout_seconds: p.handoff_timeout_seconds,
+            cache_policy: CachePolicy(p.cache_policy),
+            cache_half_life: p.cache_half_life,
         }
     }
 }
@@ -137,6 +143,8 @@ impl<'m> Session<'m> {
         p.hybrid_fraction = params.hybrid_fraction;
         p.hybrid_adaptive = params.hybrid_adaptive;
         p.handoff_timeout_seconds = params.handoff_timeout_seconds;
+        p.cache_policy = params.cache_policy.0;
+        p.cache_half_life = params.cache_half_life;
         let mut raw = ptr::null_mut();
         // The C API takes a non-const model; sessions only read it (the model is immutable).
         with_err_buf(|err, n| unsafe { sys::ft_session_create(model.raw.as_ptr(), &p, &mut raw, err, n) })?;
@@ -157,6 +165,13 @@ impl<'m> Session<'m> {
     /// The backend the session runs (AUTO resolved).
     pub fn backend(&self) -> Backend {
         Backend(unsafe { sys::ft_session_backend(self.raw.as_ptr()) })
+    }
+
+    /// The slot cache policy the session runs (`AUTO` resolved); `None` for a backend without a
+    /// slot cache (cpu, gpu).
+    pub fn cache_policy(&self) -> Option<CachePolicy> {
+        let p = unsafe { sys::ft_session_cache_policy(self.raw.as_ptr()) };
+        if p < 0 { None } else { Some(CachePolicy(p)) }
     }
 
     /// Why the session runs its backend (the selector's numbers, or "`<name>` requested").

@@ -115,6 +115,7 @@ fn defaults_come_from_the_library() {
     assert_eq!((d.format, d.routing, d.activation), (Format::BF16, Routing::SOFTMAX_TOPK_RENORM, Activation::SILU));
     let s = SessionParams::default();
     assert_eq!((s.backend, s.max_tokens, s.check_finite), (Backend::AUTO, 256, true));
+    assert_eq!((s.cache_policy, s.cache_half_life), (CachePolicy::AUTO, 0));
     let p = EpParams::default();
     assert_eq!((p.top_k, p.wire, p.combine_wire), (8, EpWire::FP8, EpWire::BF16));
 }
@@ -137,6 +138,7 @@ fn route_and_decode_match_a_reference() {
     assert_eq!((info.num_layers, info.num_experts, info.top_k, info.hidden_size), (L, E, K, H));
     let mut s = Session::new(&model, &SessionParams { backend: Backend::CPU, max_tokens: 8, ..Default::default() }).unwrap();
     assert_eq!(s.backend(), Backend::CPU);
+    assert_eq!(s.cache_policy(), None);  // the cpu backend has no slot cache
     assert!(!s.backend_reason().is_empty());
 
     let t = 3;

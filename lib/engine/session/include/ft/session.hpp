@@ -80,6 +80,8 @@ public:
     Session(LoadedModel &model, const ft_session_params &params);
 
     int32_t backend() const { return backend_; }
+    // FT_CACHE_LRU / FT_CACHE_FREQUENCY for the slot-cache backends (AUTO resolved), else -1.
+    int32_t cache_policy() const { return cache_policy_; }
     int32_t max_tokens() const { return params_.max_tokens; }
     bool shared_experts() const { return params_.shared_experts; }
     const std::string &backend_reason() const { return backend_reason_; }  // the selector's reason
@@ -100,6 +102,7 @@ private:
     LoadedModel &model_;
     ft_session_params params_;
     int32_t backend_ = FT_BACKEND_CPU;
+    int32_t cache_policy_ = -1;
     std::string backend_reason_;
     std::unique_ptr<Backend> impl_;
     ft_session_stats stats_{};
