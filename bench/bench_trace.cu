@@ -4,12 +4,14 @@
 //   bench_trace [--geometry qwen3|dsv3|gptoss|nvfp4|all] [--steps N] [--warmup N] [--s S]
 //               [--repeat R[,R...]] [--seed N] [--trace FILE] [--cache-fraction F]
 //               [--policy lru|frequency|both] [--half-life STEPS]
-//               [--methods offload,hybrid,cpu,resident] [--layers N]
+//               [--methods offload,hybrid,cpu,resident,gpu] [--layers N]
 //
 // resident: offload with a slot cache of every expert (after the warm-up nearly every call hits),
-// which isolates the fixed cost of a layer call. Every row also gives the time above its bound
+// which isolates the fixed cost of a layer call; gpu: the `gpu` backend (every expert resident, no
+// admission or gather), the decode kernels' own fixed cost. Every row also gives the time above its bound
 // per layer call ("over/layer"): the per-layer overhead (admission, plan, gather launch, combine,
-// handoff) that the bandwidths do not explain.
+// handoff) that the bandwidths do not explain, and the host time inside each ft_decode_cuda call
+// ("host us/call": validation and enqueue; the GPU runs behind it unless that is the longer).
 //
 // Trace: a Zipf(s) decode trace (ft/trace.hpp: a popularity permutation per layer, top-k
 // distinct, `repeat` = temporal locality) or a file recorded with FT_TRACE_ROUTES (its geometry
@@ -183,7 +185,7 @@ Options parse(int argc, char **argv) {
             for (size_t at = 0; at <= v.size();) {
                 const size_t end = std::min(v.find(',', at), v.size());
                 const std::string m = v.substr(at, end - at);
-                if (m != "offload" && m != "hybrid" && m != "cpu" && m != "resident") usage("unknown method " + m);
+                if (m != "offload" && m != "hybrid" && m != "cpu" && m != "resident" && m != "gpu") usage("unknown method " + m);
                 o.methods.push_back(m);
                 at = end + 1;
             }
@@ -320,6 +322,7 @@ Model build_model(ft_engine *engine, const Geometry &g, int layers) {
 struct Run {
     double seconds_per_token = 0, hit_rate = 0, hits_per_token = 0, misses_per_token = 0;
     double pcie_bytes_per_token = 0, cpu_bytes_per_token = 0, fraction = 0;
+    double host_seconds_per_call = 0;  // inside ft_decode_cuda / ft_decode: the enqueue (cpu: the compute)
 };
 
 // A session of the method; with `skip_oom`, none (and the library's message in *skip_oom) when the
@@ -356,6 +359,7 @@ struct Decoder {
     std::vector<uint16_t> x, y;
     std::vector<float> w;
     std::vector<int32_t> ids;  // all calls, one token each
+    double host_seconds = 0;   // summed over the calls of run(): time inside the library's call
     std::unique_ptr<DeviceMem> dx, dy, dids, dw;
     Stream stream;
     // Waits for a token by blocking, not spinning: a spinning host thread would take a core from
@@ -393,10 +397,12 @@ struct Decoder {
         for (int64_t c = first_call; c < first_call + calls; ++c) {
             const size_t r = size_t(c) * K;
             const int32_t layer = t.calls[size_t(c)].layer;
+            const auto c0 = Clock::now();
             const ft_status st =
                 device ? ft_decode_cuda(s, layer, 1, static_cast<uint16_t *>(dx->p), static_cast<int32_t *>(dids->p) + r,
                                         static_cast<float *>(dw->p) + r, static_cast<uint16_t *>(dy->p), stream.s)
                        : ft_decode(s, layer, 1, x.data(), ids.data() + r, w.data() + r, y.data());
+            host_seconds += seconds_since(c0);
             ft_ok(st, "decode", ft_session_last_error(s));
             if (device && layer == t.layers - 1) wait();
         }
@@ -409,6 +415,7 @@ Run timed(ft_session *s, const ft::RouteTrace &t, int hidden, int64_t warm_calls
     Decoder d(s, t, hidden);
     d.run(0, warm_calls);
     ft_session_reset_stats(s);
+    d.host_seconds = 0;
     const double seconds = d.run(warm_calls, calls);
     ft_ok(ft_session_status(s), "session status", ft_session_last_error(s));
     ft_session_stats st;
@@ -423,6 +430,7 @@ Run timed(ft_session *s, const ft::RouteTrace &t, int hidden, int64_t warm_calls
     r.pcie_bytes_per_token = double(st.fetched_bytes) / tokens;
     r.cpu_bytes_per_token = double(st.cpu_bytes) / tokens;
     r.fraction = st.hybrid_fraction;
+    r.host_seconds_per_call = d.host_seconds / double(calls);
     return r;
 }
 
@@ -529,22 +537,23 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
                 "(%.3f of belady)\n",
                 r_belady, r_lru, r_lru / r_belady, (long long)frequency.half_life, r_freq, r_freq / r_belady);
 
-    std::printf("| method | policy | ms/token | hit rate | PCIe MB/token | CPU MB/token | bound ms/token | ratio | over/layer us | note |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| method | policy | ms/token | hit rate | PCIe MB/token | CPU MB/token | bound ms/token | ratio | over/layer us | host us/call | note |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     Overlap ov;
     for (const std::string &method : o.methods)
-      for (const int32_t policy : method == "cpu" || method == "resident" ? std::vector<int32_t>{FT_CACHE_LRU} : o.policies) {
-        const bool resident = method == "resident";
-        const int32_t backend = method == "offload" || resident ? FT_BACKEND_OFFLOAD
-                                : method == "hybrid"            ? FT_BACKEND_HYBRID
-                                                                : FT_BACKEND_CPU;
+      for (const int32_t policy : method == "cpu" || method == "resident" || method == "gpu" ? std::vector<int32_t>{FT_CACHE_LRU} : o.policies) {
+        const bool resident = method == "resident" || method == "gpu";
+        const int32_t backend = method == "offload" || method == "resident" ? FT_BACKEND_OFFLOAD
+                                : method == "gpu"                           ? FT_BACKEND_GPU
+                                : method == "hybrid"                        ? FT_BACKEND_HYBRID
+                                                                            : FT_BACKEND_CPU;
         if ((method == "hybrid" || method == "cpu") && ov.cpu_alone == 0)
             ov = measure_overlap(model, trace, g.hidden, bw.h2d, o, std::min<int64_t>(calls, 32 * layers));
         std::string oom;
         Session s = open_session(model, backend, o, policy, resident ? 1.0 : -1.0, resident ? &oom : nullptr);
-        const char *policy_name = method == "cpu" ? "-" : policy == FT_CACHE_FREQUENCY ? "frequency" : "lru";
+        const char *policy_name = method == "cpu" || method == "gpu" ? "-" : policy == FT_CACHE_FREQUENCY ? "frequency" : "lru";
         if (!s) {
-            std::printf("| %s | %s | - | - | - | - | - | - | - | skipped, every expert does not fit the GPU: %s |\n",
+            std::printf("| %s | %s | - | - | - | - | - | - | - | - | skipped, every expert does not fit the GPU: %s |\n",
                         method.c_str(), policy_name, oom.c_str());
             continue;
         }
@@ -555,8 +564,8 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
             bound = r.misses_per_token * eb / bw.h2d + r.hits_per_token * eb / bw.hbm;
             // The device's hit rate must equal the simulation of its policy on the same calls.
             if (resident)
-                std::snprintf(note, sizeof note, "h2d %.1f GB/s, hbm %.0f GB/s; every expert has a slot", bw.h2d / 1e9,
-                              bw.hbm / 1e9);
+                std::snprintf(note, sizeof note, "h2d %.1f GB/s, hbm %.0f GB/s; %s", bw.h2d / 1e9, bw.hbm / 1e9,
+                              method == "gpu" ? "gpu backend" : "every expert has a slot");
             else
                 std::snprintf(note, sizeof note, "h2d %.1f GB/s, hbm %.0f GB/s; simulated %.4f", bw.h2d / 1e9,
                               bw.hbm / 1e9, policy == FT_CACHE_FREQUENCY ? r_freq : r_lru);
@@ -568,10 +577,10 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
             bound = r.misses_per_token * eb / ov.cpu_alone;
             std::snprintf(note, sizeof note, "cpu alone %.1f GB/s", ov.cpu_alone / 1e9);
         }
-        std::printf("| %s | %s | %.3f | %.4f | %.1f | %.1f | %.3f | %.2f | %.1f | %s |\n", method.c_str(), policy_name,
+        std::printf("| %s | %s | %.3f | %.4f | %.1f | %.1f | %.3f | %.2f | %.1f | %.1f | %s |\n", method.c_str(), policy_name,
                     1e3 * r.seconds_per_token,
                     method == "cpu" ? 0.0 : r.hit_rate, r.pcie_bytes_per_token / 1e6, r.cpu_bytes_per_token / 1e6, 1e3 * bound,
-                    bound / r.seconds_per_token, 1e6 * (r.seconds_per_token - bound) / layers, note);
+                    bound / r.seconds_per_token, 1e6 * (r.seconds_per_token - bound) / layers, 1e6 * r.host_seconds_per_call, note);
         std::fflush(stdout);
     }
 }

@@ -21,7 +21,7 @@ run() {  # time box, then bench_trace arguments; one process per geometry so a f
   local box=$1
   shift
   timeout "$box" "$bench" --steps "$steps" --warmup "$warmup" --s 1.0 --policy both \
-    --methods offload,hybrid,cpu,resident "$@" || echo "bench_trace $* failed or timed out (status $?)"
+    --methods offload,hybrid,cpu,resident,gpu "$@" || echo "bench_trace $* failed or timed out (status $?)"
 }
 
 {
