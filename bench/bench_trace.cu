@@ -4,7 +4,7 @@
 //   bench_trace [--geometry qwen3|dsv3|gptoss|nvfp4|all] [--steps N] [--warmup N] [--s S]
 //               [--repeat R[,R...]] [--seed N] [--trace FILE] [--cache-fraction F]
 //               [--policy lru|frequency|both] [--half-life STEPS]
-//               [--methods offload,hybrid,cpu,resident,gpu] [--layers N]
+//               [--methods offload,hybrid,cpu,resident,gpu] [--layers N] [--wait block|spin]
 //
 // resident: offload with a slot cache of every expert (after the warm-up nearly every call hits),
 // which isolates the fixed cost of a layer call; gpu: the `gpu` backend (every expert resident, no
@@ -16,7 +16,7 @@
 // Trace: a Zipf(s) decode trace (ft/trace.hpp: a popularity permutation per layer, top-k
 // distinct, `repeat` = temporal locality) or a file recorded with FT_TRACE_ROUTES (its geometry
 // must match the model's). One token per ft_decode_cuda call (ft_decode for cpu), one call per
-// layer, a stream synchronisation per token.
+// layer, a stream synchronisation per token (blocking, or polling with --wait spin).
 //
 // Measured here, before they are used: h2d (pinned H2D copies), hbm (a streaming device read),
 // and for hybrid pcie_ov / cpu_ov: pinned H2D copies and an FT_BACKEND_CPU session decoding the
@@ -129,6 +129,7 @@ struct Options {
     int32_t half_life = 0;
     std::vector<std::string> methods = {"offload", "hybrid", "cpu"};
     int layers = 0;  // 0: the geometry's
+    bool spin = false;  // --wait spin: the per-token wait polls the event instead of blocking
 };
 
 [[noreturn]] void usage(const std::string &why) {
@@ -177,6 +178,10 @@ Options parse(int argc, char **argv) {
             if (o.policies.empty()) usage("--policy lru, frequency or both");
         } else if (a == "--half-life") {
             o.half_life = std::atoi(value().c_str());
+        } else if (a == "--wait") {
+            const std::string v = value();
+            if (v != "block" && v != "spin") usage("--wait is block or spin");
+            o.spin = v == "spin";
         } else if (a == "--layers") {
             o.layers = std::atoi(value().c_str());
         } else if (a == "--methods") {
@@ -362,18 +367,21 @@ struct Decoder {
     double host_seconds = 0;   // summed over the calls of run(): time inside the library's call
     std::unique_ptr<DeviceMem> dx, dy, dids, dw;
     Stream stream;
-    // Waits for a token by blocking, not spinning: a spinning host thread would take a core from
-    // the hybrid CPU workers (freetoken_cuda.h).
+    // Waits for a token by blocking (default: a spinning host thread would take a core from the
+    // hybrid CPU workers, freetoken_cuda.h) or, with `spin`, by polling the event.
     cudaEvent_t token_done = nullptr;
+    bool spin = false;
 
-    Decoder(ft_session *session, const ft::RouteTrace &trace, int hidden)
-        : s(session), t(trace), device(ft_session_backend(session) != FT_BACKEND_CPU), H(hidden), K(trace.top_k) {
+    Decoder(ft_session *session, const ft::RouteTrace &trace, int hidden, bool spin_wait = false)
+        : s(session), t(trace), device(ft_session_backend(session) != FT_BACKEND_CPU), H(hidden), K(trace.top_k),
+          spin(spin_wait) {
         x = random_weights(size_t(H), 9);
         y.resize(size_t(H));
         for (const auto &c : t.calls) ids.insert(ids.end(), c.ids.begin(), c.ids.begin() + K);  // token 0 of each call
         w.assign(ids.size(), 1.0f / float(K));
         if (device) {
-            cuda_ok(cudaEventCreateWithFlags(&token_done, cudaEventBlockingSync | cudaEventDisableTiming), "cudaEventCreate");
+            cuda_ok(cudaEventCreateWithFlags(&token_done, spin ? cudaEventDisableTiming : cudaEventBlockingSync | cudaEventDisableTiming),
+                    "cudaEventCreate");
             dx = std::make_unique<DeviceMem>(x.size() * 2);
             dy = std::make_unique<DeviceMem>(y.size() * 2);
             dids = std::make_unique<DeviceMem>(ids.size() * 4);
@@ -390,7 +398,14 @@ struct Decoder {
     Decoder &operator=(const Decoder &) = delete;
     void wait() {
         cuda_ok(cudaEventRecord(token_done, stream.s), "cudaEventRecord");
-        cuda_ok(cudaEventSynchronize(token_done), "decode (stream)");
+        if (!spin) {
+            cuda_ok(cudaEventSynchronize(token_done), "decode (stream)");
+            return;
+        }
+        cudaError_t e;
+        while ((e = cudaEventQuery(token_done)) == cudaErrorNotReady) {
+        }
+        cuda_ok(e, "decode (stream)");
     }
     double run(int64_t first_call, int64_t calls) {
         const auto t0 = Clock::now();
@@ -411,8 +426,8 @@ struct Decoder {
     }
 };
 
-Run timed(ft_session *s, const ft::RouteTrace &t, int hidden, int64_t warm_calls, int64_t calls, double tokens) {
-    Decoder d(s, t, hidden);
+Run timed(ft_session *s, const ft::RouteTrace &t, int hidden, int64_t warm_calls, int64_t calls, double tokens, bool spin) {
+    Decoder d(s, t, hidden, spin);
     d.run(0, warm_calls);
     ft_session_reset_stats(s);
     d.host_seconds = 0;
@@ -557,7 +572,7 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
                         method.c_str(), policy_name, oom.c_str());
             continue;
         }
-        const Run r = timed(s.get(), trace, g.hidden, warm, calls, tokens);
+        const Run r = timed(s.get(), trace, g.hidden, warm, calls, tokens, o.spin);
         double bound = 0;
         char note[160] = "";
         if (method == "offload" || resident) {
