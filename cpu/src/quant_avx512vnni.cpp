@@ -185,12 +185,14 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
         for (int r = 0; r < R; ++r)
             for (int i = 0; i < A; ++i) acc[r][t][i] = _mm512_setzero_ps();
     }
-    // nvfp4 decodes the 16 block scales of 256 elements at once; the second 128 take lanes 8..15.
+    // The block scales are decoded 16 at a time: nvfp4's of 256 elements (the second 128 take
+    // lanes 8..15), ds_fp4's of 512 (128 q take lanes 4q..4q + 3).
     const __m512i eight = _mm512_set1_epi32(B == 16 ? 8 : 0);
     __m512 s16[R];
     for (int64_t c = 0; c < K; c += 128) {
         const bool whole = c + 128 <= K;
         const bool second = B == 16 && (c & 128) != 0;
+        const int quarter = B == 32 ? int((c >> 7) & 3) : 0;
         for (int r = 0; r < R; ++r) {
             const uint8_t *wp = p[r] + c / 2;
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(wp) + pf, _MM_HINT_T0);
@@ -206,16 +208,23 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
                 }
                 s = s16[r];
             } else {
-                const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(__mmask16(0xf), sc[r] + c / 32));
-                if (biased) {  // 2^(code - 95) = (code + 32) << 23, NaN above 190 (e8m0_biased)
-                    s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(32)), 23));
-                    s = _mm512_mask_mov_ps(s, _mm512_cmpgt_epi32_mask(codes, _mm512_set1_epi32(190)),
-                                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-                } else {
-                    s = e8m0x16(codes);
+                if (quarter == 0) {
+                    const int64_t left = (K - c) / 32;
+                    const __mmask16 ms = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+                    const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(ms, sc[r] + c / 32));
+                    if (biased) {  // 2^(code - 95) = (code + 32) << 23, NaN above 190 (e8m0_biased)
+                        s16[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(32)), 23));
+                        s16[r] = _mm512_mask_mov_ps(s16[r], _mm512_cmpgt_epi32_mask(codes, _mm512_set1_epi32(190)),
+                                                    _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+                    } else {
+                        s16[r] = e8m0x16(codes);
+                    }
                 }
+                s = s16[r];
             }
-            const __m512i i01 = second ? _mm512_add_epi32(idx01, eight) : idx01;
+            const __m512i i01 = second ? _mm512_add_epi32(idx01, eight)
+                                : quarter ? _mm512_add_epi32(idx01, _mm512_set1_epi32(4 * quarter))
+                                          : idx01;
             const __m512i i23 = second ? _mm512_add_epi32(idx23, eight) : idx23;
             const __m512 s01 = _mm512_permutexvar_ps(i01, s), s23 = _mm512_permutexvar_ps(i23, s);
             const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m15));
