@@ -71,15 +71,16 @@ void prepare_mxfp4_q8x2_scalar(const uint16_t *x, int64_t K, uint8_t *dst);
 // nvfp4 / ds_fp4 W4A8 x2 (their AVX2 kernels): the same two terms per 32 elements
 // (zero-padded to a multiple of 64; ds_fp4 after its FP8 round trip) as one int16,
 // x16 = 256 q1 + q2, so x ~ d / 256 * x16. Per 64 elements: 4 vectors of 16 int16 (vector g,
-// word i: element 32 (i / 8) + 16 (g / 2) + g % 2 + 2 (i % 8)), the order of the kernels' decode;
-// after all of them, per 64 elements 8 floats: d / 512 of the first 32 four times, then of the
-// second 32.
+// word i: element 4 i + {0, 2, 1, 3}[g]), the order of the kernels' decode; after all of them,
+// per 64 elements 8 floats: d / 512 of the first 32 four times, then of the second 32.
 size_t e2m1_x16_act_bytes(int64_t K);
 void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 // The same values for the AVX-512 kernels (x16z): zero-padded to a multiple of 128, and per 128
 // elements vector g of its first 64 then vector g of its second (g = 0..3), so that one 64-byte
-// load holds both; then the floats as above (per 128: 16, in element order).
+// load holds both, where vector g of 64, word i, is element 32 (i / 8) + 16 (g / 2) + g % 2 +
+// 2 (i % 8) (the unpack order of their decode); then the floats as above (per 128: 16, in
+// element order).
 size_t e2m1_x16z_act_bytes(int64_t K);
 void prepare_nvfp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst);
 void prepare_ds_fp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst);
