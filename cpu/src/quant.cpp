@@ -148,9 +148,8 @@ size_t e2m1_x16_act_bytes(int64_t K) { return size_t(round_up(K, 64) * 2 + round
 
 namespace {
 // 64 elements v (zero-padded) of the e2m1 W4A8 x2 activation from c: the int16 pairs of the
-// 4 vectors and the 8 floats d / 512 (layouts: quant_kernels.hpp), in the AVX2 kernels' phase
-// order or (`phases` false) the order x16_to_x16z rearranges for the AVX-512 ones.
-void x16_chunk(const float *v, int64_t c, uint8_t *dst, float *dv, bool phases) {
+// 4 vectors and the 8 floats d / 512 (layout: quant_kernels.hpp).
+void x16_chunk(const float *v, int64_t c, uint8_t *dst, float *dv) {
     int16_t x16[64];
     for (int h = 0; h < 2; ++h) {
         int8_t q1[32], q2[32];
@@ -158,31 +157,30 @@ void x16_chunk(const float *v, int64_t c, uint8_t *dst, float *dv, bool phases) 
         for (int i = 0; i < 32; ++i) x16[32 * h + i] = int16_t(256 * q1[i] + q2[i]);
         for (int i = 0; i < 4; ++i) dv[c / 8 + 4 * h + i] = d / 512.0f;
     }
-    // Vector g, word i: element 4 i + {0, 2, 1, 3}[g] (phases), else 32 (i / 8) + 16 (g / 2) + g % 2 + 2 (i % 8).
+    // Vector g, word i: element 4 i + {0, 2, 1, 3}[g].
     static constexpr int kPhase[4] = {0, 2, 1, 3};
     int16_t *o = reinterpret_cast<int16_t *>(dst) + c;
     for (int g = 0; g < 4; ++g)
-        for (int i = 0; i < 16; ++i)
-            o[16 * g + i] = x16[phases ? 4 * i + kPhase[g] : 32 * (i / 8) + 16 * (g / 2) + g % 2 + 2 * (i % 8)];
+        for (int i = 0; i < 16; ++i) o[16 * g + i] = x16[4 * i + kPhase[g]];
 }
 
 // nvfp4's x16 activation zero-padded to kp elements (a multiple of 64).
-void nvfp4_x16_padded(const uint16_t *x, int64_t K, int64_t kp, uint8_t *dst, bool phases) {
+void nvfp4_x16_padded(const uint16_t *x, int64_t K, int64_t kp, uint8_t *dst) {
     float *dv = reinterpret_cast<float *>(dst + 2 * kp);
     for (int64_t c = 0; c < kp; c += 64) {
         float v[64];
         for (int i = 0; i < 64; ++i) v[i] = c + i < K ? bf16_to_f32(x[c + i]) : 0.0f;
-        x16_chunk(v, c, dst, dv, phases);
+        x16_chunk(v, c, dst, dv);
     }
 }
 
 // ds_fp4's: the FP8 round trip per 128, then the chunks (K is a multiple of 128 for ds_fp4).
-void ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst, bool phases) {
+void ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) {
     float *dv = reinterpret_cast<float *>(dst + 2 * K);
     float v[kFp8ActBlock];
     for (int64_t c = 0; c < K; c += kFp8ActBlock) {
         fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
-        for (int64_t h = 0; h < kFp8ActBlock; h += 64) x16_chunk(v + h, c + h, dst, dv, phases);
+        for (int64_t h = 0; h < kFp8ActBlock; h += 64) x16_chunk(v + h, c + h, dst, dv);
     }
 }
 
@@ -200,19 +198,19 @@ void x16_to_x16z(uint8_t *dst, int64_t kp) {
 }
 }  // namespace
 
-void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) { nvfp4_x16_padded(x, K, round_up(K, 64), dst, true); }
+void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) { nvfp4_x16_padded(x, K, round_up(K, 64), dst); }
 
-void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) { ds_fp4_x16(x, K, dst, true); }
+void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) { ds_fp4_x16(x, K, dst); }
 
 size_t e2m1_x16z_act_bytes(int64_t K) { return size_t(round_up(K, 128) * 2 + round_up(K, 128) / 2); }
 
 void prepare_nvfp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst) {
-    nvfp4_x16_padded(x, K, round_up(K, 128), dst, false);
+    nvfp4_x16_padded(x, K, round_up(K, 128), dst);
     x16_to_x16z(dst, round_up(K, 128));
 }
 
 void prepare_ds_fp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst) {
-    ds_fp4_x16(x, K, dst, false);
+    ds_fp4_x16(x, K, dst);
     x16_to_x16z(dst, K);
 }
 

@@ -158,59 +158,47 @@ namespace {
 //
 // The AVX2 tier's x16 kernel (quant_avx2_unit.inc) on 512-bit vectors: per 128 elements (64
 // packed bytes) of a row, two `vpshufb` of the int8 table of 2 * value give the even and the odd
-// elements, four byte unpacks above a zero byte make int16 256 x (2 * value), and per token one
-// `vpmaddwd` + one `vpdpwssd` per pair of vectors sum exactly in int32 (128-bit lane L: elements
-// 32L .. 32L + 31; its int32 lanes of the first pair are nvfp4 block 2L, of the second 2L + 1;
-// ds_fp4 adds the two, block L). Then per lane (sum * block scale * d / 512) in fp32, g / 256 per
-// row. The activation holds vector g of both 64s of each 128 in one 64-byte line (x16z order).
+// elements' bytes, and a shift or a mask moves them into the high byte of a word: int16 256 x
+// (2 * value), vector g word k element 4k + {0, 2, 1, 3}[g]. Per token two `vpmaddwd` + `vpdpwssd`
+// pairs and an add sum the four vectors exactly in int32: lane l holds elements 8l .. 8l + 7 (nvfp4
+// block l / 2 of 16, ds_fp4 block l / 4 of 32). Then per lane (sum * block scale * d / 512) in
+// fp32, g / 256 per row. The activation holds vector g of both 64s of each 128 in one 64-byte
+// line (x16z order).
 template <int B, int NT, int R>
 void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const float g[R], int64_t K,
                     const uint8_t *const *act, float *const out[R], size_t ldo, int pf, bool biased) {
     const int64_t kp = (K + 127) / 128 * 128;
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
-    const __m512i m15 = _mm512_set1_epi8(15), z = _mm512_setzero_si512();
+    const __m512i m15 = _mm512_set1_epi8(15), high = _mm512_set1_epi16(int16_t(0xff00));
     const __m512 sub = _mm512_loadu_ps(g_e4m3);
-    // Lane -> scale of the 128 elements: nvfp4 block 2L (first pair) and 2L + 1 (second) of 16,
-    // ds_fp4 block L of 32.
-    const __m512i idx01 = B == 16 ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
-                                  : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i idx23 = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
-    constexpr int A = B == 16 && NT * R <= 4 ? 2 : 1;  // accumulators per row and token
+    // Lane -> scale of the 128 elements: nvfp4 block l / 2 of 16, ds_fp4 block l / 4 of 32.
+    const __m512i idx = B == 16 ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+                                : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int16_t *xa[NT];
     const float *dv[NT];
-    __m512 acc[R][NT][A];
+    __m512 acc[R][NT];
     for (int t = 0; t < NT; ++t) {
         xa[t] = reinterpret_cast<const int16_t *>(act[t]);
         dv[t] = reinterpret_cast<const float *>(act[t] + 2 * kp);
-        for (int r = 0; r < R; ++r)
-            for (int i = 0; i < A; ++i) acc[r][t][i] = _mm512_setzero_ps();
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_setzero_ps();
     }
     // The block scales are decoded 16 at a time: nvfp4's of 256 elements (the second 128 take
     // lanes 8..15), ds_fp4's of 512 (128 q take lanes 4q..4q + 3).
-    const __m512i eight = _mm512_set1_epi32(B == 16 ? 8 : 0);
     __m512 s16[R];
     for (int64_t c = 0; c < K; c += 128) {
         const bool whole = c + 128 <= K;
-        const bool second = B == 16 && (c & 128) != 0;
-        const int quarter = B == 32 ? int((c >> 7) & 3) : 0;
+        const int part = B == 16 ? int((c >> 7) & 1) : int((c >> 7) & 3);  // the 128's place in its 256 / 512
         for (int r = 0; r < R; ++r) {
             const uint8_t *wp = p[r] + c / 2;
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(wp) + pf, _MM_HINT_T0);
             const __m512i v =
                 whole ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((__mmask64(1) << ((K - c) / 2)) - 1, wp);
-            // The block scales of the 128 elements in lanes 0 .. 128 / B - 1 (nvfp4: of its 256 in 0 .. 15).
-            __m512 s;
-            if constexpr (B == 16) {
-                if (!second) {
-                    const int64_t left = (K - c) / 16;
-                    const __mmask16 ms = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+            if (part == 0) {
+                const int64_t left = (K - c) / B;
+                const __mmask16 ms = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+                if constexpr (B == 16) {
                     s16[r] = e4m3x16(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(ms, sc[r] + c / 16)), sub);
-                }
-                s = s16[r];
-            } else {
-                if (quarter == 0) {
-                    const int64_t left = (K - c) / 32;
-                    const __mmask16 ms = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+                } else {
                     const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(ms, sc[r] + c / 32));
                     if (biased) {  // 2^(code - 95) = (code + 32) << 23, NaN above 190 (e8m0_biased)
                         s16[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(32)), 23));
@@ -220,39 +208,28 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
                         s16[r] = e8m0x16(codes);
                     }
                 }
-                s = s16[r];
             }
-            const __m512i i01 = second ? _mm512_add_epi32(idx01, eight)
-                                : quarter ? _mm512_add_epi32(idx01, _mm512_set1_epi32(4 * quarter))
-                                          : idx01;
-            const __m512i i23 = second ? _mm512_add_epi32(idx23, eight) : idx23;
-            const __m512 s01 = _mm512_permutexvar_ps(i01, s), s23 = _mm512_permutexvar_ps(i23, s);
+            const __m512i ip = part ? _mm512_add_epi32(idx, _mm512_set1_epi32((B == 16 ? 8 : 4) * part)) : idx;
+            const __m512 sl = _mm512_permutexvar_ps(ip, s16[r]);
             const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m15));
             const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m15));
-            const __m512i w0 = _mm512_unpacklo_epi8(z, lo), w1 = _mm512_unpacklo_epi8(z, hi);
-            const __m512i w2 = _mm512_unpackhi_epi8(z, lo), w3 = _mm512_unpackhi_epi8(z, hi);
+            const __m512i w0 = _mm512_slli_epi16(lo, 8), w1 = _mm512_and_si512(lo, high);
+            const __m512i w2 = _mm512_slli_epi16(hi, 8), w3 = _mm512_and_si512(hi, high);
             for (int t = 0; t < NT; ++t) {
                 const int16_t *x = xa[t] + c;  // 4 x 32 int16 per 128 elements
-                const __m512i r01 =
-                    _mm512_dpwssd_epi32(_mm512_madd_epi16(w0, _mm512_loadu_si512(x)), w1, _mm512_loadu_si512(x + 32));
-                const __m512i r23 =
-                    _mm512_dpwssd_epi32(_mm512_madd_epi16(w2, _mm512_loadu_si512(x + 64)), w3, _mm512_loadu_si512(x + 96));
+                // Two chains of two, then one add: half the latency of one chain of four.
+                const __m512i s01 = _mm512_dpwssd_epi32(_mm512_madd_epi16(w0, _mm512_loadu_si512(x)), w1, _mm512_loadu_si512(x + 32));
+                const __m512i s23 = _mm512_dpwssd_epi32(_mm512_madd_epi16(w2, _mm512_loadu_si512(x + 64)), w3, _mm512_loadu_si512(x + 96));
+                const __m512i sum = _mm512_add_epi32(s01, s23);
                 const __m512 d = _mm512_loadu_ps(dv[t] + c / 8);
-                __m512 *ac = acc[r][t];
-                if constexpr (B == 32) {
-                    ac[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(r01, r23)), _mm512_mul_ps(s01, d), ac[0]);
-                } else {
-                    ac[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r01), _mm512_mul_ps(s01, d), ac[0]);
-                    ac[A - 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r23), _mm512_mul_ps(s23, d), ac[A - 1]);
-                }
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sl, d), acc[r][t]);
             }
         }
     }
     for (int r = 0; r < R; ++r) {
         const float gr = g[r] * 0x1p-8f;  // the weights came x 256
         for (int t = 0; t < NT; ++t)
-            out[r][t * ldo] =
-                _mm512_reduce_add_ps(A == 2 ? _mm512_add_ps(acc[r][t][0], acc[r][t][A - 1]) : acc[r][t][0]) * gr;
+            out[r][t * ldo] = _mm512_reduce_add_ps(acc[r][t]) * gr;
     }
 }
 

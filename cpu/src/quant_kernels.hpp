@@ -78,9 +78,7 @@ void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst);
 // The same values for the AVX-512 kernels (x16z): zero-padded to a multiple of 128, and per 128
 // elements vector g of its first 64 then vector g of its second (g = 0..3), so that one 64-byte
-// load holds both, where vector g of 64, word i, is element 32 (i / 8) + 16 (g / 2) + g % 2 +
-// 2 (i % 8) (the unpack order of their decode); then the floats as above (per 128: 16, in
-// element order).
+// load holds both; then the floats as above (per 128: 16, in element order).
 size_t e2m1_x16z_act_bytes(int64_t K);
 void prepare_nvfp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst);
 void prepare_ds_fp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst);
