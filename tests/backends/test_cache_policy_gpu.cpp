@@ -54,21 +54,27 @@ TEST(CachePolicyGpu, OffloadHitsEqualTheSimulationOfEachPolicy) {
         ft::simulate_slot_cache(trace, kSlots, {ft::SlotPolicyKind::Frequency, int64_t(kHalfLifeSteps) * z.layers});
     ASSERT_NE(lru.hits, freq.hits) << "the trace does not tell the policies apart";
 
-    const std::vector<uint16_t> x(64, 0x3f80);
-    std::vector<uint16_t> y(64);
-    const std::vector<float> w(4, 0.25f);
-    for (const int32_t policy : {FT_CACHE_LRU, FT_CACHE_FREQUENCY, FT_CACHE_AUTO}) {
+    // A one-token session of `backend` with kSlots slots and `policy`.
+    auto open = [&](int32_t backend, int32_t policy) {
         ft_session_params p;
         ft_session_params_init(&p);
-        p.backend = FT_BACKEND_OFFLOAD;
+        p.backend = backend;
         p.max_tokens = 1;
         p.cache_slots = kSlots;
         p.vram_reserve_bytes = 0;
         p.cache_policy = policy;
         p.cache_half_life = kHalfLifeSteps;
         ft_session *sraw = nullptr;
-        ASSERT_EQ(ft_session_create(model.get(), &p, &sraw, err, sizeof err), FT_OK) << err;
-        SessionPtr session(sraw);
+        EXPECT_EQ(ft_session_create(model.get(), &p, &sraw, err, sizeof err), FT_OK) << err;
+        return SessionPtr(sraw);
+    };
+    const std::vector<uint16_t> x(64, 0x3f80);
+    std::vector<uint16_t> y(64);
+    const std::vector<float> w(4, 0.25f);
+    for (const int32_t policy : {FT_CACHE_LRU, FT_CACHE_FREQUENCY, FT_CACHE_AUTO}) {
+        SessionPtr session = open(FT_BACKEND_OFFLOAD, policy);
+        ft_session *sraw = session.get();
+        ASSERT_NE(sraw, nullptr);
         const int32_t resolved = policy == FT_CACHE_AUTO ? FT_CACHE_FREQUENCY : policy;
         EXPECT_EQ(ft_session_cache_policy(sraw), resolved) << "policy " << policy;
         for (const auto &c : trace.calls)
@@ -85,18 +91,10 @@ TEST(CachePolicyGpu, OffloadHitsEqualTheSimulationOfEachPolicy) {
     // Hybrid resolves AUTO to LRU and keeps an explicit choice; the resident backend has no cache.
     for (const int32_t backend : {FT_BACKEND_HYBRID, FT_BACKEND_GPU})
         for (const int32_t policy : {FT_CACHE_AUTO, FT_CACHE_FREQUENCY}) {
-            ft_session_params p;
-            ft_session_params_init(&p);
-            p.backend = backend;
-            p.max_tokens = 1;
-            p.cache_slots = kSlots;
-            p.vram_reserve_bytes = 0;
-            p.cache_policy = policy;
-            ft_session *sraw = nullptr;
-            ASSERT_EQ(ft_session_create(model.get(), &p, &sraw, err, sizeof err), FT_OK) << err;
-            SessionPtr session(sraw);
+            SessionPtr session = open(backend, policy);
+            ASSERT_NE(session.get(), nullptr);
             const int32_t want = backend == FT_BACKEND_GPU ? -1 : policy == FT_CACHE_AUTO ? FT_CACHE_LRU : policy;
-            EXPECT_EQ(ft_session_cache_policy(sraw), want) << "backend " << backend << " policy " << policy;
+            EXPECT_EQ(ft_session_cache_policy(session.get()), want) << "backend " << backend << " policy " << policy;
         }
 }
 
