@@ -174,16 +174,6 @@ void nvfp4_x16_padded(const uint16_t *x, int64_t K, int64_t kp, uint8_t *dst) {
     }
 }
 
-// ds_fp4's: the FP8 round trip per 128, then the chunks (K is a multiple of 128 for ds_fp4).
-void ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) {
-    float *dv = reinterpret_cast<float *>(dst + 2 * K);
-    float v[kFp8ActBlock];
-    for (int64_t c = 0; c < K; c += kFp8ActBlock) {
-        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
-        for (int64_t h = 0; h < kFp8ActBlock; h += 64) x16_chunk(v + h, c + h, dst, dv);
-    }
-}
-
 // The x16 order of kp elements (a multiple of 128) rearranged in place into the x16z order.
 void x16_to_x16z(uint8_t *dst, int64_t kp) {
     uint8_t t[256];
@@ -200,7 +190,15 @@ void x16_to_x16z(uint8_t *dst, int64_t kp) {
 
 void prepare_nvfp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) { nvfp4_x16_padded(x, K, round_up(K, 64), dst); }
 
-void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) { ds_fp4_x16(x, K, dst); }
+// ds_fp4's: the FP8 round trip per 128, then the chunks (K is a multiple of 128 for ds_fp4).
+void prepare_ds_fp4_x16(const uint16_t *x, int64_t K, uint8_t *dst) {
+    float *dv = reinterpret_cast<float *>(dst + 2 * K);
+    float v[kFp8ActBlock];
+    for (int64_t c = 0; c < K; c += kFp8ActBlock) {
+        fp8_round_trip_bf16(x + c, kFp8ActBlock, v);
+        for (int64_t h = 0; h < kFp8ActBlock; h += 64) x16_chunk(v + h, c + h, dst, dv);
+    }
+}
 
 size_t e2m1_x16z_act_bytes(int64_t K) { return size_t(round_up(K, 128) * 2 + round_up(K, 128) / 2); }
 
@@ -210,7 +208,7 @@ void prepare_nvfp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst) {
 }
 
 void prepare_ds_fp4_x16z(const uint16_t *x, int64_t K, uint8_t *dst) {
-    ds_fp4_x16(x, K, dst);
+    prepare_ds_fp4_x16(x, K, dst);
     x16_to_x16z(dst, K);
 }
 

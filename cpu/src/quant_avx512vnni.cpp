@@ -188,6 +188,7 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
     for (int64_t c = 0; c < K; c += 128) {
         const bool whole = c + 128 <= K;
         const int part = B == 16 ? int((c >> 7) & 1) : int((c >> 7) & 3);  // the 128's place in its 256 / 512
+        const __m512i ip = part ? _mm512_add_epi32(idx, _mm512_set1_epi32((B == 16 ? 8 : 4) * part)) : idx;
         for (int r = 0; r < R; ++r) {
             const uint8_t *wp = p[r] + c / 2;
             if (pf) _mm_prefetch(reinterpret_cast<const char *>(wp) + pf, _MM_HINT_T0);
@@ -209,7 +210,6 @@ void e2m1_x16z_rows(const uint8_t *const p[R], const uint8_t *const sc[R], const
                     }
                 }
             }
-            const __m512i ip = part ? _mm512_add_epi32(idx, _mm512_set1_epi32((B == 16 ? 8 : 4) * part)) : idx;
             const __m512 sl = _mm512_permutexvar_ps(ip, s16[r]);
             const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m15));
             const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m15));
