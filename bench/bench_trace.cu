@@ -4,7 +4,7 @@
 //   bench_trace [--geometry qwen3|dsv3|gptoss|nvfp4|all] [--steps N] [--warmup N] [--s S]
 //               [--repeat R[,R...]] [--seed N] [--trace FILE] [--cache-fraction F]
 //               [--policy lru|frequency|both] [--half-life STEPS]
-//               [--methods offload,hybrid,cpu,resident,gpu] [--layers N] [--wait block|spin]
+//               [--methods offload,hybrid,cpu,resident,gpu] [--layers N] [--wait spin|block]
 //
 // resident: offload with a slot cache of every expert (after the warm-up nearly every call hits),
 // which isolates the fixed cost of a layer call; gpu: the `gpu` backend (every expert resident, no
@@ -16,7 +16,7 @@
 // Trace: a Zipf(s) decode trace (ft/trace.hpp: a popularity permutation per layer, top-k
 // distinct, `repeat` = temporal locality) or a file recorded with FT_TRACE_ROUTES (its geometry
 // must match the model's). One token per ft_decode_cuda call (ft_decode for cpu), one call per
-// layer, a stream synchronisation per token (blocking, or polling with --wait spin).
+// layer, a stream synchronisation per token (polling the token's event, or blocking with --wait block).
 //
 // Measured here, before they are used: h2d (pinned H2D copies), hbm (a streaming device read),
 // and for hybrid pcie_ov / cpu_ov: pinned H2D copies and an FT_BACKEND_CPU session decoding the
@@ -129,7 +129,7 @@ struct Options {
     int32_t half_life = 0;
     std::vector<std::string> methods = {"offload", "hybrid", "cpu"};
     int layers = 0;  // 0: the geometry's
-    bool spin = false;  // --wait spin: the per-token wait polls the event instead of blocking
+    bool spin = true;  // --wait block: the per-token wait blocks instead of polling the event
 };
 
 [[noreturn]] void usage(const std::string &why) {
@@ -367,12 +367,12 @@ struct Decoder {
     double host_seconds = 0;   // summed over the calls of run(): time inside the library's call
     std::unique_ptr<DeviceMem> dx, dy, dids, dw;
     Stream stream;
-    // Waits for a token by blocking (default: a spinning host thread would take a core from the
-    // hybrid CPU workers, freetoken_cuda.h) or, with `spin`, by polling the event.
+    // Waits for a token by polling its event (`spin`, the default; a host thread that polls runs on
+    // one of the cores the engine's pool leaves free, freetoken_cuda.h) or by blocking on it.
     cudaEvent_t token_done = nullptr;
     bool spin = false;
 
-    Decoder(ft_session *session, const ft::RouteTrace &trace, int hidden, bool spin_wait = false)
+    Decoder(ft_session *session, const ft::RouteTrace &trace, int hidden, bool spin_wait = true)
         : s(session), t(trace), device(ft_session_backend(session) != FT_BACKEND_CPU), H(hidden), K(trace.top_k),
           spin(spin_wait) {
         x = random_weights(size_t(H), 9);

@@ -45,10 +45,11 @@ extern "C" {
  * completed; the stream was released, the outputs since are invalid).
  * Hybrid sessions hand part of each call to the CPU through flags in mapped host memory that
  * the stream signals and waits on; the wait is on the stream, never on the calling thread. Their
- * CPU share runs on the engine's workers (by default one per physical core, less two): each
- * further host thread that spin-waits on a stream meanwhile (CUDA's default for
- * cudaStreamSynchronize) takes a core from them, so wait on an event created with
- * cudaEventBlockingSync instead. */
+ * CPU share runs on the engine's workers (by default one per physical core, less two: one core
+ * is left to the thread that drives the GPU). That thread may poll for a token's completion
+ * (CUDA's default for cudaStreamSynchronize): on the H100 machine polling decoded faster than
+ * blocking (cudaEventBlockingSync) with every backend, hybrid included (docs/formulas.md). Block
+ * instead when more host threads poll than the workers leave cores free. */
 FT_API ft_status ft_decode_cuda(ft_session *session, int32_t layer, int32_t num_tokens,
                                 const uint16_t *hidden, const int32_t *expert_ids,
                                 const float *expert_weights, uint16_t *out, cudaStream_t stream);
