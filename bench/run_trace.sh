@@ -4,12 +4,14 @@
 # with temporal locality (repeat 0.5); slot cache 25 % of all experts; LRU and the frequency
 # policy; then the host simulation of the policies (trace_sim).
 #   bench/run_trace.sh [BUILD_DIR]        (default: build; needs bench_trace and trace_sim built)
-# STEPS / WARMUP (decode steps per run, default 120 / 60) shorten or lengthen every run.
+# STEPS / WARMUP (decode steps per run, default 120 / 60) shorten or lengthen every run; WAIT=block
+# blocks on each token's event instead of polling it (bench_trace --wait).
 # Writes the table to stdout and to trace-table.md in the current directory.
 set -u
 build=${1:-build}
 steps=${STEPS:-120}
 warmup=${WARMUP:-60}
+wait_mode=${WAIT:-spin}
 out=trace-table.md
 bench=$build/bench/bench_trace
 sim=$build/bench/trace_sim
@@ -20,7 +22,7 @@ done
 run() {  # time box, then bench_trace arguments; one process per geometry so a failure costs only it
   local box=$1
   shift
-  timeout "$box" "$bench" --steps "$steps" --warmup "$warmup" --s 1.0 --policy both \
+  timeout "$box" "$bench" --steps "$steps" --warmup "$warmup" --s 1.0 --policy both --wait "$wait_mode" \
     --methods offload,hybrid,cpu,resident,gpu "$@" || echo "bench_trace $* failed or timed out (status $?)"
 }
 
