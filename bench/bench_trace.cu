@@ -370,7 +370,7 @@ struct Decoder {
     // Waits for a token by polling its event (`spin`, the default; a host thread that polls runs on
     // one of the cores the engine's pool leaves free, freetoken_cuda.h) or by blocking on it.
     cudaEvent_t token_done = nullptr;
-    bool spin = false;
+    bool spin;  // set by the constructor
 
     Decoder(ft_session *session, const ft::RouteTrace &trace, int hidden, bool spin_wait = true)
         : s(session), t(trace), device(ft_session_backend(session) != FT_BACKEND_CPU), H(hidden), K(trace.top_k),
