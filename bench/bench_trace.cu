@@ -5,6 +5,7 @@
 //               [--repeat R[,R...]] [--seed N] [--trace FILE] [--cache-fraction F]
 //               [--policy lru|frequency|both] [--half-life STEPS]
 //               [--methods offload,hybrid,cpu,resident,gpu] [--layers N] [--wait spin|block]
+//               [--threads N]
 //
 // resident: offload with a slot cache of every expert (after the warm-up nearly every call hits),
 // which isolates the fixed cost of a layer call; gpu: the `gpu` backend (every expert resident, no
@@ -12,6 +13,9 @@
 // per layer call ("over/layer"): the per-layer overhead (admission, plan, gather launch, combine,
 // handoff) that the bandwidths do not explain, and the host time inside each ft_decode_cuda call
 // ("host us/call": validation and enqueue; the GPU runs behind it unless that is the longer).
+// --threads sets the engine's CPU worker count (default 0: the engine's choice). Each row's note
+// ends with the share of CPU time the hypervisor stole during its timed steps (/proc/stat), which
+// tells a contended virtual machine from a slow method.
 //
 // Trace: a Zipf(s) decode trace (ft/trace.hpp: a popularity permutation per layer, top-k
 // distinct, `repeat` = temporal locality) or a file recorded with FT_TRACE_ROUTES (its geometry
@@ -129,6 +133,7 @@ struct Options {
     int32_t half_life = 0;
     std::vector<std::string> methods = {"offload", "hybrid", "cpu"};
     int layers = 0;  // 0: the geometry's
+    int threads = 0;  // engine CPU workers (0: the engine's default)
     bool spin = true;  // --wait block: the per-token wait blocks instead of polling the event
 };
 
@@ -184,6 +189,8 @@ Options parse(int argc, char **argv) {
             o.spin = v == "spin";
         } else if (a == "--layers") {
             o.layers = std::atoi(value().c_str());
+        } else if (a == "--threads") {
+            o.threads = std::atoi(value().c_str());
         } else if (a == "--methods") {
             o.methods.clear();
             std::string v = value();
@@ -200,6 +207,7 @@ Options parse(int argc, char **argv) {
     }
     if (o.geometries.empty()) o.geometries.push_back(&kGeometries[0]);
     if (o.steps < 1 || o.warmup < 0) usage("--steps must be >= 1 and --warmup >= 0");
+    if (o.threads < 0) usage("--threads must be >= 0");
     return o;
 }
 
@@ -324,7 +332,29 @@ Model build_model(ft_engine *engine, const Geometry &g, int layers) {
 
 // ---- runs ---------------------------------------------------------------------------------------
 
+// CPU time the hypervisor gave to other guests (steal) and all CPU time, in ticks, from the
+// aggregate line of /proc/stat; zeros where it cannot be read.
+struct CpuTicks {
+    unsigned long long steal = 0, total = 0;
+};
+CpuTicks read_cpu_ticks() {
+    CpuTicks t;
+    std::ifstream f("/proc/stat");
+    std::string cpu;
+    unsigned long long v[8] = {};
+    if (!(f >> cpu) || cpu != "cpu") return t;
+    for (auto &x : v)
+        if (!(f >> x)) return CpuTicks{};
+    for (auto x : v) t.total += x;  // user nice system idle iowait irq softirq steal
+    t.steal = v[7];
+    return t;
+}
+double steal_share(const CpuTicks &a, const CpuTicks &b) {
+    return b.total > a.total ? double(b.steal - a.steal) / double(b.total - a.total) : 0.0;
+}
+
 struct Run {
+    double steal = 0;  // share of the CPU time stolen by the hypervisor during the timed steps
     double seconds_per_token = 0, hit_rate = 0, hits_per_token = 0, misses_per_token = 0;
     double pcie_bytes_per_token = 0, cpu_bytes_per_token = 0, fraction = 0;
     double host_seconds_per_call = 0;  // inside ft_decode_cuda / ft_decode: the enqueue (cpu: the compute)
@@ -431,12 +461,15 @@ Run timed(ft_session *s, const ft::RouteTrace &t, int hidden, int64_t warm_calls
     d.run(0, warm_calls);
     ft_session_reset_stats(s);
     d.host_seconds = 0;
+    const CpuTicks c0 = read_cpu_ticks();
     const double seconds = d.run(warm_calls, calls);
+    const CpuTicks c1 = read_cpu_ticks();
     ft_ok(ft_session_status(s), "session status", ft_session_last_error(s));
     ft_session_stats st;
     st.struct_size = sizeof st;
     ft_ok(ft_session_get_stats(s, &st), "ft_session_get_stats", ft_session_last_error(s));
     Run r;
+    r.steal = steal_share(c0, c1);
     r.seconds_per_token = seconds / tokens;
     const double active = double(st.cache_hits + st.cache_misses);
     r.hit_rate = active > 0 ? double(st.cache_hits) / active : 0.0;
@@ -592,10 +625,11 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
             bound = r.misses_per_token * eb / ov.cpu_alone;
             std::snprintf(note, sizeof note, "cpu alone %.1f GB/s", ov.cpu_alone / 1e9);
         }
-        std::printf("| %s | %s | %.3f | %.4f | %.1f | %.1f | %.3f | %.2f | %.1f | %.1f | %s |\n", method.c_str(), policy_name,
+        std::printf("| %s | %s | %.3f | %.4f | %.1f | %.1f | %.3f | %.2f | %.1f | %.1f | %s; steal %.1f%% |\n", method.c_str(), policy_name,
                     1e3 * r.seconds_per_token,
                     method == "cpu" ? 0.0 : r.hit_rate, r.pcie_bytes_per_token / 1e6, r.cpu_bytes_per_token / 1e6, 1e3 * bound,
-                    bound / r.seconds_per_token, 1e6 * (r.seconds_per_token - bound) / layers, 1e6 * r.host_seconds_per_call, note);
+                    bound / r.seconds_per_token, 1e6 * (r.seconds_per_token - bound) / layers, 1e6 * r.host_seconds_per_call, note,
+                    100.0 * r.steal);
         std::fflush(stdout);
     }
 }
@@ -631,7 +665,7 @@ int main(int argc, char **argv) {
         ft_engine_params p;
         ft_engine_params_init(&p);
         p.device = FT_DEVICE_AUTO;
-        p.cpu_threads = 0;
+        p.cpu_threads = o.threads;
         p.pin_threads = true;
         ft_engine *engine = nullptr;
         char err[512] = "";
