@@ -155,6 +155,7 @@ private:
             pending_site_ = site;
         }
         check(handoff_->wait(site, stream), "waiting for the CPU task");
+        if (eager) check(cudaEventRecord(cpu_done_.get(), stream), "recording a timing event");
         // The combine reads a few tokens' CPU partial sum where the task left it (mapped host
         // memory; the done flag the wait saw was written after it): no copy on the critical path.
         // Larger sums come up by the copy engine, which reads PCIe faster than a kernel's loads.
@@ -196,22 +197,37 @@ private:
     }
 
 
-    // Feeds the last eager step's measured times (CUDA events on the GPU side, the coordinator's
-    // clock on the CPU side) to the split controller.
+    // Feeds the last eager step's measured times to the split controller. The GPU side is its
+    // share's time on the stream (gather + kernels, CUDA events). The CPU side is its latency as
+    // the stream sees it, from the signal to the result: the task alone (the coordinator's clock)
+    // leaves out the handoff in both directions (the coordinator and workers noticing the signal,
+    // the stream noticing the done flag), and a split balanced on it gives the CPU too much.
+    // Where the stream waited for the CPU (the wait ended after the GPU share), that latency is
+    // measured: signal to the wait's end. Where it did not, the latency hid behind the GPU share,
+    // and it is estimated as the task plus the smoothed handoff time of the waited steps.
     void adapt() {
         if (pending_site_ < 0) return;
-        if (cudaEventQuery(gpu_stop_.get()) != cudaSuccess) {
+        if (cudaEventQuery(cpu_done_.get()) != cudaSuccess) {
             cudaGetLastError();  // not finished yet (cudaErrorNotReady): measure a later step
             return;
         }
         const int site = pending_site_;
         pending_site_ = -1;
-        float ms = 0.0f;
-        if (cudaEventElapsedTime(&ms, gpu_start_.get(), gpu_stop_.get()) != cudaSuccess) {
+        float ms = 0.0f, ms_span = 0.0f;
+        if (cudaEventElapsedTime(&ms, gpu_start_.get(), gpu_stop_.get()) != cudaSuccess ||
+            cudaEventElapsedTime(&ms_span, gpu_start_.get(), cpu_done_.get()) != cudaSuccess) {
             cudaGetLastError();
             return;
         }
-        const double t_gpu = ms * 1e-3, t_cpu = handoff_->timing(site).task_seconds;
+        const double t_gpu = ms * 1e-3, t_span = ms_span * 1e-3, t_task = handoff_->timing(site).task_seconds;
+        double t_cpu;
+        if (t_span > t_gpu + kWaitVisible.count() * 1e-6) {
+            t_cpu = t_span;
+            const double h = std::max(0.0, t_span - t_task);
+            handoff_s_ = handoff_s_ > 0.0 ? handoff_s_ + kHandoffGain * (h - handoff_s_) : h;
+        } else {
+            t_cpu = std::min(t_span, t_task + handoff_s_);
+        }
         uint64_t cpu_experts;
         {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -226,13 +242,18 @@ private:
     // How long the workers poll after a call is enqueued: longer than the enqueue runs ahead of
     // the GPU in a host-bound decode (a layer's launches), short enough to idle between tokens.
     static constexpr std::chrono::microseconds kWarmPeriod{2000};
+    // The stream waited for the CPU when its wait ended this much after the GPU share (the wait
+    // node and the event record take a few microseconds when the flag is already set).
+    static constexpr std::chrono::microseconds kWaitVisible{5};
+    static constexpr double kHandoffGain = 0.1;  // smoothing of handoff_s_
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;
     std::map<int64_t, int> sites_;
     PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
     DeviceBuffer addend_;  // the CPU's partial sum on the device, for sums above kMappedAddendBytes
-    Event gpu_start_{true}, gpu_stop_{true};
+    Event gpu_start_{true}, gpu_stop_{true}, cpu_done_{true};  // signal, GPU share done, CPU result waited for
+    double handoff_s_ = 0.0;  // smoothed CPU latency beyond its task, from the steps where the stream waited
     int pending_site_ = -1;
     HybridController control_{0.5, true};
     std::mutex task_mutex_;     // held while a CPU task runs
