@@ -196,15 +196,9 @@ private:
         last_cpu_experts_ = st.experts_read;
     }
 
-
-    // Feeds the last eager step's measured times to the split controller. The GPU side is its
-    // share's time on the stream (gather + kernels, CUDA events). The CPU side is its latency as
-    // the stream sees it, from the signal to the result: the task alone (the coordinator's clock)
-    // leaves out the handoff in both directions (the coordinator and workers noticing the signal,
-    // the stream noticing the done flag), and a split balanced on it gives the CPU too much.
-    // Where the stream waited for the CPU (the wait ended after the GPU share), that latency is
-    // measured: signal to the wait's end. Where it did not, the latency hid behind the GPU share,
-    // and it is estimated as the task plus the smoothed handoff time of the waited steps.
+    // Feeds the last eager step's measured times to the split controller: the GPU share and the
+    // span from the signal to the end of the wait for the CPU (CUDA events), and the CPU task
+    // (the coordinator's clock).
     void adapt() {
         if (pending_site_ < 0) return;
         if (cudaEventQuery(cpu_done_.get()) != cudaSuccess) {
@@ -220,14 +214,6 @@ private:
             return;
         }
         const double t_gpu = ms * 1e-3, t_span = ms_span * 1e-3, t_task = handoff_->timing(site).task_seconds;
-        double t_cpu;
-        if (t_span > t_gpu + kWaitVisible.count() * 1e-6) {
-            t_cpu = t_span;
-            const double h = std::max(0.0, t_span - t_task);
-            handoff_s_ = handoff_s_ > 0.0 ? handoff_s_ + kHandoffGain * (h - handoff_s_) : h;
-        } else {
-            t_cpu = std::min(t_span, t_task + handoff_s_);
-        }
         uint64_t cpu_experts;
         {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -235,17 +221,13 @@ private:
             gpu_seconds_ += t_gpu;
             ++timed_steps_;
         }
-        control_.observe(t_gpu, t_cpu, cpu_experts, *pin_missing_.get<int64_t>());
+        control_.observe(t_gpu, t_span, t_task, cpu_experts, *pin_missing_.get<int64_t>());
     }
 
     static constexpr size_t kMappedAddendBytes = size_t(64) << 10;  // read in place up to this size
     // How long the workers poll after a call is enqueued: longer than the enqueue runs ahead of
     // the GPU in a host-bound decode (a layer's launches), short enough to idle between tokens.
     static constexpr std::chrono::microseconds kWarmPeriod{2000};
-    // The stream waited for the CPU when its wait ended this much after the GPU share (the wait
-    // node and the event record take a few microseconds when the flag is already set).
-    static constexpr std::chrono::microseconds kWaitVisible{5};
-    static constexpr double kHandoffGain = 0.1;  // smoothing of handoff_s_
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;
@@ -253,7 +235,6 @@ private:
     PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
     DeviceBuffer addend_;  // the CPU's partial sum on the device, for sums above kMappedAddendBytes
     Event gpu_start_{true}, gpu_stop_{true}, cpu_done_{true};  // signal, GPU share done, CPU result waited for
-    double handoff_s_ = 0.0;  // smoothed CPU latency beyond its task, from the steps where the stream waited
     int pending_site_ = -1;
     HybridController control_{0.5, true};
     std::mutex task_mutex_;     // held while a CPU task runs

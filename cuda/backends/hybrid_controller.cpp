@@ -10,15 +10,16 @@ namespace ft::gpu_backend {
 
 // Moves f towards the split where both sides finish together, from the last eager step's
 // measured times: of the step's M distinct misses the GPU fetched and computed F in t_gpu
-// (gather + kernels, CUDA events) and the CPU computed M - F in t_cpu (the coordinator's
-// clock), so per unit of misses the rates are (F / M) / t_gpu and ((M - F) / M) / t_cpu and
+// (gather + kernels, CUDA events) and the CPU computed M - F in t_cpu (its latency from the
+// stream's signal to its result, backend_hybrid.cpp adapt()), so per unit of misses the rates are (F / M) / t_gpu and ((M - F) / M) / t_cpu and
 // the balanced share is their ratio f* = r_gpu / (r_gpu + r_cpu). The shares are the realised
 // ones, not f itself: F is an integer, and near a step of F(f) the two differ by up to 1 / M
 // (at M = 4 a configured 0.4 fetches 1 or 2 experts, a realised 0.25 or 0.5), and an estimate
 // from f itself settles on the wrong side of the step. Smoothed and bounded so one noisy step cannot
 // swing it; a side that had nothing to do is probed instead of measured.
-void HybridController::observe(double t_gpu, double t_cpu, uint64_t cpu_experts, int64_t missing) {
+void HybridController::observe(double t_gpu, double t_span, double t_task, uint64_t cpu_experts, int64_t missing) {
     if (!adaptive_) return;
+    const double t_cpu = cpu_latency(t_gpu, t_span, t_task);
     if (missing <= 0) return;  // no misses: nothing to split
     if (cpu_experts == 0) {
         // f fetched every miss: the CPU's rate is unknown. Step f down so the CPU gets work
@@ -44,6 +45,17 @@ void HybridController::observe(double t_gpu, double t_cpu, uint64_t cpu_experts,
     gpu_expert_s_ = gpu_expert_s_ > 0.0 ? gpu_expert_s_ + kAdaptGain * (g - gpu_expert_s_) : g;
     cpu_expert_s_ = cpu_expert_s_ > 0.0 ? cpu_expert_s_ + kAdaptGain * (c - cpu_expert_s_) : c;
     sent_ = snap(fraction_, missing);
+}
+
+// Where the wait ended after the GPU share, the CPU was the later side and t_span is its latency;
+// what it took beyond the task (the coordinator and workers noticing the signal, the stream
+// noticing the done flag) is the handoff sample. Otherwise the latency hid behind the GPU share:
+// at most t_span, estimated as the task plus the smoothed handoff.
+double HybridController::cpu_latency(double t_gpu, double t_span, double t_task) {
+    if (!(t_span > t_gpu + kWaitVisibleSeconds)) return std::min(t_span, t_task + handoff_s_);
+    const double h = std::max(0.0, t_span - t_task);
+    handoff_s_ = handoff_s_ > 0.0 ? handoff_s_ + kAdaptGain * (h - handoff_s_) : h;
+    return t_span;
 }
 
 // The fraction sent to the device. The admission turns f into F = the integer neighbour of
