@@ -1,5 +1,5 @@
 // The `hybrid` backend: offload plus the CPU computing a bandwidth-matched share of each step's
-// misses (docs/formulas.md, "Hybrid split"); hybrid_controller.hpp moves the share.
+// misses (docs/formulas.md, "Hybrid split"); ft/hybrid_controller.hpp moves the share.
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -12,8 +12,8 @@
 #include "ft/cuda_handoff.hpp"
 #include "ft/device_util.hpp"
 #include "ft/hybrid.hpp"
+#include "ft/hybrid_controller.hpp"
 #include "ft/slotcache_cuda.hpp"
-#include "hybrid_controller.hpp"
 
 namespace ft::gpu_backend {
 namespace {

@@ -5,8 +5,8 @@
 // sync) and calls of prefill_min_tokens or more through the prefill path (GEMMs on the routing
 // read on the host).
 // Files: backend_base.hpp/.cpp (CudaBackend: what the three share), backend_resident.cpp (gpu),
-// backend_offload.hpp/.cpp (offload), backend_hybrid.cpp (hybrid) and hybrid_controller.hpp/.cpp
-// (the hybrid split controller); this file holds the factory.
+// backend_offload.hpp/.cpp (offload), backend_hybrid.cpp (hybrid, whose split
+// controller is lib/core/hybrid's ft/hybrid_controller.hpp); this file holds the factory.
 #include "ft/cuda_backends.hpp"
 
 #include "backend_base.hpp"

@@ -1,11 +1,11 @@
-// The hybrid backend's split controller (hybrid_controller.cpp): the share of each step's
-// distinct misses the GPU fetches, moved from measured step times towards the split where both
-// sides finish together (docs/formulas.md, "Hybrid split"). Host-only arithmetic.
+// The hybrid backend's split controller (hybrid_controller.cpp; cuda/backends uses it): the share
+// of each step's distinct misses the GPU fetches, moved from measured step times towards the
+// split where both sides finish together (docs/formulas.md, "Hybrid split"). Host-only arithmetic.
 #pragma once
 
 #include <cstdint>
 
-namespace ft::gpu_backend {
+namespace ft {
 
 class HybridController {
 public:
@@ -44,4 +44,4 @@ private:
     bool adaptive_;
 };
 
-}  // namespace ft::gpu_backend
+}  // namespace ft

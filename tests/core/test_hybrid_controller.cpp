@@ -1,0 +1,92 @@
+// The hybrid split controller (ft/hybrid_controller.hpp) on simulated steps: each side's time
+// follows a linear model, and the CPU's result reaches the stream a fixed handoff time after its
+// task ends, as on the GPU machine.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ft/hybrid.hpp"
+#include "ft/hybrid_controller.hpp"
+
+namespace {
+
+struct Machine {
+    double gpu_per_expert, cpu_per_expert, handoff;  // seconds
+    // What one step of M misses fetching F gives the controller, and the step's time.
+    struct Step {
+        double t_gpu, t_span, t_task, time;
+    };
+    Step step(int64_t M, int64_t F) const {
+        Step s;
+        s.t_gpu = double(F) * gpu_per_expert;
+        s.t_task = double(M - F) * cpu_per_expert;
+        const double cpu_latency = s.t_task + handoff;
+        s.t_span = std::max(s.t_gpu + 1e-6, cpu_latency);  // the wait follows the GPU share
+        s.time = std::max(s.t_gpu, cpu_latency);
+        return s;
+    }
+    double best_time(int64_t M) const {
+        double best = 1e30;
+        for (int64_t F = 0; F <= M; ++F) best = std::min(best, step(M, F).time);
+        return best;
+    }
+};
+
+// Runs `steps` steps of M misses from fraction `start`; returns the F of the last one.
+int64_t converge(ft::HybridController &c, const Machine &m, int64_t M, int steps) {
+    int64_t F = 0;
+    for (int i = 0; i < steps; ++i) {
+        F = ft::hybrid_fetch_count(M, ft::fraction_to_q16(c.sent()));
+        const Machine::Step s = m.step(M, F);
+        c.observe(s.t_gpu, s.t_span, s.t_task, uint64_t(M - F), M);
+    }
+    return F;
+}
+
+TEST(HybridController, CpuLatencyIsTheStreamsSpanWhereItWaited) {
+    ft::HybridController c(0.5, true);
+    // Waited: the span (task 100 us + 40 us of handoff) is the latency.
+    EXPECT_DOUBLE_EQ(c.cpu_latency(80e-6, 140e-6, 100e-6), 140e-6);
+    // Not waited (the span ends with the GPU share): task plus the handoff learnt above, at most
+    // the span.
+    EXPECT_NEAR(c.cpu_latency(200e-6, 201e-6, 100e-6), 140e-6, 1e-12);
+    EXPECT_NEAR(c.cpu_latency(120e-6, 121e-6, 100e-6), 121e-6, 1e-12);
+    // Later waited steps move the handoff estimate by the smoothing gain, not at once.
+    EXPECT_DOUBLE_EQ(c.cpu_latency(80e-6, 200e-6, 100e-6), 200e-6);
+    const double later = c.cpu_latency(500e-6, 501e-6, 100e-6) - 100e-6;
+    EXPECT_GT(later, 40e-6);
+    EXPECT_LT(later, 100e-6);
+}
+
+// 4 misses, the GPU 100 us per expert, the CPU 60 us per expert plus 80 us of handoff: fetching 2
+// takes max(200, 120 + 80) = 200 us, fetching 1 takes 260 us. Balanced on the task alone (1
+// fetched: 100 against 180 us looks best) the split would fetch 1.
+TEST(HybridController, BalancesTheCpuLatencyNotItsTask) {
+    const Machine m{100e-6, 60e-6, 80e-6};
+    for (const double start : {0.05, 0.5, 0.95}) {
+        ft::HybridController c(start, true);
+        const int64_t F = converge(c, m, 4, 400);
+        EXPECT_EQ(F, 2) << "from " << start;
+        EXPECT_DOUBLE_EQ(m.step(4, F).time, m.best_time(4));
+    }
+}
+
+// With no handoff cost the controller finds the best integer split at every miss count.
+TEST(HybridController, FindsTheBestSplitForEachMissCount) {
+    const Machine m{100e-6, 55e-6, 0.0};
+    for (int64_t M = 2; M <= 8; ++M) {
+        ft::HybridController c(0.5, true);
+        const int64_t F = converge(c, m, M, 400);
+        EXPECT_LE(m.step(M, F).time, m.best_time(M) * 1.0001) << "M " << M << " F " << F;
+    }
+}
+
+TEST(HybridController, FixedFractionDoesNotMove) {
+    const Machine m{100e-6, 60e-6, 80e-6};
+    ft::HybridController c(0.3, false);
+    converge(c, m, 4, 50);
+    EXPECT_DOUBLE_EQ(c.sent(), 0.3);
+}
+
+}  // namespace
