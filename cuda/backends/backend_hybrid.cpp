@@ -221,7 +221,10 @@ private:
             gpu_seconds_ += t_gpu;
             ++timed_steps_;
         }
-        control_.observe(t_gpu, t_span, t_task, cpu_experts, *pin_missing_.get<int64_t>());
+        // A host-function wait node costs tens of microseconds even when the result is there:
+        // its span would read as CPU latency, so that mechanism balances on the task alone.
+        const bool span_is_latency = handoff_->mechanism() == cuda::HandoffMechanism::stream_memops;
+        control_.observe(t_gpu, span_is_latency ? t_span : -1.0, t_task, cpu_experts, *pin_missing_.get<int64_t>());
     }
 
     static constexpr size_t kMappedAddendBytes = size_t(64) << 10;  // read in place up to this size

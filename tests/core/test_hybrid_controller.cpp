@@ -13,6 +13,7 @@ namespace {
 
 struct Machine {
     double gpu_per_expert, cpu_per_expert, handoff;  // seconds
+    double wait = 1e-6;  // the stream's wait for a result already there
     // What one step of M misses fetching F gives the controller, and the step's time.
     struct Step {
         double t_gpu, t_span, t_task, time;
@@ -22,8 +23,8 @@ struct Machine {
         s.t_gpu = double(F) * gpu_per_expert;
         s.t_task = double(M - F) * cpu_per_expert;
         const double cpu_latency = s.t_task + handoff;
-        s.t_span = std::max(s.t_gpu + 1e-6, cpu_latency);  // the wait follows the GPU share
-        s.time = std::max(s.t_gpu, cpu_latency);
+        s.t_span = std::max(s.t_gpu, cpu_latency) + wait;  // the wait follows the GPU share
+        s.time = s.t_span;
         return s;
     }
     double best_time(int64_t M) const {
@@ -46,17 +47,27 @@ int64_t converge(ft::HybridController &c, const Machine &m, int64_t M, int steps
 
 TEST(HybridController, CpuLatencyIsTheStreamsSpanWhereItWaited) {
     ft::HybridController c(0.5, true);
+    // A step whose CPU result was there before the GPU share ended (its wait took 2 us): with no
+    // handoff learnt yet the latency is the task's, at most the span.
+    EXPECT_NEAR(c.cpu_latency(200e-6, 202e-6, 100e-6), 100e-6, 1e-12);
     // Waited: the span (task 100 us + 40 us of handoff) is the latency.
-    EXPECT_DOUBLE_EQ(c.cpu_latency(80e-6, 140e-6, 100e-6), 140e-6);
-    // Not waited (the span ends with the GPU share): task plus the handoff learnt above, at most
-    // the span.
-    EXPECT_NEAR(c.cpu_latency(200e-6, 201e-6, 100e-6), 140e-6, 1e-12);
-    EXPECT_NEAR(c.cpu_latency(120e-6, 121e-6, 100e-6), 121e-6, 1e-12);
+    EXPECT_NEAR(c.cpu_latency(80e-6, 140e-6, 100e-6), 140e-6, 1e-12);
+    // Not waited: task plus the handoff learnt above, at most the span.
+    EXPECT_NEAR(c.cpu_latency(200e-6, 202e-6, 100e-6), 140e-6, 1e-12);
+    EXPECT_NEAR(c.cpu_latency(120e-6, 122e-6, 100e-6), 122e-6, 1e-12);
     // Later waited steps move the handoff estimate by the smoothing gain, not at once.
-    EXPECT_DOUBLE_EQ(c.cpu_latency(80e-6, 200e-6, 100e-6), 200e-6);
-    const double later = c.cpu_latency(500e-6, 501e-6, 100e-6) - 100e-6;
+    EXPECT_NEAR(c.cpu_latency(80e-6, 200e-6, 100e-6), 200e-6, 1e-12);
+    const double later = c.cpu_latency(500e-6, 502e-6, 100e-6) - 100e-6;
     EXPECT_GT(later, 40e-6);
     EXPECT_LT(later, 100e-6);
+}
+
+// Without a span (a wait mechanism with a cost of its own) the latency is the task.
+TEST(HybridController, NoSpanMeansTheTask) {
+    ft::HybridController c(0.5, true);
+    EXPECT_NEAR(c.cpu_latency(80e-6, 142e-6, 100e-6), 142e-6, 1e-12);  // learns 42 us of handoff
+    EXPECT_DOUBLE_EQ(c.cpu_latency(80e-6, -1.0, 100e-6), 100e-6);
+    EXPECT_DOUBLE_EQ(c.cpu_latency(200e-6, -1.0, 100e-6), 100e-6);
 }
 
 // 4 misses, the GPU 100 us per expert, the CPU 60 us per expert plus 80 us of handoff: fetching 2

@@ -50,8 +50,10 @@ void HybridController::observe(double t_gpu, double t_span, double t_task, uint6
 // Where the wait ended after the GPU share, the CPU was the later side and t_span is its latency;
 // what it took beyond the task (the coordinator and workers noticing the signal, the stream
 // noticing the done flag) is the handoff sample. Otherwise the latency hid behind the GPU share:
-// at most t_span, estimated as the task plus the smoothed handoff.
+// at most t_span, estimated as the task plus the smoothed handoff. t_span < 0 (not measured):
+// the task.
 double HybridController::cpu_latency(double t_gpu, double t_span, double t_task) {
+    if (t_span < 0.0) return t_task;
     if (!(t_span > t_gpu + kWaitVisibleSeconds)) return std::min(t_span, t_task + handoff_s_);
     const double h = std::max(0.0, t_span - t_task);
     handoff_s_ = handoff_s_ > 0.0 ? handoff_s_ + kAdaptGain * (h - handoff_s_) : h;

@@ -18,7 +18,8 @@ public:
     // One eager step: of its `missing` distinct misses the GPU fetched and computed the rest in
     // t_gpu seconds (its share on the stream), the CPU computed cpu_experts of them in a task of
     // t_task seconds; t_span is the stream's time from the CPU's signal to the end of its wait
-    // for the CPU's result (>= t_gpu: the wait follows the GPU share on the stream).
+    // for the CPU's result (>= t_gpu: the wait follows the GPU share on the stream), or < 0 where
+    // the wait has a cost of its own that would read as CPU latency (a host-function node).
     void observe(double t_gpu, double t_span, double t_task, uint64_t cpu_experts, int64_t missing);
 
     // The CPU side's latency as the stream sees it (signal to result) for one step: t_span where
