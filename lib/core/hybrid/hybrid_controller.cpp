@@ -1,4 +1,4 @@
-// The hybrid split controller (hybrid_controller.hpp).
+// The hybrid split controller (ft/hybrid_controller.hpp).
 #include "ft/hybrid_controller.hpp"
 
 #include <algorithm>
@@ -11,8 +11,9 @@ namespace ft {
 // Moves f towards the split where both sides finish together, from the last eager step's
 // measured times: of the step's M distinct misses the GPU fetched and computed F in t_gpu
 // (gather + kernels, CUDA events) and the CPU computed M - F in t_cpu (its latency from the
-// stream's signal to its result, cpu_latency()), so per unit of misses the rates are (F / M) / t_gpu and ((M - F) / M) / t_cpu and
-// the balanced share is their ratio f* = r_gpu / (r_gpu + r_cpu). The shares are the realised
+// stream's signal to its result, cpu_latency()), so per unit of misses the rates are
+// (F / M) / t_gpu and ((M - F) / M) / t_cpu and the balanced share is their ratio
+// f* = r_gpu / (r_gpu + r_cpu). The shares are the realised
 // ones, not f itself: F is an integer, and near a step of F(f) the two differ by up to 1 / M
 // (at M = 4 a configured 0.4 fetches 1 or 2 experts, a realised 0.25 or 0.5), and an estimate
 // from f itself settles on the wrong side of the step. Smoothed and bounded so one noisy step cannot
