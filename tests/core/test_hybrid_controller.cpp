@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "ft/hybrid.hpp"
 #include "ft/hybrid_controller.hpp"
@@ -91,6 +92,85 @@ TEST(HybridController, FindsTheBestSplitForEachMissCount) {
         const int64_t F = converge(c, m, M, 400);
         EXPECT_LE(m.step(M, F).time, m.best_time(M) * 1.0001) << "M " << M << " F " << F;
     }
+}
+
+// Steps of M misses (M cycling through `ms`) from the controller's current split; returns the
+// mean step time over the last `measured` steps against the mean of the best split, and counts
+// those steps that left the CPU idle.
+struct RunResult {
+    double ratio_to_best;
+    int cpu_idle_steps;
+};
+RunResult run_steps(ft::HybridController &c, const Machine &m, const std::vector<int64_t> &ms, int steps, int measured) {
+    double time = 0.0, best = 0.0;
+    int idle = 0;
+    for (int i = 0; i < steps; ++i) {
+        const int64_t M = ms[size_t(i) % ms.size()];
+        const int64_t F = ft::hybrid_fetch_count(M, ft::fraction_to_q16(c.sent()));
+        const Machine::Step s = m.step(M, F);
+        c.observe(s.t_gpu, s.t_span, s.t_task, uint64_t(M - F), M);
+        if (i >= steps - measured) {
+            time += s.time;
+            best += m.best_time(M);
+            idle += F == M;
+        }
+    }
+    return {time / best, idle};
+}
+
+// A CPU ten times slower per expert than the fetch (a contended or small CPU): every miss goes to
+// the GPU, but for rare probe steps that give the CPU one expert, so it stays measured.
+TEST(HybridController, SlowCpuLeavesEveryMissToTheGpu) {
+    const Machine m{100e-6, 1000e-6, 80e-6};
+    for (const double start : {0.05, 0.5, 0.95}) {
+        ft::HybridController c(start, true);
+        const RunResult r = run_steps(c, m, {3}, 3000, 2000);
+        EXPECT_LT(r.ratio_to_best, 1.02) << "from " << start;
+        EXPECT_GE(r.cpu_idle_steps, 1980) << "from " << start;
+        EXPECT_LT(r.cpu_idle_steps, 2000) << "from " << start << ": the CPU is never probed";
+    }
+}
+
+// A slow bus (or a busy GPU): every miss goes to the CPU, with rare probe fetches.
+TEST(HybridController, SlowGpuLeavesEveryMissToTheCpu) {
+    const Machine m{2000e-6, 50e-6, 20e-6};
+    ft::HybridController c(0.5, true);
+    int64_t fetched = 0;
+    for (int i = 0; i < 3000; ++i) {
+        const int64_t F = ft::hybrid_fetch_count(4, ft::fraction_to_q16(c.sent()));
+        const Machine::Step s = m.step(4, F);
+        c.observe(s.t_gpu, s.t_span, s.t_task, uint64_t(4 - F), 4);
+        if (i >= 1000) fetched += F;
+    }
+    EXPECT_GE(fetched, 1) << "the GPU is never probed";
+    EXPECT_LE(fetched, 20);
+}
+
+// Miss counts that vary from step to step (1..5, as a decode trace's layers): the mean step time
+// stays near the best split's, with a slow CPU and with a balanced one.
+TEST(HybridController, VaryingMissCounts) {
+    const std::vector<int64_t> ms{3, 1, 4, 2, 5, 3, 2, 1, 4, 3};
+    // The CPU side 10x, 2.5x and 0.6x the GPU's time per expert (plus its handoff), and the GPU
+    // side 40x the CPU's.
+    const Machine machines[] = {{100e-6, 1000e-6, 80e-6}, {100e-6, 250e-6, 30e-6}, {100e-6, 60e-6, 30e-6},
+                                {2000e-6, 50e-6, 20e-6}};
+    for (const Machine &m : machines) {
+        ft::HybridController c(0.5, true);
+        EXPECT_LT(run_steps(c, m, ms, 3000, 2000).ratio_to_best, 1.05) << "CPU " << m.cpu_per_expert;
+    }
+}
+
+// A CPU that was slow and then is not (the contention ended): a probe notices, and the split
+// returns to the balanced one within the longest probe wait.
+TEST(HybridController, ReturnsToTheCpuWhenItSpeedsUp) {
+    const Machine slow{100e-6, 1000e-6, 80e-6}, fast{100e-6, 60e-6, 80e-6};
+    ft::HybridController c(0.5, true);
+    run_steps(c, slow, {4}, 1000, 1);
+    EXPECT_EQ(ft::hybrid_fetch_count(4, ft::fraction_to_q16(c.sent())), 4);
+    // At most 512 one-sided steps to the next probe, then the usual convergence.
+    const RunResult r = run_steps(c, fast, {4}, 1200, 200);
+    EXPECT_EQ(r.cpu_idle_steps, 0);
+    EXPECT_LT(r.ratio_to_best, 1.01);
 }
 
 TEST(HybridController, FixedFractionDoesNotMove) {

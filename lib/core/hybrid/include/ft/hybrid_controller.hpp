@@ -29,10 +29,16 @@ public:
     double cpu_latency(double t_gpu, double t_span, double t_task);
 
 private:
+    void one_sided(double t_gpu, double t_cpu, int64_t on_cpu, int64_t missing);
     double snap(double f, int64_t M) const;
+    static void smooth(double &estimate, double sample, double gain);
+    enum class Side { none, gpu, cpu };
 
     static constexpr double kAdaptGain = 0.1, kProbeStep = 0.02, kMinFraction = 0.02, kMaxFraction = 0.98;
     static constexpr double kSnapMargin = 0.05;
+    // One-sided steps before the idle side is probed with one expert: kProbeFirst after a
+    // two-sided step that was not a probe, doubling with each probe up to kProbeLast.
+    static constexpr int kProbeFirst = 16, kProbeLast = 512;
     // The stream waited for the CPU when its wait ended this much after the GPU share (the wait
     // and the event record take a few microseconds when the result is already there).
     static constexpr double kWaitVisibleSeconds = 5e-6;
@@ -42,6 +48,9 @@ private:
     double gpu_expert_s_ = 0.0;  // smoothed seconds per fetched expert (gather + kernels)
     double cpu_expert_s_ = 0.0;  // smoothed seconds per CPU-computed expert
     double handoff_s_ = 0.0;     // smoothed CPU latency beyond its task, from steps that waited for it
+    int probe_wait_ = kProbeFirst;  // one-sided steps in a row before the next probe
+    int idle_steps_ = 0;            // one-sided steps since the last probe or two-sided step
+    Side probed_ = Side::none;      // the side the last probe gave one expert, until a two-sided step
     bool adaptive_;
 };
 
