@@ -561,8 +561,8 @@ typedef struct ft_session_stats {
     uint64_t prefill_bytes;    /* expert bytes streamed host -> GPU by prefill calls           */
     double hybrid_fraction;    /* FT_BACKEND_HYBRID: the fetch fraction f in use now           */
     /* Since 0.3. FT_BACKEND_HYBRID: the GPU side's time (gather + expert kernels, CUDA events)
-     * summed over the steps it was read for (eager calls, read at a later call once their events
-     * completed; graph replays are not timed); mean = hybrid_gpu_seconds / hybrid_timed_steps. The CPU
+     * summed over the steps it was read for (eager calls whose events had completed by the next
+     * call; graph replays are not timed); mean = hybrid_gpu_seconds / hybrid_timed_steps. The CPU
      * side's time is cpu_seconds over every step. */
     double hybrid_gpu_seconds;
     uint64_t hybrid_timed_steps;

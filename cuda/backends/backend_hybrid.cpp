@@ -1,9 +1,7 @@
 // The `hybrid` backend: offload plus the CPU computing a bandwidth-matched share of each step's
 // misses (docs/formulas.md, "Hybrid split"); ft/hybrid_controller.hpp moves the share.
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -60,10 +58,10 @@ public:
         pin_ids_ = PinnedBuffer(T * K * sizeof(int32_t), "allocating hybrid staging");
         pin_w_ = PinnedBuffer(T * K * sizeof(float), "allocating hybrid staging");
         pin_y_ = PinnedBuffer(T * H * sizeof(uint16_t), "allocating hybrid staging");
-        pin_missing_ = PinnedBuffer(kTimed * sizeof(int64_t), "allocating hybrid staging");
+        pin_missing_ = PinnedBuffer(sizeof(int64_t), "allocating hybrid staging");
         if (T * H * sizeof(uint16_t) > kMappedAddendBytes)
             addend_ = DeviceBuffer(T * H * sizeof(uint16_t), "allocating the hybrid partial sum");
-        std::fill(pin_missing_.get<int64_t>(), pin_missing_.get<int64_t>() + kTimed, 0);
+        *pin_missing_.get<int64_t>() = 0;
         log(FT_LOG_INFO, "hybrid: fetch fraction ", control_.sent(), control_.adaptive() ? " (adaptive)" : " (fixed)", ", handoff by ",
             cuda::handoff_mechanism_name(handoff_->mechanism()));
     }
@@ -136,10 +134,6 @@ private:
         stage.slots = slots;
         stage.weights = w;
         stage.x = x;
-        // An eager step is timed in the next free record (the oldest, unobserved, gives way).
-        if (eager && timed_count_ == kTimed) timed_head_ = (timed_head_ + 1) % kTimed, --timed_count_;
-        TimedStep &rec = timed_[(timed_head_ + timed_count_) % kTimed];
-        const int64_t rec_index = &rec - timed_.data();
         stage.missing = eager ? state_.num_missing_full : nullptr;  // for adapt() once the step is done
         stage.routes = routes;
         stage.x_elems = int64_t(tokens) * spec_.hidden;
@@ -147,23 +141,22 @@ private:
         stage.host_ids = pin_ids_.device<int32_t>();
         stage.host_weights = pin_w_.device<float>();
         stage.host_x = pin_x_.device<uint16_t>();
-        stage.host_missing = pin_missing_.device<int64_t>() + rec_index;
+        stage.host_missing = pin_missing_.device<int64_t>();
         check(cuda::launch_hybrid_stage(stage, stream), "staging the CPU's share");
-        const Site site = site_for(layer, tokens);
-        check(handoff_->signal(site.id, stream), "signalling the CPU task");
-        if (eager) check(cudaEventRecord(rec.gpu_start.get(), stream), "recording a timing event");
+        const int site = site_for(layer, tokens);
+        check(handoff_->signal(site, stream), "signalling the CPU task");
+        if (eager) check(cudaEventRecord(gpu_start_.get(), stream), "recording a timing event");
         gather(layer, stream);
         // The GPU share reads the device bias tables; the CPU share gets the model's biases
         // through cpu::expert_source (cpu_task).
         check(decoder_->compute(device_experts(slot_arrays_, 0, layer), x, slots, tokens, stream, ids),
               "launching the expert kernels");
-        if (eager) check(cudaEventRecord(rec.gpu_stop.get(), stream), "recording a timing event");
-        check(handoff_->wait(site.id, stream), "waiting for the CPU task");
         if (eager) {
-            check(cudaEventRecord(rec.cpu_done.get(), stream), "recording a timing event");
-            rec.site = site;
-            ++timed_count_;
+            check(cudaEventRecord(gpu_stop_.get(), stream), "recording a timing event");
+            pending_site_ = site;
         }
+        check(handoff_->wait(site, stream), "waiting for the CPU task");
+        if (eager) check(cudaEventRecord(cpu_done_.get(), stream), "recording a timing event");
         // The combine reads a few tokens' CPU partial sum where the task left it (mapped host
         // memory; the done flag the wait saw was written after it): no copy on the critical path.
         // Larger sums come up by the copy engine, which reads PCIe faster than a kernel's loads.
@@ -178,34 +171,17 @@ private:
     }
 
     // One handoff site per (layer, tokens): the task knows its shape, so captured graphs replay it.
-    // Its task leaves the experts it computed in site_experts_[index].
-    struct Site {
-        int id = -1, index = -1;
-    };
-    // An eager step's timing events and site, until adapt() reads them.
-    struct TimedStep {
-        Event gpu_start{true}, gpu_stop{true}, cpu_done{true};  // signal, GPU share done, CPU result waited for
-        Site site;
-    };
-    static constexpr int kTimed = 8;
-
-    Site site_for(int32_t layer, int32_t tokens) {
+    int site_for(int32_t layer, int32_t tokens) {
         const int64_t key = int64_t(layer) << 32 | uint32_t(tokens);
         auto it = sites_.find(key);
         if (it != sites_.end()) return it->second;
-        int index;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            index = int(site_experts_.size());
-            site_experts_.push_back(0);
-        }
-        const Site site{handoff_->add_site([this, layer, tokens, index] { cpu_task(layer, tokens, index); }), index};
+        const int site = handoff_->add_site([this, layer, tokens] { cpu_task(layer, tokens); });
         sites_.emplace(key, site);
         return site;
     }
 
     // Runs on the coordinator thread while the GPU works on its share.
-    void cpu_task(int32_t layer, int32_t tokens, int index) {
+    void cpu_task(int32_t layer, int32_t tokens) {
         std::lock_guard<std::mutex> running(task_mutex_);
         if (closing_) return;
         const cpu::ExpertSource src = cpu::expert_source(*ctx_.model, layer);
@@ -218,48 +194,38 @@ private:
         cpu_stats_.experts_read += st.experts_read;
         cpu_stats_.bytes_read += st.bytes_read;
         cpu_seconds_ += secs;
-        site_experts_[size_t(index)] = st.experts_read;
+        last_cpu_experts_ = st.experts_read;
     }
 
-    // Feeds the timed eager steps that are done, oldest first, to the split controller: the GPU
-    // share and the span from the signal to the end of the wait for the CPU (CUDA events), and the
-    // CPU task (the coordinator's clock) with the experts it computed, which its site keeps until
-    // the site runs again: a step whose site has a later timed step is skipped, as its task's
-    // figures may be that step's.
+    // Feeds the last eager step's measured times to the split controller: the GPU share and the
+    // span from the signal to the end of the wait for the CPU (CUDA events), and the CPU task
+    // (the coordinator's clock).
     void adapt() {
-        while (timed_count_ > 0) {
-            TimedStep &rec = timed_[timed_head_];
-            if (cudaEventQuery(rec.cpu_done.get()) != cudaSuccess) {
-                cudaGetLastError();  // not finished yet (cudaErrorNotReady): measured at a later call
-                return;
-            }
-            timed_head_ = (timed_head_ + 1) % kTimed;
-            --timed_count_;
-            bool rerun = false;
-            for (int i = 0; i < timed_count_; ++i) rerun |= timed_[(timed_head_ + i) % kTimed].site.id == rec.site.id;
-            if (!rerun) observe(rec, *(pin_missing_.get<int64_t>() + (&rec - timed_.data())));
+        if (pending_site_ < 0) return;
+        if (cudaEventQuery(cpu_done_.get()) != cudaSuccess) {
+            cudaGetLastError();  // not finished yet (cudaErrorNotReady): measure a later step
+            return;
         }
-    }
-
-    void observe(const TimedStep &rec, int64_t missing) {
+        const int site = pending_site_;
+        pending_site_ = -1;
         float ms = 0.0f, ms_span = 0.0f;
-        if (cudaEventElapsedTime(&ms, rec.gpu_start.get(), rec.gpu_stop.get()) != cudaSuccess ||
-            cudaEventElapsedTime(&ms_span, rec.gpu_start.get(), rec.cpu_done.get()) != cudaSuccess) {
+        if (cudaEventElapsedTime(&ms, gpu_start_.get(), gpu_stop_.get()) != cudaSuccess ||
+            cudaEventElapsedTime(&ms_span, gpu_start_.get(), cpu_done_.get()) != cudaSuccess) {
             cudaGetLastError();
             return;
         }
-        const double t_gpu = ms * 1e-3, t_span = ms_span * 1e-3, t_task = handoff_->timing(rec.site.id).task_seconds;
+        const double t_gpu = ms * 1e-3, t_span = ms_span * 1e-3, t_task = handoff_->timing(site).task_seconds;
         uint64_t cpu_experts;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            cpu_experts = site_experts_[size_t(rec.site.index)];
+            cpu_experts = last_cpu_experts_;
             gpu_seconds_ += t_gpu;
             ++timed_steps_;
         }
         // A host-function wait node costs tens of microseconds even when the result is there:
         // its span would read as CPU latency, so that mechanism balances on the task alone.
         const bool span_is_latency = handoff_->mechanism() == cuda::HandoffMechanism::stream_memops;
-        control_.observe(t_gpu, span_is_latency ? t_span : -1.0, t_task, cpu_experts, missing);
+        control_.observe(t_gpu, span_is_latency ? t_span : -1.0, t_task, cpu_experts, *pin_missing_.get<int64_t>());
     }
 
     static constexpr size_t kMappedAddendBytes = size_t(64) << 10;  // read in place up to this size
@@ -269,12 +235,11 @@ private:
 
     cpu::MoeExecutor cpu_;
     std::unique_ptr<cuda::Handoff> handoff_;
-    std::map<int64_t, Site> sites_;
+    std::map<int64_t, int> sites_;
     PinnedBuffer pin_x_, pin_ids_, pin_w_, pin_y_, pin_missing_;
     DeviceBuffer addend_;  // the CPU's partial sum on the device, for sums above kMappedAddendBytes
-    // Eager steps whose times adapt() has not read yet: a ring of kTimed records from timed_head_.
-    std::array<TimedStep, kTimed> timed_;
-    int timed_head_ = 0, timed_count_ = 0;
+    Event gpu_start_{true}, gpu_stop_{true}, cpu_done_{true};  // signal, GPU share done, CPU result waited for
+    int pending_site_ = -1;
     HybridController control_{0.5, true};
     std::mutex task_mutex_;     // held while a CPU task runs
     bool closing_ = false;      // set by the destructor: no task starts any more
@@ -283,7 +248,7 @@ private:
     double cpu_seconds_ = 0.0;
     double gpu_seconds_ = 0.0;  // GPU side of the timed steps (adapt())
     uint64_t timed_steps_ = 0;
-    std::deque<uint64_t> site_experts_;  // per site index: the experts its last task computed
+    uint64_t last_cpu_experts_ = 0;
 };
 
 }  // namespace
