@@ -465,9 +465,10 @@ typedef struct ft_session_params {
                                    Default 0 = 64; a value > max_tokens disables the path.      */
     /* FT_BACKEND_HYBRID: the fraction f of each step's slot cache misses fetched over PCIe; the
      * CPU computes the rest from host memory at the same time. 0 (default): from the saved
-     * profile of this machine, else 0.5. With hybrid_adaptive (default true) the session
-     * measures both sides every eager step and moves f towards the split where they finish
-     * together (graph replays keep the f of their capture). */
+     * profile of this machine, else 0.5. With hybrid_adaptive (default true) the session times
+     * its eager steps and moves f towards the split where both sides finish together, as far as
+     * fetching every miss, or none, where one side is much slower (graph replays keep the f of
+     * their capture). */
     float hybrid_fraction;
     bool hybrid_adaptive;
     uint8_t reserved2_[3];
