@@ -117,9 +117,8 @@ private:
         if (eager) adapt();
         // The GPU signals the CPU's share once it reaches this call's stage: have the coordinator
         // and the workers polling by then rather than asleep (graph replays make no host call;
-        // there the go wakes them). An adaptive split that fetches every miss still probes the
-        // CPU now and then.
-        if (eager && (control_.sent() < 1.0 || control_.adaptive())) {
+        // there the go wakes them).
+        if (eager && control_.sent() < 1.0) {
             ctx_.pool->warm(kWarmPeriod);
             handoff_->warm(std::chrono::duration<double>(kWarmPeriod).count());
         }

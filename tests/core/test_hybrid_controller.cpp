@@ -36,15 +36,37 @@ struct Machine {
     }
 };
 
-// Runs `steps` steps of M misses from fraction `start`; returns the F of the last one.
-int64_t converge(ft::HybridController &c, const Machine &m, int64_t M, int steps) {
-    int64_t F = 0;
+// Steps of M misses (M cycling through `ms`) from the controller's current split. Over the last
+// `measured` steps: the mean step time against the mean of the best split, the steps that left the
+// CPU idle and the experts fetched; and the F of the last step.
+struct RunResult {
+    double ratio_to_best;
+    int cpu_idle_steps;
+    int64_t fetched, last_fetch;
+};
+RunResult run_steps(ft::HybridController &c, const Machine &m, const std::vector<int64_t> &ms, int steps, int measured) {
+    double time = 0.0, best = 0.0;
+    RunResult r{0.0, 0, 0, 0};
     for (int i = 0; i < steps; ++i) {
-        F = ft::hybrid_fetch_count(M, ft::fraction_to_q16(c.sent()));
+        const int64_t M = ms[size_t(i) % ms.size()];
+        const int64_t F = ft::hybrid_fetch_count(M, ft::fraction_to_q16(c.sent()));
         const Machine::Step s = m.step(M, F);
         c.observe(s.t_gpu, s.t_span, s.t_task, uint64_t(M - F), M);
+        r.last_fetch = F;
+        if (i >= steps - measured) {
+            time += s.time;
+            best += m.best_time(M);
+            r.cpu_idle_steps += F == M;
+            r.fetched += F;
+        }
     }
-    return F;
+    r.ratio_to_best = time / best;
+    return r;
+}
+
+// Runs `steps` steps of M misses; returns the F of the last one.
+int64_t converge(ft::HybridController &c, const Machine &m, int64_t M, int steps) {
+    return run_steps(c, m, {M}, steps, 1).last_fetch;
 }
 
 TEST(HybridController, CpuLatencyIsTheStreamsSpanWhereItWaited) {
@@ -95,30 +117,6 @@ TEST(HybridController, FindsTheBestSplitForEachMissCount) {
     }
 }
 
-// Steps of M misses (M cycling through `ms`) from the controller's current split; returns the
-// mean step time over the last `measured` steps against the mean of the best split, and counts
-// those steps that left the CPU idle.
-struct RunResult {
-    double ratio_to_best;
-    int cpu_idle_steps;
-};
-RunResult run_steps(ft::HybridController &c, const Machine &m, const std::vector<int64_t> &ms, int steps, int measured) {
-    double time = 0.0, best = 0.0;
-    int idle = 0;
-    for (int i = 0; i < steps; ++i) {
-        const int64_t M = ms[size_t(i) % ms.size()];
-        const int64_t F = ft::hybrid_fetch_count(M, ft::fraction_to_q16(c.sent()));
-        const Machine::Step s = m.step(M, F);
-        c.observe(s.t_gpu, s.t_span, s.t_task, uint64_t(M - F), M);
-        if (i >= steps - measured) {
-            time += s.time;
-            best += m.best_time(M);
-            idle += F == M;
-        }
-    }
-    return {time / best, idle};
-}
-
 // A CPU ten times slower per expert than the fetch (a contended or small CPU): every miss goes to
 // the GPU, but for rare probe steps that give the CPU one expert, so it stays measured.
 TEST(HybridController, SlowCpuLeavesEveryMissToTheGpu) {
@@ -136,13 +134,7 @@ TEST(HybridController, SlowCpuLeavesEveryMissToTheGpu) {
 TEST(HybridController, SlowGpuLeavesEveryMissToTheCpu) {
     const Machine m{2000e-6, 50e-6, 20e-6};
     ft::HybridController c(0.5, true);
-    int64_t fetched = 0;
-    for (int i = 0; i < 3000; ++i) {
-        const int64_t F = ft::hybrid_fetch_count(4, ft::fraction_to_q16(c.sent()));
-        const Machine::Step s = m.step(4, F);
-        c.observe(s.t_gpu, s.t_span, s.t_task, uint64_t(4 - F), 4);
-        if (i >= 1000) fetched += F;
-    }
+    const int64_t fetched = run_steps(c, m, {4}, 3000, 2000).fetched;
     EXPECT_GE(fetched, 1) << "the GPU is never probed";
     EXPECT_LE(fetched, 20);
 }
@@ -190,7 +182,7 @@ TEST(HybridController, VaryingMissCounts) {
 TEST(HybridController, ReturnsToTheCpuWhenItSpeedsUp) {
     const Machine slow{100e-6, 1000e-6, 80e-6}, fast{100e-6, 60e-6, 80e-6};
     ft::HybridController c(0.5, true);
-    run_steps(c, slow, {4}, 1000, 1);
+    converge(c, slow, 4, 1000);
     EXPECT_EQ(ft::hybrid_fetch_count(4, ft::fraction_to_q16(c.sent())), 4);
     // At most 512 one-sided steps to the next probe, then the usual convergence.
     const RunResult r = run_steps(c, fast, {4}, 1200, 200);

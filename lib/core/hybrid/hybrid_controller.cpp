@@ -36,8 +36,7 @@ void HybridController::observe(double t_gpu, double t_span, double t_task, uint6
     if (!(t_gpu > 0.0) || !(t_cpu > 0.0)) return;
     const double cpu_share = double(on_cpu) / double(missing);
     const double gpu_rate = (1.0 - cpu_share) / t_gpu, cpu_rate = cpu_share / t_cpu;
-    const double target = gpu_rate / (gpu_rate + cpu_rate);
-    fraction_ = std::clamp(fraction_ + kAdaptGain * (target - fraction_), kMinFraction, kMaxFraction);
+    approach(gpu_rate / (gpu_rate + cpu_rate));
     // Per-expert times of each side, smoothed the same way, for choosing the integer split.
     smooth(gpu_expert_s_, t_gpu / double(fetched), probed == Side::gpu ? 1.0 : kAdaptGain);
     smooth(cpu_expert_s_, t_cpu / double(on_cpu), probed == Side::cpu ? 1.0 : kAdaptGain);
@@ -58,8 +57,7 @@ void HybridController::one_sided(double t_gpu, double t_cpu, int64_t on_cpu, int
         sent_ = fraction_;
         return;
     }
-    const double target = cpu_expert_s_ / (gpu_expert_s_ + cpu_expert_s_);
-    fraction_ = std::clamp(fraction_ + kAdaptGain * (target - fraction_), kMinFraction, kMaxFraction);
+    approach(cpu_expert_s_ / (gpu_expert_s_ + cpu_expert_s_));
     if (++idle_steps_ < probe_wait_ || missing < 2) {
         sent_ = snap(fraction_, missing);
         return;
@@ -74,6 +72,11 @@ void HybridController::smooth(double &estimate, double sample, double gain) {
     estimate = estimate > 0.0 ? estimate + gain * (sample - estimate) : sample;
 }
 
+// f moves by the smoothing gain towards a balanced share, within [kMinFraction, kMaxFraction].
+void HybridController::approach(double target) {
+    fraction_ = std::clamp(fraction_ + kAdaptGain * (target - fraction_), kMinFraction, kMaxFraction);
+}
+
 // Where the wait ended after the GPU share, the CPU was the later side and t_span is its latency;
 // what it took beyond the task (the coordinator and workers noticing the signal, the stream
 // noticing the done flag) is the handoff sample. Otherwise the latency hid behind the GPU share:
@@ -82,8 +85,7 @@ void HybridController::smooth(double &estimate, double sample, double gain) {
 double HybridController::cpu_latency(double t_gpu, double t_span, double t_task) {
     if (t_span < 0.0) return t_task;
     if (!(t_span > t_gpu + kWaitVisibleSeconds)) return std::min(t_span, t_task + handoff_s_);
-    const double h = std::max(0.0, t_span - t_task);
-    handoff_s_ = handoff_s_ > 0.0 ? handoff_s_ + kAdaptGain * (h - handoff_s_) : h;
+    smooth(handoff_s_, std::max(0.0, t_span - t_task), kAdaptGain);
     return t_span;
 }
 
@@ -94,8 +96,7 @@ double HybridController::cpu_latency(double t_gpu, double t_span, double t_task)
 // step, and evicts nothing. So of the two neighbours of fraction * M in [0, M] the larger F is
 // taken only when its predicted time, max(F * gpu, (M - F) * cpu) per expert, is kSnapMargin
 // better; then f is sent as the middle of that F's interval at this M (fraction_for_fetch). Other
-// M map near the estimate. F = M is sent as 1 and F = 0 as 0, so that every M leaves the same side
-// idle (the middle of F = M's interval at M = 1, 0.75, fetches 3 of 4); one_sided() probes it.
+// M map near the estimate; a one-sided F is sent as below, and one_sided() probes the idle side.
 double HybridController::snap(double f, int64_t M) const {
     if (M < 2 || !(gpu_expert_s_ > 0.0) || !(cpu_expert_s_ > 0.0)) return f;
     const int64_t lo = std::clamp<int64_t>(int64_t(std::floor(f * double(M))), 0, M);

@@ -32,6 +32,7 @@ private:
     void one_sided(double t_gpu, double t_cpu, int64_t on_cpu, int64_t missing);
     double snap(double f, int64_t M) const;
     static void smooth(double &estimate, double sample, double gain);
+    void approach(double target);
     enum class Side { none, gpu, cpu };
 
     static constexpr double kAdaptGain = 0.1, kProbeStep = 0.02, kMinFraction = 0.02, kMaxFraction = 0.98;
