@@ -360,15 +360,17 @@ struct Run {
     double host_seconds_per_call = 0;  // inside ft_decode_cuda / ft_decode: the enqueue (cpu: the compute)
 };
 
-// A session of the method; with `skip_oom`, none (and the library's message in *skip_oom) when the
-// GPU cannot hold it: the resident method on a model larger than the GPU's memory.
-Session open_session(ft_model *m, int32_t backend, const Options &o, int32_t policy = FT_CACHE_LRU,
-                     double fraction = -1.0, std::string *skip_oom = nullptr) {
+// A session of the method whose slot cache holds `slots` experts (0: --cache-fraction of them); with
+// `skip_oom`, none (and the library's message in *skip_oom) when the GPU cannot hold it: the
+// resident method on a model larger than the GPU's memory.
+Session open_session(ft_model *m, int32_t backend, const Options &o, int32_t policy = FT_CACHE_LRU, int64_t slots = 0,
+                     std::string *skip_oom = nullptr) {
     ft_session_params p;
     ft_session_params_init(&p);
     p.backend = backend;
     p.max_tokens = 1;
-    p.cache_fraction = fraction >= 0 ? fraction : o.fraction;
+    p.cache_slots = slots;
+    p.cache_fraction = slots > 0 ? 0.0 : o.fraction;
     p.vram_reserve_bytes = 0;
     p.hybrid_adaptive = true;
     p.cache_policy = policy;
@@ -554,7 +556,8 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
     const int64_t calls = total - warm;
     const double tokens = double(calls) / layers;
 
-    // The slot count the sessions will use (the library's rule for cache_fraction).
+    // The slot count of the offload and hybrid sessions, given to them as cache_slots: the fraction
+    // of all experts, at least one layer (the library refuses a fraction that gives fewer).
     const int64_t all = int64_t(layers) * g.experts;
     const auto slots = int32_t(std::clamp<int64_t>(int64_t(std::ceil(o.fraction * double(all))), g.experts, all));
     const ft::SlotPolicy frequency{ft::SlotPolicyKind::Frequency,
@@ -598,7 +601,7 @@ void run_trace(ft_model *model, double eb, const Geometry &g, int layers, const 
         if ((method == "hybrid" || method == "cpu") && ov.cpu_alone == 0)
             ov = measure_overlap(model, trace, g.hidden, bw.h2d, o, std::min<int64_t>(calls, 32 * layers));
         std::string oom;
-        Session s = open_session(model, backend, o, policy, resident ? 1.0 : -1.0, resident ? &oom : nullptr);
+        Session s = open_session(model, backend, o, policy, resident ? all : slots, resident ? &oom : nullptr);
         const char *policy_name = method == "cpu" || method == "gpu" ? "-" : policy == FT_CACHE_FREQUENCY ? "frequency" : "lru";
         if (!s) {
             std::printf("| %s | %s | - | - | - | - | - | - | - | - | skipped, every expert does not fit the GPU: %s |\n",
