@@ -9,6 +9,7 @@
 
 #include "ft/hybrid.hpp"
 #include "ft/hybrid_controller.hpp"
+#include "ft/slot_sim.hpp"
 #include "ft/trace.hpp"
 
 namespace {
@@ -140,25 +141,12 @@ TEST(HybridController, SlowGpuLeavesEveryMissToTheCpu) {
 }
 
 // The distinct misses of each call of a Qwen3-shaped Zipf decode trace (24 layers, 128 experts,
-// top-8, s = 1) under a per-layer LRU cache of a quarter of the experts.
+// top-8, s = 1) under the LRU slot cache of a quarter of the experts (the admission's simulation).
 std::vector<int64_t> trace_miss_counts() {
     ft::ZipfTraceSpec spec;
     spec.layers = 24, spec.experts = 128, spec.top_k = 8, spec.steps = 200, spec.seed = 7;
-    const ft::RouteTrace trace = ft::make_zipf_trace(spec);
-    std::vector<std::vector<int32_t>> lru(size_t(spec.layers));  // least recent first
-    std::vector<int64_t> misses;
-    for (const ft::TraceCall &call : trace.calls) {
-        std::vector<int32_t> &cache = lru[size_t(call.layer)];
-        int64_t m = 0;
-        for (const int32_t id : call.ids) {
-            const auto it = std::find(cache.begin(), cache.end(), id);
-            if (it != cache.end()) cache.erase(it);
-            else if (++m, cache.size() == 32) cache.erase(cache.begin());
-            cache.push_back(id);
-        }
-        misses.push_back(m);
-    }
-    return misses;
+    const ft::CacheSim lru = ft::simulate_slot_cache(ft::make_zipf_trace(spec), 24 * 32, {});
+    return {lru.call_misses.begin(), lru.call_misses.end()};
 }
 
 // Miss counts that vary from step to step (cycling through 1..5, and those of a decode trace): the
